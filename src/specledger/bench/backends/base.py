@@ -1,0 +1,80 @@
+"""The backend interface: one chat turn in, tokens with their arrival times out."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from specledger.bench.config import BenchConfig
+from specledger.bench.results import LevelCounts
+
+
+@dataclass
+class Completion:
+    """One request as a backend saw it. Times are time.perf_counter() values."""
+
+    ok: bool
+    start: float  # sent (HTTP) or taken off the queue (in-process)
+    end: float
+    text: str = ""
+    error: str | None = None
+    attempts: int = 1
+    chunks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, tokens) per chunk/step
+    first_token: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    usage_output_tokens: int | None = None
+    tokenizer_output_tokens: int | None = None
+    token_ids: list[int] | None = None
+    finish_reason: str | None = None
+    steps: int | None = None
+    tau: float | None = None
+    levels: list[LevelCounts] = field(default_factory=list)
+    draft_s: float | None = None
+    verify_s: float | None = None
+    prefill_s: float | None = None
+    draft_prefill_s: float | None = None
+    peak_rss_bytes: int | None = None
+    cuda_max_allocated_bytes: int | None = None
+    energy_j: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(ABC):
+    """Runs turns of a conversation. `serial` backends serve one request at a time."""
+
+    serial: bool = False
+
+    def __init__(self, config: BenchConfig):
+        self.config = config
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Load models / check the server is reachable. Raises SpecLedgerError when it cannot."""
+
+    @abstractmethod
+    async def complete(self, messages: list[dict[str, str]], *, max_new_tokens: int,
+                       min_new_tokens: int | None = None) -> Completion:
+        """Answer the last user message of `messages`. Failures come back as ok=False, never raise."""
+
+    async def close(self) -> None:
+        return None
+
+    def describe(self) -> str:
+        """Backend and version, recorded in the run's conditions."""
+        return self.config.backend
+
+    async def scrape_metrics(self) -> str | None:
+        """Prometheus text of the server, where there is one."""
+        return None
+
+
+def make_backend(config: BenchConfig, **kwargs: Any) -> Backend:
+    if config.backend == "openai":
+        from specledger.bench.backends.openai_http import OpenAIBackend
+
+        return OpenAIBackend(config, **kwargs)
+    from specledger.bench.backends.inprocess import InProcessBackend
+
+    return InProcessBackend(config, **kwargs)

@@ -1,0 +1,135 @@
+"""The native engine in this process. One request at a time: concurrency > 1 means a queue.
+
+Requests wait on a lock (their queueing time is reported, and TTFT counts from arrival);
+generation runs in a worker thread so open-loop arrivals keep their schedule meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+from specledger.bench.backends.base import Backend, Completion
+from specledger.bench.config import BenchConfig, ModelSpec
+from specledger.bench.energy import EnergyMeter
+from specledger.bench.metrics import chunks_from_token_times
+from specledger.bench.results import LevelCounts
+from specledger.bench.telemetry import cuda_max_allocated, peak_rss_bytes, reset_cuda_peak, reset_peak_rss
+from specledger.errors import SpecLedgerError
+
+
+class InProcessBackend(Backend):
+    serial = True
+
+    def __init__(self, config: BenchConfig, *, meter: EnergyMeter | None = None, models: dict | None = None):
+        """`models` may hold already loaded models by role ("target", "draft", "intermediate")."""
+        super().__init__(config)
+        self.meter = meter
+        self.models: dict[str, Any] = dict(models or {})
+        self.strategy: Any = None
+        self._lock = asyncio.Lock()
+        self._cuda = config.device.startswith("cuda")
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._load)
+
+    def _load(self) -> None:
+        from specledger.decoding.factory import make_strategy
+        from specledger.engine.loader import load_model
+
+        c = self.config
+
+        def load(spec: ModelSpec) -> Any:
+            return load_model(spec.model, dtype=spec.dtype, quant=spec.quant, group_size=spec.group_size,
+                              device=c.device)
+
+        if "target" not in self.models:
+            self.models["target"] = load(ModelSpec(model=c.model, dtype=c.dtype, quant=c.quant,
+                                                   group_size=c.group_size))
+        roles: dict[str, Any] = {}
+        for role in ("draft", "intermediate"):
+            spec = getattr(c, role)
+            if spec is not None:
+                if role not in self.models:
+                    self.models[role] = load(spec)
+                roles[role] = self.models[role]
+        if self.models["target"].tokenizer is None:
+            raise SpecLedgerError(f"configuration {c.name!r}: model {c.model!r} has no tokenizer")
+        try:
+            self.strategy = make_strategy(c.strategy, target=self.models["target"], **roles, **c.params)
+        except TypeError as exc:  # an unknown parameter name
+            raise SpecLedgerError(f"configuration {c.name!r}: strategy {c.strategy!r}: {exc}") from None
+
+    def describe(self) -> str:
+        import torch
+
+        import specledger
+
+        lm = self.models.get("target")
+        label = getattr(lm, "label", self.config.model)
+        return f"inprocess specledger {specledger.__version__} torch {torch.__version__} {label}"
+
+    async def complete(self, messages: list[dict[str, str]], *, max_new_tokens: int,
+                       min_new_tokens: int | None = None) -> Completion:
+        async with self._lock:
+            return await asyncio.to_thread(self._run, messages, max_new_tokens, min_new_tokens)
+
+    def _sampling(self, max_new_tokens: int, min_new_tokens: int | None) -> Any:
+        from specledger.decoding.sampling import SamplingParams
+
+        s = self.config.sampling
+        kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                                      top_k=s.top_k, seed=s.seed, stop=list(s.stop))
+        names = {f.name for f in dataclasses.fields(SamplingParams)} if dataclasses.is_dataclass(SamplingParams) \
+            else set(getattr(SamplingParams, "model_fields", {}))
+        if min_new_tokens:
+            if "min_new_tokens" in names:
+                kwargs["min_new_tokens"] = min_new_tokens
+            elif "ignore_eos" in names:
+                kwargs["ignore_eos"] = True
+        return SamplingParams(**{k: v for k, v in kwargs.items() if not names or k in names})
+
+    def _run(self, messages: list[dict[str, str]], max_new_tokens: int, min_new_tokens: int | None) -> Completion:
+        from specledger.decoding.generate import generate
+
+        lm = self.models["target"]
+        prompt_ids = lm.tokenizer.chat(messages)  # a model without a chat template is a setup error: raise
+        params = self._sampling(max_new_tokens, min_new_tokens)
+        callback_chunks: list[tuple[float, int]] = []
+
+        def on_tokens(ids: list[int], t: float) -> None:
+            callback_chunks.append((t, len(ids)))
+
+        reset_peak_rss()
+        if self._cuda:
+            reset_cuda_peak()
+        e0 = self.meter.read() if self.meter else None
+        start = time.perf_counter()
+        try:
+            result = generate(self.strategy, prompt_ids, params, on_tokens=on_tokens)
+        except SpecLedgerError as exc:  # e.g. the prompt does not fit the context: this request fails
+            return Completion(ok=False, start=start, end=time.perf_counter(), error=str(exc),
+                              prompt_tokens=len(prompt_ids))
+        except Exception as exc:  # noqa: BLE001 - recorded per request, the run continues
+            return Completion(ok=False, start=start, end=time.perf_counter(),
+                              error=f"{type(exc).__name__}: {exc}", prompt_tokens=len(prompt_ids))
+        end = time.perf_counter()
+        e1 = self.meter.read() if self.meter else None
+        times = list(getattr(result, "token_times", None) or [])
+        chunks = chunks_from_token_times(times) if times else callback_chunks
+        ids = list(result.token_ids)
+        first = start + result.ttft_s if result.ttft_s is not None else (chunks[0][0] if chunks else None)
+        return Completion(
+            ok=True, start=start, end=end, text=result.text, chunks=chunks, first_token=first,
+            prompt_tokens=len(prompt_ids), output_tokens=len(ids), token_ids=ids,
+            finish_reason=result.finish_reason, steps=result.steps, tau=result.tau,
+            levels=[LevelCounts(name=lv.name, proposed=lv.proposed, accepted=lv.accepted,
+                                steps=getattr(lv, "steps", None)) for lv in (result.levels or [])],
+            draft_s=result.draft_s, verify_s=result.verify_s, prefill_s=result.prefill_s,
+            draft_prefill_s=result.draft_prefill_s,
+            peak_rss_bytes=peak_rss_bytes(),
+            cuda_max_allocated_bytes=cuda_max_allocated() if self._cuda else None,
+            energy_j=(e1 - e0) if e0 is not None and e1 is not None else None,
+        )

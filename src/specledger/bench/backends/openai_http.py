@@ -1,0 +1,312 @@
+"""Any OpenAI-compatible server over HTTP, streaming (/v1/chat/completions, /v1/completions).
+
+TTFT is the first chunk with content. Token counts come from the server's usage (requested with
+stream_options.include_usage), else from a tokenizer if one is configured, else one per chunk;
+when a chunk carries several tokens its share is estimated from its text so ITL can be spread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from specledger.bench.backends.base import Backend, Completion
+from specledger.bench.config import BenchConfig
+from specledger.bench.telemetry import response_levels
+from specledger.errors import BadInput, SpecLedgerError
+
+_RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+
+
+class _Failure(Exception):
+    def __init__(self, message: str, retry: bool):
+        super().__init__(message)
+        self.retry = retry
+
+
+class OpenAIBackend(Backend):
+    serial = False
+
+    def __init__(self, config: BenchConfig, *, max_connections: int | None = None):
+        super().__init__(config)
+        assert config.openai is not None
+        self.s = config.openai
+        self.base_url = self.s.base_url
+        self.model_name = self.s.model_name or config.model
+        self._max_connections = max_connections
+        self._client: httpx.AsyncClient | None = None
+        self._tokenizer: Any = None
+        self._server: str = ""
+        self._metrics_ok = self.s.scrape_metrics
+
+    # ---- lifecycle ----
+
+    async def start(self) -> None:
+        headers = {}
+        if self.s.api_key_env:
+            key = os.environ.get(self.s.api_key_env)
+            if not key:
+                raise BadInput(f"configuration {self.config.name!r}: environment variable "
+                               f"{self.s.api_key_env} (api_key_env) is not set")
+            headers["Authorization"] = f"Bearer {key}"
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(self.s.timeout_s, connect=self.s.connect_timeout_s),
+            limits=httpx.Limits(max_connections=self._max_connections, max_keepalive_connections=256),
+        )
+        await self._wait_reachable()
+        if self.s.tokenizer:
+            self._tokenizer = await asyncio.to_thread(load_counting_tokenizer, self.s.tokenizer)
+
+    async def _wait_reachable(self) -> None:
+        """Poll until the server answers anything at all, for at most connect_timeout_s."""
+        assert self._client is not None
+        deadline = time.monotonic() + self.s.connect_timeout_s
+        while True:
+            try:
+                r = await self._client.get("/v1/models", timeout=self.s.connect_timeout_s)
+                if r.status_code == 200:
+                    try:
+                        ids = [m.get("id") for m in r.json().get("data", [])]
+                        self._server = f"models: {', '.join(map(str, ids))}"
+                    except (ValueError, AttributeError):
+                        pass
+                return
+            except httpx.TransportError:
+                if time.monotonic() >= deadline:
+                    await self.close()
+                    raise SpecLedgerError(
+                        f"cannot reach {self.base_url} after {self.s.connect_timeout_s:g} s "
+                        f"(configuration {self.config.name!r}); is the server running?") from None
+                await asyncio.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def describe(self) -> str:
+        return f"openai-http {self.base_url} api={self.s.api} {self._server}".strip()
+
+    async def scrape_metrics(self) -> str | None:
+        if not self._metrics_ok or self._client is None:
+            return None
+        url = self.s.metrics_url or "/metrics"
+        try:
+            r = await self._client.get(url, timeout=self.s.connect_timeout_s)
+        except httpx.HTTPError:
+            return None
+        if r.status_code != 200:
+            self._metrics_ok = False  # no metrics endpoint: stop asking
+            return None
+        return r.text
+
+    # ---- one request ----
+
+    def _body(self, messages: list[dict[str, str]], max_new_tokens: int, min_new_tokens: int | None) -> dict:
+        sp = self.config.sampling
+        body: dict[str, Any] = {
+            "model": self.model_name,
+            "max_tokens": max_new_tokens,
+            "temperature": sp.temperature,
+            "top_p": sp.top_p,
+            "seed": sp.seed,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if sp.top_k:
+            body["top_k"] = sp.top_k
+        if sp.stop:
+            body["stop"] = sp.stop
+        if min_new_tokens:
+            body["min_tokens"] = min_new_tokens
+        if self.s.api == "chat":
+            body["messages"] = messages
+        else:
+            body["prompt"] = self._prompt_text(messages)
+        body.update(self.s.extra_body)
+        return body
+
+    def _prompt_text(self, messages: list[dict[str, str]]) -> str:
+        if len(messages) == 1:
+            return messages[0]["content"]
+        if self._tokenizer is not None and hasattr(self._tokenizer, "chat_text"):
+            return self._tokenizer.chat_text(messages)
+        return "\n\n".join(m["content"] for m in messages)
+
+    async def complete(self, messages: list[dict[str, str]], *, max_new_tokens: int,
+                       min_new_tokens: int | None = None) -> Completion:
+        assert self._client is not None, "start() first"
+        body = self._body(messages, max_new_tokens, min_new_tokens)
+        path = "/v1/chat/completions" if self.s.api == "chat" else "/v1/completions"
+        start = time.perf_counter()
+        attempts = 0
+        error = ""
+        while True:
+            attempts += 1
+            state = _Stream()
+            try:
+                async with asyncio.timeout(self.s.timeout_s):
+                    await self._stream(path, body, state)
+                c = self._finish(state, start, attempts)
+                return c
+            except _Failure as exc:
+                error, retry = str(exc), exc.retry
+            except TimeoutError:
+                error, retry = f"timed out after {self.s.timeout_s:g} s", True
+            except httpx.HTTPError as exc:
+                error, retry = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, True
+            if not retry or attempts > self.s.retries:
+                return Completion(ok=False, start=start, end=time.perf_counter(), error=error,
+                                  attempts=attempts, text=state.text(), first_token=state.first)
+
+    async def _stream(self, path: str, body: dict, st: "_Stream") -> None:
+        assert self._client is not None
+        async with self._client.stream("POST", path, json=body) as resp:
+            if resp.status_code >= 400:
+                raw = (await resp.aread())[:2000].decode("utf-8", "replace")
+                raise _Failure(f"HTTP {resp.status_code}: {_error_message(raw)}",
+                               retry=resp.status_code in _RETRY_STATUS)
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    st.done = True
+                    break
+                t = time.perf_counter()
+                try:
+                    chunk = json.loads(payload)
+                except json.JSONDecodeError:
+                    raise _Failure(f"malformed stream chunk: {payload[:80]!r}", retry=False) from None
+                if "error" in chunk:
+                    raise _Failure(f"server error mid-stream: {_error_message(json.dumps(chunk))}", retry=False)
+                st.take(chunk, t, chat=self.s.api == "chat")
+        if not st.done:
+            raise _Failure("stream ended before [DONE] (connection dropped)", retry=True)
+
+    def _finish(self, st: "_Stream", start: float, attempts: int) -> Completion:
+        text = st.text()
+        usage = st.usage or {}
+        usage_out = usage.get("completion_tokens")
+        tok_count = self.count_tokens(text)
+        total = usage_out if usage_out is not None else tok_count if tok_count is not None else len(st.pieces)
+        counts = _allocate(total, [self._weight(p) for _, p in st.pieces])
+        c = Completion(
+            ok=True, start=start, end=time.perf_counter(), text=text, attempts=attempts,
+            chunks=[(t, n) for (t, _), n in zip(st.pieces, counts)],
+            first_token=st.first, prompt_tokens=usage.get("prompt_tokens"), output_tokens=total,
+            usage_output_tokens=usage_out, tokenizer_output_tokens=tok_count,
+            finish_reason=st.finish_reason,
+        )
+        levels, steps, tau, raw = response_levels(st.extension)
+        c.levels, c.steps, c.tau, c.extra = levels, steps, tau, raw
+        ext = raw.get("specledger") or {}
+        for key in ("draft_s", "verify_s", "prefill_s", "draft_prefill_s"):
+            if isinstance(ext.get(key), (int, float)):
+                setattr(c, key, float(ext[key]))
+        return c
+
+    def count_tokens(self, text: str) -> int | None:
+        if self._tokenizer is None:
+            return None
+        return _count(self._tokenizer, text)
+
+    def _weight(self, piece: str) -> float:
+        n = self.count_tokens(piece)
+        return float(n) if n is not None else float(len(piece))
+
+
+class _Stream:
+    """Accumulates a stream: content pieces with arrival times, usage, finish reason, extensions."""
+
+    __slots__ = ("pieces", "first", "usage", "finish_reason", "extension", "done")
+
+    def __init__(self) -> None:
+        self.pieces: list[tuple[float, str]] = []
+        self.first: float | None = None
+        self.usage: dict | None = None
+        self.finish_reason: str | None = None
+        self.extension: dict = {}
+        self.done = False
+
+    def take(self, chunk: dict, t: float, *, chat: bool) -> None:
+        for choice in chunk.get("choices") or ():
+            piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+            if piece:
+                if self.first is None:
+                    self.first = t
+                self.pieces.append((t, piece))
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for key in ("specledger", "timings"):
+            if key in chunk:
+                self.extension[key] = chunk[key]
+
+    def text(self) -> str:
+        return "".join(p for _, p in self.pieces)
+
+
+def _allocate(total: int, weights: list[float]) -> list[int]:
+    """Split `total` tokens over chunks in proportion to weights (largest remainder).
+
+    One token per chunk when the counts agree; otherwise every chunk gets at least one when
+    there are enough tokens to go round.
+    """
+    n = len(weights)
+    if n == 0:
+        return []
+    if total == n:
+        return [1] * n
+    base = [1] * n if total >= n else [0] * n
+    rest = total - sum(base)
+    w = [max(x, 1e-9) for x in weights]
+    s = sum(w)
+    shares = [rest * x / s for x in w]
+    floor = [int(x) for x in shares]
+    left = rest - sum(floor)
+    order = sorted(range(n), key=lambda i: shares[i] - floor[i], reverse=True)
+    for i in order[:left]:
+        floor[i] += 1
+    return [b + f for b, f in zip(base, floor)]
+
+
+def _error_message(raw: str) -> str:
+    try:
+        data = json.loads(raw)
+        err = data.get("error", data)
+        msg = err.get("message") if isinstance(err, dict) else str(err)
+        return str(msg or raw).splitlines()[0][:300]
+    except (ValueError, AttributeError):
+        return raw.strip().splitlines()[0][:300] if raw.strip() else "(empty body)"
+
+
+def _count(tokenizer: Any, text: str) -> int:
+    if hasattr(tokenizer, "hf"):  # the engine's Tokenizer
+        return len(tokenizer.hf(text, add_special_tokens=False)["input_ids"])
+    return len(tokenizer.encode(text, add_special_tokens=False).ids)  # a `tokenizers.Tokenizer`
+
+
+def load_counting_tokenizer(spec: str) -> Any:
+    """A tokenizer.json file (tokenizers) or anything the engine can load a tokenizer from."""
+    p = Path(spec).expanduser()
+    if p.suffix == ".json":
+        if not p.exists():
+            raise BadInput(f"tokenizer file {p} does not exist")
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(p))
+    from specledger.engine.registry import resolve_model
+    from specledger.engine.tokenizer import Tokenizer as EngineTokenizer
+
+    path = resolve_model(spec)
+    return EngineTokenizer.from_dir(path, set()) if path.is_dir() else EngineTokenizer.from_gguf(path, set())

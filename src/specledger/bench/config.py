@@ -1,0 +1,217 @@
+"""Run configuration: configurations x workload x load, from a YAML/TOML file or CLI flags.
+
+Everything that can change a figure lives here, so the resolved configuration is recorded
+with the results.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from specledger.errors import BadInput
+
+# The engine's strategies (decoding/factory.py); the openai backend takes any label.
+STRATEGIES = ("ar", "lookup", "draft", "eagle", "hier")
+DTYPES = ("fp32", "bf16", "fp16")
+QUANTS = ("none", "int8", "int4")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(_Strict):
+    """A model in one role (draft, intermediate) with its own precision."""
+
+    model: str
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    quant: Literal["none", "int8", "int4"] = "none"
+    group_size: int = 32
+
+
+class Sampling(_Strict):
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    seed: int = 0
+    stop: list[str] = Field(default_factory=list)
+
+
+class OpenAISettings(_Strict):
+    base_url: str = "http://127.0.0.1:8000"
+    api: Literal["chat", "completions"] = "chat"
+    model_name: str | None = None  # the "model" field sent; default: the configuration's model
+    api_key_env: str | None = None  # name of the environment variable holding the key
+    timeout_s: float = Field(300.0, gt=0)  # per request, whole stream
+    connect_timeout_s: float = Field(10.0, gt=0)
+    retries: int = Field(0, ge=0)
+    tokenizer: str | None = None  # tokenizer.json path or engine model name: counts tokens when usage is missing
+    metrics_url: str | None = None  # Prometheus endpoint; default {base_url}/metrics
+    scrape_metrics: bool = True
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https:// (got {v!r})")
+        return v.rstrip("/").removesuffix("/v1")
+
+
+class BenchConfig(_Strict):
+    """One decoding configuration to measure."""
+
+    name: str
+    backend: Literal["inprocess", "openai"] = "inprocess"
+    model: str = "smollm2-135m"
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    quant: Literal["none", "int8", "int4"] = "none"
+    group_size: int = 32
+    device: str = "cpu"
+    strategy: str = "ar"
+    params: dict[str, Any] = Field(default_factory=dict)
+    draft: ModelSpec | None = None
+    intermediate: ModelSpec | None = None
+    sampling: Sampling = Field(default_factory=Sampling)
+    max_new_tokens: int = Field(128, ge=1)
+    openai: OpenAISettings | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "BenchConfig":
+        if self.backend == "inprocess" and self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r} (known: {', '.join(STRATEGIES)})")
+        if self.backend == "openai" and self.openai is None:
+            self.openai = OpenAISettings()
+        if self.backend == "inprocess" and self.openai is not None:
+            raise ValueError("'openai' settings given for an inprocess backend")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.sampling.temperature == 0.0
+
+    def target_key(self) -> tuple:
+        """Same target and precision: what the lossless gate compares against."""
+        where = self.openai.base_url if self.openai else self.device
+        return (self.backend, where, self.model, self.dtype, self.quant, self.group_size)
+
+
+class WorkloadSettings(_Strict):
+    spec: str = "builtin-quick"
+    categories: list[str] | None = None
+    per_category: int | None = Field(None, ge=1)
+    limit: int | None = Field(None, ge=1)
+    seed: int = 0
+    on_bad_line: Literal["stop", "skip"] = "stop"
+    grader: str | None = None  # user grader "module:function"
+
+
+class SteadyStateSettings(_Strict):
+    window: int = Field(8, ge=2)  # completed requests per window
+    tolerance: float = Field(0.1, gt=0)  # relative difference of consecutive windows' throughput
+    max_requests: int = Field(256, ge=1)
+
+
+class LoadSettings(_Strict):
+    concurrency: list[int] | None = None  # closed loop: N in flight (a sweep when several)
+    rate: list[float] | None = None  # open loop: Poisson arrivals, requests/s
+    num_requests: int | None = Field(None, ge=1)  # conversations per level; default: the whole workload
+    warmup: int = Field(1, ge=0)  # conversations run first and not counted
+    max_in_flight: int = Field(1024, ge=1)  # open loop safety bound
+    steady_state: SteadyStateSettings | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "LoadSettings":
+        if self.concurrency and self.rate:
+            raise ValueError("give either concurrency or rate, not both")
+        if not self.concurrency and not self.rate:
+            self.concurrency = [1]
+        for c in self.concurrency or []:
+            if c < 1:
+                raise ValueError(f"concurrency must be >= 1 (got {c})")
+        for r in self.rate or []:
+            if r <= 0:
+                raise ValueError(f"rate must be > 0 requests/s (got {r})")
+        return self
+
+    def levels(self) -> list[tuple[str, int | None, float | None]]:
+        """(label, concurrency, rate) per load level, in sweep order."""
+        if self.rate:
+            return [(f"r={r:g}", None, r) for r in self.rate]
+        return [(f"c={c}", c, None) for c in self.concurrency or [1]]
+
+
+class SLO(_Strict):
+    ttft_s: float | None = Field(None, gt=0)
+    tpot_s: float | None = Field(None, gt=0)
+    e2e_s: float | None = Field(None, gt=0)
+
+
+class GateSettings(_Strict):
+    lossless_min_share: float = Field(1.0, ge=0.0, le=1.0)  # share of greedy outputs identical to `ar`
+    min_pass_rate: float | None = Field(None, ge=0.0, le=1.0)
+
+
+class RunConfig(_Strict):
+    configs: list[BenchConfig] = Field(min_length=1)
+    workload: WorkloadSettings = Field(default_factory=WorkloadSettings)
+    load: LoadSettings = Field(default_factory=LoadSettings)
+    slo: SLO | None = None
+    gates: GateSettings = Field(default_factory=GateSettings)
+    output_dir: str = "runs"
+    run_id: str | None = None
+    seed: int = 0
+    bootstrap: int = Field(1000, ge=0)  # resamples for confidence intervals (0: none)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "RunConfig":
+        seen: set[str] = set()
+        for c in self.configs:
+            if c.name in seen:
+                raise ValueError(f"two configurations named {c.name!r}")
+            seen.add(c.name)
+        return self
+
+
+def parse_run_config(data: Any, *, source: str = "config") -> RunConfig:
+    """Validate a mapping; any problem becomes one line naming the field."""
+    if not isinstance(data, dict):
+        raise BadInput(f"{source}: expected a mapping at the top level")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise BadInput(f"{source}: {_describe(exc)}") from None
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    path = Path(path)
+    if not path.exists():
+        raise BadInput(f"config file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        first = str(exc).strip().splitlines()
+        raise BadInput(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'YAML'}: "
+                       f"{' '.join(first[:1])}") from None
+    return parse_run_config(data, source=str(path))
+
+
+def _describe(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return f"unknown field {loc!r}"
+    if kind == "literal_error":
+        return f"{loc}: {err['msg'].lower()} (got {err['input']!r})"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg

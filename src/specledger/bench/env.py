@@ -1,0 +1,47 @@
+"""The conditions a run was measured under: everything besides the configuration that moves a figure."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from typing import Any
+
+import specledger
+from specledger.bench.results import Conditions
+
+
+def cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def collect_conditions(config: dict[str, Any], *, seed: int, backends: dict[str, str], energy: str) -> Conditions:
+    try:
+        import torch
+
+        torch_version = torch.__version__
+        threads = torch.get_num_threads()
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        torch_version, threads, gpu = None, None, None
+    return Conditions(
+        python=sys.version.split()[0],
+        torch=torch_version,
+        specledger=specledger.__version__,
+        platform=platform.platform(),
+        cpu_model=cpu_model(),
+        cpu_count=os.cpu_count(),
+        gpu=gpu,
+        torch_threads=threads,
+        seed=seed,
+        backends=backends,
+        energy=energy,
+        config=config,
+    )

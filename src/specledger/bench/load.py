@@ -1,0 +1,104 @@
+"""Load generation: closed loop (N conversations in flight) and open loop (seeded Poisson arrivals).
+
+A job is one conversation (its turns run back to back). Each job gets its index and its arrival
+time (perf_counter): in a closed loop the moment a slot freed, in an open loop its scheduled
+Poisson arrival, so lateness of the harness or a queue in the backend shows up as waiting time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+Job = Callable[[int, float], Awaitable[None]]
+NextIndex = Callable[[], "int | None"]  # the next job to issue, or None when done
+
+
+async def closed_loop(job: Job, next_index: NextIndex, concurrency: int) -> None:
+    """Keep `concurrency` jobs in flight until next_index runs out. A failing job stops them all."""
+
+    async def worker() -> None:
+        while (i := next_index()) is not None:
+            await job(i, time.perf_counter())
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(concurrency):
+                tg.create_task(worker())
+    except BaseExceptionGroup as group:
+        raise group.exceptions[0] from None
+
+
+def poisson_arrivals(rate: float, seed: int) -> Callable[[], float]:
+    """Successive inter-arrival gaps (seconds) of a Poisson process, reproducible from the seed."""
+    rng = random.Random(seed)
+    return lambda: rng.expovariate(rate)
+
+
+async def open_loop(job: Job, next_index: NextIndex, rate: float, *, seed: int = 0, max_in_flight: int = 1024) -> None:
+    """Start jobs at Poisson arrival times regardless of completions (bounded by max_in_flight)."""
+    gap = poisson_arrivals(rate, seed)
+    slots = asyncio.Semaphore(max_in_flight)
+    tasks: set[asyncio.Task] = set()
+    errors: list[BaseException] = []
+    t0 = time.perf_counter()
+    due = t0
+
+    async def run(i: int, arrival: float) -> None:
+        try:
+            await job(i, arrival)
+        except Exception as exc:  # surfaced after the loop; the jobs in flight finish first
+            errors.append(exc)
+        finally:
+            slots.release()
+
+    while not errors and (i := next_index()) is not None:
+        due += gap()
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await slots.acquire()
+        task = asyncio.create_task(run(i, due))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+    if errors:
+        raise errors[0]
+
+
+@dataclass
+class SteadyStateCheck:
+    """Throughput (output tokens/s) of consecutive windows of `window` completed conversations.
+
+    Steady when the last two windows agree within `tolerance` (relative to the larger).
+    """
+
+    window: int
+    tolerance: float
+    start: float = field(default_factory=time.perf_counter)
+    windows: list[float] = field(default_factory=list)
+    _tokens: int = 0
+    _count: int = 0
+    _window_start: float | None = None
+
+    def __post_init__(self) -> None:
+        self._window_start = self.start
+
+    def completed(self, tokens: int, t: float) -> None:
+        self._tokens += tokens
+        self._count += 1
+        if self._count == self.window:
+            span = max(t - (self._window_start or t), 1e-9)
+            self.windows.append(self._tokens / span)
+            self._tokens, self._count, self._window_start = 0, 0, t
+
+    @property
+    def reached(self) -> bool:
+        if len(self.windows) < 2:
+            return False
+        a, b = self.windows[-2], self.windows[-1]
+        return abs(a - b) <= self.tolerance * max(a, b, 1e-12)

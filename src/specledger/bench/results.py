@@ -1,0 +1,374 @@
+"""What a benchmark run leaves on disk: the single definition, read by the ledger and the reports.
+
+A run directory holds
+  requests.jsonl  one RequestRecord per request per turn, appended and flushed as each finishes;
+  run.json        RunResult: conditions, per configuration and load level aggregates, quality gates;
+  summary.csv     one row per configuration x load level (SUMMARY_COLUMNS).
+Times in records are wall-clock epoch seconds (so segments of a resumed run line up); durations
+are seconds measured with perf_counter.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from specledger.errors import BadInput
+
+SCHEMA_VERSION = 1
+REQUESTS_FILE = "requests.jsonl"
+RUN_FILE = "run.json"
+SUMMARY_FILE = "summary.csv"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class LevelCounts(_Model):
+    """Draft tokens proposed and accepted at one level of a speculation stack."""
+
+    name: str
+    proposed: int = 0
+    accepted: int = 0
+    steps: int | None = None
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.proposed if self.proposed else None
+
+
+class RequestGrade(_Model):
+    passed: bool | None
+    score: float | None = None
+    grader: str = ""
+    detail: str = ""
+
+
+class RequestRecord(_Model):
+    """One request (one turn of one conversation) as measured."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    config: str
+    request_id: str  # f"{config}|{load}|{item}|t{turn}": unique within a run
+    item: int  # position in the level's request sequence (the workload cycles when it is shorter)
+    question_id: str
+    category: str
+    kind: str
+    turn: int  # 1-based
+    turns: int  # turns in the conversation
+    load: str  # "c=4" (closed loop) or "r=2.5" (open loop, requests/s)
+    concurrency: int | None = None
+    rate: float | None = None
+    segment: str = ""  # the process that measured it (a resumed run has several)
+    status: Literal["ok", "failed"]
+    error: str | None = None
+    attempts: int = 1  # retries = attempts - 1
+    finish_reason: str | None = None
+
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    usage_output_tokens: int | None = None  # as the server reported it
+    tokenizer_output_tokens: int | None = None  # as our tokenizer counted the text
+    usage_disagrees: bool = False
+
+    arrival_t: float  # request became due (open loop: its Poisson arrival)
+    start_t: float | None = None  # sent / taken off the queue
+    first_token_t: float | None = None
+    end_t: float
+    queue_s: float = 0.0
+    ttft_s: float | None = None  # from arrival, queueing included
+    e2e_s: float | None = None  # from arrival
+    tpot_s: float | None = None
+    itl_s: list[float] = Field(default_factory=list)
+
+    steps: int | None = None
+    tau: float | None = None
+    levels: list[LevelCounts] = Field(default_factory=list)
+    draft_s: float | None = None
+    verify_s: float | None = None
+    prefill_s: float | None = None
+    draft_prefill_s: float | None = None
+
+    peak_rss_bytes: int | None = None
+    cuda_max_allocated_bytes: int | None = None
+    energy_j: float | None = None
+
+    output_text: str = ""
+    output_token_ids: list[int] | None = None
+    grade: RequestGrade | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)  # backend telemetry as received (e.g. llama.cpp timings)
+
+
+class Dist(_Model):
+    """Distribution of one latency over requests (or tokens, for ITL) with bootstrap 95% CIs."""
+
+    n: int = 0
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    ci: dict[str, tuple[float, float]] = Field(default_factory=dict)  # stat name -> (low, high)
+
+
+class Acceptance(_Model):
+    name: str
+    proposed: int
+    accepted: int
+    rate: float | None
+
+
+class Aggregate(_Model):
+    requests_ok: int = 0
+    requests_failed: int = 0
+    retries: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft: Dist = Field(default_factory=Dist)
+    tpot: Dist = Field(default_factory=Dist)
+    itl: Dist = Field(default_factory=Dist)
+    e2e: Dist = Field(default_factory=Dist)
+    queue: Dist = Field(default_factory=Dist)
+    request_tok_s: Dist = Field(default_factory=Dist)  # per request: output tokens / e2e
+    wall_s: float = 0.0  # measurement phase: the device-seconds these requests occupied
+    output_tok_s: float | None = None  # output tokens / wall_s
+    requests_s: float | None = None
+    goodput_rps: float | None = None  # requests/s meeting every SLO given
+    slo_met: int | None = None
+    steps: int | None = None
+    tau: float | None = None  # output tokens / target steps, over requests that report steps
+    acceptance: list[Acceptance] = Field(default_factory=list)
+    draft_s: float | None = None
+    verify_s: float | None = None
+    energy_j: float | None = None
+    energy_j_per_token: float | None = None
+    peak_rss_bytes: int | None = None
+    cuda_max_allocated_bytes: int | None = None
+    usage_disagreements: int = 0
+    graded: int = 0
+    passed: int = 0
+
+
+class SteadyState(_Model):
+    window: int  # completed requests per window
+    tolerance: float
+    reached: bool
+    windows_tok_s: list[float]
+
+
+class LoadResult(_Model):
+    load: str
+    concurrency: int | None = None
+    rate: float | None = None
+    started: datetime | None = None
+    aggregate: Aggregate
+    by_category: dict[str, Aggregate] = Field(default_factory=dict)
+    by_kind: dict[str, Aggregate] = Field(default_factory=dict)
+    telemetry: dict[str, Any] | None = None  # server counters (before/after deltas), normalised
+    telemetry_levels: list[Acceptance] = Field(default_factory=list)
+    steady_state: SteadyState | None = None
+    complete: bool = False  # every request of the level was issued (resume skips complete levels)
+    segments: int = 1  # processes that measured it (a resumed level has more than one)
+
+
+class GateOutcome(_Model):
+    name: str
+    passed: bool | None  # None: not checked (reason says why)
+    reason: str = ""
+    figures: dict[str, Any] = Field(default_factory=dict)
+
+
+class ConfigResult(_Model):
+    name: str
+    backend: str
+    model: str
+    strategy: str
+    dtype: str | None = None
+    quant: str | None = None
+    group_size: int | None = None
+    spec: dict[str, Any] = Field(default_factory=dict)  # the configuration as resolved
+    loads: list[LoadResult] = Field(default_factory=list)
+    gates: list[GateOutcome] = Field(default_factory=list)
+    pass_rate: float | None = None
+    pass_ci: tuple[float, float] | None = None
+    comparable: bool = True
+    comparable_reason: str = ""
+
+
+class Conditions(_Model):
+    python: str
+    torch: str | None = None
+    specledger: str
+    platform: str
+    cpu_model: str | None = None
+    cpu_count: int | None = None
+    gpu: str | None = None
+    torch_threads: int | None = None
+    seed: int = 0
+    backends: dict[str, str] = Field(default_factory=dict)  # backend name -> version/description
+    energy: str = "unavailable"  # "rapl", "nvml", "rapl+nvml" or "unavailable"
+    config: dict[str, Any] = Field(default_factory=dict)  # the run configuration as resolved
+
+
+class RunResult(_Model):
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    created: datetime
+    updated: datetime | None = None
+    status: Literal["running", "complete", "interrupted", "failed"] = "running"
+    conditions: Conditions
+    configs: list[ConfigResult] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+    def config(self, name: str) -> ConfigResult | None:
+        return next((c for c in self.configs if c.name == name), None)
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+# ---- reading and writing -------------------------------------------------------------
+
+
+class RequestLog:
+    """Append-only requests.jsonl. Each record is flushed as written, so a crash of the process
+    loses nothing; sync() (called at the end of each load level) also survives a crash of the OS."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / REQUESTS_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def append(self, record: RequestRecord) -> None:
+        self._f.write(record.model_dump_json() + "\n")
+        self._f.flush()
+
+    def sync(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> "RequestLog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_requests(run_dir: str | Path, *, latest_only: bool = True) -> list[RequestRecord]:
+    """Records of a run; with latest_only a request measured again (resume) keeps its last record.
+
+    A torn last line (crash mid-write) is ignored; any other bad line is an error naming it.
+    """
+    path = Path(run_dir) / REQUESTS_FILE
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records: list[RequestRecord] = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(RequestRecord.model_validate_json(line))
+        except ValidationError as exc:
+            if i == len(lines):
+                break
+            raise BadInput(f"{path}:{i}: not a request record ({_first_error(exc)})") from None
+    if latest_only:
+        by_id: dict[str, RequestRecord] = {}
+        for r in records:
+            by_id.pop(r.request_id, None)
+            by_id[r.request_id] = r
+        records = list(by_id.values())
+    return records
+
+
+def write_run(run_dir: str | Path, run: RunResult) -> Path:
+    """Replace run.json atomically (write then rename)."""
+    path = Path(run_dir) / RUN_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(run.model_dump_json(indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def load_run(run_dir: str | Path) -> RunResult:
+    path = Path(run_dir) / RUN_FILE
+    if not path.exists():
+        raise BadInput(f"{run_dir}: no {RUN_FILE} (not a specledger run directory)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{path}: not valid JSON (line {exc.lineno})") from None
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise BadInput(f"{path}: schema_version {version!r}, this specledger reads {SCHEMA_VERSION}")
+    try:
+        return RunResult.model_validate(data)
+    except ValidationError as exc:
+        raise BadInput(f"{path}: {_first_error(exc)}") from None
+
+
+SUMMARY_COLUMNS = [
+    "run_id", "config", "backend", "model", "strategy", "dtype", "quant", "load", "concurrency", "rate",
+    "requests_ok", "requests_failed", "retries", "output_tokens", "wall_s",
+    "ttft_mean", "ttft_p50", "ttft_p90", "ttft_p95", "ttft_p99",
+    "tpot_mean", "tpot_p50", "tpot_p90", "tpot_p95", "tpot_p99",
+    "itl_mean", "itl_p50", "itl_p90", "itl_p95", "itl_p99",
+    "e2e_mean", "e2e_p50", "e2e_p90", "e2e_p95", "e2e_p99",
+    "queue_mean", "output_tok_s", "requests_s", "goodput_rps", "tau", "acceptance",
+    "energy_j", "energy_j_per_token", "peak_rss_bytes", "cuda_max_allocated_bytes",
+    "pass_rate", "comparable", "comparable_reason",
+]
+
+
+def summary_rows(run: RunResult) -> Iterable[dict[str, Any]]:
+    for c in run.configs:
+        for lr in c.loads:
+            a = lr.aggregate
+            row: dict[str, Any] = {
+                "run_id": run.run_id, "config": c.name, "backend": c.backend, "model": c.model,
+                "strategy": c.strategy, "dtype": c.dtype, "quant": c.quant, "load": lr.load,
+                "concurrency": lr.concurrency, "rate": lr.rate, "requests_ok": a.requests_ok,
+                "requests_failed": a.requests_failed, "retries": a.retries, "output_tokens": a.output_tokens,
+                "wall_s": a.wall_s, "queue_mean": a.queue.mean, "output_tok_s": a.output_tok_s,
+                "requests_s": a.requests_s, "goodput_rps": a.goodput_rps, "tau": a.tau,
+                "acceptance": ";".join(f"{x.name}={x.rate:.4f}" for x in a.acceptance if x.rate is not None),
+                "energy_j": a.energy_j, "energy_j_per_token": a.energy_j_per_token,
+                "peak_rss_bytes": a.peak_rss_bytes, "cuda_max_allocated_bytes": a.cuda_max_allocated_bytes,
+                "pass_rate": c.pass_rate, "comparable": c.comparable, "comparable_reason": c.comparable_reason,
+            }
+            for metric in ("ttft", "tpot", "itl", "e2e"):
+                d: Dist = getattr(a, metric)
+                for stat in ("mean", "p50", "p90", "p95", "p99"):
+                    row[f"{metric}_{stat}"] = getattr(d, stat)
+            yield row
+
+
+def write_summary(run_dir: str | Path, run: RunResult) -> Path:
+    path = Path(run_dir) / SUMMARY_FILE
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS)
+        w.writeheader()
+        for row in summary_rows(run):
+            w.writerow({k: "" if v is None else v for k, v in row.items()})
+    os.replace(tmp, path)
+    return path
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "record"
+    return f"{where}: {err['msg']}"

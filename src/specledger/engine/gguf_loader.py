@@ -1,0 +1,128 @@
+"""Read a Llama-family GGUF file: config, dequantized tensors, and Q4_1 codes kept as-is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specledger.engine.config import ModelConfig
+from specledger.engine.quant import Int4Grid
+from specledger.errors import BadInput, UnsupportedModel
+
+SUPPORTED_ARCHS = ("llama",)
+_LAYER_NAMES = {
+    "attn_norm": "attn_norm",
+    "attn_q": "q",
+    "attn_k": "k",
+    "attn_v": "v",
+    "attn_output": "o",
+    "ffn_norm": "ffn_norm",
+    "ffn_gate": "gate",
+    "ffn_up": "up",
+    "ffn_down": "down",
+}
+
+
+def open_gguf(path: Path):
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(path)
+    except Exception as exc:  # the reader raises bare ValueError/struct errors on junk
+        raise BadInput(f"{path} is not a readable GGUF file ({exc})") from None
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def read_config(reader, path: Path) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise UnsupportedModel(f"{path.name}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+    g = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
+    hidden = int(g("embedding_length"))
+    n_heads = int(g("attention.head_count"))
+    n_kv = int(g("attention.head_count_kv", n_heads))
+    names = {t.name for t in reader.tensors}
+    vocab = g("vocab_size")
+    if vocab is None:
+        vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(g("feed_forward_length")),
+        n_layers=int(g("block_count")),
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=int(g("attention.key_length", hidden // n_heads)),
+        max_seq_len=int(g("context_length", 2048)),
+        rope_theta=float(g("rope.freq_base", 10000.0)),
+        rms_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
+        tie_embeddings="output.weight" not in names,
+        bos_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_ids=[int(eos)] if eos is not None else [],
+    )
+
+
+def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row interleaving so RoPE is the rotate-half form of HF checkpoints."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _q4_1_grid(raw: np.ndarray, rows: int, cols: int) -> Int4Grid:
+    """Q4_1 blocks: fp16 d, fp16 m, 16 bytes of nibbles (element j low, j+16 high) per 32 values."""
+    blocks = raw.reshape(rows, cols // 32, 20)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    qs = blocks[..., 4:]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, cols)
+    d_t, m_t = torch.from_numpy(d), torch.from_numpy(m)
+    return Int4Grid(torch.from_numpy(codes.astype(np.uint8)), d_t, m_t + 8 * d_t, 32)
+
+
+def read_tensors(reader, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], dict[str, Int4Grid]]:
+    """Canonical float32 tensors (HF orientation [out, in]) and the Q4_1 grids of the tensors stored so."""
+    from gguf import GGMLQuantizationType, dequantize
+
+    tensors: dict[str, torch.Tensor] = {}
+    grids: dict[str, Int4Grid] = {}
+    for t in reader.tensors:
+        name = t.name
+        if name == "token_embd.weight":
+            key = "embed"
+        elif name == "output_norm.weight":
+            key = "norm"
+        elif name == "output.weight":
+            key = "output"
+        elif name == "rope_freqs.weight":
+            key = "rope_freqs"
+        elif name.startswith("blk."):
+            _, idx, part, _w = name.split(".", 3)
+            if part not in _LAYER_NAMES:
+                raise UnsupportedModel(f"unexpected tensor {name} (not a plain Llama layer)")
+            key = f"layers.{idx}.{_LAYER_NAMES[part]}"
+        else:
+            raise UnsupportedModel(f"unexpected tensor {name} in GGUF file")
+        arr = dequantize(t.data, t.tensor_type)
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        w = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).reshape(shape)
+        grid = None
+        if t.tensor_type == GGMLQuantizationType.Q4_1 and len(shape) == 2:
+            grid = _q4_1_grid(np.asarray(t.data), *shape)
+        if key.endswith((".q", ".k")):
+            heads = cfg.n_heads if key.endswith(".q") else cfg.n_kv_heads
+            w = _unpermute(w, heads)
+            if grid is not None:
+                grid = Int4Grid(_unpermute(grid.codes, heads), _unpermute(grid.scale, heads), _unpermute(grid.zero, heads), 32)
+        tensors[key] = w
+        if grid is not None:
+            grids[key] = grid
+    return tensors, grids

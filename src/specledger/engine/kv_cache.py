@@ -1,0 +1,58 @@
+"""Preallocated KV cache whose length can be rolled back in O(1).
+
+Storage slots are separate from RoPE positions: a tree's nodes sit in consecutive slots
+but share positions by depth. After verification the accepted path is compacted into
+consecutive slots, so the cache again holds one sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        *,
+        batch: int = 1,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.length = 0  # valid slots [0, length)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store n new entries at slots [start, start+n) and return views of slots [0, start+n)."""
+        end = start + k.shape[2]
+        self.k[layer, :, :, start:end] = k
+        self.v[layer, :, :, start:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back to {length}: cache holds {self.length}")
+        self.length = length
+
+    def keep(self, start: int, slots: torch.Tensor | list[int]) -> None:
+        """Keep the entries at `slots` (all >= start, increasing) as slots start, start+1, ...
+
+        Everything before `start` is untouched; everything else after it is dropped.
+        """
+        idx = torch.as_tensor(slots, dtype=torch.long, device=self.k.device)
+        n = idx.numel()
+        if n and not (idx.numel() == int(idx[-1]) - start + 1 and int(idx[0]) == start):
+            # not already contiguous in place: gather, then write back
+            self.k[:, :, :, start : start + n] = self.k.index_select(3, idx)
+            self.v[:, :, :, start : start + n] = self.v.index_select(3, idx)
+        self.length = start + n

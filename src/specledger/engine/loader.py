@@ -1,0 +1,193 @@
+"""load_model(): a name or path -> a ready model with its tokenizer, at a dtype and quantization."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specledger.engine import gguf_loader, hf_loader
+from specledger.engine.config import ModelConfig
+from specledger.engine.model import Transformer
+from specledger.engine.quant import QUANTS, Int4Grid, Int4Linear, Int8Linear, check_group_size, int4_grid
+from specledger.engine.registry import resolve_model
+from specledger.engine.tokenizer import Tokenizer
+from specledger.errors import BadInput
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: Transformer
+    tokenizer: Tokenizer | None
+    config: ModelConfig
+    name: str
+    source: str
+    dtype: str
+    quant: str
+    group_size: int | None
+    device: str
+    weight_bytes: int
+    load_s: float
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        q = "" if self.quant == "none" else f"-{self.quant}" + (f"g{self.group_size}" if self.quant == "int4" else "")
+        return f"{self.name}:{self.dtype}{q}"
+
+
+def parse_dtype(dtype: str) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise BadInput(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
+    return DTYPES[dtype]
+
+
+def default_dtype(quant: str) -> str:
+    """Weight-only quantization means 16-bit activations (the packed kernels' fast path)."""
+    return "fp32" if quant == "none" else "bf16"
+
+
+def _concat_grids(grids: list[Int4Grid | None]) -> Int4Grid | None:
+    if any(g is None for g in grids):
+        return None
+    return Int4Grid(
+        torch.cat([g.codes for g in grids]),
+        torch.cat([g.scale for g in grids]),
+        torch.cat([g.zero for g in grids]),
+        grids[0].group_size,
+    )
+
+
+def build_model(
+    cfg: ModelConfig,
+    tensors: dict[str, torch.Tensor],
+    grids: dict[str, Int4Grid] | None = None,
+    *,
+    dtype: str = "fp32",
+    quant: str = "none",
+    group_size: int = 32,
+    device: str = "cpu",
+) -> Transformer:
+    """Assemble the engine's model from canonical tensors (fusing QKV and gate/up, then quantizing)."""
+    if quant not in QUANTS:
+        raise BadInput(f"unknown quantization {quant!r} (choose from {', '.join(QUANTS)})")
+    tdtype = parse_dtype(dtype)
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise BadInput("device 'cuda' requested but no CUDA device is available")
+    if quant == "int4":
+        check_group_size(cfg.hidden_size, group_size, "the attention/MLP input")
+        check_group_size(cfg.intermediate_size, group_size, "the MLP down projection")
+    grids = grids or {}
+    if "rope_freqs" in tensors:
+        cfg.rope_scaling = {"rope_type": "freq_factors", "factors": tensors["rope_freqs"].tolist()}
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    sd: dict[str, torch.Tensor] = {"tok_embeddings.weight": tensors["embed"], "norm.weight": tensors["norm"]}
+    sd["output.weight"] = tensors.get("output", tensors["embed"])
+    fused: dict[str, list[str]] = {"attention.wqkv": ["q", "k", "v"], "attention.wo": ["o"], "feed_forward.w13": ["gate", "up"], "feed_forward.w2": ["down"]}
+    for i in range(cfg.n_layers):
+        p = f"layers.{i}"
+        try:
+            sd[f"{p}.attention_norm.weight"] = tensors[f"{p}.attn_norm"]
+            sd[f"{p}.ffn_norm.weight"] = tensors[f"{p}.ffn_norm"]
+            for mod, parts in fused.items():
+                sd[f"{p}.{mod}.weight"] = torch.cat([tensors[f"{p}.{x}"] for x in parts])
+        except KeyError as exc:
+            raise BadInput(f"model weights lack tensor {exc.args[0]}") from None
+    model.load_state_dict({k: v.to(device=dev, dtype=tdtype) for k, v in sd.items()}, assign=True)
+    model.register_buffer("rope_cos", model.rope_cos.new_empty(0, device=dev), persistent=False)
+    _init_rope(model, dev)
+    if quant != "none":
+        for i, block in enumerate(model.layers):
+            for mod, parts in fused.items():
+                owner_name, attr = mod.split(".")
+                owner = getattr(block, owner_name)
+                lin: nn.Linear = getattr(owner, attr)
+                if quant == "int8":
+                    new = Int8Linear(lin.weight.data, tdtype)
+                else:
+                    grid = _concat_grids([grids.get(f"layers.{i}.{x}") for x in parts]) if group_size == 32 else None
+                    new = Int4Linear(grid or int4_grid(lin.weight.data, group_size), tdtype, dev)
+                setattr(owner, attr, new.to(dev))
+        # The output layer (the GGUF's Q8_0 embedding when tied) is kept at 8 bits in both modes.
+        model.output = Int8Linear(model.output.weight.data, tdtype).to(dev)
+    return model.eval().requires_grad_(False)
+
+
+def _init_rope(model: Transformer, dev: torch.device) -> None:
+    from specledger.engine.model import rope_inv_freq
+
+    inv = rope_inv_freq(model.cfg)
+    t = torch.arange(model.cfg.max_seq_len, dtype=torch.float32)
+    emb = torch.cat([torch.outer(t, inv)] * 2, dim=-1)
+    model.register_buffer("rope_cos", emb.cos().to(dev), persistent=False)
+    model.register_buffer("rope_sin", emb.sin().to(dev), persistent=False)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    seen = set()
+    total = 0
+    for t in list(model.parameters()) + [b for n, b in model.named_buffers() if not n.startswith("rope_")]:
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def load_model(
+    name_or_path: str,
+    *,
+    dtype: str | None = None,
+    quant: str = "none",
+    group_size: int = 32,
+    device: str = "cpu",
+    max_seq_len: int | None = None,
+    with_tokenizer: bool = True,
+) -> LoadedModel:
+    if quant not in QUANTS:
+        raise BadInput(f"unknown quantization {quant!r} (choose from {', '.join(QUANTS)})")
+    dtype = dtype or default_dtype(quant)
+    parse_dtype(dtype)
+    t0 = time.perf_counter()
+    path = resolve_model(name_or_path)
+    grids: dict[str, Int4Grid] = {}
+    if path.is_dir():
+        cfg = hf_loader.read_config(path)
+        tensors = hf_loader.read_tensors(path, cfg)
+        tok = Tokenizer.from_dir(path, set(cfg.eos_ids)) if with_tokenizer else None
+    else:
+        reader = gguf_loader.open_gguf(path)
+        cfg = gguf_loader.read_config(reader, path)
+        tensors, grids = gguf_loader.read_tensors(reader, cfg)
+        tok = Tokenizer.from_gguf(path, set(cfg.eos_ids)) if with_tokenizer else None
+    if tok is not None:
+        for special in ("<|endoftext|>", "<|im_end|>", "<|eot_id|>"):
+            tid = tok.hf.convert_tokens_to_ids(special)
+            if isinstance(tid, int) and tid != tok.hf.unk_token_id and tid is not None and tid >= 0:
+                if special != "<|endoftext|>" or not cfg.eos_ids:
+                    tok.eos_ids.add(tid)
+        cfg.eos_ids = sorted(tok.eos_ids)
+    if max_seq_len:
+        cfg.max_seq_len = min(cfg.max_seq_len, max_seq_len)
+    model = build_model(cfg, tensors, grids, dtype=dtype, quant=quant, group_size=group_size, device=device)
+    name = name_or_path if not Path(name_or_path).exists() else path.stem
+    return LoadedModel(
+        model=model,
+        tokenizer=tok,
+        config=cfg,
+        name=name,
+        source=str(path),
+        dtype=dtype,
+        quant=quant,
+        group_size=group_size if quant == "int4" else None,
+        device=device,
+        weight_bytes=weight_bytes(model),
+        load_s=time.perf_counter() - t0,
+    )

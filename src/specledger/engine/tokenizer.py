@@ -1,0 +1,62 @@
+"""Tokenizer and chat template, from GGUF metadata or a model directory (via transformers)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from specledger.errors import BadInput
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("SPECLEDGER_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "specledger"
+    )
+    return Path(base)
+
+
+class Tokenizer:
+    def __init__(self, hf_tokenizer, eos_ids: set[int]) -> None:
+        self.hf = hf_tokenizer
+        self.eos_ids = set(eos_ids)
+        self.vocab_size = len(hf_tokenizer)
+
+    @classmethod
+    def from_gguf(cls, path: Path, eos_ids: set[int]) -> "Tokenizer":
+        from transformers import AutoTokenizer
+
+        st = path.stat()
+        key = hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+        cached = cache_dir() / "tokenizers" / key
+        if (cached / "tokenizer.json").exists():
+            tok = AutoTokenizer.from_pretrained(cached)
+        else:  # converting the GGUF vocabulary takes seconds: do it once
+            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            try:
+                tok.save_pretrained(cached)
+            except OSError:
+                pass
+        return cls(tok, eos_ids)
+
+    @classmethod
+    def from_dir(cls, path: Path, eos_ids: set[int]) -> "Tokenizer":
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(path), eos_ids)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf(text, add_special_tokens=True)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+    def chat_text(self, messages: list[dict]) -> str:
+        if not getattr(self.hf, "chat_template", None):
+            raise BadInput("this model has no chat template; use raw prompts (--raw)")
+        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def chat(self, messages: list[dict]) -> list[int]:
+        """Prompt ids for a conversation, ending with the assistant's generation prompt."""
+        text = self.chat_text(messages)
+        return list(self.hf(text, add_special_tokens=False)["input_ids"])

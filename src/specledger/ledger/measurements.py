@@ -1,0 +1,191 @@
+"""What the ledger needs from a benchmark run, per configuration and load level.
+
+The harness's results directory (bench/results.py) is read once here; everything downstream
+works on ConfigMeasurement, so the ledger can also price measurements from elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specledger.errors import BadInput
+from specledger.ledger.model import TRAINED_DRAFTERS, OperatingPoint
+
+
+class RequestPoint(BaseModel):
+    """One completed request, kept for the bootstrap and the latency distributions."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    service_s: float | None = None  # e2e minus queueing: the time it occupied the device
+    output_tokens: int = 0
+
+
+class KindMeasurement(BaseModel):
+    requests: int = 0
+    tok_s: float | None = None
+    tau: float | None = None
+    passes: int = 0
+    graded: int = 0
+
+
+class CurvePoint(BaseModel):
+    """Forward time of one verification pass over `tokens` new tokens."""
+
+    tokens: int
+    ms: float
+
+
+class ConfigMeasurement(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    strategy: str
+    model: str = ""
+    backend: str = ""
+    precision: str = ""
+    load: str = "c=1"
+    concurrency: int | None = None
+    rate: float | None = None
+    requests_completed: int
+    requests_failed: int = 0
+    wall_s: float  # measurement phase
+    device_count: int = 1
+    output_tokens: int
+    tok_s: float | None = None
+    ttft_p50: float | None = None
+    ttft_p95: float | None = None
+    tpot_p50: float | None = None
+    tpot_p95: float | None = None
+    e2e_p50: float | None = None
+    e2e_p95: float | None = None
+    requests: list[RequestPoint] = Field(default_factory=list)
+    tau: float | None = None
+    passes: int = 0
+    graded: int = 0
+    comparable: bool = True
+    comparable_reason: str = ""
+    energy_j: float | None = None  # measurement phase, all devices
+    by_kind: dict[str, KindMeasurement] = Field(default_factory=dict)
+    verify_curve: list[CurvePoint] = Field(default_factory=list)
+
+    @property
+    def device_seconds(self) -> float:
+        return self.wall_s * self.device_count
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests_completed / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def pass_rate(self) -> float | None:
+        return self.passes / self.graded if self.graded else None
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} @{self.load}"
+
+    def operating_point(self, device_count: int | None = None) -> OperatingPoint:
+        """The numbers the cost model prices; device_count overrides what the run recorded."""
+        if self.requests_completed <= 0 or self.wall_s <= 0:
+            raise BadInput(f"{self.label}: no completed requests to price (requests_completed={self.requests_completed})")
+        n = device_count or self.device_count
+        return OperatingPoint(
+            device_seconds_per_call=self.wall_s * n / self.requests_completed,
+            output_tokens_per_call=self.output_tokens / self.requests_completed,
+            pass_rate=self.pass_rate,
+            requests_per_s=self.requests_per_s,
+            device_count=n,
+            energy_j_per_call=None if self.energy_j is None else self.energy_j / self.requests_completed,
+            ttft_p95=self.ttft_p95,
+            tpot_p95=self.tpot_p95,
+            e2e_p95=self.e2e_p95,
+            e2e_p50=self.e2e_p50,
+            retrains=self.strategy in TRAINED_DRAFTERS,
+        )
+
+
+def precision_label(dtype: str | None, quant: str | None, group_size: int | None) -> str:
+    """fp32 / bf16 for plain weights; W8A16, W4A16-g32 (activation bits from dtype) when quantized."""
+    if quant in (None, "", "none"):
+        return dtype or "as served"
+    act = {"fp32": 32, "bf16": 16, "fp16": 16}.get(dtype or "", 16)
+    bits = {"int8": 8, "int4": 4}.get(quant)
+    label = f"W{bits}A{act}" if bits else quant
+    return f"{label}-g{group_size}" if bits == 4 and group_size else label
+
+
+def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
+    """One ConfigMeasurement per configuration x load level of a harness results directory."""
+    from specledger.bench.results import RUN_FILE, load_run, read_requests
+
+    run_dir = Path(run_dir)
+    run = load_run(run_dir)
+    raw = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
+    raw_configs = {c.get("name"): c for c in raw.get("configs", []) if isinstance(c, dict)}
+    records = [r for r in read_requests(run_dir) if r.status == "ok"]
+    out: list[ConfigMeasurement] = []
+    for ci, c in enumerate(run.configs):
+        extra = raw_configs.get(c.name, {})
+        curve = [CurvePoint(**p) for p in (extra.get("verify_curve") or c.spec.get("verify_curve") or [])]
+        device_count = int(extra.get("device_count") or c.spec.get("device_count") or 1)
+        for li, lr in enumerate(c.loads):
+            a = lr.aggregate
+            where = f"{run_dir / RUN_FILE}: configs[{ci}] ({c.name}).loads[{li}] ({lr.load}).aggregate"
+            if a.requests_ok > 0 and a.wall_s <= 0:
+                raise BadInput(f"{where}.wall_s: missing or 0; the ledger needs the device time of the measurement phase")
+            reqs = [
+                RequestPoint(
+                    ttft_s=r.ttft_s,
+                    tpot_s=r.tpot_s,
+                    e2e_s=r.e2e_s,
+                    service_s=None if r.e2e_s is None else max(r.e2e_s - r.queue_s, 0.0),
+                    output_tokens=r.output_tokens,
+                )
+                for r in records
+                if r.config == c.name and r.load == lr.load
+            ]
+            out.append(
+                ConfigMeasurement(
+                    name=c.name,
+                    strategy=c.strategy,
+                    model=c.model,
+                    backend=c.backend,
+                    precision=precision_label(c.dtype, c.quant, c.group_size),
+                    load=lr.load,
+                    concurrency=lr.concurrency,
+                    rate=lr.rate,
+                    requests_completed=a.requests_ok,
+                    requests_failed=a.requests_failed,
+                    wall_s=a.wall_s,
+                    device_count=device_count,
+                    output_tokens=a.output_tokens,
+                    tok_s=a.output_tok_s,
+                    ttft_p50=a.ttft.p50,
+                    ttft_p95=a.ttft.p95,
+                    tpot_p50=a.tpot.p50,
+                    tpot_p95=a.tpot.p95,
+                    e2e_p50=a.e2e.p50,
+                    e2e_p95=a.e2e.p95,
+                    requests=reqs,
+                    tau=a.tau,
+                    passes=a.passed,
+                    graded=a.graded,
+                    comparable=c.comparable,
+                    comparable_reason=c.comparable_reason,
+                    energy_j=a.energy_j,
+                    by_kind={
+                        k: KindMeasurement(requests=g.requests_ok, tok_s=g.output_tok_s, tau=g.tau,
+                                           passes=g.passed, graded=g.graded)
+                        for k, g in lr.by_kind.items()
+                    },
+                    verify_curve=curve,
+                )
+            )
+    if not out:
+        raise BadInput(f"{run_dir / RUN_FILE}: no configuration with a measured load level")
+    return out

@@ -1,0 +1,233 @@
+"""The cost model of the brief, as plain functions.
+
+Every function takes numbers or numpy arrays (the Monte Carlo passes arrays of samples), and
+report/assets/calculator.js implements the same formulas for the page; a test keeps them equal.
+Inputs arrive as the nested dict of `Resolved.central()` (or with arrays at some leaves).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+SECONDS_PER_YEAR = 365.25 * 24 * 3600
+J_PER_KWH = 3.6e6
+TRAINED_DRAFTERS = ("eagle", "hier")  # strategies whose draft head needs retraining after a target change
+
+
+def expected_attempts(q, retries: int):
+    """(1 - (1 - q)^(R+1)) / q, computed stably: -> R+1 as q -> 0, = 1 at q = 1."""
+    n = retries + 1
+    q = np.asarray(q, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        exact = -np.expm1(n * np.log1p(-np.minimum(q, 1.0))) / q
+    series = n - n * (n - 1) / 2 * q  # first terms of the expansion; exact to ~1e-18 below 1e-9
+    out = np.where(q >= 1.0, 1.0, np.where(q < 1e-9, series, exact))
+    return out if out.ndim else float(out)
+
+
+def escalation_probability(q, retries: int):
+    """(1 - q)^(R+1): every attempt failed, a person finishes the task."""
+    q = np.asarray(q, dtype=np.float64)
+    out = np.power(1.0 - np.minimum(q, 1.0), retries + 1)
+    return out if out.ndim else float(out)
+
+
+def device_rate_per_s(hw: dict):
+    """What one device-second of use costs, before energy: rent, or capital spread over busy time."""
+    if hw["kind"] == "rented":
+        return hw["price_per_device_hour"] / 3600.0
+    return hw["purchase_price"] / (hw["lifetime_years"] * SECONDS_PER_YEAR * hw["utilisation"])
+
+
+def energy_cost(hw: dict, energy_j):
+    """Owned hardware pays its energy (times PUE); rent includes it."""
+    if hw["kind"] == "rented":
+        return 0.0
+    return energy_j / J_PER_KWH * hw["energy_price_per_kwh"] * hw["pue"]
+
+
+def device_hour_cost(hw: dict):
+    """One device-hour at full draw: for retraining compute."""
+    cost = device_rate_per_s(hw) * 3600.0
+    if hw["kind"] == "owned":
+        cost = cost + energy_cost(hw, hw["power_watts"] * 3600.0)
+    return cost
+
+
+@dataclass
+class OperatingPoint:
+    """What the ledger needs from one configuration at one measured load level."""
+
+    device_seconds_per_call: float
+    output_tokens_per_call: float
+    pass_rate: float | None  # measured; None when nothing was graded
+    requests_per_s: float
+    device_count: int = 1
+    energy_j_per_call: float | None = None  # measured, when the run has it
+    ttft_p95: float | None = None
+    tpot_p95: float | None = None
+    e2e_p95: float | None = None
+    e2e_p50: float | None = None
+    retrains: bool = False  # a trained draft head: maintenance includes retraining
+
+
+def replicas_needed(demand_rps, requests_per_s, device_count: int = 1):
+    """Devices needed to serve the demand at the measured per-replica throughput."""
+    return np.ceil(np.asarray(demand_rps) / np.asarray(requests_per_s) - 1e-9) * device_count
+
+
+def compute_cost_per_call(hw: dict, op: OperatingPoint, demand_rps=None):
+    """Price x device-seconds per call; with a demand rate, every provisioned device-second is paid."""
+    seconds = op.device_seconds_per_call
+    if demand_rps is not None:
+        seconds = replicas_needed(demand_rps, op.requests_per_s, op.device_count) / demand_rps
+    if op.energy_j_per_call is not None and hw.get("use_measured_energy", True):
+        energy_j = op.energy_j_per_call
+    else:
+        watts = hw.get("power_watts")
+        energy_j = (0.0 if watts is None else watts) * op.device_seconds_per_call
+    return device_rate_per_s(hw) * seconds + energy_cost(hw, energy_j)
+
+
+def tool_cost(task: dict):
+    return sum(t["calls"] * t["price"] for t in task["tools"])
+
+
+def tool_latency(task: dict):
+    return sum(t["calls"] * t["latency_s"] for t in task["tools"])
+
+
+def maintenance_per_task(x: dict, retrains: bool):
+    """Engineering hours per month plus, for trained draft heads, retraining per change, per task."""
+    m = x["maintenance"]
+    wage = m["engineer_wage_per_hour"] if m["engineer_wage_per_hour"] is not None else x["acceptance"]["wage_per_hour"]
+    monthly = m["engineering_hours_per_month"] * wage
+    if m["retraining"] if m["retraining"] is not None else retrains:
+        per_change = m["retraining_hours"] * wage + m["retraining_device_hours"] * device_hour_cost(x["hardware"])
+        monthly = monthly + per_change * m["changes_per_year"] / 12.0
+    return monthly / x["volume"]["tasks_per_month"]
+
+
+def pass_rate(x: dict, op: OperatingPoint):
+    """The cost file's pass rate when it gives one, else the measured one."""
+    q = x["acceptance"]["pass_rate"]
+    return op.pass_rate if q is None else q
+
+
+@dataclass
+class Breakdown:
+    """Cost per accepted task and its parts (numbers, or arrays of Monte Carlo samples)."""
+
+    cost_per_call: float
+    attempt_cost: float
+    attempts: float
+    escalation: float
+    compute: float  # attempts x calls x compute per call
+    tools: float  # attempts x retrieval/tool calls
+    labour: float  # review + escalation x fix
+    maintenance: float
+    total: float
+    per_million_tokens: float
+    task_latency_s: float | None
+    pass_rate: float
+    infinite: bool = False  # pass rate 0: no attempt is ever accepted
+
+    def shares(self) -> dict[str, float]:
+        if self.infinite or not self.total:
+            return {"compute": math.nan, "labour": math.nan, "maintenance": math.nan}
+        return {
+            "compute": (self.compute + self.tools) / self.total,
+            "labour": self.labour / self.total,
+            "maintenance": self.maintenance / self.total,
+        }
+
+
+def task_cost(x: dict, op: OperatingPoint) -> Breakdown:
+    """Cost per accepted task: attempts x attempt cost + review + escalation x fix + maintenance."""
+    acc, task, hw = x["acceptance"], x["task"], x["hardware"]
+    q = pass_rate(x, op)
+    per_call = compute_cost_per_call(hw, op, x["volume"]["demand_rps"])
+    attempt = task["calls_per_task"] * per_call + tool_cost(task)
+    retries = int(acc["retries"])
+    attempts = expected_attempts(q, retries)
+    esc = escalation_probability(q, retries)
+    wage_per_min = acc["wage_per_hour"] / 60.0
+    compute = attempts * task["calls_per_task"] * per_call
+    tools = attempts * tool_cost(task)
+    labour = acc["review_minutes"] * wage_per_min + esc * acc["fix_minutes"] * wage_per_min
+    maint = maintenance_per_task(x, op.retrains)
+    total = compute + tools + labour + maint
+    zero = np.asarray(q) == 0
+    infinite = bool(np.all(zero))
+    if zero.ndim:
+        total = np.where(zero, np.inf, total)
+    elif infinite:
+        total = math.inf
+    per_m = per_call / op.output_tokens_per_call * 1e6 if np.all(np.asarray(op.output_tokens_per_call) > 0) else math.nan
+    latency = None
+    if op.e2e_p50 is not None:
+        latency = task["calls_per_task"] * op.e2e_p50 + tool_latency(task)
+    return Breakdown(per_call, attempt, attempts, esc, compute, tools, labour, maint, total, per_m, latency, q, infinite)
+
+
+def objective_misses(x: dict, op: OperatingPoint) -> list[str]:
+    """Latency objectives this operating point misses (empty: feasible)."""
+    lat, misses = x["latency"], []
+    for key, value, label in (
+        ("ttft_p95_s", op.ttft_p95, "p95 TTFT"),
+        ("tpot_p95_s", op.tpot_p95, "p95 TPOT"),
+        ("e2e_p95_s", op.e2e_p95, "p95 e2e"),
+    ):
+        limit = lat[key]
+        if limit is not None and (value is None or value > limit):
+            have = "not measured" if value is None else f"{value:.3g} s"
+            misses.append(f"{label} {have} > {limit:g} s")
+    if lat["task_s"] is not None and op.e2e_p50 is not None:
+        t = x["task"]["calls_per_task"] * op.e2e_p50 + tool_latency(x["task"])
+        if t > lat["task_s"]:
+            misses.append(f"task latency {t:.3g} s > {lat['task_s']:g} s")
+    return misses
+
+
+def with_value(x: dict, path: tuple, value) -> dict:
+    """A copy of the nested inputs with one leaf replaced."""
+    out = _copy(x)
+    node = out
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    return out
+
+
+def _copy(d):
+    if isinstance(d, dict):
+        return {k: _copy(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_copy(v) for v in d]
+    return d
+
+
+def get_value(x: dict, path: tuple):
+    for k in path:
+        x = x[k]
+    return x
+
+
+@dataclass
+class Case:
+    """One configuration at its priced load level: inputs (central values) and measurements."""
+
+    name: str
+    x: dict
+    op: OperatingPoint
+    sweep: list[tuple[float, float]] = field(default_factory=list)  # (concurrency, requests/s) measured
+    concurrency: float | None = None  # of the priced level
+
+    def cost(self) -> Breakdown:
+        return task_cost(self.x, self.op)
+
+    def with_op(self, **changes) -> Case:
+        return replace(self, op=replace(self.op, **changes))

@@ -1,0 +1,283 @@
+"""Price a run: every configuration at its best feasible load level, with uncertainty and verdicts."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import asdict
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from specledger.errors import BadInput
+from specledger.ledger.breakeven import BreakEven, break_even
+from specledger.ledger.inputs import CostInputs, Resolved, _map_leaves, _is_range, Range, load_inputs
+from specledger.ledger.measurements import ConfigMeasurement, measurements_from_run
+from specledger.ledger.model import Case, Breakdown, objective_misses, replicas_needed, task_cost
+from specledger.ledger.montecarlo import simulate
+from specledger.ledger.sensitivity import sensitivity
+
+SCHEMA_VERSION = 1
+UNQUANTIZED = ("fp32", "bf16", "fp16")
+
+
+class ConfigCost(BaseModel):
+    """One configuration at one load level, priced."""
+
+    name: str
+    strategy: str
+    model: str = ""
+    precision: str = ""
+    load: str = ""
+    concurrency: int | None = None
+    tok_s: float | None = None
+    ttft_p50: float | None = None
+    ttft_p95: float | None = None
+    tpot_p95: float | None = None
+    e2e_p95: float | None = None
+    tau: float | None = None
+    speedup: float | None = None  # tok/s over autoregressive on the same model and precision, same load
+    pass_rate: float | None = None
+    pass_rate_source: str = ""
+    device_seconds_per_call: float
+    replicas: float | None = None  # devices provisioned for the demand rate, when one is given
+    cost_per_call: float
+    per_million_tokens: float | None = None
+    attempts: float
+    escalation: float
+    compute: float
+    tools: float
+    labour: float
+    maintenance: float
+    total: float | None  # None when infinite
+    task_latency_s: float | None = None
+    mean: float | None = None
+    p5: float | None = None
+    p95: float | None = None
+    p_cheapest: float | None = None
+    p_feasible: float | None = None
+    feasible: bool = True
+    misses: list[str] = Field(default_factory=list)
+    comparable: bool = True
+    comparable_reason: str = ""
+    infinite: bool = False
+    verdict: str = ""
+    verdict_detail: str = ""
+
+    @property
+    def shares(self) -> dict[str, float]:
+        if self.infinite or not self.total:
+            return {}
+        return {"compute": (self.compute + self.tools) / self.total, "labour": self.labour / self.total,
+                "maintenance": self.maintenance / self.total}
+
+
+class LedgerResult(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    run_dir: str = ""
+    inputs_source: str = ""
+    reference: str | None = None
+    configs: list[ConfigCost]  # one row per configuration: its priced load level
+    levels: list[ConfigCost]  # every configuration x load level
+    break_even: list[BreakEven] = Field(default_factory=list)
+    sensitivity: dict[str, list[dict]] = Field(default_factory=dict)
+    samples: int = 0
+    seed: int = 0
+    measurements: list[ConfigMeasurement] = Field(default_factory=list)
+    calculator: dict = Field(default_factory=dict)  # what the page's calculator starts from
+
+    def config(self, name: str) -> ConfigCost:
+        return next(c for c in self.configs if c.name == name)
+
+
+def _finite(v: float) -> float | None:
+    return float(v) if math.isfinite(v) else None
+
+
+def _cost_row(m: ConfigMeasurement, case: Case, b: Breakdown, misses: list[str], source: str) -> ConfigCost:
+    demand = case.x["volume"]["demand_rps"]
+    return ConfigCost(
+        name=m.name, strategy=m.strategy, model=m.model, precision=m.precision, load=m.load,
+        concurrency=m.concurrency, tok_s=m.tok_s, ttft_p50=m.ttft_p50, ttft_p95=m.ttft_p95,
+        tpot_p95=m.tpot_p95, e2e_p95=m.e2e_p95, tau=m.tau, pass_rate=float(b.pass_rate),
+        pass_rate_source=source, device_seconds_per_call=case.op.device_seconds_per_call,
+        replicas=None if demand is None else float(replicas_needed(demand, case.op.requests_per_s, case.op.device_count)),
+        cost_per_call=float(b.cost_per_call), per_million_tokens=_finite(b.per_million_tokens),
+        attempts=float(b.attempts), escalation=float(b.escalation), compute=float(b.compute), tools=float(b.tools),
+        labour=float(b.labour), maintenance=float(b.maintenance), total=_finite(b.total),
+        task_latency_s=b.task_latency_s, feasible=not misses, misses=misses, comparable=m.comparable,
+        comparable_reason=m.comparable_reason, infinite=b.infinite,
+    )
+
+
+def _case(m: ConfigMeasurement, res: Resolved, inputs: CostInputs, sweep: list[tuple[float, float]]) -> tuple[Case, str]:
+    x = res.central()
+    op = m.operating_point(x["hardware"]["device_count"])
+    if x["acceptance"]["pass_rate"] is not None:
+        source = "cost file"
+    elif m.graded:
+        source = f"measured {m.passes}/{m.graded}"
+    else:
+        raise BadInput(
+            f"{m.name}: no graded requests, so no measured pass rate; set configs.{m.name}.acceptance.pass_rate "
+            f"(or acceptance.pass_rate) in {inputs.source}"
+        )
+    return Case(m.name, x, op, sweep, m.concurrency), source
+
+
+def _reference(ms: list[ConfigMeasurement]) -> str | None:
+    ar = [m for m in ms if m.strategy == "ar"]
+    for prec in UNQUANTIZED:
+        for m in ar:
+            if m.precision == prec:
+                return m.name
+    return ar[0].name if ar else (ms[0].name if ms else None)
+
+
+def speedups(ms: list[ConfigMeasurement]) -> dict[tuple[str, str], float]:
+    """(config, load) -> tok/s over the autoregressive configuration of the same model and precision at that load."""
+    base = {(m.model, m.precision, m.load): m.tok_s for m in ms if m.strategy == "ar" and m.tok_s}
+    out = {}
+    for m in ms:
+        b = base.get((m.model, m.precision, m.load))
+        if b and m.tok_s:
+            out[(m.name, m.load)] = m.tok_s / b
+    return out
+
+
+def _verdicts(rows: list[ConfigCost]) -> None:
+    eligible = [r for r in rows if r.comparable and r.feasible and not r.infinite and r.total is not None]
+    cheapest = min(eligible, key=lambda r: r.total, default=None)
+    for r in rows:
+        if not r.comparable:
+            r.verdict, r.verdict_detail = "not comparable", r.comparable_reason
+        elif r.infinite:
+            r.verdict, r.verdict_detail = "infinite cost", "pass rate 0: no attempt is ever accepted"
+        elif not r.feasible:
+            r.verdict, r.verdict_detail = "infeasible", "; ".join(r.misses)
+        elif r is cheapest:
+            r.verdict = "cheapest"
+        else:
+            better = [o for o in eligible if o is not r and _dominates(o, r)]
+            if better:
+                r.verdict, r.verdict_detail = "dominated", f"by {better[0].name}: cheaper and no slower"
+            else:
+                pct = 100 * (r.total / cheapest.total - 1)
+                r.verdict, r.verdict_detail = "trade-off", f"+{pct:.1f}% vs {cheapest.name}, but faster"
+
+
+def _dominates(o: ConfigCost, r: ConfigCost) -> bool:
+    def no_worse(a, b):
+        return a is not None and b is not None and a <= b
+
+    return o.total <= r.total and no_worse(o.ttft_p95, r.ttft_p95) and no_worse(o.e2e_p95, r.e2e_p95)
+
+
+def _override_central(inputs: CostInputs) -> dict:
+    return {name: _map_leaves(over, lambda v: Range(**v).centre if _is_range(v) else v)
+            for name, over in inputs.overrides.items()}
+
+
+def price_measurements(
+    ms: list[ConfigMeasurement],
+    inputs: CostInputs,
+    *,
+    samples: int = 2000,
+    seed: int = 0,
+    run_dir: str = "",
+) -> LedgerResult:
+    names = list(dict.fromkeys(m.name for m in ms))
+    unknown = sorted(set(inputs.overrides) - set(names))
+    if unknown:
+        raise BadInput(f"{inputs.source}: configs.{unknown[0]}: no configuration of that name in the run (have: {', '.join(names)})")
+    by_name: dict[str, list[ConfigMeasurement]] = defaultdict(list)
+    for m in ms:
+        by_name[m.name].append(m)
+    ups = speedups(ms)
+
+    levels: list[ConfigCost] = []
+    chosen: list[tuple[ConfigCost, Case, Resolved, ConfigMeasurement]] = []
+    for name in names:
+        res = inputs.resolve(name)
+        group = [m for m in by_name[name] if m.requests_completed > 0]
+        if not group:
+            raise BadInput(f"{name}: no completed requests at any load level; nothing to price")
+        sweep = sorted((float(m.concurrency), m.requests_per_s) for m in group if m.concurrency is not None)
+        options = []
+        for m in group:
+            case, source = _case(m, res, inputs, sweep)
+            b = case.cost()
+            row = _cost_row(m, case, b, objective_misses(case.x, case.op), source)
+            row.speedup = ups.get((m.name, m.load))
+            levels.append(row)
+            options.append((row, case, m))
+        feasible = [o for o in options if o[0].feasible]
+        pick = min(feasible, key=lambda o: (o[0].total is None, o[0].total or 0.0)) if feasible else \
+            min(options, key=lambda o: (len(o[0].misses), o[2].concurrency or 0))
+        chosen.append((pick[0], pick[1], res, pick[2]))
+
+    rows = [c[0] for c in chosen]
+    _verdicts(rows)
+    eligible = {r.name for r in rows if r.verdict in ("cheapest", "dominated", "trade-off")}
+    if samples > 0:
+        mc = simulate([(case, res, m) for _, case, res, m in chosen], eligible=eligible, samples=samples, seed=seed)
+        for r in rows:
+            i = mc[r.name]
+            r.mean, r.p5, r.p95 = _finite(i.mean), _finite(i.p5), _finite(i.p95)
+            r.p_feasible = i.p_feasible
+            r.p_cheapest = i.p_cheapest if r.name in eligible else None
+
+    ref = _reference([c[3] for c in chosen])
+    sens = {}
+    for row, case, res, m in chosen:
+        if row.total is not None:
+            sens[row.name] = [asdict(s) | {"swing": s.swing} for s in sensitivity(case, res, m, seed=seed)]
+    bes = _default_break_evens(chosen, ref)
+
+    calculator = {
+        "base": inputs.base.central(),
+        "overrides": _override_central(inputs),
+        "configs": [
+            {"name": r.name, "load": r.load, "strategy": r.strategy, "precision": r.precision,
+             "comparable": r.comparable, "comparable_reason": r.comparable_reason,
+             "tok_s": r.tok_s, "tau": r.tau,
+             "op": asdict(case.op)}
+            for r, case, _, _ in chosen
+        ],
+    }
+    return LedgerResult(
+        run_dir=str(run_dir), inputs_source=inputs.source, reference=ref, configs=rows, levels=levels,
+        break_even=bes, sensitivity=sens, samples=samples, seed=seed, measurements=ms, calculator=calculator,
+    )
+
+
+def _default_break_evens(chosen, ref: str | None) -> list[BreakEven]:
+    """Against the reference: how far may each configuration's pass rate drop (or prices, wages move)."""
+    cases = {row.name: (row, case) for row, case, _, _ in chosen}
+    if ref not in cases:
+        return []
+    ref_row, ref_case = cases[ref]
+    if ref_row.total is None:
+        return []
+    price_field = "hardware.price_per_device_hour" if ref_case.x["hardware"]["kind"] == "rented" else "hardware.purchase_price"
+    out = []
+    for name, (row, case) in cases.items():
+        if name == ref or row.total is None or not row.comparable:
+            continue
+        fields = ["pass_rate", price_field, "acceptance.wage_per_hour", "acceptance.fix_minutes"]
+        if len(case.sweep) >= 2:
+            fields.append("concurrency")
+        for f in fields:
+            try:
+                out.append(break_even(case, ref_case, f))
+            except BadInput:
+                continue
+    return out
+
+
+def price_run(run_dir: str | Path, inputs: CostInputs | str | Path | None = None, *, samples: int = 2000,
+              seed: int = 0) -> LedgerResult:
+    """Read a harness results directory and price every configuration in it."""
+    if not isinstance(inputs, CostInputs):
+        inputs = load_inputs(inputs)
+    return price_measurements(measurements_from_run(run_dir), inputs, samples=samples, seed=seed, run_dir=str(run_dir))

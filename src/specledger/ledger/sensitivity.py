@@ -1,0 +1,103 @@
+"""Which inputs move the answer most: one at a time to its low and high end, the rest at centre.
+
+Ranged inputs swing over their range; point inputs over +-20% (labelled so); the measured pass
+rate over its 90% Beta interval and the measured device time over its 90% bootstrap interval.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import beta
+
+from specledger.ledger.inputs import Resolved
+from specledger.ledger.measurements import ConfigMeasurement
+from specledger.ledger.model import Case, get_value, task_cost, with_value
+
+POINT_SWING = 0.2
+_SKIP = {("acceptance", "retries"), ("hardware", "device_count")}
+_FRACTIONS = {("hardware", "utilisation"), ("acceptance", "pass_rate")}
+
+
+@dataclass
+class Swing:
+    label: str
+    path: str
+    low: float
+    high: float
+    cost_low: float
+    cost_high: float
+    basis: str  # "range", "±20%", "measured 90%"
+
+    @property
+    def swing(self) -> float:
+        return abs(self.cost_high - self.cost_low)
+
+
+def _numeric_leaves(x: dict, prefix: tuple = ()) -> list[tuple]:
+    out = []
+    for k, v in x.items():
+        p = prefix + (k,)
+        if isinstance(v, dict):
+            out += _numeric_leaves(v, p)
+        elif isinstance(v, list):
+            for i, item in enumerate(v):
+                out += _numeric_leaves(item, p + (i,))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append(p)
+    return out
+
+
+def _label(x: dict, path: tuple) -> str:
+    if path[:2] == ("task", "tools"):
+        return f"{x['task']['tools'][path[2]]['name']} {path[3]}"
+    return ".".join(str(p) for p in path)
+
+
+def sensitivity(case: Case, resolved: Resolved, m: ConfigMeasurement, *, seed: int = 0) -> list[Swing]:
+    """Swings of cost per accepted task for one configuration, largest first."""
+    base = task_cost(case.x, case.op).total
+    if not math.isfinite(base):
+        return []
+    ranges = resolved.ranges()
+    swings: list[Swing] = []
+    for path in _numeric_leaves(case.x):
+        if path[0] == "latency" or path in _SKIP:
+            continue
+        v = get_value(case.x, path)
+        if path in ranges:
+            lo, hi, basis = ranges[path].low, ranges[path].high, "range"
+        elif v:
+            lo, hi, basis = v * (1 - POINT_SWING), v * (1 + POINT_SWING), "±20%"
+        else:
+            continue
+        if path in _FRACTIONS:
+            lo, hi = max(lo, 1e-9), min(hi, 1.0)
+        if path == ("volume", "tasks_per_month"):
+            lo = max(lo, 1e-9)
+        c_lo = task_cost(with_value(case.x, path, lo), case.op).total
+        c_hi = task_cost(with_value(case.x, path, hi), case.op).total
+        swings.append(Swing(_label(case.x, path), ".".join(map(str, path)), lo, hi, c_lo, c_hi, basis))
+
+    if case.x["acceptance"]["pass_rate"] is None and m.graded and m.passes:
+        lo, hi = beta.ppf([0.05, 0.95], m.passes + 0.5, m.graded - m.passes + 0.5)
+        swings.append(Swing("pass rate (measured)", "measured.pass_rate", float(lo), float(hi),
+                            task_cost(case.x, case.with_op(pass_rate=float(lo)).op).total,
+                            task_cost(case.x, case.with_op(pass_rate=float(hi)).op).total, "measured 90%"))
+    service = np.asarray([r.service_s for r in m.requests if r.service_s is not None])
+    if service.size >= 2:
+        rng = np.random.default_rng(seed)
+        means = service[rng.integers(0, service.size, size=(1000, service.size))].mean(axis=1) / service.mean()
+        r_lo, r_hi = np.percentile(means, [5, 95])
+        d = case.op.device_seconds_per_call
+        swings.append(Swing("device-seconds per call (measured)", "measured.device_seconds_per_call",
+                            float(d * r_lo), float(d * r_hi),
+                            task_cost(case.x, case.with_op(device_seconds_per_call=d * r_lo,
+                                                           requests_per_s=case.op.requests_per_s / r_lo).op).total,
+                            task_cost(case.x, case.with_op(device_seconds_per_call=d * r_hi,
+                                                           requests_per_s=case.op.requests_per_s / r_hi).op).total,
+                            "measured 90%"))
+    swings.sort(key=lambda s: s.swing, reverse=True)
+    return swings

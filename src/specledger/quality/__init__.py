@@ -1,0 +1,1 @@
+"""Quality: graders decide whether an answer passes; gates decide whether two configurations are comparable."""

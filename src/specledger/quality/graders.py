@@ -1,0 +1,305 @@
+"""Graders: did an answer pass its task? One default grader per task kind, explicit rules, user graders.
+
+Which grader applies to a question:
+1. `user_grader` ("module:function" or "path/to/file.py:function", optionally suffixed ">=0.7"), when given.
+2. Rules, for reference entries written as one: "contains:A|B" (the normalised answer contains A or B as
+   whole words) or "number:X" (the answer's final number equals X). The built-in multi-turn questions use
+   them; any workload file may.
+3. Other entries by kind, comparing answers[i] with reference[i] (references align with turns; "" = none):
+   math -> final-number match; summarization -> ROUGE-L F >= ROUGE_L_MIN; translation -> chrF >= CHRF_MIN;
+   qa / rag -> the normalised reference (alternatives separated by "|") is contained in the answer.
+   multi_turn without rules -> no grader (MT-Bench references are long model answers, not checkable).
+A question passes when every graded turn passes; the score is the mean over graded turns.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import re
+import string
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from specledger.bench.workload import Question
+from specledger.errors import BadInput, SpecLedgerError
+
+ROUGE_L_MIN = 0.3
+CHRF_MIN = 40.0
+CHRF_ORDER = 6
+CHRF_BETA = 2.0
+
+
+@dataclass
+class GradeResult:
+    passed: bool | None
+    score: float | None
+    grader: str
+    detail: str = ""
+
+
+# --- text measures ---------------------------------------------------------------------------------------
+
+_NUMBER_RE = re.compile(
+    r"(?<![\w.])(?P<sign>[-\u2212])?\$?"
+    r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
+    r"(?:\s*/\s*(?P<den>\d+)(?![\d.]))?"
+)
+_FINAL_MARKERS = (
+    re.compile(r"\\boxed\{\s*([^{}]*)\}"),
+    re.compile(r"####\s*([^\n]*)"),
+    re.compile(r"answer\s*(?:is|:|=)\s*([^\n]*)", re.IGNORECASE),
+)
+
+
+def _numbers(text: str) -> list[float]:
+    out = []
+    for m in _NUMBER_RE.finditer(text):
+        value = float(m["num"].replace(",", ""))
+        if m["den"] and int(m["den"]) != 0:
+            value /= int(m["den"])
+        out.append(-value if m["sign"] else value)
+    return out
+
+
+def final_number(text: str) -> float | None:
+    """The number an answer ends on: after the last "answer is"/"####"/\\boxed{} if present, else the last one.
+
+    Handles thousands separators (1,234), signs (-5, unicode minus), decimals (.5, 3.75), "$" and a/b fractions.
+    """
+    for marker in _FINAL_MARKERS:
+        hits = [m.group(1) for m in marker.finditer(text)]
+        for hit in reversed(hits):
+            nums = _numbers(hit)
+            if nums:
+                return nums[0]
+    nums = _numbers(text)
+    return nums[-1] if nums else None
+
+
+def numbers_match(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
+
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = str.maketrans({c: " " for c in string.punctuation + "\u2018\u2019\u201c\u201d\u2013\u2014"})
+
+
+def normalize(text: str) -> str:
+    """Lower case, no punctuation, no articles, single spaces (SQuAD-style answer normalisation)."""
+    text = text.lower().translate(_PUNCT)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def contains_any(answer: str, alternatives: list[str]) -> str | None:
+    """The first alternative whose normalised form occurs in the normalised answer as whole words."""
+    padded = f" {normalize(answer)} "
+    for alt in alternatives:
+        norm = normalize(alt)
+        if norm and f" {norm} " in padded:
+            return alt
+    return None
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def _lcs_length(a: list[str], b: list[str]) -> int:
+    if len(a) < len(b):
+        a, b = b, a
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    return prev[-1]
+
+
+def rouge_l(candidate: str, reference: str) -> float:
+    """ROUGE-L F1 over lower-cased alphanumeric words (no stemming)."""
+    cand, ref = _words(candidate), _words(reference)
+    if not cand or not ref:
+        return 0.0
+    lcs = _lcs_length(cand, ref)
+    if lcs == 0:
+        return 0.0
+    precision, recall = lcs / len(cand), lcs / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def _char_ngrams(text: str, n: int) -> Counter:
+    return Counter(text[i : i + n] for i in range(len(text) - n + 1))
+
+
+def chrf(candidate: str, reference: str, order: int = CHRF_ORDER, beta: float = CHRF_BETA) -> float:
+    """chrF (Popovic 2015) in 0..100: character n-gram precision and recall, whitespace removed, each averaged
+    over n = 1..order (orders the reference is too short for are left out), combined as F-beta."""
+    cand, ref = "".join(candidate.split()), "".join(reference.split())
+    precisions, recalls = [], []
+    for n in range(1, order + 1):
+        c, r = _char_ngrams(cand, n), _char_ngrams(ref, n)
+        if not r:
+            break
+        matched = sum((c & r).values())
+        precisions.append(matched / sum(c.values()) if c else 0.0)
+        recalls.append(matched / sum(r.values()))
+    if not precisions:
+        return 0.0
+    p, r = sum(precisions) / len(precisions), sum(recalls) / len(recalls)
+    if p == 0 and r == 0:
+        return 0.0
+    b2 = beta * beta
+    return 100 * (1 + b2) * p * r / (b2 * p + r)
+
+
+# --- per-turn checks --------------------------------------------------------------------------------------
+
+_RULE_RE = re.compile(r"^(contains|number):(.*)$", re.DOTALL)
+
+
+def _is_rule(ref: str) -> bool:
+    return bool(_RULE_RE.match(ref))
+
+
+def _check_rule(rule: str, answer: str) -> tuple[bool, float, str]:
+    name, arg = _RULE_RE.match(rule).groups()
+    if name == "contains":
+        alternatives = [a.strip() for a in arg.split("|")]
+        hit = contains_any(answer, alternatives)
+        return hit is not None, float(hit is not None), f"contains {hit!r}" if hit else f"missing {arg!r}"
+    want = final_number(arg)
+    if want is None:
+        raise BadInput(f"rule {rule!r}: no number after 'number:'")
+    got = final_number(answer)
+    ok = got is not None and numbers_match(got, want)
+    return ok, float(ok), f"final number {got} vs {want:g}"
+
+
+def _check_kind(kind: str, reference: str, answer: str) -> tuple[bool, float, str]:
+    if kind == "math":
+        want = final_number(reference)
+        if want is None:
+            raise BadInput(f"math reference {reference[:40]!r} holds no number")
+        got = final_number(answer)
+        ok = got is not None and numbers_match(got, want)
+        return ok, float(ok), f"final number {got} vs {want:g}"
+    if kind == "summarization":
+        score = rouge_l(answer, reference)
+        return score >= ROUGE_L_MIN, score, f"rouge-l {score:.3f}"
+    if kind == "translation":
+        score = chrf(answer, reference)
+        return score >= CHRF_MIN, score, f"chrf {score:.1f}"
+    alternatives = [a.strip() for a in reference.split("|")]
+    hit = contains_any(answer, alternatives)
+    exact = any(normalize(answer) == normalize(a) for a in alternatives)
+    detail = "exact match" if exact else f"contains {hit!r}" if hit else "reference not found"
+    return hit is not None, float(hit is not None), detail
+
+
+_KIND_GRADER = {
+    "math": "final-number",
+    "summarization": f"rouge-l>={ROUGE_L_MIN:g}",
+    "translation": f"chrf>={CHRF_MIN:g}",
+    "qa": "contains",
+    "rag": "contains",
+}
+
+
+def _combine(grader: str, checks: list[tuple[int, bool, float, str]]) -> GradeResult:
+    passed = all(ok for _, ok, _, _ in checks)
+    score = sum(s for _, _, s, _ in checks) / len(checks)
+    detail = "; ".join(f"turn {i + 1}: {d}" for i, _, _, d in checks)
+    return GradeResult(passed=passed, score=score, grader=grader, detail=detail)
+
+
+# --- user graders -----------------------------------------------------------------------------------------
+
+_USER_RE = re.compile(r"^(?P<target>.+):(?P<fn>[A-Za-z_]\w*)(?:\s*>=\s*(?P<min>[0-9.]+))?$")
+
+
+@functools.lru_cache(maxsize=16)
+def load_user_grader(spec: str) -> tuple[Callable, float]:
+    """Import "module:function" or "file.py:function" (optional ">=threshold" for float scores, default 0.5)."""
+    m = _USER_RE.match(spec.strip())
+    if not m:
+        raise BadInput(f"user grader {spec!r}: expected 'module:function' or 'path/to/file.py:function'")
+    target, fn_name = m["target"], m["fn"]
+    try:
+        threshold = float(m["min"]) if m["min"] else 0.5
+    except ValueError:
+        raise BadInput(f"user grader {spec!r}: bad threshold {m['min']!r}") from None
+    try:
+        if target.endswith(".py"):
+            path = Path(target).expanduser()
+            if not path.is_file():
+                raise BadInput(f"user grader {spec!r}: file not found: {path}")
+            mod_spec = importlib.util.spec_from_file_location(f"specledger_user_grader_{path.stem}", path)
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except SpecLedgerError:
+        raise
+    except Exception as exc:  # the user's module failed to import: say so in one line
+        raise BadInput(f"user grader {spec!r}: cannot import {target!r}: {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise BadInput(f"user grader {spec!r}: {target!r} has no function {fn_name!r}")
+    return fn, threshold
+
+
+def _grade_user(spec: str, question: Question, answers: list[str]) -> GradeResult:
+    fn, threshold = load_user_grader(spec)
+    name = f"user:{spec.strip()}"
+    try:
+        out = fn(question, answers)
+    except Exception as exc:
+        raise SpecLedgerError(
+            f"user grader {spec!r} raised {type(exc).__name__} on question {question.question_id}: {exc}"
+        ) from None
+    if isinstance(out, GradeResult):
+        return out
+    if out is None:
+        return GradeResult(passed=None, score=None, grader=name, detail="grader returned None")
+    if isinstance(out, bool):
+        return GradeResult(passed=out, score=float(out), grader=name)
+    if isinstance(out, (int, float)):
+        return GradeResult(passed=float(out) >= threshold, score=float(out), grader=f"{name}>={threshold:g}")
+    raise SpecLedgerError(
+        f"user grader {spec!r} returned {type(out).__name__} on question {question.question_id}; "
+        "expected bool, float or GradeResult"
+    )
+
+
+# --- entry point ------------------------------------------------------------------------------------------
+
+
+def grade(question: Question, answers: list[str], user_grader: str | None = None) -> GradeResult:
+    """Grade the model's answers (one per turn) to a question; passed=None when no grader applies."""
+    if user_grader:
+        return _grade_user(user_grader, question, answers)
+    kind_grader = _KIND_GRADER.get(question.kind)
+    refs = [
+        (i, r)
+        for i, r in enumerate(question.reference or ())
+        if i < len(question.turns) and r.strip() and (_is_rule(r) or kind_grader)
+    ]
+    if not refs:
+        reason = "no reference" if not question.reference else f"no grader for kind {question.kind} without rules"
+        return GradeResult(passed=None, score=None, grader="none", detail=reason)
+    rules = [_is_rule(r) for _, r in refs]
+    grader = "rules" if all(rules) else kind_grader if not any(rules) else f"{kind_grader}+rules"
+    checks = []
+    for i, ref in refs:
+        if i >= len(answers) or answers[i] is None:
+            checks.append((i, False, 0.0, "no answer"))
+        elif _is_rule(ref):
+            checks.append((i, *_check_rule(ref, answers[i])))
+        else:
+            checks.append((i, *_check_kind(question.kind, ref, answers[i])))
+    return _combine(grader, checks)
