@@ -15,10 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from specledger.errors import BadInput
 
-# The engine's strategies (decoding/factory.py); the openai backend takes any label.
-STRATEGIES = ("ar", "lookup", "draft", "eagle", "hier")
-DTYPES = ("fp32", "bf16", "fp16")
-QUANTS = ("none", "int8", "int4")
+
+
+def engine_strategies() -> tuple[str, ...]:
+    """The in-process engine's strategies (importing the engine is deferred to in-process configs)."""
+    from specledger.decoding.factory import STRATEGIES
+
+    return tuple(STRATEGIES)
 
 
 class _Strict(BaseModel):
@@ -83,8 +86,8 @@ class BenchConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "BenchConfig":
-        if self.backend == "inprocess" and self.strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {self.strategy!r} (known: {', '.join(STRATEGIES)})")
+        if self.backend == "inprocess" and self.strategy not in (known := engine_strategies()):
+            raise ValueError(f"unknown strategy {self.strategy!r} (known: {', '.join(known)})")
         if self.backend == "openai" and self.openai is None:
             self.openai = OpenAISettings()
         if self.backend == "inprocess" and self.openai is not None:

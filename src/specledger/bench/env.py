@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import sys
@@ -22,15 +23,25 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def collect_conditions(config: dict[str, Any], *, seed: int, backends: dict[str, str], energy: str) -> Conditions:
-    try:
-        import torch
+def collect_conditions(config: dict[str, Any], *, seed: int, backends: dict[str, str], energy: str,
+                       local_engine: bool = True) -> Conditions:
+    """`local_engine`: the engine runs in this process, so its torch threads and GPU matter
+    (an HTTP-only run records torch's version without paying for importing it)."""
+    torch_version, threads, gpu = None, None, None
+    if local_engine or "torch" in sys.modules:
+        try:
+            import torch
 
-        torch_version = torch.__version__
-        threads = torch.get_num_threads()
-        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        torch_version, threads, gpu = None, None, None
+            torch_version = torch.__version__
+            threads = torch.get_num_threads()
+            gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+        except ImportError:
+            pass
+    else:
+        try:
+            torch_version = importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            pass
     return Conditions(
         python=sys.version.split()[0],
         torch=torch_version,

@@ -83,7 +83,7 @@ class SteadyStateCheck:
     windows: list[float] = field(default_factory=list)
     _tokens: int = 0
     _count: int = 0
-    _window_start: float | None = None
+    _window_start: float = 0.0
 
     def __post_init__(self) -> None:
         self._window_start = self.start
@@ -92,7 +92,7 @@ class SteadyStateCheck:
         self._tokens += tokens
         self._count += 1
         if self._count == self.window:
-            span = max(t - (self._window_start or t), 1e-9)
+            span = max(t - self._window_start, 1e-9)
             self.windows.append(self._tokens / span)
             self._tokens, self._count, self._window_start = 0, 0, t
 

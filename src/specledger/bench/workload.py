@@ -10,6 +10,13 @@ free-form category names. Category -> kind:
   (_ALIASES) -> their kind.
 - A record's own "kind" field, when it names one of KINDS, overrides the mapping.
 - Any other category -> multi_turn: an open-ended chat question, graded only by explicit rules.
+
+`reference` entries align with turns (Spec-Bench's convention); see quality/graders.py for how they are read.
+
+Synthetic questions (category "synthetic", kind summarization: "summarise these notes", no reference) have a
+prompt of exactly `in` tokens for SmolLM2's Llama-family BPE tokenizer (tested; other Llama-family BPEs:
+within a few percent) — the user message only: the chat template adds its own tokens (~30 for SmolLM2,
+whose template inserts a default system prompt). `min_new_tokens` = `max_new_tokens` = `out`.
 """
 
 from __future__ import annotations
@@ -82,9 +89,18 @@ class _Record(BaseModel):
     kind: StrictStr | None = None
 
 
+_UNION_MESSAGES = {
+    "question_id": "must be an integer or a string",
+    "reference": "must be a string or a list of strings",
+}
+
+
 def _describe(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "line"
+    name = str(err["loc"][0]) if err["loc"] else "line"
+    where = ".".join([name] + [str(p) for p in err["loc"][1:] if isinstance(p, int)])
+    if err["type"] != "missing" and name in _UNION_MESSAGES:
+        return f"field '{name}': {_UNION_MESSAGES[name]}"
     return f"field '{where}': {err['msg']}"
 
 

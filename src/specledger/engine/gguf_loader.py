@@ -113,7 +113,7 @@ def read_tensors(reader, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], dic
             raise UnsupportedModel(f"unexpected tensor {name} in GGUF file")
         arr = dequantize(t.data, t.tensor_type)
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        w = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).reshape(shape)
+        w = torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(shape)
         grid = None
         if t.tensor_type == GGMLQuantizationType.Q4_1 and len(shape) == 2:
             grid = _q4_1_grid(np.asarray(t.data), *shape)

@@ -66,7 +66,7 @@ def _cost_at(case: Case, field: str, v: float, is_a: bool) -> float:
             return task_cost(case.x, case.with_op(device_seconds_per_call=v,
                                                   requests_per_s=case.op.requests_per_s / scale).op).total
         conc, rps = zip(*sorted(case.sweep))
-        r = float(np.interp(v, conc, rps))
+        r = np.interp(v, conc, rps)
         return task_cost(case.x, case.with_op(device_seconds_per_call=case.op.device_count / r, requests_per_s=r).op).total
     return task_cost(with_value(case.x, _path(field), v), case.op).total
 
@@ -95,17 +95,18 @@ def break_even(a: Case, b: Case, field: str, lo: float | None = None, hi: float 
     if not lo < hi:
         raise BadInput(f"break-even bounds for '{field}': low {lo:g} must be below high {hi:g}")
 
-    def diff(v: float) -> float:
+    def diff(v):
         ca, cb = _cost_at(a, field, v, True), _cost_at(b, field, v, False)
-        return ca - cb
+        with np.errstate(invalid="ignore"):
+            return np.asarray(ca) - np.asarray(cb) if np.ndim(v) else float(ca - cb)
 
     xs = np.linspace(lo, hi, grid)
-    ys = [diff(float(v)) for v in xs]
+    ys = np.broadcast_to(np.asarray(diff(xs), dtype=np.float64), xs.shape).tolist()  # the model is vectorised
     for i in range(len(xs) - 1):
         y0, y1 = ys[i], ys[i + 1]
         if not (math.isfinite(y0) and math.isfinite(y1)):
             continue
-        if y0 == 0:
+        if y0 == 0 and i > 0:  # a tie at the lower bound alone is not a crossing
             return BreakEven(a.name, b.name, field, current, float(xs[i]), lo, hi, "equal cost")
         if y0 * y1 < 0:
             v = brentq(diff, float(xs[i]), float(xs[i + 1]), xtol=1e-12, rtol=1e-10)
@@ -116,7 +117,9 @@ def break_even(a: Case, b: Case, field: str, lo: float | None = None, hi: float 
     finite = [y for y in ys if math.isfinite(y)]
     if not finite:
         note = "cost is infinite across the range"
-    elif all(y < 0 for y in finite):
+    elif all(abs(y) < 1e-12 for y in finite):
+        note = f"equal cost across [{lo:.4g}, {hi:.4g}]"
+    elif all(y <= 0 for y in finite):
         note = f"{a.name} is cheaper across [{lo:.4g}, {hi:.4g}]"
     else:
         note = f"{b.name} is cheaper across [{lo:.4g}, {hi:.4g}]"

@@ -183,13 +183,18 @@ def objective_misses(x: dict, op: OperatingPoint) -> list[str]:
     ):
         limit = lat[key]
         if limit is not None and (value is None or value > limit):
-            have = "not measured" if value is None else f"{value:.3g} s"
-            misses.append(f"{label} {have} > {limit:g} s")
+            have = "not measured" if value is None else f"{_g3(value)} s"
+            misses.append(f"{label} {have} > {_g3(limit)} s")
     if lat["task_s"] is not None and op.e2e_p50 is not None:
         t = x["task"]["calls_per_task"] * op.e2e_p50 + tool_latency(x["task"])
         if t > lat["task_s"]:
-            misses.append(f"task latency {t:.3g} s > {lat['task_s']:g} s")
+            misses.append(f"task latency {_g3(t)} s > {_g3(lat['task_s'])} s")
     return misses
+
+
+def _g3(v: float) -> str:
+    """Three significant digits, written as calculator.js writes them."""
+    return f"{float(f'{v:.3g}'):g}"
 
 
 def with_value(x: dict, path: tuple, value) -> dict:

@@ -39,17 +39,17 @@ class ConfigCost(BaseModel):
     speedup: float | None = None  # tok/s over autoregressive on the same model and precision, same load
     pass_rate: float | None = None
     pass_rate_source: str = ""
-    device_seconds_per_call: float
+    device_seconds_per_call: float | None = None  # None: nothing measured to price
     replicas: float | None = None  # devices provisioned for the demand rate, when one is given
-    cost_per_call: float
+    cost_per_call: float | None = None
     per_million_tokens: float | None = None
-    attempts: float
-    escalation: float
-    compute: float
-    tools: float
-    labour: float
-    maintenance: float
-    total: float | None  # None when infinite
+    attempts: float | None = None
+    escalation: float | None = None
+    compute: float | None = None
+    tools: float | None = None
+    labour: float | None = None
+    maintenance: float | None = None
+    total: float | None = None  # None when infinite (see `infinite`) or when nothing was measured
     task_latency_s: float | None = None
     mean: float | None = None
     p5: float | None = None
@@ -178,14 +178,8 @@ def _override_central(inputs: CostInputs) -> dict:
             for name, over in inputs.overrides.items()}
 
 
-def price_measurements(
-    ms: list[ConfigMeasurement],
-    inputs: CostInputs,
-    *,
-    samples: int = 2000,
-    seed: int = 0,
-    run_dir: str = "",
-) -> LedgerResult:
+def choose_levels(ms: list[ConfigMeasurement], inputs: CostInputs):
+    """Price every load level; per configuration keep its cheapest feasible level (else its least-missing one)."""
     names = list(dict.fromkeys(m.name for m in ms))
     unknown = sorted(set(inputs.overrides) - set(names))
     if unknown:
@@ -194,14 +188,21 @@ def price_measurements(
     for m in ms:
         by_name[m.name].append(m)
     ups = speedups(ms)
-
     levels: list[ConfigCost] = []
     chosen: list[tuple[ConfigCost, Case, Resolved, ConfigMeasurement]] = []
     for name in names:
         res = inputs.resolve(name)
         group = [m for m in by_name[name] if m.requests_completed > 0]
-        if not group:
-            raise BadInput(f"{name}: no completed requests at any load level; nothing to price")
+        if not group:  # every request failed: a row that says so, nothing to price
+            m = by_name[name][0]
+            failed = sum(x.requests_failed for x in by_name[name])
+            row = ConfigCost(name=name, strategy=m.strategy, model=m.model, precision=m.precision, load=m.load,
+                             concurrency=m.concurrency, feasible=False, comparable=m.comparable,
+                             comparable_reason=m.comparable_reason,
+                             misses=[f"no completed requests ({failed} failed)"])
+            levels.append(row)
+            chosen.append((row, None, res, m))
+            continue
         sweep = sorted((float(m.concurrency), m.requests_per_s) for m in group if m.concurrency is not None)
         options = []
         for m in group:
@@ -215,13 +216,34 @@ def price_measurements(
         pick = min(feasible, key=lambda o: (o[0].total is None, o[0].total or 0.0)) if feasible else \
             min(options, key=lambda o: (len(o[0].misses), o[2].concurrency or 0))
         chosen.append((pick[0], pick[1], res, pick[2]))
+    return levels, chosen
 
+
+def cases_for(run_dir: str | Path, inputs: CostInputs | str | Path | None = None) -> dict[str, Case]:
+    """The priced Case of every configuration of a run (for break-even questions)."""
+    if not isinstance(inputs, CostInputs):
+        inputs = load_inputs(inputs)
+    _, chosen = choose_levels(measurements_from_run(run_dir), inputs)
+    return {row.name: case for row, case, _, _ in chosen if case is not None}
+
+
+def price_measurements(
+    ms: list[ConfigMeasurement],
+    inputs: CostInputs,
+    *,
+    samples: int = 2000,
+    seed: int = 0,
+    run_dir: str = "",
+) -> LedgerResult:
+    """Point costs, verdicts, Monte Carlo intervals, break-evens and sensitivity for a set of measurements."""
+    levels, chosen = choose_levels(ms, inputs)
     rows = [c[0] for c in chosen]
     _verdicts(rows)
+    chosen = [c for c in chosen if c[1] is not None]
     eligible = {r.name for r in rows if r.verdict in ("cheapest", "dominated", "trade-off")}
     if samples > 0:
         mc = simulate([(case, res, m) for _, case, res, m in chosen], eligible=eligible, samples=samples, seed=seed)
-        for r in rows:
+        for r in (r for r in rows if r.name in mc):
             i = mc[r.name]
             r.mean, r.p5, r.p95 = _finite(i.mean), _finite(i.p5), _finite(i.p95)
             r.p_feasible = i.p_feasible

@@ -9,7 +9,7 @@ Which grader applies to a question:
    math -> final-number match; summarization -> ROUGE-L F >= ROUGE_L_MIN; translation -> chrF >= CHRF_MIN;
    qa / rag -> the normalised reference (alternatives separated by "|") is contained in the answer.
    multi_turn without rules -> no grader (MT-Bench references are long model answers, not checkable).
-A question passes when every graded turn passes; the score is the mean over graded turns.
+A question passes when every graded turn passes; the score (0..1; chrF / 100) is the mean over graded turns.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ _FINAL_MARKERS = (
     re.compile(r"####\s*([^\n]*)"),
     re.compile(r"answer\s*(?:is|:|=)\s*([^\n]*)", re.IGNORECASE),
 )
+_SENTENCE_END = re.compile(r"\.(?:\s|$)")
 
 
 def _numbers(text: str) -> list[float]:
@@ -66,16 +67,16 @@ def _numbers(text: str) -> list[float]:
 
 
 def final_number(text: str) -> float | None:
-    """The number an answer ends on: after the last "answer is"/"####"/\\boxed{} if present, else the last one.
+    """The number an answer ends on: the last one in the sentence after the last "answer is"/"####"/\\boxed{}
+    that holds a number, else the last one in the text.
 
     Handles thousands separators (1,234), signs (-5, unicode minus), decimals (.5, 3.75), "$" and a/b fractions.
     """
     for marker in _FINAL_MARKERS:
-        hits = [m.group(1) for m in marker.finditer(text)]
-        for hit in reversed(hits):
-            nums = _numbers(hit)
+        for hit in reversed([m.group(1) for m in marker.finditer(text)]):
+            nums = _numbers(_SENTENCE_END.split(hit, maxsplit=1)[0])
             if nums:
-                return nums[0]
+                return nums[-1]
     nums = _numbers(text)
     return nums[-1] if nums else None
 
@@ -166,7 +167,7 @@ def _is_rule(ref: str) -> bool:
     return bool(_RULE_RE.match(ref))
 
 
-def _check_rule(rule: str, answer: str) -> tuple[bool, float, str]:
+def _check_rule(rule: str, answer: str) -> tuple[bool | None, float | None, str]:
     name, arg = _RULE_RE.match(rule).groups()
     if name == "contains":
         alternatives = [a.strip() for a in arg.split("|")]
@@ -174,17 +175,17 @@ def _check_rule(rule: str, answer: str) -> tuple[bool, float, str]:
         return hit is not None, float(hit is not None), f"contains {hit!r}" if hit else f"missing {arg!r}"
     want = final_number(arg)
     if want is None:
-        raise BadInput(f"rule {rule!r}: no number after 'number:'")
+        return None, None, f"rule {rule!r} holds no number"
     got = final_number(answer)
     ok = got is not None and numbers_match(got, want)
     return ok, float(ok), f"final number {got} vs {want:g}"
 
 
-def _check_kind(kind: str, reference: str, answer: str) -> tuple[bool, float, str]:
+def _check_kind(kind: str, reference: str, answer: str) -> tuple[bool | None, float | None, str]:
     if kind == "math":
         want = final_number(reference)
-        if want is None:
-            raise BadInput(f"math reference {reference[:40]!r} holds no number")
+        if want is None:  # a data problem, not the model's: leave the turn ungraded and say so
+            return None, None, f"reference {reference[:40]!r} holds no number"
         got = final_number(answer)
         ok = got is not None and numbers_match(got, want)
         return ok, float(ok), f"final number {got} vs {want:g}"
@@ -193,7 +194,7 @@ def _check_kind(kind: str, reference: str, answer: str) -> tuple[bool, float, st
         return score >= ROUGE_L_MIN, score, f"rouge-l {score:.3f}"
     if kind == "translation":
         score = chrf(answer, reference)
-        return score >= CHRF_MIN, score, f"chrf {score:.1f}"
+        return score >= CHRF_MIN, score / 100, f"chrf {score:.1f}"
     alternatives = [a.strip() for a in reference.split("|")]
     hit = contains_any(answer, alternatives)
     exact = any(normalize(answer) == normalize(a) for a in alternatives)
@@ -210,11 +211,15 @@ _KIND_GRADER = {
 }
 
 
-def _combine(grader: str, checks: list[tuple[int, bool, float, str]]) -> GradeResult:
-    passed = all(ok for _, ok, _, _ in checks)
-    score = sum(s for _, _, s, _ in checks) / len(checks)
+def _combine(grader: str, checks: list[tuple[int, bool | None, float | None, str]]) -> GradeResult:
+    """All graded turns must pass; the score (0..1) is their mean. Ungraded turns only add to the detail."""
+    graded = [(ok, score) for _, ok, score, _ in checks if ok is not None]
     detail = "; ".join(f"turn {i + 1}: {d}" for i, _, _, d in checks)
-    return GradeResult(passed=passed, score=score, grader=grader, detail=detail)
+    if not graded:
+        return GradeResult(passed=None, score=None, grader=grader, detail=detail)
+    return GradeResult(
+        passed=all(ok for ok, _ in graded), score=sum(s for _, s in graded) / len(graded), grader=grader, detail=detail
+    )
 
 
 # --- user graders -----------------------------------------------------------------------------------------

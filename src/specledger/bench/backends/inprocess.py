@@ -7,7 +7,6 @@ generation runs in a worker thread so open-loop arrivals keep their schedule mea
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from typing import Any
 
@@ -59,8 +58,8 @@ class InProcessBackend(Backend):
             raise SpecLedgerError(f"configuration {c.name!r}: model {c.model!r} has no tokenizer")
         try:
             self.strategy = make_strategy(c.strategy, target=self.models["target"], **roles, **c.params)
-        except TypeError as exc:  # an unknown parameter name
-            raise SpecLedgerError(f"configuration {c.name!r}: strategy {c.strategy!r}: {exc}") from None
+        except SpecLedgerError as exc:
+            raise SpecLedgerError(f"configuration {c.name!r}: {exc}") from None
 
     def describe(self) -> str:
         import torch
@@ -79,17 +78,9 @@ class InProcessBackend(Backend):
     def _sampling(self, max_new_tokens: int, min_new_tokens: int | None) -> Any:
         from specledger.decoding.sampling import SamplingParams
 
-        s = self.config.sampling
-        kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                                      top_k=s.top_k, seed=s.seed, stop=list(s.stop))
-        names = {f.name for f in dataclasses.fields(SamplingParams)} if dataclasses.is_dataclass(SamplingParams) \
-            else set(getattr(SamplingParams, "model_fields", {}))
-        if min_new_tokens:
-            if "min_new_tokens" in names:
-                kwargs["min_new_tokens"] = min_new_tokens
-            elif "ignore_eos" in names:
-                kwargs["ignore_eos"] = True
-        return SamplingParams(**{k: v for k, v in kwargs.items() if not names or k in names})
+        sp = self.config.sampling
+        return SamplingParams(max_new_tokens=max_new_tokens, temperature=sp.temperature, top_p=sp.top_p,
+                              top_k=sp.top_k, seed=sp.seed, stop=list(sp.stop), min_new_tokens=min_new_tokens or 0)
 
     def _run(self, messages: list[dict[str, str]], max_new_tokens: int, min_new_tokens: int | None) -> Completion:
         from specledger.decoding.generate import generate
@@ -120,7 +111,7 @@ class InProcessBackend(Backend):
         times = list(getattr(result, "token_times", None) or [])
         chunks = chunks_from_token_times(times) if times else callback_chunks
         ids = list(result.token_ids)
-        first = start + result.ttft_s if result.ttft_s is not None else (chunks[0][0] if chunks else None)
+        first = chunks[0][0] if chunks else None
         return Completion(
             ok=True, start=start, end=end, text=result.text, chunks=chunks, first_token=first,
             prompt_tokens=len(prompt_ids), output_tokens=len(ids), token_ids=ids,

@@ -163,6 +163,8 @@ class OpenAIBackend(Backend):
                 error, retry = f"timed out after {self.s.timeout_s:g} s", True
             except httpx.HTTPError as exc:
                 error, retry = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, True
+                if state.pieces or isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):
+                    error = f"connection dropped mid-stream after {len(state.pieces)} chunks ({error})"
             if not retry or attempts > self.s.retries:
                 return Completion(ok=False, start=start, end=time.perf_counter(), error=error,
                                   attempts=attempts, text=state.text(), first_token=state.first)

@@ -1,0 +1,165 @@
+"""CLI: `specledger bench`, `specledger show RUN_DIR`, `specledger diff RUN_A RUN_B`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+import yaml
+from rich.console import Console
+
+from specledger.bench.config import RunConfig, load_run_config, parse_run_config
+from specledger.errors import BadInput
+
+
+def _floats(text: str | None, what: str) -> list[float] | None:
+    if not text:
+        return None
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BadInput(f"--{what}: expected numbers separated by commas, got {text!r}") from None
+
+
+def _params(items: list[str], strategy: str) -> dict[str, Any]:
+    """KEY=VALUE for every strategy, or STRATEGY.KEY=VALUE for one; values parsed as YAML scalars."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise BadInput(f"--param {item!r}: expected KEY=VALUE or STRATEGY.KEY=VALUE")
+        key, value = item.split("=", 1)
+        if "." in key:
+            owner, key = key.split(".", 1)
+            if owner != strategy:
+                continue
+        elif strategy == "ar":
+            continue
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def build_config(
+    config_file: Path | None, *, strategies: list[str], backend: str, model: str | None, dtype: str, quant: str,
+    group_size: int, params: list[str], max_new_tokens: int, temperature: float, seed: int, base_url: str | None,
+    api: str, tokenizer: str | None, retries: int | None, timeout: float | None, connect_timeout: float | None,
+    overrides: dict[str, Any],
+) -> RunConfig:
+    if config_file is not None:
+        data = load_run_config(config_file).model_dump(mode="json", exclude_unset=True)
+        source = str(config_file)
+    else:
+        configs = []
+        for s in strategies or ["ar"]:
+            c: dict[str, Any] = {"name": s, "backend": backend, "strategy": s, "dtype": dtype, "quant": quant,
+                                 "group_size": group_size, "params": _params(params, s),
+                                 "max_new_tokens": max_new_tokens,
+                                 "sampling": {"temperature": temperature, "seed": seed}}
+            if model:
+                c["model"] = model
+            if backend == "openai":
+                o: dict[str, Any] = {"api": api}
+                for k, v in (("base_url", base_url), ("tokenizer", tokenizer), ("retries", retries),
+                             ("timeout_s", timeout), ("connect_timeout_s", connect_timeout)):
+                    if v is not None:
+                        o[k] = v
+                c["openai"] = o
+            configs.append(c)
+        data = {"configs": configs, "seed": seed}
+        source = "command line"
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        node = data
+        *path, last = dotted.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = value
+    if overrides.get("load.rate"):
+        data.setdefault("load", {}).pop("concurrency", None)
+    elif overrides.get("load.concurrency"):
+        data.setdefault("load", {}).pop("rate", None)
+    return parse_run_config(data, source=source)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    def bench(
+        config_file: Optional[Path] = typer.Argument(None, help="run configuration (YAML or TOML); else the flags"),
+        strategy: list[str] = typer.Option([], "--strategy", "-s", help="one configuration per strategy (repeat)"),
+        backend: str = typer.Option("inprocess", help="inprocess | openai"),
+        model: Optional[str] = typer.Option(None, help="model name/path (openai: the served model's name)"),
+        dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
+        quant: str = typer.Option("none", help="none | int8 | int4"),
+        group_size: int = typer.Option(32, help="int4 group size"),
+        param: list[str] = typer.Option([], "--param", "-p", help="strategy parameter KEY=VALUE or STRATEGY.KEY=VALUE"),
+        max_new_tokens: int = typer.Option(128, help="per answer (a workload's own limit wins)"),
+        temperature: float = typer.Option(0.0, help="0 = greedy"),
+        seed: int = typer.Option(0),
+        workload: Optional[str] = typer.Option(None, help="builtin | builtin-quick | FILE.jsonl | synthetic:in=..,out=..,n=.."),
+        category: list[str] = typer.Option([], "--category", help="only these categories (repeat)"),
+        per_category: Optional[int] = typer.Option(None, help="sample this many questions per category"),
+        limit: Optional[int] = typer.Option(None, help="first N questions"),
+        on_bad_line: Optional[str] = typer.Option(None, help="stop | skip a malformed workload line"),
+        grader: Optional[str] = typer.Option(None, help="user grader module:function"),
+        concurrency: Optional[str] = typer.Option(None, help="closed loop, e.g. 1,4,16"),
+        rate: Optional[str] = typer.Option(None, help="open loop Poisson arrivals (requests/s), e.g. 0.5,1"),
+        num_requests: Optional[int] = typer.Option(None, help="conversations per load level"),
+        warmup: Optional[int] = typer.Option(None, help="warm-up conversations (not counted)"),
+        slo_ttft: Optional[float] = typer.Option(None, help="TTFT objective (s) for goodput"),
+        slo_tpot: Optional[float] = typer.Option(None, help="TPOT objective (s)"),
+        slo_e2e: Optional[float] = typer.Option(None, help="end-to-end objective (s)"),
+        base_url: Optional[str] = typer.Option(None, help="openai backend: server URL"),
+        api: str = typer.Option("chat", help="openai backend: chat | completions"),
+        tokenizer: Optional[str] = typer.Option(None, help="openai backend: tokenizer to count tokens"),
+        retries: Optional[int] = typer.Option(None, help="openai backend: retries per request"),
+        timeout: Optional[float] = typer.Option(None, help="openai backend: per request timeout (s)"),
+        connect_timeout: Optional[float] = typer.Option(None, help="openai backend: wait for the server (s)"),
+        output_dir: Optional[str] = typer.Option(None, help="where run directories go"),
+        run_id: Optional[str] = typer.Option(None, help="name of the run directory"),
+        bootstrap: Optional[int] = typer.Option(None, help="bootstrap resamples for CIs"),
+        resume: Optional[Path] = typer.Option(None, help="continue the interrupted run in this directory"),
+        no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+    ) -> None:
+        """Measure configurations over a workload and load levels; results go to a run directory."""
+        from specledger.bench.runner import resume_benchmark, run_benchmark
+        from specledger.bench.tables import print_run
+
+        console = Console()
+        if resume is not None:
+            run, path = resume_benchmark(resume, console=Console(stderr=True), show_progress=not no_progress)
+        else:
+            slo = {k: v for k, v in (("ttft_s", slo_ttft), ("tpot_s", slo_tpot), ("e2e_s", slo_e2e)) if v is not None}
+            overrides = {
+                "workload.spec": workload, "workload.categories": category or None,
+                "workload.per_category": per_category, "workload.limit": limit,
+                "workload.on_bad_line": on_bad_line, "workload.grader": grader,
+                "load.concurrency": [int(c) for c in _floats(concurrency, "concurrency") or []] or None,
+                "load.rate": _floats(rate, "rate"), "load.num_requests": num_requests, "load.warmup": warmup,
+                "slo": slo or None, "output_dir": output_dir, "run_id": run_id, "bootstrap": bootstrap,
+            }
+            cfg = build_config(config_file, strategies=strategy, backend=backend, model=model, dtype=dtype,
+                               quant=quant, group_size=group_size, params=param, max_new_tokens=max_new_tokens,
+                               temperature=temperature, seed=seed, base_url=base_url, api=api, tokenizer=tokenizer,
+                               retries=retries, timeout=timeout, connect_timeout=connect_timeout, overrides=overrides)
+            run, path = run_benchmark(cfg, console=Console(stderr=True), show_progress=not no_progress)
+        print_run(run, console)
+        console.print(f"results: {path}")
+
+    @app.command("show")
+    def show(run_dir: Path = typer.Argument(..., help="a run directory")) -> None:
+        """Reprint a run's tables."""
+        from specledger.bench.results import load_run
+        from specledger.bench.tables import print_run
+
+        print_run(load_run(run_dir))
+
+    @app.command("diff")
+    def diff(run_a: Path = typer.Argument(..., help="run directory A"),
+             run_b: Path = typer.Argument(..., help="run directory B")) -> None:
+        """Compare the aggregates of configurations present in both runs."""
+        from specledger.bench.results import load_run
+        from specledger.bench.tables import diff_table
+
+        Console().print(diff_table(load_run(run_a), load_run(run_b)))
+

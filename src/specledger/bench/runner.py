@@ -1,0 +1,419 @@
+"""Run a benchmark: every configuration x load level over the workload, recorded as it goes.
+
+Each finished request is appended to requests.jsonl at once; run.json and summary.csv are
+rewritten after every load level, so an interrupted run keeps everything measured and
+`resume=True` continues it (conversations with every turn recorded ok are not repeated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from specledger.bench.backends.base import Backend, Completion, make_backend
+from specledger.bench.config import BenchConfig, RunConfig, parse_run_config
+from specledger.bench.energy import EnergyMeter
+from specledger.bench.env import collect_conditions
+from specledger.bench.load import SteadyStateCheck, closed_loop, open_loop
+from specledger.bench.metrics import aggregate, group_by, spread_itl, tpot
+from specledger.bench.results import (
+    ConfigResult, GateOutcome, LoadResult, RequestGrade, RequestLog, RequestRecord, RunResult, SteadyState,
+    load_run, now, read_requests, write_run, write_summary, REQUESTS_FILE,
+)
+from specledger.bench.telemetry import telemetry_delta
+from specledger.bench.workload import Question, load_workload
+from specledger.errors import BadInput, SpecLedgerError
+from specledger.quality.gates import GateResult, comparable, lossless_gate, pass_rate_gate
+from specledger.quality.graders import grade
+
+BackendFactory = Callable[[BenchConfig], Backend]
+
+
+def new_run_id() -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class _Level:
+    label: str
+    concurrency: int | None
+    rate: float | None
+    records: list[RequestRecord] = field(default_factory=list)
+
+
+class Runner:
+    def __init__(
+        self,
+        config: RunConfig,
+        run_dir: str | Path,
+        *,
+        resume: bool = False,
+        console: Console | None = None,
+        show_progress: bool = True,
+        backend_factory: BackendFactory | None = None,
+    ):
+        self.cfg = config
+        self.run_dir = Path(run_dir)
+        self.resume = resume
+        self.console = console or Console(stderr=True)
+        self.show_progress = show_progress
+        self.backend_factory = backend_factory
+        self.segment = uuid.uuid4().hex[:8]
+        self.meter = EnergyMeter()
+        self._t0_perf = time.perf_counter()
+        self._t0_wall = time.time()
+        self._progress: Progress | None = None
+        self._task: Any = None
+
+    # ---- entry points ----
+
+    def run(self) -> RunResult:
+        return asyncio.run(self.run_async())
+
+    async def run_async(self) -> RunResult:
+        cfg = self.cfg
+        w = cfg.workload
+        questions = load_workload(w.spec, categories=w.categories, per_category=w.per_category, limit=w.limit,
+                                  seed=w.seed, on_bad_line=w.on_bad_line)
+        self.questions = questions
+        self._prepare_dir()
+        self.log = RequestLog(self.run_dir)
+        self.previous = read_requests(self.run_dir) if self.resume else []
+        try:
+            with self._progress_bar():
+                for bc in cfg.configs:
+                    await self._run_config(bc)
+            self.run_result.status = "complete"
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            self.run_result.status = "interrupted"
+            raise
+        except SpecLedgerError as exc:
+            self.run_result.status = "failed"
+            self.run_result.notes.append(f"stopped: {exc}")
+            raise
+        except Exception as exc:
+            self.run_result.status = "failed"
+            self.run_result.notes.append(f"crashed: {type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self.log.sync()
+            self.log.close()
+            self._save()
+        return self.run_result
+
+    # ---- setup ----
+
+    def _prepare_dir(self) -> None:
+        cfg = self.cfg
+        resolved = cfg.model_dump(mode="json")
+        if self.resume:
+            self.run_result = load_run(self.run_dir)
+            self.run_result.status = "running"
+            self.run_result.notes.append(f"resumed {now().isoformat(timespec='seconds')} (segment {self.segment})")
+            return
+        if (self.run_dir / REQUESTS_FILE).exists():
+            raise BadInput(f"{self.run_dir} already holds a run; resume it (--resume) or choose another run id")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        conditions = collect_conditions(resolved, seed=cfg.seed, backends={}, energy=self.meter.source,
+                                        local_engine=any(c.backend == "inprocess" for c in cfg.configs))
+        self.run_result = RunResult(run_id=self.run_dir.name, created=now(), conditions=conditions)
+        if not self.meter.available:
+            self.run_result.notes.append("energy: unavailable (no RAPL powercap counters or NVML on this machine)")
+        self._save()
+
+    def _save(self) -> None:
+        self.run_result.updated = now()
+        write_run(self.run_dir, self.run_result)
+        write_summary(self.run_dir, self.run_result)
+
+    def _progress_bar(self) -> Progress:
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+            console=self.console, disable=not self.show_progress, transient=False,
+        )
+        return self._progress
+
+    # ---- one configuration ----
+
+    def _config_result(self, bc: BenchConfig) -> ConfigResult:
+        existing = self.run_result.config(bc.name)
+        if existing is not None:
+            return existing
+        cr = ConfigResult(name=bc.name, backend=bc.backend, model=bc.model, strategy=bc.strategy, dtype=bc.dtype,
+                          quant=bc.quant, group_size=bc.group_size if bc.quant == "int4" else None,
+                          spec=bc.model_dump(mode="json"))
+        self.run_result.configs.append(cr)
+        return cr
+
+    def _make_backend(self, bc: BenchConfig) -> Backend:
+        if self.backend_factory is not None:
+            return self.backend_factory(bc)
+        if bc.backend == "inprocess":
+            return make_backend(bc, meter=self.meter)
+        return make_backend(bc)
+
+    async def _run_config(self, bc: BenchConfig) -> None:
+        cr = self._config_result(bc)
+        done_levels = {lr.load for lr in cr.loads if lr.complete}
+        levels = [lv for lv in self.cfg.load.levels() if lv[0] not in done_levels]
+        if not levels:
+            return
+        backend = self._make_backend(bc)
+        await backend.start()
+        try:
+            self.run_result.conditions.backends[bc.name] = backend.describe()
+            await self._warmup(backend, bc)
+            for label, conc, rate in levels:
+                await self._run_level(backend, bc, cr, _Level(label, conc, rate))
+        finally:
+            await backend.close()
+
+    async def _warmup(self, backend: Backend, bc: BenchConfig) -> None:
+        n = min(self.cfg.load.warmup, len(self.questions))
+        if n and self._progress is not None:
+            task = self._progress.add_task(f"{bc.name} warm-up", total=sum(len(q.turns) for q in self.questions[:n]))
+            self._task = task
+        for q in self.questions[:n]:
+            await self._conversation(backend, bc, q, item=-1, arrival=time.perf_counter(), level=None)
+        if n and self._progress is not None:
+            self._progress.remove_task(self._task)
+
+    def _done_items(self, bc: BenchConfig, label: str) -> set[int]:
+        turns: dict[int, set[int]] = defaultdict(set)
+        needed: dict[int, int] = {}
+        for r in self.previous:
+            if r.config == bc.name and r.load == label and r.status == "ok":
+                turns[r.item].add(r.turn)
+                needed[r.item] = r.turns
+        return {i for i, t in turns.items() if len(t) >= needed[i]}
+
+    async def _run_level(self, backend: Backend, bc: BenchConfig, cr: ConfigResult, level: _Level) -> None:
+        load = self.cfg.load
+        n = load.num_requests or len(self.questions)
+        done = self._done_items(bc, level.label)
+        steady = SteadyStateCheck(load.steady_state.window, load.steady_state.tolerance) if load.steady_state else None
+        limit = max(n, load.steady_state.max_requests) if load.steady_state else n
+        counter = iter(range(limit))
+
+        def next_index() -> int | None:
+            for i in counter:
+                if i >= n and (steady is None or steady.reached):
+                    return None
+                if i not in done:
+                    return i
+            return None
+
+        total = sum(len(self.questions[i % len(self.questions)].turns) for i in range(n) if i not in done)
+        if self._progress is not None:
+            self._task = self._progress.add_task(f"{bc.name} {level.label}", total=total)
+
+        async def job(i: int, arrival: float) -> None:
+            q = self.questions[i % len(self.questions)]
+            tokens = await self._conversation(backend, bc, q, item=i, arrival=arrival, level=level)
+            nonlocal total
+            if steady is not None:
+                steady.completed(tokens, time.perf_counter())
+                if self._progress is not None and i >= n:  # past the planned count: the bar grows
+                    total += len(q.turns)
+                    self._progress.update(self._task, total=total)
+
+        before = await backend.scrape_metrics()
+        e0 = self.meter.read()
+        started = now()
+        if level.rate is not None:
+            await open_loop(job, next_index, level.rate, seed=self.cfg.seed, max_in_flight=load.max_in_flight)
+        else:
+            await closed_loop(job, next_index, level.concurrency or 1)
+        e1 = self.meter.read()
+        after = await backend.scrape_metrics()
+        self.log.sync()
+
+        single_segment = not done and not any(
+            r.config == bc.name and r.load == level.label for r in self.previous)
+        energy = (e1 - e0) if single_segment and e0 is not None and e1 is not None else None
+        telemetry, tele_levels = telemetry_delta(before, after) if single_segment else (None, [])
+        lr = self._load_result(bc, level, energy=energy, started=started)
+        lr.telemetry, lr.telemetry_levels = telemetry, tele_levels
+        if steady is not None:
+            lr.steady_state = SteadyState(window=steady.window, tolerance=steady.tolerance, reached=steady.reached,
+                                          windows_tok_s=steady.windows)
+        lr.complete = True
+        cr.loads = [x for x in cr.loads if x.load != level.label] + [lr]
+        order = [lv[0] for lv in self.cfg.load.levels()]
+        cr.loads.sort(key=lambda x: order.index(x.load) if x.load in order else len(order))
+        self._apply_gates()
+        self._save()
+        if self._progress is not None:
+            self._progress.update(self._task, completed=total)
+
+    def _load_result(self, bc: BenchConfig, level: _Level, *, energy: float | None, started: Any) -> LoadResult:
+        merged: dict[str, RequestRecord] = {}
+        for r in self.previous:
+            if r.config == bc.name and r.load == level.label:
+                merged[r.request_id] = r
+        for r in level.records:
+            merged[r.request_id] = r
+        records = list(merged.values())
+        by_segment = group_by(records, "segment")
+        wall = sum(max(r.end_t for r in rs) - min(r.arrival_t for r in rs) for rs in by_segment.values())
+        b, seed, slo = self.cfg.bootstrap, self.cfg.seed, self.cfg.slo
+        lr = LoadResult(
+            load=level.label, concurrency=level.concurrency, rate=level.rate, started=started,
+            aggregate=aggregate(records, wall_s=wall, energy_j=energy, slo=slo, resamples=b, seed=seed),
+            segments=len(by_segment),
+        )
+        small = b // 5
+        lr.by_category = {k: aggregate(v, slo=slo, resamples=small, seed=seed)
+                          for k, v in group_by(records, "category").items()}
+        lr.by_kind = {k: aggregate(v, slo=slo, resamples=small, seed=seed) for k, v in group_by(records, "kind").items()}
+        return lr
+
+    # ---- one conversation ----
+
+    async def _conversation(self, backend: Backend, bc: BenchConfig, q: Question, *, item: int, arrival: float,
+                            level: _Level | None) -> int:
+        """Run every turn; turn k+1 sees the model's answer to turn k. Returns output tokens."""
+        messages: list[dict[str, str]] = []
+        answers: list[str] = []
+        tokens = 0
+        for turn, text in enumerate(q.turns, 1):
+            messages.append({"role": "user", "content": text})
+            c = await backend.complete(list(messages), max_new_tokens=q.max_new_tokens or bc.max_new_tokens,
+                                       min_new_tokens=q.min_new_tokens)
+            tokens += c.output_tokens if c.ok else 0
+            if level is not None:
+                rec = self._record(bc, q, c, item=item, turn=turn, arrival=arrival, level=level)
+                if c.ok and turn == len(q.turns):
+                    g = grade(q, answers + [c.text], self.cfg.workload.grader)
+                    rec.grade = RequestGrade(passed=g.passed, score=g.score, grader=g.grader, detail=g.detail)
+                self.log.append(rec)
+                level.records.append(rec)
+            if self._progress is not None and self._task is not None:
+                self._progress.advance(self._task)
+            if not c.ok:
+                break
+            answers.append(c.text)
+            messages.append({"role": "assistant", "content": c.text})
+            arrival = time.perf_counter()  # the next turn is sent as soon as this answer is in
+        return tokens
+
+    def _wall(self, t: float) -> float:
+        return self._t0_wall + (t - self._t0_perf)
+
+    def _record(self, bc: BenchConfig, q: Question, c: Completion, *, item: int, turn: int, arrival: float,
+                level: _Level) -> RequestRecord:
+        ttft = (c.first_token - arrival) if c.first_token is not None else None
+        e2e = c.end - arrival
+        disagree = (c.usage_output_tokens is not None and c.tokenizer_output_tokens is not None
+                    and c.usage_output_tokens != c.tokenizer_output_tokens)
+        return RequestRecord(
+            run_id=self.run_result.run_id, config=bc.name,
+            request_id=f"{bc.name}|{level.label}|{item}|t{turn}", item=item,
+            question_id=q.question_id, category=q.category, kind=q.kind, turn=turn, turns=len(q.turns),
+            load=level.label, concurrency=level.concurrency, rate=level.rate, segment=self.segment,
+            status="ok" if c.ok else "failed", error=c.error, attempts=c.attempts, finish_reason=c.finish_reason,
+            prompt_tokens=c.prompt_tokens, output_tokens=c.output_tokens if c.ok else 0,
+            usage_output_tokens=c.usage_output_tokens, tokenizer_output_tokens=c.tokenizer_output_tokens,
+            usage_disagrees=disagree,
+            arrival_t=self._wall(arrival), start_t=self._wall(c.start),
+            first_token_t=self._wall(c.first_token) if c.first_token is not None else None,
+            end_t=self._wall(c.end), queue_s=max(0.0, c.start - arrival),
+            ttft_s=ttft if c.ok else None, e2e_s=e2e if c.ok else None,
+            tpot_s=tpot(e2e, ttft, c.output_tokens) if c.ok else None,
+            itl_s=spread_itl(c.chunks) if c.ok else [],
+            steps=c.steps, tau=c.tau, levels=c.levels, draft_s=c.draft_s, verify_s=c.verify_s,
+            prefill_s=c.prefill_s, draft_prefill_s=c.draft_prefill_s,
+            peak_rss_bytes=c.peak_rss_bytes, cuda_max_allocated_bytes=c.cuda_max_allocated_bytes,
+            energy_j=c.energy_j, output_text=c.text, output_token_ids=c.token_ids, extra=c.extra,
+        )
+
+    # ---- quality gates ----
+
+    def _apply_gates(self) -> None:
+        records = read_requests(self.run_dir)
+        apply_gates(self.run_result, records, self.cfg)
+
+
+def _gate(g: GateResult) -> GateOutcome:
+    return GateOutcome(name=g.name, passed=g.passed, reason=g.reason, figures=g.figures)
+
+
+def _outputs(records: list[RequestRecord]) -> tuple[dict[str, list[int]], bool]:
+    """Greedy outputs keyed by load|item|turn: token ids where known, else the text's characters."""
+    ok = [r for r in records if r.status == "ok"]
+    ids = all(r.output_token_ids is not None for r in ok)
+    out = {f"{r.load}|{r.item}|t{r.turn}": (r.output_token_ids if ids else [ord(ch) for ch in r.output_text])
+           for r in ok}
+    return out, ids
+
+
+def apply_gates(run: RunResult, records: list[RequestRecord], cfg: RunConfig) -> None:
+    """Lossless (greedy, vs the `ar` configuration of the same target and precision) and pass rate."""
+    by_config = group_by(records, "config")
+    specs = {c.name: c for c in cfg.configs}
+    for cr in run.configs:
+        bc = specs.get(cr.name)
+        recs = by_config.get(cr.name, [])
+        gates: list[GateOutcome] = []
+        if bc is not None and bc.strategy != "ar":
+            ref = next((o for o in cfg.configs if o.strategy == "ar" and o.name != bc.name
+                        and o.target_key() == bc.target_key() and o.greedy), None)
+            if not bc.greedy:
+                gates.append(GateOutcome(name="lossless", passed=None,
+                                         reason="not checked: sampling (temperature > 0); checked on greedy runs"))
+            elif ref is None:
+                gates.append(GateOutcome(name="lossless", passed=None, reason="not checked: no greedy 'ar' "
+                                         "configuration of the same target and precision in this run"))
+            elif ref.name in by_config and recs:
+                ref_out, ref_ids = _outputs(by_config[ref.name])
+                cand_out, cand_ids = _outputs(recs)
+                g = _gate(lossless_gate(ref_out, cand_out, min_share=cfg.gates.lossless_min_share))
+                g.figures["reference"] = ref.name
+                g.figures["compared_on"] = "token ids" if ref_ids and cand_ids else "text characters"
+                gates.append(g)
+        graded = _pass_rate_sample(recs, bc)
+        pr = pass_rate_gate([r.grade.passed if r.grade else None for r in graded], min_rate=cfg.gates.min_pass_rate)
+        gates.append(_gate(pr))
+        cr.pass_rate = pr.figures.get("rate")
+        cr.pass_ci = (pr.figures["ci_low"], pr.figures["ci_high"]) if pr.figures.get("graded") else None
+        cr.gates = gates
+        checked = [GateResult(g.name, bool(g.passed), g.reason, g.figures) for g in gates if g.passed is not None]
+        cr.comparable, cr.comparable_reason = comparable(checked)
+
+
+def _pass_rate_sample(records: list[RequestRecord], bc: BenchConfig | None) -> list[RequestRecord]:
+    """Graded conversations. Greedy outputs repeat across load levels, so count each question once."""
+    last = [r for r in records if r.turn == r.turns and r.status == "ok"]
+    if bc is None or not bc.greedy:
+        return last
+    seen: dict[str, RequestRecord] = {}
+    for r in sorted(last, key=lambda r: (r.load, r.item)):
+        seen.setdefault(r.question_id, r)
+    return list(seen.values())
+
+
+def run_benchmark(config: RunConfig, *, run_dir: str | Path | None = None, console: Console | None = None,
+                  show_progress: bool = True) -> tuple[RunResult, Path]:
+    """Start a new run; returns its results and directory."""
+    run_id = config.run_id or new_run_id()
+    path = Path(run_dir) if run_dir is not None else Path(config.output_dir) / run_id
+    result = Runner(config, path, console=console, show_progress=show_progress).run()
+    return result, path
+
+
+def resume_benchmark(run_dir: str | Path, *, console: Console | None = None,
+                     show_progress: bool = True) -> tuple[RunResult, Path]:
+    """Continue an interrupted run with the configuration it recorded."""
+    run = load_run(run_dir)
+    config = parse_run_config(run.conditions.config, source=f"{run_dir}/run.json")
+    result = Runner(config, run_dir, resume=True, console=console, show_progress=show_progress).run()
+    return result, Path(run_dir)

@@ -1,0 +1,137 @@
+"""Terminal tables of a run (end of `bench`, `show`) and of two runs side by side (`diff`)."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from specledger.bench.results import Aggregate, ConfigResult, RunResult
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.1f}"
+
+
+def _f(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _acc(a: Aggregate) -> str:
+    return " ".join(f"{x.name} {x.rate:.0%}" for x in a.acceptance if x.rate is not None) or "-"
+
+
+def conditions_line(run: RunResult) -> str:
+    c = run.conditions
+    parts = [f"run {run.run_id} ({run.status})", f"python {c.python}", f"torch {c.torch}",
+             f"specledger {c.specledger}", c.cpu_model or "cpu ?", f"{c.torch_threads} threads"]
+    if c.gpu:
+        parts.append(c.gpu)
+    parts.append(f"energy: {c.energy}")
+    return " | ".join(str(p) for p in parts)
+
+
+def run_table(run: RunResult) -> Table:
+    t = Table(title="Per configuration and load level (latencies in ms; tok/s over the measurement phase)",
+              title_justify="left")
+    for col in ("config", "strategy", "load", "ok/failed", "TTFT p50", "TTFT p99", "TPOT p50", "ITL p50",
+                "ITL p99", "e2e p50", "tok/s", "req/s", "goodput", "tau", "acceptance", "pass", "comparable"):
+        t.add_column(col, justify="left" if col in ("config", "strategy", "load", "acceptance", "comparable")
+                     else "right")
+    for c in run.configs:
+        for lr in c.loads:
+            a = lr.aggregate
+            pass_rate = "-" if c.pass_rate is None else f"{c.pass_rate:.0%}"
+            comp = Text("yes", style="green") if c.comparable else Text("no", style="red")
+            t.add_row(c.name, c.strategy, lr.load, f"{a.requests_ok}/{a.requests_failed}",
+                      _ms(a.ttft.p50), _ms(a.ttft.p99), _ms(a.tpot.p50), _ms(a.itl.p50), _ms(a.itl.p99),
+                      _ms(a.e2e.p50), _f(a.output_tok_s, "{:.1f}"), _f(a.requests_s), _f(a.goodput_rps),
+                      _f(a.tau), _acc(a), pass_rate, comp)
+    return t
+
+
+def _reference(run: RunResult, c: ConfigResult) -> ConfigResult | None:
+    key = (c.backend, c.model, c.dtype, c.quant)
+    return next((o for o in run.configs if o.strategy == "ar" and (o.backend, o.model, o.dtype, o.quant) == key),
+                None)
+
+
+def category_table(run: RunResult) -> Table:
+    """tau and speed-up (tok/s vs the `ar` configuration of the same target) per category."""
+    t = Table(title="Per category (speed-up: output tok/s vs autoregressive, same target and load)",
+              title_justify="left")
+    for col in ("config", "load", "category", "requests", "tok/s", "tau", "speed-up", "pass"):
+        t.add_column(col, justify="left" if col in ("config", "load", "category") else "right")
+    for c in run.configs:
+        ref = _reference(run, c)
+        for lr in c.loads:
+            ref_lr = next((x for x in ref.loads if x.load == lr.load), None) if ref else None
+            for cat, a in lr.by_category.items():
+                ra = ref_lr.by_category.get(cat) if ref_lr else None
+                speed = (a.output_tok_s / ra.output_tok_s) if ra and ra.output_tok_s and a.output_tok_s else None
+                passed = f"{a.passed}/{a.graded}" if a.graded else "-"
+                t.add_row(c.name, lr.load, cat, str(a.requests_ok), _f(a.output_tok_s, "{:.1f}"), _f(a.tau),
+                          _f(speed, "{:.2f}x"), passed)
+    return t
+
+
+def gates_text(run: RunResult) -> Text:
+    out = Text()
+    for c in run.configs:
+        for g in c.gates:
+            mark = {True: ("pass", "green"), False: ("FAIL", "red"), None: ("n/a", "dim")}[g.passed]
+            out.append(f"{c.name} ", style="bold")
+            out.append(f"{g.name} ")
+            out.append(mark[0], style=mark[1])
+            out.append(f": {g.reason}\n")
+    for n in run.notes:
+        out.append(f"note: {n}\n", style="dim")
+    return out
+
+
+def render_run(run: RunResult, *, categories: bool = True) -> Group:
+    parts = [Text(conditions_line(run), style="dim"), run_table(run)]
+    if categories and any(lr.by_category for c in run.configs for lr in c.loads):
+        parts.append(category_table(run))
+    parts.append(gates_text(run))
+    return Group(*parts)
+
+
+def print_run(run: RunResult, console: Console | None = None) -> None:
+    (console or Console()).print(render_run(run))
+
+
+_DIFF = (
+    ("TTFT p50 ms", lambda a: a.ttft.p50, 1000), ("TTFT p99 ms", lambda a: a.ttft.p99, 1000),
+    ("TPOT p50 ms", lambda a: a.tpot.p50, 1000), ("ITL p99 ms", lambda a: a.itl.p99, 1000),
+    ("e2e p50 ms", lambda a: a.e2e.p50, 1000), ("tok/s", lambda a: a.output_tok_s, 1),
+    ("req/s", lambda a: a.requests_s, 1), ("tau", lambda a: a.tau, 1),
+    ("failed", lambda a: float(a.requests_failed), 1),
+)
+
+
+def diff_table(a: RunResult, b: RunResult) -> Table:
+    """Aggregates of configurations present in both runs (same name and load level): A, B and B/A."""
+    t = Table(title=f"A = {a.run_id}   B = {b.run_id}", title_justify="left")
+    for col in ("config", "load", "metric", "A", "B", "B/A"):
+        t.add_column(col, justify="left" if col in ("config", "load", "metric") else "right")
+    matched = 0
+    for ca in a.configs:
+        cb = b.config(ca.name)
+        if cb is None:
+            continue
+        for la in ca.loads:
+            lb = next((x for x in cb.loads if x.load == la.load), None)
+            if lb is None:
+                continue
+            matched += 1
+            for i, (name, get, scale) in enumerate(_DIFF):
+                va, vb = get(la.aggregate), get(lb.aggregate)
+                ratio = f"{vb / va:.2f}" if va and vb is not None else "-"
+                fmt = "{:.1f}" if scale != 1 or name == "tok/s" else "{:.2f}"
+                t.add_row(ca.name if i == 0 else "", la.load if i == 0 else "", name,
+                          _f(None if va is None else va * scale, fmt), _f(None if vb is None else vb * scale, fmt),
+                          ratio, end_section=i == len(_DIFF) - 1)
+    if not matched:
+        t.caption = "no configuration (name and load level) appears in both runs"
+    return t

@@ -1,0 +1,121 @@
+"""`specledger generate`: one prompt through any strategy, streamed, with its statistics."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from specledger.errors import BadInput
+
+console = Console(stderr=True)
+
+
+def parse_params(items: list[str]) -> dict:
+    """key=value pairs; values become int/float/bool where they parse as such."""
+    out: dict = {}
+    for item in items:
+        if "=" not in item:
+            raise BadInput(f"strategy parameter {item!r} is not key=value")
+        k, v = item.split("=", 1)
+        low = v.lower()
+        if low in ("true", "false"):
+            out[k] = low == "true"
+            continue
+        for conv in (int, float):
+            try:
+                out[k] = conv(v)
+                break
+            except ValueError:
+                pass
+        else:
+            out[k] = v
+    return out
+
+
+def model_role(model: Optional[str], dtype: Optional[str], quant: str, group_size: int) -> Optional[dict]:
+    if model is None:
+        return None
+    return {"model": model, "dtype": dtype, "quant": quant, "group_size": group_size}
+
+
+def generate_cmd(
+    prompt: str = typer.Argument(..., help="the prompt (a user message; --raw for plain text)"),
+    model: str = typer.Option("smollm2-135m", help="model name, .gguf file or HF model directory"),
+    dtype: Optional[str] = typer.Option(None, help="fp32 | bf16 | fp16 (default: fp32, or bf16 when quantized)"),
+    quant: str = typer.Option("none", help="none | int8 (W8A16) | int4 (W4A16)"),
+    group_size: int = typer.Option(32, help="int4 group size"),
+    device: str = typer.Option("cpu", help="cpu | cuda"),
+    strategy: str = typer.Option("ar", help="ar | lookup | draft | eagle | hier"),
+    param: list[str] = typer.Option([], "--param", "-p", help="strategy parameter key=value (repeatable), e.g. -p num_tokens=6"),
+    draft_model: Optional[str] = typer.Option(None, help="draft strategy: the draft model (name/path; 'target' = the same file)"),
+    draft_dtype: Optional[str] = typer.Option(None),
+    draft_quant: str = typer.Option("none", help="quantization of the draft model"),
+    intermediate_model: Optional[str] = typer.Option(None, help="hier strategy: the intermediate model ('target' = the same file)"),
+    intermediate_dtype: Optional[str] = typer.Option(None),
+    intermediate_quant: str = typer.Option("none", help="quantization of the intermediate model"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
+    temperature: float = typer.Option(0.0, help="0 = greedy"),
+    top_k: int = typer.Option(0),
+    top_p: float = typer.Option(1.0),
+    seed: int = typer.Option(0),
+    stop: list[str] = typer.Option([], help="stop string (repeatable)"),
+    raw: bool = typer.Option(False, help="plain text prompt, no chat template"),
+    stream: bool = typer.Option(True, help="stream tokens to the terminal"),
+) -> None:
+    """Generate text with the native engine and print tau, per-level acceptance and speed after it."""
+    from specledger.decoding.factory import make_strategy
+    from specledger.decoding.generate import generate
+    from specledger.decoding.sampling import SamplingParams
+    from specledger.engine.loader import load_model
+
+    if not prompt.strip():
+        raise BadInput("empty prompt")
+    sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop)
+    params = parse_params(param)
+    if draft_model:
+        params["draft"] = model_role(draft_model, draft_dtype, draft_quant, group_size)
+    if intermediate_model:
+        params["intermediate"] = model_role(intermediate_model, intermediate_dtype, intermediate_quant, group_size)
+    with console.status("loading model"):
+        lm = load_model(model, dtype=dtype, quant=quant, group_size=group_size, device=device)
+        strat = make_strategy(strategy, lm, **params)
+    tok = lm.tokenizer
+    ids = tok.encode(prompt) if raw else tok.chat([{"role": "user", "content": prompt}])
+    printed = 0
+    out: list[int] = []
+
+    def on_tokens(new: list[int], _t: float) -> None:
+        nonlocal printed
+        out.extend(new)
+        text = tok.decode(out)
+        if stream and not text.endswith("\ufffd"):
+            sys.stdout.write(text[printed:])
+            sys.stdout.flush()
+            printed = len(text)
+
+    res = generate(strat, ids, sp, on_tokens=on_tokens if stream else None)
+    if stream:
+        sys.stdout.write(res.text[printed:] if len(res.text) >= printed else "")
+        sys.stdout.write("\n")
+    else:
+        print(res.text)
+    t = Table(title=f"{strat.name} on {lm.label}", show_header=True)
+    for col in ("prompt tok", "output tok", "TTFT s", "prefill s", "draft prefill s", "decode tok/s", "e2e tok/s", "steps", "tau", "finish"):
+        t.add_column(col, justify="right")
+    t.add_row(str(res.prompt_tokens), str(len(res.token_ids)), f"{res.ttft_s:.3f}", f"{res.prefill_s:.3f}",
+              f"{res.draft_prefill_s:.3f}", f"{res.decode_tok_s or 0:.1f}", f"{res.e2e_tok_s:.1f}", str(res.steps),
+              f"{res.tau:.2f}" if res.tau else "-", res.finish_reason)
+    console.print(t)
+    for lv in res.levels:
+        acc = f"{lv.acceptance:.1%}" if lv.acceptance is not None else "-"
+        console.print(f"level {lv.name}: proposed {lv.proposed}, accepted {lv.accepted} ({acc}), {lv.time_s:.3f} s drafting")
+    if res.params:
+        console.print(f"params: {res.params}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("generate")(generate_cmd)

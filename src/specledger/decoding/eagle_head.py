@@ -1,0 +1,224 @@
+"""The EAGLE draft head: (token embedding, target feature) -> one decoder layer -> next feature.
+
+Entry i of the head pairs f_i, the target's final-normed hidden state at position i, with
+the embedding of token i+1, and predicts f_{i+1}; the target's own frozen LM head turns
+that into the distribution of token i+2. Embeddings, LM head and RoPE tables are borrowed
+from the target at call time, so the saved file holds only the head's own weights.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specledger.engine.config import ModelConfig
+from specledger.engine.kv_cache import KVCache
+from specledger.engine.loader import LoadedModel
+from specledger.engine.model import Block, Transformer
+from specledger.errors import BadInput
+
+FORMAT = "specledger-eagle-head"
+
+
+@dataclass
+class HeadConfig:
+    hidden_size: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    target_name: str = ""
+    target_vocab: int = 0
+    target_hidden: int = 0
+    attn_norm: bool = True  # public EAGLE-1 heads skip the first layer's input norm
+    fc_bias: bool = True
+
+    @classmethod
+    def for_target(cls, lm: LoadedModel) -> "HeadConfig":
+        """The head's layer has the target's layer shape (as in EAGLE)."""
+        c = lm.config
+        return cls(c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size, c.rms_eps, c.rope_theta,
+                   lm.name, c.vocab_size, c.hidden_size)
+
+    def block_config(self) -> ModelConfig:
+        return ModelConfig(self.target_vocab, self.hidden_size, self.intermediate_size, 1, self.n_heads,
+                           self.n_kv_heads, self.head_dim, 0, self.rope_theta, self.rms_eps)
+
+
+class EagleHead(nn.Module):
+    def __init__(self, cfg: HeadConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=cfg.fc_bias)
+        self.block = Block(cfg.block_config())
+        if not cfg.attn_norm:
+            self.block.attention_norm = nn.Identity()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def check_target(self, lm: LoadedModel) -> None:
+        """A head only makes sense on features and a vocabulary of the shape it was trained on."""
+        c = self.cfg
+        if (c.target_hidden, c.target_vocab) != (lm.config.hidden_size, lm.config.vocab_size):
+            raise BadInput(
+                f"EAGLE head for {c.target_name or 'another model'} (hidden {c.target_hidden}, vocab {c.target_vocab}) "
+                f"does not fit target {lm.label} (hidden {lm.config.hidden_size}, vocab {lm.config.vocab_size})"
+            )
+
+    def new_cache(self, max_len: int, batch: int = 1, device: torch.device | str = "cpu") -> KVCache:
+        c = self.cfg
+        return KVCache(1, c.n_kv_heads, c.head_dim, max_len, batch=batch, dtype=self.dtype, device=device)
+
+    def hidden(
+        self,
+        base: Transformer,
+        tokens: torch.Tensor,
+        features: torch.Tensor,
+        cache: KVCache,
+        *,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Feed n entries (B, n) tokens + (B, n, H) features on top of the cache; return predicted features.
+
+        positions/mask as in Transformer.hidden (default: consecutive after the cache, causal).
+        """
+        b, n = tokens.shape
+        start = cache.length
+        if start + n > cache.max_len:
+            raise BadInput(f"draft head context of {cache.max_len} entries exceeded ({start + n})")
+        pos = torch.arange(start, start + n, device=tokens.device) if positions is None else positions
+        cos, sin = base.rope_cos[pos].to(self.dtype), base.rope_sin[pos].to(self.dtype)
+        cos, sin = (cos[None, None], sin[None, None]) if cos.dim() == 2 else (cos[:, None], sin[:, None])
+        if mask is None and n > 1:
+            mask = torch.ones(n, start + n, dtype=torch.bool, device=tokens.device).tril(diagonal=start)
+        emb = base.tok_embeddings(tokens).to(self.dtype)
+        x = self.fc(torch.cat([emb, features.to(self.dtype)], dim=-1))
+        x = self.block(x, cos, sin, cache, 0, start, mask)
+        cache.length = start + n
+        return x
+
+
+# --- saving and loading -------------------------------------------------------------------------
+
+
+def save_head(head: EagleHead, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """A directory with model.safetensors (the head's own weights only) and config.json."""
+    from safetensors.torch import save_file
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().to(dtype).contiguous() for k, v in head.state_dict().items()}
+    save_file(sd, str(out / "model.safetensors"))
+    cfg = {"format": FORMAT, **asdict(head.cfg), "dtype": str(dtype).removeprefix("torch.")}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return out
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    st = path / "model.safetensors"
+    if not st.exists():
+        found = sorted(path.glob("*.safetensors"))
+        st = found[0] if len(found) == 1 else st
+    if st.exists():
+        from safetensors.torch import load_file
+
+        return load_file(str(st))
+    bin_ = path / "pytorch_model.bin"
+    if bin_.exists():
+        return torch.load(bin_, map_location="cpu", weights_only=True)
+    raise BadInput(f"{path}: no model.safetensors or pytorch_model.bin in the EAGLE head directory")
+
+
+def _public_config(c: dict, sd: dict[str, torch.Tensor]) -> HeadConfig:
+    try:
+        h, nh = int(c["hidden_size"]), int(c["num_attention_heads"])
+        return HeadConfig(
+            hidden_size=h,
+            n_heads=nh,
+            n_kv_heads=int(c.get("num_key_value_heads") or nh),
+            head_dim=int(c.get("head_dim") or h // nh),
+            intermediate_size=int(c["intermediate_size"]),
+            rms_eps=float(c.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(c.get("rope_theta", 10000.0)),
+            target_name=str(c.get("_name_or_path", "")),
+            target_vocab=int(c["vocab_size"]),
+            target_hidden=h,
+            attn_norm="layers.0.input_layernorm.weight" in sd,
+            fc_bias="fc.bias" in sd,
+        )
+    except KeyError as exc:
+        raise BadInput(f"EAGLE head config.json lacks {exc.args[0]!r}") from None
+
+
+def _public_state(sd: dict[str, torch.Tensor], cfg: HeadConfig) -> dict[str, torch.Tensor]:
+    """Public EAGLE names (fc, layers.0.self_attn.q_proj, ...) -> this module's (fused QKV, gate/up)."""
+    p = "layers.0."
+    extra = [k for k in sd if k.startswith("layers.") and not k.startswith(p)]
+    if extra:
+        raise BadInput(f"EAGLE heads with more than one decoder layer are not supported (found {extra[0]})")
+    try:
+        out = {
+            "fc.weight": sd["fc.weight"],
+            "block.attention.wqkv.weight": torch.cat([sd[p + f"self_attn.{x}_proj.weight"] for x in "qkv"]),
+            "block.attention.wo.weight": sd[p + "self_attn.o_proj.weight"],
+            "block.ffn_norm.weight": sd[p + "post_attention_layernorm.weight"],
+            "block.feed_forward.w13.weight": torch.cat([sd[p + f"mlp.{x}_proj.weight"] for x in ("gate", "up")]),
+            "block.feed_forward.w2.weight": sd[p + "mlp.down_proj.weight"],
+        }
+    except KeyError as exc:
+        raise BadInput(f"EAGLE head weights lack tensor {exc.args[0]!r}") from None
+    if cfg.fc_bias:
+        out["fc.bias"] = sd["fc.bias"]
+    if cfg.attn_norm:
+        out["block.attention_norm.weight"] = sd[p + "input_layernorm.weight"]
+    emb = sd.get("embed_tokens.weight")
+    if emb is not None and tuple(emb.shape) != (cfg.target_vocab, cfg.target_hidden):
+        raise BadInput(f"EAGLE head embed_tokens has shape {tuple(emb.shape)}, config says ({cfg.target_vocab}, {cfg.target_hidden})")
+    return out
+
+
+def load_head(path: str | Path, target: LoadedModel | None = None, dtype: torch.dtype | None = None) -> EagleHead:
+    """Load a head saved by save_head, or one in the public EAGLE layout; check it fits `target`."""
+    path = Path(path).expanduser()
+    if not (path / "config.json").is_file():
+        raise BadInput(f"{path}: not an EAGLE head directory (no config.json)")
+    try:
+        c = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BadInput(f"{path / 'config.json'}: cannot read ({exc})") from None
+    sd = _read_weights(path)
+    if c.get("format") == FORMAT:
+        cfg = HeadConfig(**{f.name: c[f.name] for f in fields(HeadConfig) if f.name in c})
+    else:
+        sd = {k.removeprefix("model."): v for k, v in sd.items()}
+        if "fc.weight" not in sd or any(k.startswith("midlayer.") for k in sd):
+            raise BadInput(f"{path}: not an EAGLE(-1/2) head (expected fc.* and layers.0.* weights)")
+        cfg = _public_config(c, sd)
+        if tuple(sd["fc.weight"].shape) != (cfg.hidden_size, 2 * cfg.hidden_size):
+            raise BadInput(f"{path}: fc.weight has shape {tuple(sd['fc.weight'].shape)}, expected ({cfg.hidden_size}, {2 * cfg.hidden_size})")
+        sd = _public_state(sd, cfg)
+    head = EagleHead(cfg)
+    try:
+        head.load_state_dict({k: v.float() for k, v in sd.items()})
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()
+        raise BadInput(f"{path}: head weights do not match its config ({first[-1].strip() if first else exc})") from None
+    if target is not None:
+        head.check_target(target)
+        dtype = dtype or target.model.dtype
+    return head.to(dtype or torch.float32).eval().requires_grad_(False)
+
+
+def shipped_head_dir(model_name: str) -> Path:
+    """Where the package keeps the trained head for an embedded model."""
+    return Path(__file__).resolve().parent.parent / "data" / "heads" / model_name

@@ -1,0 +1,76 @@
+"""`specledger models` and `specledger quality`."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from specledger.engine.registry import KNOWN_MODELS, known_model_path
+
+console = Console()
+
+
+def models() -> None:
+    """List the models specledger knows by name, with size and where the file is."""
+    t = Table(title="models")
+    for col in ("name", "parameters", "file bytes", "where / how to install", "description"):
+        t.add_column(col)
+    for m in KNOWN_MODELS.values():
+        p = known_model_path(m)
+        if p is None:
+            t.add_row(m.name, "-", "-", f"not installed: {m.install}", m.description)
+            continue
+        from specledger.engine import gguf_loader
+
+        cfg = gguf_loader.read_config(gguf_loader.open_gguf(p), p)
+        t.add_row(m.name, f"{cfg.n_params / 1e6:.1f}M", f"{p.stat().st_size:,}", str(p), m.description)
+    console.print(t)
+    console.print("Any Llama-family .gguf file or Hugging Face model directory can also be passed as --model PATH.")
+
+
+def quality(
+    model: str = typer.Option("smollm2-135m", help="model name or path"),
+    quant: str = typer.Option("int4", help="quantization to measure: int8 | int4 | none"),
+    dtype: Optional[str] = typer.Option(None, help="candidate activations dtype (default: bf16 when quantized)"),
+    group_size: int = typer.Option(32, help="int4 group size (must divide the input widths)"),
+    reference_dtype: str = typer.Option("fp32", help="dtype of the unquantized reference"),
+    text: Optional[str] = typer.Option(None, help="text file to read (default: a built-in mixed-domain text)"),
+    json_out: Optional[str] = typer.Option(None, "--json", help="also write the figures to this JSON file"),
+) -> None:
+    """Teacher-forced top-1 agreement, mean KL and perplexity of a quantized/low-precision model vs the reference."""
+    from specledger.engine.loader import load_model
+    from specledger.errors import BadInput
+    from specledger.quality.agreement import compare, default_text
+
+    if text:
+        try:
+            body = open(text, encoding="utf-8").read()
+        except OSError as exc:
+            raise BadInput(f"cannot read text file {text}: {exc.strerror}") from None
+    else:
+        body = default_text()
+    with console.status("loading models"):
+        ref = load_model(model, dtype=reference_dtype)
+        cand = load_model(model, dtype=dtype, quant=quant, group_size=group_size)
+    ids = ref.tokenizer.encode(body)
+    with console.status(f"reading {len(ids)} tokens with both models"):
+        a = compare(ref, cand, ids)
+    t = Table(title=f"{cand.label} vs {ref.label}")
+    for col in ("tokens", "top-1 agreement", "mean KL (nats)", "ppl reference", "ppl candidate", "weight bytes"):
+        t.add_column(col, justify="right")
+    t.add_row(str(a.tokens), f"{a.top1_agreement:.2%}", f"{a.mean_kl:.4f}", f"{a.ppl_reference:.2f}",
+              f"{a.ppl_candidate:.2f}", f"{cand.weight_bytes:,} (ref {ref.weight_bytes:,})")
+    console.print(t)
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump({"reference": ref.label, "candidate": cand.label, **a.as_dict(),
+                       "weight_bytes": cand.weight_bytes, "reference_weight_bytes": ref.weight_bytes}, f, indent=2)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(models)
+    app.command()(quality)

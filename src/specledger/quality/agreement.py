@@ -1,0 +1,48 @@
+"""Teacher-forced comparison of a candidate model (quantized, lower precision) with a reference.
+
+Both read the same text; at every position we compare their next-token distributions.
+This is what says whether two precisions of a model are the same model for a workload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from importlib import resources
+
+import torch
+
+from specledger.engine.loader import LoadedModel
+
+
+@dataclass
+class Agreement:
+    tokens: int
+    top1_agreement: float  # share of positions where both argmaxes are equal
+    mean_kl: float  # mean KL(reference || candidate), nats
+    ppl_reference: float
+    ppl_candidate: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_text() -> str:
+    return resources.files("specledger.data").joinpath("quality_text.txt").read_text()
+
+
+@torch.inference_mode()
+def _logprobs(lm: LoadedModel, ids: list[int]) -> torch.Tensor:
+    cache = lm.model.new_cache(len(ids))
+    x = torch.tensor([ids], device=lm.model.device)
+    return torch.log_softmax(lm.model(x, cache)[0].float().cpu(), dim=-1)
+
+
+def compare(reference: LoadedModel, candidate: LoadedModel, ids: list[int]) -> Agreement:
+    ids = ids[: min(reference.config.max_seq_len, candidate.config.max_seq_len)]
+    lp_r, lp_c = _logprobs(reference, ids), _logprobs(candidate, ids)
+    agree = (lp_r.argmax(-1) == lp_c.argmax(-1)).float().mean().item()
+    kl = (lp_r.exp() * (lp_r - lp_c)).sum(-1).mean().item()
+    nxt = torch.tensor(ids[1:])
+    nll_r = -lp_r[:-1].gather(1, nxt[:, None]).mean().item()
+    nll_c = -lp_c[:-1].gather(1, nxt[:, None]).mean().item()
+    return Agreement(len(ids), agree, kl, float(torch.tensor(nll_r).exp()), float(torch.tensor(nll_c).exp()))

@@ -1,0 +1,200 @@
+"""Static charts of the report: matplotlib figures rendered to inline SVG (text kept as text)."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections import defaultdict
+
+import numpy as np
+from matplotlib import rcParams
+from matplotlib.figure import Figure
+
+from specledger.ledger.measurements import ConfigMeasurement
+from specledger.ledger.price import LedgerResult
+
+rcParams["svg.fonttype"] = "none"
+rcParams["svg.hashsalt"] = "specledger"  # stable ids: the same data gives the same file
+PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD"]
+
+
+def svg(fig: Figure) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    text = buf.getvalue()
+    text = re.sub(r"^.*?(<svg)", r"\1", text, count=1, flags=re.S)
+    return re.sub(r"<metadata>.*?</metadata>", "", text, count=1, flags=re.S)
+
+
+def _figure(w: float = 7.5, h: float = 3.4) -> Figure:
+    fig = Figure(figsize=(w, h))
+    return fig
+
+
+def _grouped_bars(ax, groups: list[str], series: dict[str, list[float | None]], ylabel: str) -> None:
+    n = max(len(series), 1)
+    width = 0.8 / n
+    x = np.arange(len(groups))
+    for i, (name, vals) in enumerate(series.items()):
+        ys = [np.nan if v is None else v for v in vals]
+        ax.bar(x + (i - (n - 1) / 2) * width, ys, width, label=name, color=PALETTE[i % len(PALETTE)])
+    ax.set_xticks(x, groups, rotation=20, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7, ncol=min(n, 3), frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+
+
+def _first_level(ms: list[ConfigMeasurement]) -> list[ConfigMeasurement]:
+    """Each configuration at its lowest load level (batch-1 speeds, as Spec-Bench reports them)."""
+    best: dict[str, ConfigMeasurement] = {}
+    for m in ms:
+        cur = best.get(m.name)
+        if cur is None or (m.concurrency or 0) < (cur.concurrency or 0):
+            best[m.name] = m
+    return list(best.values())
+
+
+def speedup_by_kind(ledger: LedgerResult) -> str | None:
+    """Speed-up over autoregressive on the same model and precision, per task kind."""
+    ms = _first_level(ledger.measurements)
+    base = {(m.model, m.precision): m for m in ms if m.strategy == "ar"}
+    kinds = sorted({k for m in ms for k in m.by_kind})
+    series = {}
+    for m in ms:
+        b = base.get((m.model, m.precision))
+        if m.strategy == "ar" or b is None:
+            continue
+        vals = []
+        for k in kinds:
+            mk, bk = m.by_kind.get(k), b.by_kind.get(k)
+            vals.append(mk.tok_s / bk.tok_s if mk and bk and mk.tok_s and bk.tok_s else None)
+        series[m.name] = vals
+    if not series or not kinds:
+        return None
+    fig = _figure()
+    ax = fig.add_subplot()
+    _grouped_bars(ax, kinds, series, "speed-up over autoregressive (same precision)")
+    ax.axhline(1.0, color="#444", lw=0.8, ls="--")
+    return svg(fig)
+
+
+def tau_by_kind(ledger: LedgerResult) -> str | None:
+    ms = [m for m in _first_level(ledger.measurements) if m.tau is not None]
+    kinds = sorted({k for m in ms for k in m.by_kind})
+    series = {m.name: [m.by_kind[k].tau if k in m.by_kind else None for k in kinds] for m in ms}
+    series = {k: v for k, v in series.items() if any(x is not None for x in v)}
+    if not series:
+        return None
+    fig = _figure()
+    ax = fig.add_subplot()
+    _grouped_bars(ax, kinds, series, "τ: tokens per target step")
+    ax.axhline(1.0, color="#444", lw=0.8, ls="--")
+    return svg(fig)
+
+
+def verify_curves(ledger: LedgerResult) -> str | None:
+    seen: dict[str, ConfigMeasurement] = {}
+    for m in ledger.measurements:
+        if m.verify_curve and m.name not in seen:
+            seen[m.name] = m
+    if not seen:
+        return None
+    fig = _figure()
+    ax = fig.add_subplot()
+    for i, m in enumerate(seen.values()):
+        pts = sorted(m.verify_curve, key=lambda p: p.tokens)
+        ax.plot([p.tokens for p in pts], [p.ms for p in pts], marker="o", label=f"{m.name} ({m.precision})",
+                color=PALETTE[i % len(PALETTE)])
+    ax.set_xlabel("tokens verified in one forward pass")
+    ax.set_ylabel("forward time (ms)")
+    ax.legend(fontsize=7, frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+    return svg(fig)
+
+
+def latency_distributions(ledger: LedgerResult) -> str | None:
+    ms = _first_level(ledger.measurements)
+    if not any(r.ttft_s is not None for m in ms for r in m.requests):
+        return None
+    fig = _figure(7.5, 3.2)
+    for j, (attr, label) in enumerate((("ttft_s", "TTFT (s)"), ("tpot_s", "TPOT (s)"))):
+        ax = fig.add_subplot(1, 2, j + 1)
+        for i, m in enumerate(ms):
+            vals = np.sort([getattr(r, attr) for r in m.requests if getattr(r, attr) is not None])
+            if vals.size:
+                ax.step(vals, np.arange(1, vals.size + 1) / vals.size, where="post", label=m.name,
+                        color=PALETTE[i % len(PALETTE)])
+        ax.axhline(0.95, color="#999", lw=0.6, ls=":")
+        ax.set_xlabel(label)
+        ax.set_ylabel("share of requests ≤ x" if j == 0 else "")
+        ax.spines[["top", "right"]].set_visible(False)
+        if j == 0:
+            ax.legend(fontsize=6, frameon=False)
+    return svg(fig)
+
+
+def concurrency_sweep(ledger: LedgerResult) -> str | None:
+    by_name: dict[str, list[ConfigMeasurement]] = defaultdict(list)
+    for m in ledger.measurements:
+        if m.concurrency is not None and m.tok_s:
+            by_name[m.name].append(m)
+    swept = {k: sorted(v, key=lambda m: m.concurrency) for k, v in by_name.items() if len(v) >= 2}
+    if not swept:
+        return None
+    fig = _figure(7.5, 3.2)
+    ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    speed = {(r.name, r.load): r.speedup for r in ledger.levels}
+    for i, (name, levels) in enumerate(swept.items()):
+        c = [m.concurrency for m in levels]
+        ax1.plot(c, [m.tok_s for m in levels], marker="o", label=name, color=PALETTE[i % len(PALETTE)])
+        ups = [speed.get((name, m.load)) for m in levels]
+        if any(u is not None for u in ups):
+            ax2.plot(c, [np.nan if u is None else u for u in ups], marker="o", label=name, color=PALETTE[i % len(PALETTE)])
+    ax1.set_xlabel("concurrency")
+    ax1.set_ylabel("output tok/s")
+    ax2.set_xlabel("concurrency")
+    ax2.set_ylabel("speed-up over autoregressive")
+    ax2.axhline(1.0, color="#444", lw=0.8, ls="--")
+    ticks = sorted({m.concurrency for v in swept.values() for m in v})
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
+        ax.spines[["top", "right"]].set_visible(False)
+    ax1.legend(fontsize=6, frameon=False)
+    return svg(fig)
+
+
+def tornado(ledger: LedgerResult, config: str, top: int = 8) -> str | None:
+    swings = ledger.sensitivity.get(config, [])[:top]
+    if not swings:
+        return None
+    base = next((r.total for r in ledger.configs if r.name == config), None)
+    fig = _figure(7.5, 0.45 * len(swings) + 1.0)
+    ax = fig.add_subplot()
+    y = np.arange(len(swings))[::-1]
+    for yi, s in zip(y, swings):
+        lo, hi = s["cost_low"], s["cost_high"]
+        ax.barh(yi, lo - base, left=base, color="#4C72B0", height=0.6)
+        ax.barh(yi, hi - base, left=base, color="#DD8452", height=0.6)
+    ax.set_yticks(y, [f"{s['label']} ({s['basis']})" for s in swings], fontsize=7)
+    ax.axvline(base, color="#222", lw=0.8)
+    ax.set_xlabel(f"cost per accepted task of {config} (blue: input at low, orange: at high)")
+    ax.spines[["top", "right"]].set_visible(False)
+    return svg(fig)
+
+
+def interaction(rows: list[dict]) -> str | None:
+    """Speed-up of each speculative method on each target precision, from measured runs only."""
+    if not rows:
+        return None
+    precisions = sorted({r["precision"] for r in rows}, key=lambda p: (p not in ("fp32", "bf16", "fp16"), p))
+    methods = sorted({r["strategy"] for r in rows}, key=lambda s: (s != "ar", s))
+    series = {}
+    for p in precisions:
+        series[p] = [next((r["speedup"] for r in rows if r["strategy"] == s and r["precision"] == p), None) for s in methods]
+    fig = _figure(7.5, 3.0)
+    ax = fig.add_subplot()
+    _grouped_bars(ax, methods, series, "speed-up over autoregressive\non the same target precision")
+    ax.axhline(1.0, color="#444", lw=0.8, ls="--")
+    return svg(fig)

@@ -1,0 +1,164 @@
+"""The self-contained HTML report: tables, inline SVG charts, and the calculator (inline JS, no network)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import escape
+
+from specledger.ledger.price import ConfigCost, LedgerResult
+from specledger.report import charts
+from specledger.report.terminal import money
+
+ASSETS = Path(__file__).with_name("assets")
+CHART_SECTIONS = [
+    ("speedup_by_kind", "Speed-up by task kind", "No speculative configuration has an autoregressive baseline on the same precision."),
+    ("tau_by_kind", "τ by task kind", "No configuration reported verification steps."),
+    ("latency", "Latency distributions (TTFT, TPOT; dotted line: p95)", "The run has no per-request latencies."),
+    ("concurrency", "Throughput and speed-up vs concurrency", "The run did not sweep concurrency."),
+    ("verify_curves", "Verification cost: forward time vs tokens verified",
+     "This run recorded no verification-cost curve (forward time for k tokens per configuration)."),
+]
+
+
+def _f(v: float | None, fmt: str, suffix: str = "") -> str:
+    return "–" if v is None else format(v, fmt) + suffix
+
+
+def _row(r: ConfigCost) -> dict:
+    s = r.shares
+    return {
+        "name": r.name, "precision": r.precision, "load": r.load, "tok_s": _f(r.tok_s, ".1f"),
+        "speedup": _f(r.speedup, ".2f", "×"), "ttft": f"{_f(r.ttft_p50, '.2f')} / {_f(r.ttft_p95, '.2f')}",
+        "tau": _f(r.tau, ".2f"), "pass_rate": f"{_f(r.pass_rate, '.0%')} ({r.pass_rate_source})",
+        "per_m": money(r.per_million_tokens), "total": "∞" if r.infinite else money(r.total),
+        "total_raw": "inf" if r.infinite else ("" if r.total is None else repr(r.total)),
+        "interval": "–" if r.p5 is None else f"{money(r.mean)} [{money(r.p5)}–{money(r.p95)}]",
+        "p_cheapest": _f(r.p_cheapest, ".0%"),
+        "shares": f"{s['compute']:.0%} / {s['labour']:.0%} / {s['maintenance']:.0%}" if s else "–",
+        "verdict": r.verdict, "verdict_detail": r.verdict_detail,
+    }
+
+
+def interaction_rows(ledger: LedgerResult) -> list[dict]:
+    """Per configuration at its lowest load: speed-up over ar on its own precision and over the reference."""
+    first: dict[str, object] = {}
+    for m in ledger.measurements:
+        cur = first.get(m.name)
+        if cur is None or (m.concurrency or 0) < (cur.concurrency or 0):
+            first[m.name] = m
+    ms = list(first.values())
+    ar = {(m.model, m.precision, m.load): m for m in ms if m.strategy == "ar" and m.tok_s}
+    ref = first.get(ledger.reference) if ledger.reference else None
+    out = []
+    for m in ms:
+        base = ar.get((m.model, m.precision, m.load))
+        if base is None or not m.tok_s:
+            continue
+        vs_ref = None
+        if ref is not None and ref.tok_s and ref.model == m.model and ref.load == m.load:
+            vs_ref = m.tok_s / ref.tok_s
+        out.append({"name": m.name, "strategy": m.strategy, "precision": m.precision,
+                    "speedup": m.tok_s / base.tok_s, "vs_reference": vs_ref, "comparable": m.comparable})
+    return out
+
+
+def _interaction_table(rows: list[dict]) -> tuple[list[str], list[dict]]:
+    precisions = sorted({r["precision"] for r in rows}, key=lambda p: (p not in ("fp32", "bf16", "fp16"), p))
+    methods = sorted({r["strategy"] for r in rows}, key=lambda s: (s != "ar", s))
+    table = []
+    for s in methods:
+        cells = []
+        for p in precisions:
+            hits = [r for r in rows if r["strategy"] == s and r["precision"] == p]
+            if not hits:
+                cells.append('<span class="note">not measured</span>')
+                continue
+            parts = []
+            for h in hits:
+                ref = "" if h["vs_reference"] is None else f" · {h['vs_reference']:.2f}× vs ref."
+                flag = "" if h["comparable"] else ", not comparable"
+                parts.append(f"{h['speedup']:.2f}×{ref} <span class=\"note\">{escape(h['name'])}{flag}</span>")
+            cells.append("<br>".join(parts))
+        table.append({"method": "autoregressive (quantization alone)" if s == "ar" else s, "cells": cells})
+    return precisions, table
+
+
+def _conditions(run_dir: str | Path) -> tuple[str, str, str]:
+    """Run id, creation time and a one-line description of the machine, when run.json is readable."""
+    try:
+        from specledger.bench.results import load_run
+
+        run = load_run(run_dir)
+    except Exception:  # the report still renders from the ledger alone
+        return Path(str(run_dir)).name or "run", "", ""
+    c = run.conditions
+    bits = [b for b in (c.cpu_model, f"{c.cpu_count} CPUs" if c.cpu_count else None, c.gpu,
+                        f"torch {c.torch}" if c.torch else None, f"energy: {c.energy}") if b]
+    return run.run_id, run.created.strftime("%Y-%m-%d %H:%M UTC"), " · ".join(bits)
+
+
+def _json_for_script(obj: object) -> str:
+    text = json.dumps(obj, allow_nan=False, default=lambda o: None)
+    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def _clean(obj: object) -> object:
+    """JSON has no Infinity/NaN: the page treats null as 'not available'."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> str:
+    run_id, created, conditions = _conditions(run_dir or ledger.run_dir)
+    cheapest = next((r.name for r in ledger.configs if r.verdict == "cheapest"), None)
+    tornado_config = cheapest or next((r.name for r in ledger.configs if r.total is not None), None)
+    inter = interaction_rows(ledger)
+    precisions, inter_table = _interaction_table(inter)
+    figs = {
+        "tornado": charts.tornado(ledger, tornado_config) if tornado_config else None,
+        "interaction": charts.interaction(inter),
+        "speedup_by_kind": charts.speedup_by_kind(ledger),
+        "tau_by_kind": charts.tau_by_kind(ledger),
+        "latency": charts.latency_distributions(ledger),
+        "concurrency": charts.concurrency_sweep(ledger),
+        "verify_curves": charts.verify_curves(ledger),
+    }
+    levels = []
+    if len(ledger.levels) > len(ledger.configs):
+        for r in ledger.levels:
+            levels.append({"name": r.name, "load": r.load, "tok_s": _f(r.tok_s, ".1f"), "speedup": _f(r.speedup, ".2f", "×"),
+                           "ttft_p95": _f(r.ttft_p95, ".2f"), "tpot_p95": _f(r.tpot_p95, ".3f"),
+                           "dsec": _f(r.device_seconds_per_call, ".3g"), "total": "∞" if r.infinite else money(r.total),
+                           "objectives": "met" if r.feasible else "; ".join(r.misses)})
+    break_even = [{"config_a": b.config_a, "config_b": b.config_b, "field": b.field, "current": _f(b.current, ".4g"),
+                   "value": _f(b.value, ".4g"), "note": b.note} for b in ledger.break_even]
+    env = Environment(loader=FileSystemLoader(str(ASSETS)), autoescape=select_autoescape(["html", "j2"]))
+    return env.get_template("report.html.j2").render(
+        title=Path(str(ledger.run_dir)).name or run_id, run_id=run_id, created=created, conditions=conditions,
+        ledger=ledger, rows=[_row(r) for r in ledger.configs], levels=levels, break_even=break_even,
+        charts=figs, tornado_config=tornado_config, chart_sections=CHART_SECTIONS,
+        interaction_rows=inter, interaction_table=inter_table, precisions=precisions, reference=ledger.reference,
+        data_json=_json_for_script(_clean({"calculator": ledger.calculator})),
+        calculator_js=(ASSETS / "calculator.js").read_text(encoding="utf-8"),
+        page_js=(ASSETS / "page.js").read_text(encoding="utf-8"),
+    )
+
+
+def write_report(run_dir: str | Path, ledger_result: LedgerResult, out_path: str | Path) -> Path:
+    """Write the report as one HTML file (written to a temporary name, then moved into place)."""
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    html = render_report(ledger_result, run_dir)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(html, encoding="utf-8")
+    tmp.replace(out)
+    return out

@@ -1,0 +1,451 @@
+"""The OpenAI-compatible HTTP server: FastAPI routes over one engine worker, run by uvicorn.
+
+Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming as server-sent events
+ending in `data: [DONE]`, or one JSON body), GET /v1/models, GET /health, GET /metrics.
+
+Every completed response carries an extension field `specledger` (in the body, or in the last
+chunk of a stream: the usage chunk when `stream_options.include_usage` is set, else the chunk
+with `finish_reason`), the per-request speculation statistics the harness records:
+
+    {"strategy": "lookup", "params": {...},
+     "steps": 12,            # target verification steps after the first token
+     "tau": 2.4,             # tokens appended per step, bonus included (null when no step ran)
+     "levels": [{"name": "lookup", "proposed": 40, "accepted": 17, "steps": 12}],
+     "ttft_s": 0.11,         # generation start -> first token, every prefill included
+     "prefill_s": 0.10,      # the target's prefill
+     "draft_prefill_s": 0.0, # drafters' / intermediates' prefill
+     "draft_s": 0.01, "verify_s": 0.9, "total_s": 1.0,   # engine time of the generation
+     "queue_s": 0.0}         # request received -> generation start (waiting for the engine)
+
+Errors are OpenAI-style bodies {"error": {"message", "type", "param", "code"}}: 400 for invalid
+fields (param names the field, e.g. "messages[0].role") and context overflow (code
+"context_length_exceeded"), 404 for an unknown model, 503 with Retry-After when the queue is
+full (code "queue_full") or the server is shutting down, 500 for an internal error (the server
+keeps serving). A stream that fails after it started ends with a `data: {"error": ...}` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import socket
+import threading
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException
+
+from specledger.decoding.generate import GenerationResult
+from specledger.decoding.sampling import SamplingParams
+from specledger.decoding.strategy import Strategy
+from specledger.engine.loader import LoadedModel
+from specledger.errors import SpecLedgerError
+from specledger.server.engine_worker import Delta, Done, Draining, EngineWorker, Failed, Job, QueueFull
+from specledger.server.metrics import ServerMetrics
+from specledger.server.schemas import ApiError, ChatCompletionRequest, CompletionRequest, error_body
+from specledger.server.textstream import TextStream
+
+log = logging.getLogger("specledger.server")
+
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    data = json.dumps(body, ensure_ascii=False, default=str)
+    return Response(data, status_code=status, headers=headers, media_type="application/json")
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, default=str)}\n\n"
+
+
+def extension(result: GenerationResult, queue_s: float) -> dict[str, Any]:
+    """The `specledger` field of a response (documented in the module docstring)."""
+    return {
+        "strategy": result.strategy,
+        "params": result.params,
+        "steps": result.steps,
+        "tau": result.tau,
+        "levels": [{"name": lv.name, "proposed": lv.proposed, "accepted": lv.accepted, "steps": lv.steps}
+                   for lv in result.levels],
+        "ttft_s": result.ttft_s,
+        "prefill_s": result.prefill_s,
+        "draft_prefill_s": result.draft_prefill_s,
+        "draft_s": result.draft_s,
+        "verify_s": result.verify_s,
+        "total_s": result.total_s,
+        "queue_s": queue_s,
+    }
+
+
+def usage(result: GenerationResult) -> dict[str, int]:
+    n = len(result.token_ids)
+    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": n, "total_tokens": result.prompt_tokens + n}
+
+
+def _param(loc: tuple) -> str | None:
+    parts = [x for x in loc if isinstance(x, (str, int))]
+    if parts and parts[0] == "body":
+        parts = parts[1:]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
+    return out or None
+
+
+def validation_error(exc: RequestValidationError) -> ApiError:
+    err = exc.errors()[0]
+    kind = err.get("type", "")
+    if kind == "json_invalid":
+        return ApiError(400, f"the request body is not valid JSON ({err.get('ctx', {}).get('error', 'parse error')})")
+    param = _param(tuple(err.get("loc", ())))
+    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    if param is None:
+        return ApiError(400, "the request body is missing or is not a JSON object"
+                        if kind in ("missing", "model_attributes_type", "dict_type") else msg)
+    code = "missing_required_parameter" if kind == "missing" else "invalid_value"
+    return ApiError(400, f"{param}: {msg}", param=param, code=code)
+
+
+class ServerState:
+    """What the routes share: the model, the worker, the metrics."""
+
+    def __init__(self, lm: LoadedModel, strategy: Strategy, served_name: str, max_queue: int) -> None:
+        self.lm, self.strategy, self.name = lm, strategy, served_name
+        self.metrics = ServerMetrics(strategy.level_names)
+        self.worker = EngineWorker(strategy, self.metrics, max_queue)
+        self.created = int(time.time())
+        self.avg_e2e_s = 1.0  # running mean of served requests, for Retry-After
+
+    # ---- request -> job ----
+
+    def prompt_ids(self, req: ChatCompletionRequest | CompletionRequest) -> tuple[list[int], str]:
+        tok = self.lm.tokenizer
+        if tok is None:
+            raise ApiError(500, "the model was loaded without a tokenizer", type="server_error")
+        if isinstance(req, ChatCompletionRequest):
+            try:
+                return tok.chat([m.as_dict() for m in req.messages]), "messages"
+            except SpecLedgerError as exc:
+                raise ApiError(400, str(exc), param="messages") from None
+        if isinstance(req.prompt, str):
+            return tok.encode(req.prompt), "prompt"
+        vocab = self.lm.config.vocab_size
+        bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"prompt: token id {bad} is outside the vocabulary (0..{vocab - 1})",
+                           param="prompt", code="invalid_value")
+        return list(req.prompt), "prompt"
+
+    def sampling(self, req: ChatCompletionRequest | CompletionRequest, n_prompt: int, where: str) -> SamplingParams:
+        ctx = self.lm.config.max_seq_len
+        if n_prompt == 0:
+            raise ApiError(400, f"{where}: the prompt is empty", param=where, code="invalid_value")
+        if n_prompt >= ctx:
+            raise ApiError(400, f"this model's maximum context length is {ctx} tokens, but the prompt ({where}) "
+                           f"has {n_prompt} tokens", param=where, code="context_length_exceeded")
+        field = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+        limit = req.limit or (16 if isinstance(req, CompletionRequest) else ctx - n_prompt)
+        if n_prompt + limit > ctx:
+            raise ApiError(400, f"this model's maximum context length is {ctx} tokens; the prompt has "
+                           f"{n_prompt} tokens and {field} asks for {limit} more", param=field,
+                           code="context_length_exceeded")
+        try:
+            return SamplingParams(max_new_tokens=limit, temperature=req.temperature, top_k=max(0, req.top_k),
+                                  top_p=req.top_p, seed=req.seed, stop=list(req.stop), ignore_eos=req.ignore_eos,
+                                  min_new_tokens=req.min_tokens)
+        except SpecLedgerError as exc:
+            raise ApiError(400, str(exc), code="invalid_value") from None
+
+    def submit(self, job: Job) -> None:
+        try:
+            self.worker.submit(job)
+        except QueueFull:
+            wait = min(60, max(1, math.ceil(self.avg_e2e_s * (self.worker.waiting + 1))))
+            raise ApiError(503, f"the server is busy ({self.worker.waiting} requests queued); retry later",
+                           type="server_overloaded", code="queue_full", headers={"Retry-After": str(wait)}) from None
+        except Draining:
+            raise ApiError(503, "the server is shutting down", type="server_overloaded", code="shutting_down",
+                           headers={"Retry-After": "5"}) from None
+
+    def served(self, ev: Done) -> None:
+        self.avg_e2e_s = 0.8 * self.avg_e2e_s + 0.2 * (ev.queue_s + ev.result.total_s)
+
+    # ---- one request ----
+
+    async def handle(self, request: Request, req: ChatCompletionRequest | CompletionRequest, endpoint: str) -> Response:
+        if req.model and req.model != self.name:
+            raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {self.name!r}",
+                           param="model", code="model_not_found")
+        ids, where = self.prompt_ids(req)
+        sp = self.sampling(req, len(ids), where)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def emit(ev: object) -> None:
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, ev)
+            except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
+                pass
+
+        job = Job(ids, sp, emit, text=TextStream(self.lm.tokenizer, sp.stop) if req.stream else None)
+        self.submit(job)
+        rid = ("chatcmpl-" if endpoint == CHAT else "cmpl-") + uuid.uuid4().hex
+        if req.stream:
+            return self._stream(job, events, req, endpoint, rid)
+        return await self._whole(request, job, events, endpoint, rid)
+
+    async def _whole(self, request: Request, job: Job, events: asyncio.Queue, endpoint: str, rid: str) -> Response:
+        got = asyncio.ensure_future(events.get())
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({got, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not got.done():
+                job.cancel()
+                got.cancel()
+            gone.cancel()
+        if got.cancelled():
+            self.metrics.request(endpoint, "cancelled")
+            return Response(status_code=499)
+        ev = got.result()
+        if isinstance(ev, Failed):
+            raise _failure(ev)
+        assert isinstance(ev, Done)
+        self.served(ev)
+        r = ev.result
+        choice: dict[str, Any] = {"index": 0, "finish_reason": r.finish_reason, "logprobs": None}
+        if endpoint == CHAT:
+            choice["message"] = {"role": "assistant", "content": r.text}
+        else:
+            choice["text"] = r.text
+        body = {"id": rid, "object": "chat.completion" if endpoint == CHAT else "text_completion",
+                "created": int(time.time()), "model": self.name, "choices": [choice], "usage": usage(r),
+                "specledger": extension(r, ev.queue_s)}
+        self.metrics.request(endpoint, 200)
+        return _json(body)
+
+    def _stream(self, job: Job, events: asyncio.Queue, req: Any, endpoint: str, rid: str) -> StreamingResponse:
+        chat = endpoint == CHAT
+        created = int(time.time())
+        with_usage = req.include_usage
+        outcome = {"status": "cancelled", "counted": False}
+
+        def chunk(text: str | None, finish: str | None = None) -> dict[str, Any]:
+            if chat:
+                delta: dict[str, Any] = {} if text is None else {"content": text}
+                choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            else:
+                choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            c = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                 "created": created, "model": self.name, "choices": [choice]}
+            if with_usage:
+                c["usage"] = None
+            return c
+
+        def settle() -> None:
+            """Once per request, however the stream ended (done, failed, client gone)."""
+            if outcome["counted"]:
+                return
+            outcome["counted"] = True
+            if outcome["status"] == "cancelled":
+                job.cancel()
+            self.metrics.request(endpoint, outcome["status"])
+
+        async def body() -> AsyncIterator[str]:
+            try:
+                if chat:
+                    first = chunk("")
+                    first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+                    yield _sse(first)
+                while True:
+                    ev = await events.get()
+                    if isinstance(ev, Delta):
+                        yield _sse(chunk(ev.text))
+                        continue
+                    if isinstance(ev, Failed):
+                        if ev.status != 499:
+                            outcome["status"] = str(ev.status)
+                            err = _failure(ev)
+                            yield _sse(err.body())
+                            yield "data: [DONE]\n\n"
+                        return
+                    assert isinstance(ev, Done)
+                    self.served(ev)
+                    if ev.tail:
+                        yield _sse(chunk(ev.tail))
+                    last = chunk(None, ev.result.finish_reason)
+                    if with_usage:
+                        yield _sse(last)
+                        last = {"id": rid, "object": last["object"], "created": created, "model": self.name,
+                                "choices": [], "usage": usage(ev.result)}
+                    last["specledger"] = extension(ev.result, ev.queue_s)
+                    outcome["status"] = "200"
+                    yield _sse(last)
+                    yield "data: [DONE]\n\n"
+                    return
+            finally:
+                settle()
+
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(body(), media_type="text/event-stream", headers=headers,
+                                 background=BackgroundTask(settle))
+
+
+def _failure(ev: Failed) -> ApiError:
+    if ev.status >= 500:
+        return ApiError(ev.status, ev.message, type="server_error", code=ev.code)
+    return ApiError(ev.status, ev.message, code=ev.code)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None = None,
+               max_queue: int = 16, stop_timeout_s: float = 10.0) -> FastAPI:
+    """The FastAPI application for one loaded model and strategy (the worker starts with the app)."""
+    state = ServerState(lm, strategy, served_name or lm.name, max_queue)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        state.worker.start()
+        yield
+        await asyncio.to_thread(state.worker.stop, stop_timeout_s)
+
+    app = FastAPI(title="specledger", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = state
+
+    def counted(request: Request, err: ApiError) -> Response:
+        if request.url.path in (CHAT, COMPLETIONS):
+            state.metrics.request(request.url.path, err.status)
+        return _json(err.body(), err.status, err.headers)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> Response:
+        return counted(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        return counted(request, validation_error(exc))
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> Response:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _json(error_body(str(exc.detail), kind), exc.status_code, getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> Response:
+        log.exception("internal error on %s", request.url.path)
+        return counted(request, ApiError(500, f"internal error: {type(exc).__name__}", type="server_error",
+                                         code="internal_error"))
+
+    @app.post(CHAT)
+    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
+        return await state.handle(request, req, CHAT)
+
+    @app.post(COMPLETIONS)
+    async def completions(req: CompletionRequest, request: Request) -> Response:
+        return await state.handle(request, req, COMPLETIONS)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return _json({"object": "list", "data": [{
+            "id": state.name, "object": "model", "created": state.created, "owned_by": "specledger",
+            "max_model_len": lm.config.max_seq_len, "root": lm.source,
+        }]})
+
+    @app.get("/health")
+    async def health() -> Response:
+        w = state.worker
+        body = {"status": "ok" if w.accepting else "draining", "model": state.name, "strategy": strategy.name,
+                "running": w.running, "waiting": w.waiting, "max_queue": w.max_queue}
+        return _json(body, 200 if w.accepting else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+# ---- running it ------------------------------------------------------------------------
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the server starts so a busy port is a clear error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SpecLedgerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class Server(uvicorn.Server):
+    """uvicorn, plus: on shutdown the app refuses new requests at once (503) while in-flight ones finish."""
+
+    def __init__(self, app: FastAPI, *, shutdown_timeout_s: float = 30.0, log_level: str = "info",
+                 access_log: bool = True) -> None:
+        super().__init__(uvicorn.Config(app, log_level=log_level, access_log=access_log,
+                                        timeout_graceful_shutdown=shutdown_timeout_s, lifespan="on"))
+        self.app_state: ServerState = app.state.server
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.app_state.worker.drain()
+        super().handle_exit(sig, frame)
+
+    def stop(self) -> None:
+        self.app_state.worker.drain()
+        self.should_exit = True
+
+
+class ServerThread:
+    """A server on 127.0.0.1 in a background thread of this process (tests, benchmarks)."""
+
+    def __init__(self, app: FastAPI, *, host: str = "127.0.0.1", port: int = 0, shutdown_timeout_s: float = 10.0,
+                 log_level: str = "warning") -> None:
+        self.sock = bind(host, port)
+        self.host, self.port = host, self.sock.getsockname()[1]
+        self.server = Server(app, shutdown_timeout_s=shutdown_timeout_s, log_level=log_level, access_log=False)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "ServerThread":
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise SpecLedgerError("the server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.stop()
+        self.thread.join(timeout)
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

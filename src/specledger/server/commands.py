@@ -1,0 +1,82 @@
+"""`specledger serve`: load a model and a strategy, then serve them over the OpenAI API."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import typer
+
+from specledger.errors import BadInput
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """key=value pairs; values become int, float or bool where they read as one."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise BadInput(f"--strategy-param expects key=value (got {item!r})")
+        out[key.strip()] = _value(raw.strip())
+    return out
+
+
+def _value(raw: str) -> Any:
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def serve(
+    model: str = typer.Option("smollm2-135m", "--model", "-m", help="Registry name, .gguf file or HF directory."),
+    dtype: str = typer.Option(None, "--dtype", help="fp32 | bf16 | fp16 (default: fp32, bf16 when quantized)."),
+    quant: str = typer.Option("none", "--quant", help="none | int8 | int4"),
+    group_size: int = typer.Option(32, "--group-size", help="int4 group size."),
+    device: str = typer.Option("cpu", "--device"),
+    strategy: str = typer.Option("ar", "--strategy", "-s", help="ar | lookup | draft | eagle | hier"),
+    strategy_param: list[str] = typer.Option([], "--strategy-param", "-p", help="key=value, repeatable."),
+    draft_model: str = typer.Option(None, "--draft-model", help="Draft model for --strategy draft."),
+    draft_dtype: str = typer.Option(None, "--draft-dtype"),
+    draft_quant: str = typer.Option(None, "--draft-quant",
+                                    help="Quantization of the draft (alone: a quantized copy of the target)."),
+    max_seq_len: int = typer.Option(None, "--max-seq-len", help="Cap the context length (KV cache size)."),
+    served_model_name: str = typer.Option(None, "--served-model-name", help="The model id clients use."),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port"),
+    max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait behind the running one."),
+    shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help="Seconds in-flight requests get."),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Serve a model over an OpenAI-compatible HTTP API (chat and completions, streaming, /metrics)."""
+    from specledger.decoding.factory import make_strategy
+    from specledger.engine.loader import load_model
+    from specledger.server.app import Server, bind, create_app
+
+    if max_queue < 0:
+        raise BadInput(f"--max-queue must be >= 0 (got {max_queue})")
+    params = parse_params(strategy_param)
+    sock = bind(host, port)  # fail on a busy port before spending seconds loading models
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(message)s")
+    lm = load_model(model, dtype=dtype, quant=quant, group_size=group_size, device=device, max_seq_len=max_seq_len)
+    if draft_model or draft_quant or draft_dtype:
+        if strategy != "draft":
+            raise BadInput("--draft-model/--draft-quant/--draft-dtype only apply to --strategy draft")
+        params["draft"] = load_model(draft_model or model, dtype=draft_dtype, quant=draft_quant or "none",
+                                     group_size=group_size, device=device, max_seq_len=max_seq_len)
+    elif strategy == "draft" and "draft" not in params:
+        raise BadInput("--strategy draft needs --draft-model (or --draft-quant for a quantized copy of the target)")
+    strat = make_strategy(strategy, target=lm, **params)
+    app = create_app(lm, strat, served_name=served_model_name, max_queue=max_queue)
+    name = served_model_name or lm.name
+    typer.echo(f"serving {name} ({lm.label}, strategy {strat.name} {strat.params()}) "
+               f"on http://{host}:{sock.getsockname()[1]}/v1", err=True)
+    Server(app, shutdown_timeout_s=shutdown_timeout, log_level=log_level).run(sockets=[sock])
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)

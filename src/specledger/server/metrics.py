@@ -1,0 +1,79 @@
+"""The server's Prometheus metrics, named like vLLM's with a `specledger:` prefix.
+
+The harness scrapes /metrics before and after a load level and reads the deltas the same way it
+reads a vLLM server's (bench/telemetry.py). Counters get Prometheus' `_total` suffix on export.
+
+- `specledger:requests_total{endpoint, status}`: every request to a /v1 generation endpoint by
+  outcome: the HTTP status ("200", "400", "404", "500", "503"), "500" also for an internal error
+  after a stream had started, and "cancelled" when the client went away before the end.
+- `specledger:request_success_total{finished_reason}`: completed generations ("stop" | "length").
+- `specledger:prompt_tokens_total`, `specledger:generation_tokens_total`: tokens of every request
+  the engine worked on (cancelled ones included, up to where they stopped).
+- `specledger:time_to_first_token_seconds`: request received -> first token available (queue
+  wait, tokenization and every prefill included); `specledger:e2e_request_latency_seconds`:
+  request received -> last token; `specledger:request_queue_time_seconds`: waiting for the engine.
+- `specledger:num_requests_running`, `specledger:num_requests_waiting` (gauges).
+- `specledger:spec_decode_num_drafts_total{level}` (target verification steps that level took
+  part in), `..._num_draft_tokens_total{level}` (tokens it proposed),
+  `..._num_accepted_tokens_total{level}` (of those, accepted by the level above), per drafting
+  level of the strategy (e.g. "lookup"; "draft"; the tree and chain levels of a hierarchy).
+  For a single-level strategy, tau = 1 + accepted / drafts.
+- `process_resident_memory_bytes` and the other standard process metrics.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+
+from specledger.decoding.generate import GenerationResult
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+
+
+class ServerMetrics:
+    """One registry per server (tests run several servers in one process)."""
+
+    def __init__(self, level_names: list[str]) -> None:
+        self.registry = r = CollectorRegistry()
+        ProcessCollector(registry=r)
+        self.requests = Counter("specledger:requests", "Requests by endpoint and outcome", ["endpoint", "status"],
+                                registry=r)
+        self.success = Counter("specledger:request_success", "Completed generations by finish reason",
+                               ["finished_reason"], registry=r)
+        self.prompt_tokens = Counter("specledger:prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.generation_tokens = Counter("specledger:generation_tokens", "Tokens generated", registry=r)
+        self.ttft = Histogram("specledger:time_to_first_token_seconds", "Request received -> first token",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.e2e = Histogram("specledger:e2e_request_latency_seconds", "Request received -> last token",
+                             buckets=E2E_BUCKETS, registry=r)
+        self.queue_time = Histogram("specledger:request_queue_time_seconds", "Time waiting for the engine",
+                                    buckets=E2E_BUCKETS, registry=r)
+        self.running = Gauge("specledger:num_requests_running", "Requests being generated", registry=r)
+        self.waiting = Gauge("specledger:num_requests_waiting", "Requests queued for the engine", registry=r)
+        self.drafts = Counter("specledger:spec_decode_num_drafts", "Verification steps per drafting level",
+                              ["level"], registry=r)
+        self.draft_tokens = Counter("specledger:spec_decode_num_draft_tokens", "Draft tokens proposed per level",
+                                    ["level"], registry=r)
+        self.accepted_tokens = Counter("specledger:spec_decode_num_accepted_tokens",
+                                       "Draft tokens accepted per level", ["level"], registry=r)
+        for name in level_names:  # present from the first scrape, so before/after deltas work
+            for c in (self.drafts, self.draft_tokens, self.accepted_tokens):
+                c.labels(level=name)
+
+    def request(self, endpoint: str, status: str | int) -> None:
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def tokens(self, prompt: int, generated: int) -> None:
+        self.prompt_tokens.inc(prompt)
+        self.generation_tokens.inc(generated)
+
+    def finished(self, result: GenerationResult) -> None:
+        self.success.labels(finished_reason=result.finish_reason).inc()
+        for lv in result.levels:
+            self.drafts.labels(level=lv.name).inc(lv.steps)
+            self.draft_tokens.labels(level=lv.name).inc(lv.proposed)
+            self.accepted_tokens.labels(level=lv.name).inc(lv.accepted)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

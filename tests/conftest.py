@@ -1,0 +1,63 @@
+"""Shared fixtures: a tiny random-weight model (fast) and the embedded model (real)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specledger.engine.config import ModelConfig
+from specledger.engine.loader import LoadedModel, build_model, weight_bytes
+
+
+def tiny_config(vocab: int = 64, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2) -> ModelConfig:
+    return ModelConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, n_layers=layers, n_heads=heads,
+        n_kv_heads=kv_heads, head_dim=hidden // heads, max_seq_len=256, rope_theta=10000.0, rms_eps=1e-5,
+        tie_embeddings=True, eos_ids=[],
+    )
+
+
+def tiny_tensors(cfg: ModelConfig, seed: int = 0, scale: float = 1.0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    h, i, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+
+    def r(*shape, s=0.08):
+        return torch.randn(*shape, generator=g) * s * scale
+
+    t = {"embed": r(cfg.vocab_size, h, s=1.0), "norm": 1 + r(h, s=0.1)}
+    for n in range(cfg.n_layers):
+        p = f"layers.{n}"
+        t |= {f"{p}.attn_norm": 1 + r(h, s=0.1), f"{p}.ffn_norm": 1 + r(h, s=0.1),
+              f"{p}.q": r(cfg.n_heads * hd, h), f"{p}.k": r(cfg.n_kv_heads * hd, h), f"{p}.v": r(cfg.n_kv_heads * hd, h),
+              f"{p}.o": r(h, cfg.n_heads * hd), f"{p}.gate": r(i, h), f"{p}.up": r(i, h), f"{p}.down": r(h, i)}
+    return t
+
+
+def tiny_model(seed: int = 0, dtype: str = "fp32", quant: str = "none", group_size: int = 32, scale: float = 1.0, **cfg_kw) -> LoadedModel:
+    cfg = tiny_config(**cfg_kw)
+    model = build_model(cfg, tiny_tensors(cfg, seed, scale), dtype=dtype, quant=quant, group_size=group_size)
+    return LoadedModel(model=model, tokenizer=None, config=cfg, name=f"tiny{seed}", source="random", dtype=dtype,
+                       quant=quant, group_size=group_size if quant == "int4" else None, device="cpu",
+                       weight_bytes=weight_bytes(model), load_s=0.0)
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    from specledger.engine.loader import load_model
+
+    return load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smollm_int4():
+    from specledger.engine.loader import load_model
+
+    return load_model("smollm2-135m", quant="int4")
+
+
+PROMPTS = [
+    "Explain why the sky is blue in two sentences.",
+    "Summarize: The committee met in November and agreed that the bridge stays open to pedestrians, lorries are diverted, and repairs start in spring. Summarize in one sentence.",
+    "Write a Python function that checks whether a number is prime.",
+    "Translate into French: The library opens at eight in the morning.",
+]

@@ -1,0 +1,165 @@
+"""Strategies are lossless: greedy outputs equal autoregressive ones; sampled outputs follow the target.
+
+The distribution checks are chi-square tests over many seeded samples of the first tokens
+of a tiny model with a 4-token vocabulary, at significance level 0.001 (fixed seeds, so
+the outcome is deterministic). A negative control shows the test rejects a wrong sampler.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from specledger.decoding.factory import make_strategy
+from specledger.decoding.generate import generate
+from specledger.decoding.sampling import SamplingParams
+from specledger.decoding.tree import Tree
+from specledger.decoding.verify import verify
+from specledger.errors import BadInput
+
+ALPHA = 1e-3
+TEMP = 3.0  # flattens the tiny model's distribution so every cell is exercised
+N_SAMPLES = 1500
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matrices: one thread avoids OpenMP hand-off costs that dominate otherwise."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square goodness of fit; cells with expected count < 5 are pooled."""
+    n = counts.sum()
+    exp = probs * n
+    small = exp < 5
+    obs_c = torch.cat([counts[~small], counts[small].sum(0, keepdim=True)])
+    exp_c = torch.cat([exp[~small], exp[small].sum(0, keepdim=True)])
+    keep = exp_c > 0
+    stat = (((obs_c - exp_c) ** 2) / exp_c)[keep].sum()
+    df = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat.double() / 2))
+
+
+@pytest.mark.parametrize("name,params", [("lookup", {"num_tokens": 3}), ("draft", {"num_tokens": 2})])
+def test_greedy_strategies_equal_autoregressive_on_tiny(name, params):
+    lm = tiny_model()
+    if name == "draft":
+        params = {**params, "draft": tiny_model(seed=3)}
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        prompt = torch.randint(0, 64, (12,), generator=g).tolist() * 2  # repetition gives lookup matches
+        sp = SamplingParams(max_new_tokens=40)
+        ref = generate(make_strategy("ar", lm), prompt, sp).token_ids
+        out = generate(make_strategy(name, lm, **params), prompt, sp)
+        assert out.token_ids == ref
+        assert out.steps <= 40 and out.tau >= 1.0
+
+
+def _exact_joint(lm, prompt, n=3, vocab=4):
+    """P(t1..tn | prompt) for every sequence, by enumeration."""
+    seqs = list(itertools.product(range(vocab), repeat=n))
+    x = torch.tensor([prompt + list(s[:-1]) for s in seqs])
+    with torch.no_grad():
+        cache = lm.model.new_cache(x.shape[1], batch=len(seqs))
+        logp = torch.log_softmax(lm.model(x, cache)[:, len(prompt) - 1 :] / TEMP, -1)
+    idx = torch.tensor(seqs)
+    return logp.gather(2, idx[..., None])[..., 0].sum(1).exp().double()
+
+
+def _sample_counts(lm, prompt, strategy, params, n_samples, vocab=4, n=3):
+    counts = torch.zeros(vocab**n, dtype=torch.float64)
+    strat = make_strategy(strategy, lm, **params)
+    for seed in range(n_samples):
+        sp = SamplingParams(max_new_tokens=n, temperature=TEMP, seed=seed)
+        ids = generate(strat, prompt, sp).token_ids
+        counts[sum(t * vocab ** (n - 1 - i) for i, t in enumerate(ids))] += 1
+    return counts
+
+
+@pytest.mark.parametrize("strategy", ["ar", "draft", "lookup"])
+def test_sampling_follows_target_distribution(strategy):
+    lm = tiny_model(vocab=4, scale=0.05)
+    prompt = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    params = {}
+    if strategy == "draft":
+        params = {"draft": tiny_model(seed=7, vocab=4, scale=0.1), "num_tokens": 2}
+    elif strategy == "lookup":
+        params = {"num_tokens": 2}
+    exact = _exact_joint(lm, prompt)
+    assert exact.max() < 0.2 and (exact * 1500 >= 5).sum() >= 30  # a real spread, not a near-deterministic model
+    counts = _sample_counts(lm, prompt, strategy, params, N_SAMPLES)
+    assert chi2_pvalue(counts, exact) > ALPHA
+
+
+def test_chi_square_rejects_a_wrong_distribution():
+    """Negative control: the draft model's own samples are not the target's distribution."""
+    lm = tiny_model(vocab=4, scale=0.05)
+    other = tiny_model(seed=7, vocab=4, scale=0.1)
+    prompt = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    counts = _sample_counts(other, prompt, "ar", {}, N_SAMPLES)
+    assert chi2_pvalue(counts, _exact_joint(lm, prompt)) < ALPHA
+
+
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_tree_verifier_with_several_children_is_exact(stochastic):
+    g = torch.Generator().manual_seed(0)
+    V = 5
+    p = torch.softmax(torch.randn(V, generator=g) * 1.5, 0)
+    q = torch.softmax(torch.randn(V, generator=g) * 1.5, 0)
+    logits = torch.log(p).repeat(4, 1)  # root row + 3 node rows
+    sp = SamplingParams(temperature=1.0)
+    counts = torch.zeros(V, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(6000):
+        if stochastic:  # three children drawn from q without replacement
+            qq, kids = q.clone(), []
+            for _ in range(3):
+                x = int(torch.multinomial(qq / qq.sum(), 1, generator=gen))
+                kids.append(x)
+                qq[x] = 0
+            tree = Tree(kids, [-1, -1, -1], [q, q, q])
+        else:  # deterministic top-3 of q
+            tree = Tree(q.topk(3).indices.tolist(), [-1, -1, -1])
+        v = verify(logits, tree, sp, gen)
+        first = tree.tokens[v.path[0]] if v.path else v.bonus
+        counts[first] += 1
+    assert chi2_pvalue(counts, p.double()) > ALPHA
+
+
+def test_greedy_tree_verifier_follows_argmax_path():
+    V = 6
+    logits = torch.full((5, V), -5.0)
+    # root predicts 2; node0 (token 2) predicts 4; node2 (token 4, child of node0) predicts 1
+    logits[0, 2] = logits[1, 4] = logits[3, 1] = 5.0
+    tree = Tree([2, 3, 4, 5], [-1, -1, 0, 0])
+    v = verify(logits, tree, SamplingParams(), None)
+    assert v.path == [0, 2] and v.bonus == 1 and v.tokens(tree) == [2, 4, 1]
+
+
+def test_strategy_parameter_errors():
+    lm = tiny_model()
+    with pytest.raises(BadInput, match="unknown strategy"):
+        make_strategy("medusa", lm)
+    with pytest.raises(BadInput, match="num_tokens"):
+        make_strategy("lookup", lm, num_tokens=0)
+    with pytest.raises(BadInput, match="incompatible tokenizers"):
+        make_strategy("draft", lm, draft=tiny_model(vocab=32))
+    with pytest.raises(BadInput, match="strategy 'lookup'"):
+        make_strategy("lookup", lm, bogus=1)
+
+
+def test_stop_conditions():
+    lm = tiny_model()
+    lm.config.eos_ids = []
+    r = generate(make_strategy("ar", lm), [1, 2, 3], SamplingParams(max_new_tokens=7))
+    assert len(r.token_ids) == 7 and r.finish_reason == "length" and len(r.token_times) == 7
+    eos = r.token_ids[3]
+    lm.config.eos_ids = [eos]
+    r2 = generate(make_strategy("lookup", lm), [1, 2, 3], SamplingParams(max_new_tokens=7))
+    assert r2.finish_reason == "stop" and eos not in r2.token_ids and r2.token_ids == r.token_ids[: r.token_ids.index(eos)]
+    lm.config.eos_ids = []

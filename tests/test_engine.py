@@ -1,0 +1,109 @@
+"""The engine on a tiny random model: cache rollback, chunked and tree forwards, quantized linears."""
+
+import pytest
+import torch
+
+from conftest import tiny_config, tiny_model, tiny_tensors
+from specledger.decoding.runner import Runner
+from specledger.decoding.tree import Tree
+from specledger.engine.loader import build_model
+from specledger.engine.quant import Int4Linear, Int8Linear, int4_grid
+from specledger.errors import BadInput
+
+
+def test_chunked_forward_matches_full_and_rollback():
+    lm = tiny_model()
+    m = lm.model
+    ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(1))
+    full = m(ids, m.new_cache(32))
+    cache = m.new_cache(32)
+    a = m(ids[:, :12], cache)
+    b = m(ids[:, 12:], cache)
+    torch.testing.assert_close(torch.cat([a, b], 1), full, atol=1e-4, rtol=1e-4)
+    cache.rollback(12)  # O(1) rollback, then recompute the same tail
+    torch.testing.assert_close(m(ids[:, 12:], cache), b, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError):
+        cache.rollback(40)
+
+
+def test_tree_forward_equals_each_path_run_alone():
+    lm = tiny_model()
+    prefix = [3, 7, 9, 11]
+    tree = Tree(tokens=[5, 6, 8, 2, 4], parents=[-1, -1, 0, 0, 1])  # root -> {5 -> {8, 2}, 6 -> {4}}
+    r = Runner(lm, 64)
+    r.prefill(prefix[:-1])
+    r.tokens = list(prefix)
+    fwd = r.forward(tree)
+    for node, path in {2: [5, 8], 3: [5, 2], 4: [6, 4]}.items():
+        m = lm.model
+        ref = m(torch.tensor([prefix + path]), m.new_cache(32))[0, -1]
+        torch.testing.assert_close(fwd.logits[node + 1], ref, atol=1e-4, rtol=1e-4)
+    # keep the path 6 -> 4: the cache must then equal a plain run of prefix + [6, 4]
+    feats = r.accept(fwd, [1, 4], [6, 4, 1])
+    assert r.cache.length == len(prefix) + 2 and feats.shape[0] == 3
+    nxt = r.forward()
+    ref = lm.model(torch.tensor([prefix + [6, 4, 1]]), lm.model.new_cache(32))[0, -1]
+    torch.testing.assert_close(nxt.logits[-1], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_runner_sync_keeps_common_prefix():
+    lm = tiny_model()
+    r = Runner(lm, 64)
+    r.prefill([1, 2, 3, 4, 5])
+    r.tokens.append(6)
+    r.sync([1, 2, 3, 9, 10])
+    assert r.cache.length == 3 and r.tokens == [1, 2, 3, 9, 10]
+    out = r.forward()
+    ref = lm.model(torch.tensor([[1, 2, 3, 9, 10]]), lm.model.new_cache(16))[0, -1]
+    torch.testing.assert_close(out.logits[-1], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_int8_and_int4_linears_match_their_grids():
+    torch.manual_seed(0)
+    w = torch.randn(96, 128)
+    x = torch.randn(3, 128, dtype=torch.bfloat16)
+    q8 = Int8Linear(w, torch.bfloat16)
+    ref8 = x.float() @ (q8.weight.float() * q8.scales.float()[:, None]).t()
+    torch.testing.assert_close(q8(x).float(), ref8, atol=0.15, rtol=0.02)
+    assert q8.weight.dtype == torch.int8
+    grid = int4_grid(w, 32)
+    q4 = Int4Linear(grid, torch.bfloat16, torch.device("cpu"))
+    deq = ((grid.codes.float() - 8).reshape(96, 4, 32) * grid.scale[..., None] + grid.zero[..., None]).reshape(96, 128)
+    torch.testing.assert_close(q4(x).float(), x.float() @ deq.t(), atol=0.3, rtol=0.03)
+    assert q4.weight.numel() * q4.weight.element_size() == 96 * 128 // 2  # real packed bytes
+
+
+def test_quantized_model_is_smaller_and_close():
+    fp = tiny_model(hidden=128, heads=4, kv_heads=2)
+    q4 = tiny_model(hidden=128, heads=4, kv_heads=2, quant="int4", dtype="bf16")
+    q8 = tiny_model(hidden=128, heads=4, kv_heads=2, quant="int8", dtype="bf16")
+    assert q4.weight_bytes < q8.weight_bytes < fp.weight_bytes
+    ids = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(2))
+    ref = fp.model(ids, fp.model.new_cache(16))
+    for lm in (q8, q4):
+        out = lm.model(ids, lm.model.new_cache(16))
+        agree = (out.argmax(-1) == ref.argmax(-1)).float().mean()
+        assert agree > 0.6
+
+
+def test_bad_group_size_and_quant_are_clear_errors():
+    cfg = tiny_config(hidden=96, heads=4, kv_heads=2)
+    with pytest.raises(BadInput, match="group size 64 does not divide the input width 96"):
+        build_model(cfg, tiny_tensors(cfg), quant="int4", group_size=64)
+    with pytest.raises(BadInput, match="group size 48 is not supported"):
+        build_model(cfg, tiny_tensors(cfg), quant="int4", group_size=48)
+    with pytest.raises(BadInput, match="unknown quantization"):
+        build_model(cfg, tiny_tensors(cfg), quant="int3")
+    with pytest.raises(BadInput, match="unknown dtype"):
+        build_model(cfg, tiny_tensors(cfg), dtype="fp8")
+
+
+def test_context_overflow_is_a_clear_error():
+    lm = tiny_model()
+    from specledger.decoding.factory import make_strategy
+    from specledger.decoding.generate import generate
+
+    with pytest.raises(BadInput, match="does not fit the context of 256"):
+        generate(make_strategy("ar", lm), [1] * 300)
+    with pytest.raises(BadInput, match="empty prompt"):
+        generate(make_strategy("ar", lm), [])

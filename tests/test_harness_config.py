@@ -1,0 +1,128 @@
+"""Run configuration: files and flags, and one-line errors for what a user can get wrong."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specledger.bench.commands import build_config
+from specledger.bench.config import load_run_config, parse_run_config
+from specledger.errors import BadInput
+
+GOOD = """
+configs:
+  - name: base
+    strategy: ar
+  - name: lookup
+    strategy: lookup
+    params: {ngram: 3, k: 8}
+    dtype: bf16
+    quant: int8
+  - name: remote
+    backend: openai
+    model: llama
+    openai: {base_url: "http://127.0.0.1:9/v1", api: completions, retries: 2}
+workload: {spec: builtin-quick, categories: [qa], on_bad_line: skip}
+load: {concurrency: [1, 4], warmup: 0}
+slo: {ttft_s: 0.5}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_good_yaml_resolves(tmp_path):
+    cfg = load_run_config(write(tmp_path, GOOD))
+    assert [c.name for c in cfg.configs] == ["base", "lookup", "remote"]
+    assert cfg.configs[1].params == {"ngram": 3, "k": 8}
+    assert cfg.configs[2].openai.base_url == "http://127.0.0.1:9"  # a trailing /v1 is the API root
+    assert cfg.load.levels() == [("c=1", 1, None), ("c=4", 4, None)]
+    assert cfg.slo.ttft_s == 0.5
+    assert cfg.configs[0].target_key() != cfg.configs[1].target_key()
+
+
+def test_toml(tmp_path):
+    p = write(tmp_path, '[[configs]]\nname = "a"\nstrategy = "ar"\n[load]\nrate = [0.5, 1.0]\n', "run.toml")
+    cfg = load_run_config(p)
+    assert cfg.load.levels() == [("r=0.5", None, 0.5), ("r=1", None, 1.0)]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("configs: [{name: a, backend: tgi}]", r"configs\.0\.backend: input should be 'inprocess' or 'openai' \(got 'tgi'\)"),
+    ("configs: [{name: a, strategy: medusa}]", r"configs\.0: unknown strategy 'medusa' \(known: ar, lookup"),
+    ("configs: [{name: a, temprature: 0.5}]", r"unknown field 'configs\.0\.temprature'"),
+    ("configs: [{name: a}]\nlod: {}", r"unknown field 'lod'"),
+    ("configs: [{name: a}, {name: a}]", r"two configurations named 'a'"),
+    ("configs: [{name: a}]\nload: {concurrency: [1], rate: [2]}", r"load: give either concurrency or rate"),
+    ("configs: [{name: a}]\nload: {concurrency: [0]}", r"concurrency must be >= 1"),
+    ("configs: []", r"configs: List should have at least 1 item"),
+    ("configs: [{name: a, backend: openai, openai: {base_url: localhost:8000}}]", r"base_url must start with http"),
+    ("configs: [{name: a, max_new_tokens: 0}]", r"configs\.0\.max_new_tokens"),
+    ("- just\n- a list", r"expected a mapping at the top level"),
+    ("configs: [{name: a\n", r"not valid YAML"),
+])
+def test_malformed_configs_name_the_problem(tmp_path, text, message):
+    p = write(tmp_path, text)
+    with pytest.raises(BadInput, match=message) as info:
+        load_run_config(p)
+    assert str(p) in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_file():
+    with pytest.raises(BadInput, match="does not exist"):
+        load_run_config("/nonexistent/run.yaml")
+
+
+def test_openai_settings_on_inprocess_rejected():
+    with pytest.raises(BadInput, match="'openai' settings given for an inprocess backend"):
+        parse_run_config({"configs": [{"name": "a", "openai": {}}]})
+
+
+def _flags(**kw):
+    base = dict(strategies=[], backend="inprocess", model=None, dtype="fp32", quant="none", group_size=32,
+                params=[], max_new_tokens=64, temperature=0.0, seed=1, base_url=None, api="chat",
+                tokenizer=None, retries=None, timeout=None, connect_timeout=None, overrides={})
+    base.update(kw)
+    return build_config(None, **base)
+
+
+def test_flags_build_one_config_per_strategy():
+    cfg = _flags(strategies=["ar", "lookup", "draft"], params=["k=4", "lookup.ngram=3"],
+                 overrides={"load.concurrency": [1, 2], "workload.limit": 3})
+    assert [c.strategy for c in cfg.configs] == ["ar", "lookup", "draft"]
+    assert cfg.configs[0].params == {}
+    assert cfg.configs[1].params == {"k": 4, "ngram": 3}
+    assert cfg.configs[2].params == {"k": 4}
+    assert cfg.load.concurrency == [1, 2] and cfg.workload.limit == 3 and cfg.seed == 1
+
+
+def test_flags_override_a_file(tmp_path):
+    p = write(tmp_path, GOOD)
+    cfg = build_config(p, **{k: v for k, v in dict(
+        strategies=[], backend="inprocess", model=None, dtype="fp32", quant="none", group_size=32, params=[],
+        max_new_tokens=64, temperature=0.0, seed=0, base_url=None, api="chat", tokenizer=None, retries=None,
+        timeout=None, connect_timeout=None).items()}, overrides={"load.rate": [2.0], "output_dir": "/tmp/x"})
+    assert cfg.load.rate == [2.0] and cfg.load.concurrency is None
+    assert cfg.output_dir == "/tmp/x" and len(cfg.configs) == 3
+
+
+def test_bad_param_flag():
+    with pytest.raises(BadInput, match="--param 'k4'"):
+        _flags(strategies=["lookup"], params=["k4"])
+
+
+def test_cli_prints_one_line_error(tmp_path):
+    p = write(tmp_path, "configs: [{name: a, backend: tgi}]")
+    out = subprocess.run([sys.executable, "-m", "specledger.cli", "bench", str(p)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith("error: ")
+    assert "backend" in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
