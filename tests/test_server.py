@@ -201,7 +201,8 @@ def test_queue_full_503_and_disconnect_frees_the_slot(ar_server):
     a = httpx.Client(base_url=ar_server.url, timeout=60)
     with a.stream("POST", "/v1/completions", json=long) as stream:
         assert stream.status_code == 200
-        next(line for line in stream.iter_lines() if line.startswith("data:"))  # A is generating
+        lines = stream.iter_lines()  # kept referenced: a dropped iterator closes the connection
+        next(line for line in lines if line.startswith("data:"))  # A is generating
         tb = threading.Thread(target=lambda: queued.update(r=httpx.post(ar_server.url + "/v1/completions", json=short,
                                                                         timeout=60)))
         tb.start()

@@ -158,8 +158,25 @@ class Runner:
         if self.backend_factory is not None:
             return self.backend_factory(bc)
         if bc.backend == "inprocess":
-            return make_backend(bc, meter=self.meter)
+            return make_backend(bc, meter=self.meter, models=self._shared_models(bc))
         return make_backend(bc)
+
+    def _shared_models(self, bc: BenchConfig) -> dict[str, Any]:
+        """Configurations of one target share its loaded weights (read-only); the loaded model is
+        kept only while a later configuration still needs it."""
+        if not hasattr(self, "_loaded"):
+            self._loaded: dict[tuple, Any] = {}
+        key = (bc.model, bc.dtype, bc.quant, bc.group_size, bc.device)
+        later = {(c.model, c.dtype, c.quant, c.group_size, c.device)
+                 for c in self.cfg.configs[self.cfg.configs.index(bc):] if c.backend == "inprocess"}
+        for k in [k for k in self._loaded if k not in later]:
+            del self._loaded[k]
+        return {"target": self._loaded[key]} if key in self._loaded else {}
+
+    def _keep_models(self, bc: BenchConfig, backend: Backend) -> None:
+        models = getattr(backend, "models", None)
+        if bc.backend == "inprocess" and self.backend_factory is None and models and "target" in models:
+            self._loaded[(bc.model, bc.dtype, bc.quant, bc.group_size, bc.device)] = models["target"]
 
     async def _run_config(self, bc: BenchConfig) -> None:
         cr = self._config_result(bc)
@@ -169,6 +186,7 @@ class Runner:
             return
         backend = self._make_backend(bc)
         await backend.start()
+        self._keep_models(bc, backend)
         try:
             self.run_result.conditions.backends[bc.name] = backend.describe()
             await self._warmup(backend, bc)
@@ -226,6 +244,11 @@ class Runner:
                     total += len(q.turns)
                     self._progress.update(self._task, total=total)
 
+        if backend.serial and (level.concurrency or 2) > 1:
+            note = (f"{bc.name} {level.label}: the {bc.backend} backend serves one request at a time; "
+                    "more in flight means a queue (see queue_s; TTFT counts from arrival)")
+            if note not in self.run_result.notes:
+                self.run_result.notes.append(note)
         before = await backend.scrape_metrics()
         e0 = self.meter.read()
         started = now()

@@ -49,7 +49,7 @@ def server_counters(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float
     wanted = {
         "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
         "specledger:prompt_tokens_total", "specledger:generation_tokens_total",
-        "specledger:requests_total", "process_resident_memory_bytes",
+        "specledger:requests_total", "specledger:request_success_total", "process_resident_memory_bytes",
     }
     out: dict[str, float] = defaultdict(float)
     for (name, _labels), value in samples.items():

@@ -100,7 +100,10 @@ def build_model(
                 sd[f"{p}.{mod}.weight"] = torch.cat([tensors[f"{p}.{x}"] for x in parts])
         except KeyError as exc:
             raise BadInput(f"model weights lack tensor {exc.args[0]}") from None
-    model.load_state_dict({k: v.to(device=dev, dtype=tdtype) for k, v in sd.items()}, assign=True)
+    # norm weights stay fp32: they act on the fp32 residual stream
+    sd = {k: v.to(device=dev, dtype=torch.float32 if k.endswith("norm.weight") else tdtype) for k, v in sd.items()}
+    model.load_state_dict(sd, assign=True)
+    model.set_compute_dtype(tdtype)
     model.register_buffer("rope_cos", model.rope_cos.new_empty(0, device=dev), persistent=False)
     _init_rope(model, dev)
     if quant != "none":

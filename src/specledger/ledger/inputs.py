@@ -167,7 +167,6 @@ class Resolved(_Section):
 class CostInputs(BaseModel):
     """The whole file: base inputs plus per-configuration overrides (`configs: {name: {section: {...}}}`)."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
     base: Resolved
     overrides: dict[str, dict] = Field(default_factory=dict)
     source: str = "<inputs>"

@@ -11,9 +11,9 @@ from pydantic import BaseModel, Field
 
 from specledger.errors import BadInput
 from specledger.ledger.breakeven import BreakEven, break_even
-from specledger.ledger.inputs import CostInputs, Resolved, _map_leaves, _is_range, Range, load_inputs
+from specledger.ledger.inputs import CostInputs, Range, Resolved, _is_range, _map_leaves, load_inputs
 from specledger.ledger.measurements import ConfigMeasurement, measurements_from_run
-from specledger.ledger.model import Case, Breakdown, objective_misses, replicas_needed, task_cost
+from specledger.ledger.model import Breakdown, Case, objective_misses, replicas_needed
 from specledger.ledger.montecarlo import simulate
 from specledger.ledger.sensitivity import sensitivity
 

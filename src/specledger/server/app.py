@@ -210,11 +210,12 @@ class ServerState:
         try:
             await asyncio.wait({got, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not got.done():
+            answered = got.done()
+            if not answered:  # the client went away (or the server is being cancelled): free the engine
                 job.cancel()
                 got.cancel()
             gone.cancel()
-        if got.cancelled():
+        if not answered:
             self.metrics.request(endpoint, "cancelled")
             return Response(status_code=499)
         ev = got.result()

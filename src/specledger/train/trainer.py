@@ -89,7 +89,7 @@ def head_loss(
         h = head.hidden(base.model, batch.tokens[:, 1 : L - 1], f_in, cache)
         m = batch.mask
         h_sel = h[m]
-        logits = base.model.output(h_sel.to(base.model.output.weight.dtype)).float()
+        logits = base.model.output(h_sel).float()
     v_loss = F.smooth_l1_loss(h_sel.float(), batch.features[:, 1 : L - 1][m])
     target = batch.tokens[:, 2:L][m]
     p_loss = F.cross_entropy(logits, target)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import time
 from pathlib import Path
 from typing import Any
 
+import httpcore
 import httpx
 
 from specledger.bench.backends.base import Backend, Completion
@@ -33,14 +35,20 @@ class _Failure(Exception):
 class OpenAIBackend(Backend):
     serial = False
 
-    def __init__(self, config: BenchConfig, *, max_connections: int | None = None):
+    def __init__(self, config: BenchConfig):
         super().__init__(config)
         assert config.openai is not None
         self.s = config.openai
         self.base_url = self.s.base_url
         self.model_name = self.s.model_name or config.model
-        self._max_connections = max_connections
-        self._client: httpx.AsyncClient | None = None
+        self._client: httpx.AsyncClient | None = None  # control requests: models, metrics
+        # The streamed requests go through httpcore (httpx's transport) directly, one single-connection
+        # pool per request in flight, checked out and back in: httpx's per-request layers and a pool
+        # that scans every connection on each request cost more than the rest of the harness together.
+        self._free: list[httpcore.AsyncConnectionPool] = []
+        self._all: list[httpcore.AsyncConnectionPool] = []
+        self._headers: dict[str, str] = {}
+        self._ssl: ssl.SSLContext | None = None
         self._tokenizer: Any = None
         self._server: str = ""
         self._metrics_ok = self.s.scrape_metrics
@@ -55,12 +63,9 @@ class OpenAIBackend(Backend):
                 raise BadInput(f"configuration {self.config.name!r}: environment variable "
                                f"{self.s.api_key_env} (api_key_env) is not set")
             headers["Authorization"] = f"Bearer {key}"
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(self.s.timeout_s, connect=self.s.connect_timeout_s),
-            limits=httpx.Limits(max_connections=self._max_connections, max_keepalive_connections=256),
-        )
+        self._headers = headers
+        self._host = httpx.URL(self.base_url).netloc
+        self._client = self._new_client()
         await self._wait_reachable()
         if self.s.tokenizer:
             self._tokenizer = await asyncio.to_thread(load_counting_tokenizer, self.s.tokenizer)
@@ -87,7 +92,23 @@ class OpenAIBackend(Backend):
                         f"(configuration {self.config.name!r}); is the server running?") from None
                 await asyncio.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
+    def _ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:  # loading CA certificates takes ~40 ms: once, shared by every connection
+            import certifi
+
+            self._ssl = ssl.create_default_context(cafile=certifi.where())
+        return self._ssl
+
+    def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.base_url, headers=self._headers, verify=self._ssl_context(),
+            timeout=httpx.Timeout(self.s.timeout_s, connect=self.s.connect_timeout_s),
+        )
+
     async def close(self) -> None:
+        for pool in self._all:
+            await pool.aclose()
+        self._all, self._free = [], []
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -161,38 +182,70 @@ class OpenAIBackend(Backend):
                 error, retry = str(exc), exc.retry
             except TimeoutError:
                 error, retry = f"timed out after {self.s.timeout_s:g} s", True
-            except httpx.HTTPError as exc:
+            except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError) as exc:
                 error, retry = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, True
-                if state.pieces or isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):
+                if isinstance(exc, httpcore.ConnectError):
+                    error = f"cannot connect to {self.base_url}: {exc}"
+                elif state.pieces or isinstance(exc, (httpcore.RemoteProtocolError, httpcore.ReadError)):
                     error = f"connection dropped mid-stream after {len(state.pieces)} chunks ({error})"
             if not retry or attempts > self.s.retries:
                 return Completion(ok=False, start=start, end=time.perf_counter(), error=error,
                                   attempts=attempts, text=state.text(), first_token=state.first)
 
     async def _stream(self, path: str, body: dict, st: "_Stream") -> None:
-        assert self._client is not None
-        async with self._client.stream("POST", path, json=body) as resp:
-            if resp.status_code >= 400:
-                raw = (await resp.aread())[:2000].decode("utf-8", "replace")
-                raise _Failure(f"HTTP {resp.status_code}: {_error_message(raw)}",
-                               retry=resp.status_code in _RETRY_STATUS)
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    st.done = True
-                    break
+        if self._free:
+            pool = self._free.pop()
+        else:
+            pool = httpcore.AsyncConnectionPool(ssl_context=self._ssl_context(), max_connections=1)
+            self._all.append(pool)
+        try:
+            await self._stream_on(pool, path, body, st)
+        finally:
+            self._free.append(pool)
+
+    async def _stream_on(self, pool: httpcore.AsyncConnectionPool, path: str, body: dict, st: "_Stream") -> None:
+        content = json.dumps(body).encode()
+        headers = [(b"Host", self._host), (b"Content-Type", b"application/json"), (b"Accept", b"text/event-stream"),
+                   (b"Accept-Encoding", b"identity"), (b"Content-Length", str(len(content)).encode())]
+        headers += [(k.encode(), v.encode()) for k, v in self._headers.items()]
+        timeout = {"connect": self.s.connect_timeout_s, "read": self.s.timeout_s, "write": self.s.timeout_s,
+                   "pool": self.s.timeout_s}
+        async with pool.stream("POST", self.base_url + path, headers=headers, content=content,
+                               extensions={"timeout": timeout}) as resp:
+            if resp.status >= 400:
+                raw = b""
+                async for data in resp.aiter_stream():
+                    raw += data
+                    if len(raw) > 2000:
+                        break
+                raise _Failure(f"HTTP {resp.status}: {_error_message(raw[:2000].decode('utf-8', 'replace'))}",
+                               retry=resp.status in _RETRY_STATUS)
+            chat = self.s.api == "chat"
+            buf = b""
+            async for data in resp.aiter_stream():  # server-sent events, split into lines by hand
                 t = time.perf_counter()
-                try:
-                    chunk = json.loads(payload)
-                except json.JSONDecodeError:
-                    raise _Failure(f"malformed stream chunk: {payload[:80]!r}", retry=False) from None
-                if "error" in chunk:
-                    raise _Failure(f"server error mid-stream: {_error_message(json.dumps(chunk))}", retry=False)
-                st.take(chunk, t, chat=self.s.api == "chat")
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    if line.startswith(b"data:"):
+                        self._event(line[5:].strip(), t, st, chat)
+            if buf.startswith(b"data:"):
+                self._event(buf[5:].strip(), time.perf_counter(), st, chat)
         if not st.done:
             raise _Failure("stream ended before [DONE] (connection dropped)", retry=True)
+
+    @staticmethod
+    def _event(payload: bytes, t: float, st: "_Stream", chat: bool) -> None:
+        if payload == b"[DONE]":  # the body is still read to its end, so the connection is reused
+            st.done = True
+            return
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            raise _Failure(f"malformed stream chunk: {payload[:80]!r}", retry=False) from None
+        if "error" in chunk:
+            raise _Failure(f"server error mid-stream: {_error_message(json.dumps(chunk))}", retry=False)
+        st.take(chunk, t, chat=chat)
 
     def _finish(self, st: "_Stream", start: float, attempts: int) -> Completion:
         text = st.text()
