@@ -7,9 +7,10 @@ max_tokens) and checks that:
   - the server's /metrics deltas agree with what the client counted (requests by status, prompt
     and generated tokens);
   - the server's resident memory stays bounded across levels.
-Then it measures the HTTP path's overhead on TTFT at concurrency 1 against in-process generate()
-on the same prompts (after stopping the server, so the two do not compete for the CPU), checks the
-greedy outputs are the same, and stops the server with SIGTERM (graceful shutdown).
+Then it measures the HTTP path's overhead on TTFT at concurrency 1: against the server's own
+engine TTFT for the same requests, and against in-process generate() on the same prompts
+(interleaved prompt by prompt), checks the greedy outputs are the same, and stops the server
+with SIGTERM (graceful shutdown).
 
     python benchmarks/server_load.py [--levels 1,4,16,64] [--requests 8,16,32,64] [--max-tokens 8]
                                      [--max-queue 16] [--strategy ar] [--json out.json]
@@ -128,13 +129,10 @@ async def run_level(backend: OpenAIBackend, prompts: list[str], concurrency: int
         "ttft_p50_s": pct(ttft, 50), "ttft_p95_s": pct(ttft, 95), "e2e_p50_s": pct(e2e, 50), "e2e_p95_s": pct(e2e, 95),
         "ok_per_s": len(ok) / wall, "answers_per_s": len(done) / wall,
         "server_rss_metric_mb": (info or {}).get("server_rss_bytes", float("nan")) / 2**20,
-        "outputs": {i: c.text for i, c in done if c.ok},
-        "ttft_by_item": {i: c.first_token - c.start for i, c in done if c.ok and c.first_token is not None},
-        "ext_by_item": {i: c.extra.get("specledger", {}) for i, c in done if c.ok},
     }
 
 
-async def drive(args: argparse.Namespace, url: str, prompts: list[str], pid: int) -> list[dict]:
+async def drive(args: argparse.Namespace, url: str, prompts: list[str], pid: int) -> tuple[list[dict], dict]:
     cfg = BenchConfig(name="server-load", backend="openai", model=args.model, max_new_tokens=args.max_tokens,
                       openai=OpenAISettings(base_url=url, retries=0, timeout_s=300, connect_timeout_s=30))
     backend = OpenAIBackend(cfg)
@@ -156,14 +154,14 @@ async def drive(args: argparse.Namespace, url: str, prompts: list[str], pid: int
                   flush=True)
             if row["errors"]:
                 print("   errors:", row["errors"])
-        return rows
+        cmp = await compare_ttft(args, backend, prompts[: args.requests[0]])
+        return rows, cmp
     finally:
         await backend.close()
 
 
-def in_process(args: argparse.Namespace, prompts: list[str]) -> list[tuple[str, float]]:
-    """(text, TTFT) of generate() on the same chat prompts, greedy, same max tokens; each prompt is
-    run twice and the second (warm) run is kept."""
+def in_process_engine(args: argparse.Namespace):
+    """generate() in this process with the server's configuration: prompt -> (text, TTFT)."""
     from specledger.decoding.factory import make_strategy
     from specledger.decoding.generate import generate
     from specledger.decoding.sampling import SamplingParams
@@ -173,13 +171,29 @@ def in_process(args: argparse.Namespace, prompts: list[str]) -> list[tuple[str, 
     lm = load_model(args.model)
     strategy = make_strategy(args.strategy, target=lm, **parse_params(args.param))
     sp = SamplingParams(max_new_tokens=args.max_tokens, temperature=0.0)
-    out = []
+
+    def run(prompt: str) -> tuple[str, float]:
+        r = generate(strategy, lm.tokenizer.chat([{"role": "user", "content": prompt}]), sp)
+        return r.text, r.ttft_s
+
+    return run
+
+
+async def compare_ttft(args: argparse.Namespace, backend: OpenAIBackend, prompts: list[str]) -> dict:
+    """HTTP vs in-process TTFT, interleaved prompt by prompt (the CPU is shared with other work, so
+    alternating keeps both sides under the same conditions); each side warmed on the prompt first."""
+    run = await asyncio.to_thread(in_process_engine, args)
+    rows = []
     for p in prompts:
-        ids = lm.tokenizer.chat([{"role": "user", "content": p}])
-        generate(strategy, ids, sp)
-        r = generate(strategy, ids, sp)
-        out.append((r.text, r.ttft_s))
-    return out
+        messages = [{"role": "user", "content": p}]
+        await asyncio.to_thread(run, p)
+        text, local = await asyncio.to_thread(run, p)
+        await backend.complete(messages, max_new_tokens=args.max_tokens)
+        c = await backend.complete(messages, max_new_tokens=args.max_tokens)
+        ext = c.extra.get("specledger", {})
+        rows.append({"local_ttft": local, "http_ttft": c.first_token - c.start,
+                     "server_ttft": ext["ttft_s"] + ext["queue_s"], "same": c.text == text})
+    return {k: [r[k] for r in rows] for k in rows[0]}
 
 
 def main() -> int:
@@ -207,7 +221,7 @@ def main() -> int:
     proc = start_server(args, port)
     print(f"server up in {time.perf_counter() - t_start:.1f} s, RSS {rss_mb(proc.pid)[0]:.0f} MiB", flush=True)
     try:
-        rows = asyncio.run(drive(args, url, prompts, proc.pid))
+        rows, cmp = asyncio.run(drive(args, url, prompts, proc.pid))
     finally:
         t0 = time.perf_counter()
         proc.send_signal(signal.SIGTERM)
@@ -218,22 +232,15 @@ def main() -> int:
             code = "killed after 60 s"
         print(f"SIGTERM -> server exited ({code}) in {time.perf_counter() - t0:.2f} s", flush=True)
 
-    # HTTP overhead on TTFT at concurrency 1 (items 0..n-1 of the first level are prompts 0..n-1):
-    # per request, client TTFT minus the engine's own TTFT and queue wait reported for that request;
-    # and side by side with in-process generate() on the same prompts (a separate, warm run).
-    first = rows[0]
-    items = sorted(first["ttft_by_item"])
-    http_ttft = [first["ttft_by_item"][i] for i in items]
-    engine = [first["ext_by_item"][i]["ttft_s"] + first["ext_by_item"][i]["queue_s"] for i in items]
-    over = [h - e for h, e in zip(http_ttft, engine)]
-    local = in_process(args, [prompts[i % len(prompts)] for i in items])
-    local_ttft = [t for _, t in local]
-    same = sum(first["outputs"][i] == text for i, (text, _) in zip(items, local))
     ms = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
-    print(f"TTFT at c=1, {len(items)} prompts, medians: HTTP client {ms(http_ttft):.1f} ms; the server's engine "
-          f"TTFT + queue wait for the same requests {ms(engine):.1f} ms -> HTTP path overhead {ms(over):.1f} ms "
-          f"(p90 {pct(over, 90) * 1e3:.1f} ms); in-process generate() on the same prompts {ms(local_ttft):.1f} ms")
-    print(f"greedy outputs identical server vs in-process: {same}/{len(items)}")
+    over = [h - e for h, e in zip(cmp["http_ttft"], cmp["server_ttft"])]
+    vs_local = [h - e for h, e in zip(cmp["http_ttft"], cmp["local_ttft"])]
+    n_same = sum(cmp["same"])
+    print(f"TTFT, c=1, {len(over)} prompts, warm, medians: HTTP client {ms(cmp['http_ttft']):.1f} ms | the server's "
+          f"own engine TTFT + queue wait for those requests {ms(cmp['server_ttft']):.1f} ms -> HTTP path overhead "
+          f"{ms(over):.1f} ms (p90 {pct(over, 90) * 1e3:.1f} ms) | in-process generate() {ms(cmp['local_ttft']):.1f} ms "
+          f"-> HTTP minus in-process {ms(vs_local):.1f} ms (p90 {pct(vs_local, 90) * 1e3:.1f} ms)")
+    print(f"greedy outputs identical server vs in-process: {n_same}/{len(over)}")
 
     rss = [r["rss_mb"] for r in rows]
     checks = {
@@ -241,14 +248,13 @@ def main() -> int:
         "every answer a success or a 503": all(r["client"]["other"] == 0 for r in rows),
         "server metrics agree with the client": all(r["metrics_agree"] for r in rows),
         "RSS bounded (last level within 15% of the first)": rss[-1] <= rss[0] * 1.15,
-        "greedy outputs identical": same == len(items),
+        "greedy outputs identical": n_same == len(over),
     }
     for k, v in checks.items():
         print(f"check: {k}: {'PASS' if v else 'FAIL'}")
     if args.json:
-        for r in rows:
-            r.pop("outputs"), r.pop("ttft_by_item"), r.pop("ext_by_item")
-        Path(args.json).write_text(json.dumps({"args": vars(args), "levels": rows, "checks": checks}, indent=2))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "levels": rows, "ttft": cmp, "checks": checks},
+                                              indent=2))
     return 0 if all(checks.values()) else 1
 
 

@@ -83,6 +83,7 @@ class BenchConfig(_Strict):
     sampling: Sampling = Field(default_factory=Sampling)
     max_new_tokens: int = Field(128, ge=1)
     openai: OpenAISettings | None = None
+    optional: bool = False  # cannot start (e.g. a strategy not in this build): skip it with a note, run the rest
 
     @model_validator(mode="after")
     def _check(self) -> "BenchConfig":
@@ -158,6 +159,11 @@ class SLO(_Strict):
 class GateSettings(_Strict):
     lossless_min_share: float = Field(1.0, ge=0.0, le=1.0)  # share of greedy outputs identical to `ar`
     min_pass_rate: float | None = Field(None, ge=0.0, le=1.0)
+    # Quantization: in-process targets other than fp32 are compared with the fp32 model, teacher-forced
+    # over the package's quality text (bench/probes.py); below min_agreement they are not comparable.
+    quantization: bool = True
+    min_agreement: float = Field(0.95, ge=0.0, le=1.0)  # top-1 agreement (bf16 alone reaches ~0.98 on SmolLM2)
+    max_kl: float | None = Field(None, ge=0.0)  # mean KL(reference || candidate), nats
 
 
 class RunConfig(_Strict):
@@ -170,6 +176,7 @@ class RunConfig(_Strict):
     run_id: str | None = None
     seed: int = 0
     bootstrap: int = Field(1000, ge=0)  # resamples for confidence intervals (0: none)
+    verify_curve: bool = True  # measure each in-process target's forward time for 1..64 new tokens (seconds)
 
     @model_validator(mode="after")
     def _unique(self) -> "RunConfig":

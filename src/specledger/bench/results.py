@@ -179,6 +179,13 @@ class LoadResult(_Model):
     segments: int = 1  # processes that measured it (a resumed level has more than one)
 
 
+class CurvePoint(_Model):
+    """One forward pass over `tokens` new tokens on top of a cached context took `ms`."""
+
+    tokens: int
+    ms: float
+
+
 class GateOutcome(_Model):
     name: str
     passed: bool | None  # None: not checked (reason says why)
@@ -201,6 +208,9 @@ class ConfigResult(_Model):
     pass_ci: tuple[float, float] | None = None
     comparable: bool = True
     comparable_reason: str = ""
+    # measured once per target model (bench/probes.py): forward ms for n new tokens; agreement with fp32
+    verify_curve: list[CurvePoint] = Field(default_factory=list)
+    agreement: dict[str, Any] | None = None
 
 
 class Conditions(_Model):

@@ -23,18 +23,20 @@ from specledger.bench.config import BenchConfig, RunConfig, parse_run_config
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.env import collect_conditions
 from specledger.bench.load import SteadyStateCheck, closed_loop, open_loop
+from specledger.bench.probes import UNQUANTIZED, measure_agreement, needs_agreement
 from specledger.bench.metrics import aggregate, group_by, spread_itl, tpot
 from specledger.bench.results import (
-    ConfigResult, GateOutcome, LoadResult, RequestGrade, RequestLog, RequestRecord, RunResult, SteadyState,
+    ConfigResult, CurvePoint, GateOutcome, LoadResult, RequestGrade, RequestLog, RequestRecord, RunResult, SteadyState,
     load_run, now, read_requests, write_run, write_summary, REQUESTS_FILE,
 )
 from specledger.bench.telemetry import telemetry_delta
 from specledger.bench.workload import Question, load_workload
 from specledger.errors import BadInput, SpecLedgerError
-from specledger.quality.gates import GateResult, comparable, lossless_gate, pass_rate_gate
+from specledger.quality.gates import GateResult, comparable, lossless_gate, pass_rate_gate, quantization_gate
 from specledger.quality.graders import grade
 
 BackendFactory = Callable[[BenchConfig], Backend]
+ReferenceFactory = Callable[[BenchConfig], Any]  # the unquantized model a quantized target is compared with
 
 
 def new_run_id() -> str:
@@ -59,6 +61,7 @@ class Runner:
         console: Console | None = None,
         show_progress: bool = True,
         backend_factory: BackendFactory | None = None,
+        reference_factory: ReferenceFactory | None = None,
     ):
         self.cfg = config
         self.run_dir = Path(run_dir)
@@ -66,6 +69,10 @@ class Runner:
         self.console = console or Console(stderr=True)
         self.show_progress = show_progress
         self.backend_factory = backend_factory
+        self.reference_factory = reference_factory
+        self._loaded: dict[tuple, Any] = {}  # model key -> LoadedModel, shared by configurations and roles
+        self._curves: dict[tuple, list[dict]] = {}  # target key -> verification-cost curve
+        self._agreements: dict[tuple, dict] = {}  # target key -> agreement with the fp32 model
         self.segment = uuid.uuid4().hex[:8]
         self.meter = EnergyMeter()
         self._t0_perf = time.perf_counter()
@@ -161,22 +168,79 @@ class Runner:
             return make_backend(bc, meter=self.meter, models=self._shared_models(bc))
         return make_backend(bc)
 
+    def _model_keys(self, bc: BenchConfig) -> dict[str, tuple]:
+        """Role -> the weights it uses (model, dtype, quant, group size, device); "reference": the fp32
+        model the quantization gate compares the target with."""
+        def key(model: str, dtype: str, quant: str, group_size: int) -> tuple:
+            return (model, dtype, quant, group_size if quant == "int4" else None, bc.device)
+
+        keys = {"target": key(bc.model, bc.dtype, bc.quant, bc.group_size)}
+        for role in ("draft", "intermediate"):
+            spec = getattr(bc, role)
+            if spec is not None:
+                keys[role] = key(spec.model, spec.dtype, spec.quant, spec.group_size)
+        if self.cfg.gates.quantization and needs_agreement(bc):
+            keys["reference"] = key(bc.model, *UNQUANTIZED, bc.group_size)
+        return keys
+
     def _shared_models(self, bc: BenchConfig) -> dict[str, Any]:
-        """Configurations of one target share its loaded weights (read-only); the loaded model is
-        kept only while a later configuration still needs it."""
-        if not hasattr(self, "_loaded"):
-            self._loaded: dict[tuple, Any] = {}
-        key = (bc.model, bc.dtype, bc.quant, bc.group_size, bc.device)
-        later = {(c.model, c.dtype, c.quant, c.group_size, c.device)
-                 for c in self.cfg.configs[self.cfg.configs.index(bc):] if c.backend == "inprocess"}
+        """Configurations share loaded weights (read-only; each run has its own caches), in any role; a
+        loaded model is kept only while a later configuration still needs it."""
+        later = {k for c in self.cfg.configs[self.cfg.configs.index(bc):] if c.backend == "inprocess"
+                 for k in self._model_keys(c).values()}
         for k in [k for k in self._loaded if k not in later]:
             del self._loaded[k]
-        return {"target": self._loaded[key]} if key in self._loaded else {}
+        return {role: self._loaded[k] for role, k in self._model_keys(bc).items()
+                if role != "reference" and k in self._loaded}
 
     def _keep_models(self, bc: BenchConfig, backend: Backend) -> None:
         models = getattr(backend, "models", None)
-        if bc.backend == "inprocess" and self.backend_factory is None and models and "target" in models:
-            self._loaded[(bc.model, bc.dtype, bc.quant, bc.group_size, bc.device)] = models["target"]
+        if bc.backend == "inprocess" and self.backend_factory is None and models:
+            for role, k in self._model_keys(bc).items():
+                if role in models:
+                    self._loaded[k] = models[role]
+
+    def _reference(self, bc: BenchConfig) -> Any:
+        if self.reference_factory is not None:
+            return self.reference_factory(bc)
+        k = self._model_keys(bc)["reference"]
+        if k not in self._loaded:
+            from specledger.engine.loader import load_model
+
+            self._loaded[k] = load_model(bc.model, dtype=UNQUANTIZED[0], quant=UNQUANTIZED[1], device=bc.device)
+        return self._loaded[k]
+
+    async def _probe(self, bc: BenchConfig, backend: Backend, cr: ConfigResult) -> None:
+        """Once per target: its verification-cost curve and, unless it is the fp32 model, its agreement."""
+        target_key = self._model_keys(bc)["target"] if bc.backend == "inprocess" else (bc.name,)
+        lm = (getattr(backend, "models", None) or {}).get("target")
+        todo = []
+        if self.cfg.verify_curve and target_key not in self._curves:
+            todo.append("verification-cost curve")
+        if self.cfg.gates.quantization and needs_agreement(bc) and lm is not None and target_key not in self._agreements:
+            todo.append("agreement with fp32")
+        task = None
+        if todo and self._progress is not None:
+            task = self._progress.add_task(f"{bc.name}: {' + '.join(todo)}", total=None)
+        try:
+            if "verification-cost curve" in todo:
+                self._curves[target_key] = await backend.verify_curve() or []
+            if "agreement with fp32" in todo:
+                ref = await asyncio.to_thread(self._reference, bc)
+                self._agreements[target_key] = await asyncio.to_thread(measure_agreement, ref, lm)
+        finally:
+            if task is not None:
+                self._progress.remove_task(task)
+        cr.verify_curve = [CurvePoint(**p) for p in self._curves.get(target_key, [])] or cr.verify_curve
+        cr.agreement = self._agreements.get(target_key, cr.agreement)
+
+    def _skip(self, bc: BenchConfig, exc: SpecLedgerError) -> None:
+        """An optional configuration that cannot start: say so, drop its (empty) results, run the rest."""
+        note = f"skipped {bc.name}: {str(exc).removeprefix(f'configuration {bc.name!r}: ')}"
+        self.run_result.notes.append(note)
+        self.run_result.configs = [c for c in self.run_result.configs if c.name != bc.name]
+        self.console.print(f"[yellow]{note}[/yellow]")
+        self._save()
 
     async def _run_config(self, bc: BenchConfig) -> None:
         cr = self._config_result(bc)
@@ -185,10 +249,17 @@ class Runner:
         if not levels:
             return
         backend = self._make_backend(bc)
-        await backend.start()
+        try:
+            await backend.start()
+        except SpecLedgerError as exc:
+            if not bc.optional or cr.loads:
+                raise
+            await backend.close()
+            return self._skip(bc, exc)
         self._keep_models(bc, backend)
         try:
             self.run_result.conditions.backends[bc.name] = backend.describe()
+            await self._probe(bc, backend, cr)
             await self._warmup(backend, bc)
             for label, conc, rate in levels:
                 await self._run_level(backend, bc, cr, _Level(label, conc, rate))
@@ -380,7 +451,8 @@ def _outputs(records: list[RequestRecord]) -> tuple[dict[str, list[int]], bool]:
 
 
 def apply_gates(run: RunResult, records: list[RequestRecord], cfg: RunConfig) -> None:
-    """Lossless (greedy, vs the `ar` configuration of the same target and precision) and pass rate."""
+    """Lossless (greedy, vs the `ar` configuration of the same target and precision), quantization (agreement
+    with the fp32 model, when measured) and pass rate."""
     by_config = group_by(records, "config")
     specs = {c.name: c for c in cfg.configs}
     for cr in run.configs:
@@ -403,6 +475,8 @@ def apply_gates(run: RunResult, records: list[RequestRecord], cfg: RunConfig) ->
                 g.figures["reference"] = ref.name
                 g.figures["compared_on"] = "token ids" if ref_ids and cand_ids else "text characters"
                 gates.append(g)
+        if cr.agreement is not None and cfg.gates.quantization:
+            gates.append(_quantization(cr.agreement, cfg))
         graded = _pass_rate_sample(recs, bc)
         pr = pass_rate_gate([r.grade.passed if r.grade else None for r in graded], min_rate=cfg.gates.min_pass_rate)
         gates.append(_gate(pr))
@@ -411,6 +485,14 @@ def apply_gates(run: RunResult, records: list[RequestRecord], cfg: RunConfig) ->
         cr.gates = gates
         checked = [GateResult(g.name, bool(g.passed), g.reason, g.figures) for g in gates if g.passed is not None]
         cr.comparable, cr.comparable_reason = comparable(checked)
+
+
+def _quantization(agreement: dict[str, Any], cfg: RunConfig) -> GateOutcome:
+    g = _gate(quantization_gate(agreement["top1_agreement"], agreement["mean_kl"],
+                                min_agreement=cfg.gates.min_agreement, max_kl=cfg.gates.max_kl))
+    g.figures |= {k: agreement.get(k) for k in ("reference", "tokens", "ppl_reference", "ppl_candidate")}
+    g.reason += f" vs {agreement.get('reference')}, teacher-forced over {agreement.get('tokens')} tokens"
+    return g
 
 
 def _pass_rate_sample(records: list[RequestRecord], bc: BenchConfig | None) -> list[RequestRecord]:

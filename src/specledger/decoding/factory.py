@@ -20,10 +20,12 @@ def resolve_model(value: Any, target: LoadedModel) -> LoadedModel:
     """
     if isinstance(value, LoadedModel):
         return value
+    if isinstance(value, (list, tuple)):  # a stack of levels (hierarchy intermediates)
+        return [resolve_model(v, target) for v in value]
     if isinstance(value, str):
         value = {"model": value}
     if not isinstance(value, dict) or "model" not in value:
-        raise BadInput(f"a model parameter needs a model name or path (got {value!r})")
+        raise BadInput(f"a model parameter needs a model name or path (got {type(value).__name__})")
     spec = {"model": value["model"], "dtype": value.get("dtype"), "quant": value.get("quant", "none"),
             "group_size": int(value.get("group_size", 32)), "device": value.get("device", target.device)}
     if spec["model"] in ("target", "self"):
@@ -48,7 +50,7 @@ def make_strategy(name: str, target: LoadedModel, **params: Any) -> Strategy:
         from specledger.decoding.hierarchy import Hierarchy as cls
     else:
         raise BadInput(f"unknown strategy {name!r} (choose from {', '.join(STRATEGIES)})")
-    params = {k: (resolve_model(v, target) if k in MODEL_PARAMS else v) for k, v in params.items()}
+    params = {k: (resolve_model(v, target) if k in MODEL_PARAMS else v) for k, v in params.items()}  # type: ignore[misc]
     try:
         return cls(target, **params)
     except TypeError as exc:

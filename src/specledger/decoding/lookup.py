@@ -45,3 +45,20 @@ class PromptLookup(Strategy):
         t1 = clock(dev)
         new, _, verdict = self.verify_and_accept(ctx, Tree.chain(draft))
         return StepStats(len(new), [len(draft)], [len(verdict.path)], [t1 - t0], clock(dev) - t1)
+
+
+class LookupDrafter:
+    """Prompt lookup as the bottom level of a hierarchy: a chain from the sequence itself."""
+
+    def __init__(self, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        self.k, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
+        self.tokens: list[int] = []
+
+    def start(self, tokens: list[int], features=None) -> None:
+        self.tokens = list(tokens)
+
+    def observe(self, tokens: list[int], features=None) -> None:
+        self.tokens = list(tokens)
+
+    def draft(self, budget: int) -> Tree:
+        return Tree.chain(find_continuation(self.tokens, self.max_ngram, self.min_ngram, min(self.k, budget)))

@@ -60,6 +60,13 @@ class Runner:
         self.last_hidden = h[0]
         return self.model.logits(h[:, -1])[0]
 
+    def catch_up(self) -> torch.Tensor:
+        """Cache every token but the pending one; return the features of the tokens fed."""
+        run = self.tokens[self.cache.length : -1]
+        if not run:
+            return self.model.rope_cos.new_zeros(0, self.lm.config.hidden_size)
+        return self.model.hidden(torch.tensor([run], device=self.device), self.cache)[0]
+
     def forward(self, tree: Tree | None = None, *, all_logits: bool = False) -> Forward:
         """Feed the uncached run of the sequence plus a tree hanging off its last token.
 

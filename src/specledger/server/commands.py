@@ -53,23 +53,27 @@ def serve(
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (chat and completions, streaming, /metrics)."""
-    from specledger.decoding.factory import make_strategy
+    from specledger.decoding.factory import STRATEGIES, make_strategy
     from specledger.engine.loader import load_model
     from specledger.server.app import Server, bind, create_app
 
+    # Everything that can be checked cheaply is checked before seconds go into loading models.
     if max_queue < 0:
         raise BadInput(f"--max-queue must be >= 0 (got {max_queue})")
+    if strategy not in STRATEGIES:
+        raise BadInput(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
     params = parse_params(strategy_param)
-    sock = bind(host, port)  # fail on a busy port before spending seconds loading models
+    with_draft = bool(draft_model or draft_quant or draft_dtype)
+    if with_draft and strategy != "draft":
+        raise BadInput("--draft-model/--draft-quant/--draft-dtype only apply to --strategy draft")
+    if strategy == "draft" and not with_draft and "draft" not in params:
+        raise BadInput("--strategy draft needs --draft-model (or --draft-quant for a quantized copy of the target)")
+    sock = bind(host, port)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(message)s")
     lm = load_model(model, dtype=dtype, quant=quant, group_size=group_size, device=device, max_seq_len=max_seq_len)
-    if draft_model or draft_quant or draft_dtype:
-        if strategy != "draft":
-            raise BadInput("--draft-model/--draft-quant/--draft-dtype only apply to --strategy draft")
+    if with_draft:
         params["draft"] = load_model(draft_model or model, dtype=draft_dtype, quant=draft_quant or "none",
                                      group_size=group_size, device=device, max_seq_len=max_seq_len)
-    elif strategy == "draft" and "draft" not in params:
-        raise BadInput("--strategy draft needs --draft-model (or --draft-quant for a quantized copy of the target)")
     strat = make_strategy(strategy, target=lm, **params)
     app = create_app(lm, strat, served_name=served_model_name, max_queue=max_queue)
     name = served_model_name or lm.name

@@ -95,7 +95,7 @@ def head_loss(
     p_loss = F.cross_entropy(logits, target)
     acc = (logits.argmax(-1) == target).float().mean()
     loss = v_loss + cfg.p_weight * p_loss
-    return loss, {"loss": float(loss), "v_loss": float(v_loss), "p_loss": float(p_loss), "acc": float(acc), "n": int(m.sum())}
+    return loss, {"loss": loss.item(), "v_loss": v_loss.item(), "p_loss": p_loss.item(), "acc": acc.item(), "n": int(m.sum())}
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:

@@ -65,6 +65,10 @@ class Backend(ABC):
         """Backend and version, recorded in the run's conditions."""
         return self.config.backend
 
+    async def verify_curve(self) -> list[dict[str, float]] | None:
+        """[{tokens, ms}]: the target's forward time for n new tokens, where the backend can measure it."""
+        return None
+
     async def scrape_metrics(self) -> str | None:
         """Prometheus text of the server, where there is one."""
         return None

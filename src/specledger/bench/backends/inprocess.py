@@ -60,6 +60,15 @@ class InProcessBackend(Backend):
             self.strategy = make_strategy(c.strategy, target=self.models["target"], **roles, **c.params)
         except SpecLedgerError as exc:
             raise SpecLedgerError(f"configuration {c.name!r}: {exc}") from None
+        except ImportError as exc:  # a strategy whose module is not in this build
+            raise SpecLedgerError(f"configuration {c.name!r}: strategy {c.strategy!r} is not available "
+                                  f"in this build ({exc})") from None
+
+    async def verify_curve(self) -> list[dict[str, float]]:
+        from specledger.bench.probes import measure_verify_curve
+
+        async with self._lock:
+            return await asyncio.to_thread(measure_verify_curve, self.models["target"])
 
     def describe(self) -> str:
         import torch

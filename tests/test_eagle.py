@@ -1,0 +1,238 @@
+"""EAGLE head, EAGLE-2 tree drafting and the EagleTree strategy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import PROMPTS, tiny_model
+from specledger.decoding.autoregressive import Autoregressive
+from specledger.decoding.eagle import EagleDrafter, EagleTree, TreeSizer, interpolate
+from specledger.decoding.eagle_head import EagleHead, HeadConfig, load_head, save_head
+from specledger.decoding.generate import generate
+from specledger.decoding.runner import Runner
+from specledger.decoding.sampling import SamplingParams
+from specledger.errors import BadInput
+
+
+def random_head(lm, seed: int = 0) -> EagleHead:
+    torch.manual_seed(seed)
+    head = EagleHead(HeadConfig.for_target(lm))
+    with torch.no_grad():  # norms away from 1 so that a mix-up of weights shows
+        for name, p in head.named_parameters():
+            if "norm" in name or "bias" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return head.eval().requires_grad_(False)
+
+
+def prefill(lm, prompt):
+    r = Runner(lm, 200)
+    r.prefill(prompt)
+    return r
+
+
+def test_tree_invariants_on_tiny():
+    lm = tiny_model()
+    head = random_head(lm)
+    prompt = [1, 5, 9, 2, 7, 3]
+    r = prefill(lm, prompt)
+    seq = prompt + [4]
+    for top_k, depth, total, budget in [(10, 5, 59, 100), (4, 3, 20, 7), (3, 6, 256, 300), (1, 4, 10, 10), (5, 1, 3, 10)]:
+        d = EagleDrafter(head, lm, top_k=top_k, depth=depth, total_nodes=total, max_len=200)
+        d.start(seq, r.last_hidden)
+        tree = d.draft(budget)
+        n_cand = top_k + (depth - 1) * top_k * top_k
+        assert len(tree) == min(total, budget, n_cand)
+        assert all(p < i for i, p in enumerate(tree.parents))
+        assert max(tree.depths()) <= depth
+        for kids in tree.children():  # siblings are distinct tokens
+            toks = [tree.tokens[c] for c in kids]
+            assert len(toks) == len(set(toks)) and len(kids) <= top_k
+        assert d.cache.length == len(seq) - 1  # tree entries rolled back
+        assert d.draft(budget).tokens == tree.tokens  # deterministic
+    assert len(d.draft(0)) == 0
+
+
+def test_best_nodes_are_kept():
+    """The kept nodes are the best-scoring candidates: every dropped one scores no higher."""
+    lm = tiny_model(vocab=48)
+    head = random_head(lm, 3)
+    r = prefill(lm, [3, 4, 5])
+    d = EagleDrafter(head, lm, top_k=4, depth=3, total_nodes=12, max_len=200)
+    d.start([3, 4, 5, 6], r.last_hidden)
+    tree = d.draft(100)
+    cum = [0.0] * len(d.cand_tokens)
+    for c, p in enumerate(d.cand_parents):
+        cum[c] = d.cand_logp[c] + (cum[p] if p >= 0 else 0.0)
+    kept = sorted(d.cand_order[:12])
+    assert [d.cand_tokens[c] for c in kept] == tree.tokens
+    worst_kept = min(cum[c] for c in kept)
+    assert all(cum[c] <= worst_kept + 1e-6 for c in d.cand_order[12:])
+
+
+def test_observe_rollback_matches_fresh_start():
+    """Following a sequence incrementally (with a rollback) leaves the head where a fresh start would."""
+    lm = tiny_model()
+    head = random_head(lm)
+    full = [2, 8, 1, 9, 4, 4, 7, 3, 11, 5, 6]
+    feats = prefill(lm, full).last_hidden
+    d = EagleDrafter(head, lm, top_k=3, depth=3, total_nodes=15, max_len=100)
+    d.start(full[:5], feats[:4])
+    d.draft(20)
+    d.observe(full[:9], feats[4:8])  # grow
+    d.draft(20)
+    other = full[:6] + [30, 31, 32]  # a level above rejected tokens 6.. : the base re-cached from token 5
+    d.observe(other, prefill(lm, other).last_hidden[5:8])
+    d.observe(full, feats[5:10])  # and back
+    got = d.draft(20)
+    fresh = EagleDrafter(head, lm, top_k=3, depth=3, total_nodes=15, max_len=100)
+    fresh.start(full, feats[:-1])
+    want = fresh.draft(20)
+    assert got.tokens == want.tokens and got.parents == want.parents
+    torch.testing.assert_close(d.root, fresh.root, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("total", [1, 7, 40, "auto"])
+def test_greedy_eagle_equals_autoregressive_on_tiny(total):
+    lm = tiny_model()
+    head = random_head(lm)
+    sp = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    for prompt in ([1, 2, 3], [5, 9, 14, 2, 2, 2, 7], [42]):
+        ar = generate(Autoregressive(lm), prompt, sp)
+        st = EagleTree(lm, head=head, top_k=4, depth=3, total_nodes=total)
+        r = generate(st, prompt, sp)
+        assert r.token_ids == ar.token_ids
+        assert r.levels[0].proposed >= r.levels[0].accepted
+        assert r.appended == r.steps + r.levels[0].accepted
+    if total == "auto":
+        p = st.params()
+        assert 1 <= p["auto_nodes"] <= 63 and set(p["verify_curve_ms"]) == {1, 2, 4, 8, 16, 32, 64}
+
+
+def test_eagle_sampling_runs_and_is_seeded():
+    lm = tiny_model()
+    head = random_head(lm)
+    sp = SamplingParams(max_new_tokens=30, temperature=0.8, seed=3, ignore_eos=True)
+    a = generate(EagleTree(lm, head=head, total_nodes=12), [1, 2, 3], sp)
+    b = generate(EagleTree(lm, head=head, total_nodes=12), [1, 2, 3], sp)
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 30
+
+
+def test_tree_sizer_prefers_small_trees_when_verification_is_steep():
+    flat = {1: 0.010, 2: 0.010, 4: 0.010, 8: 0.011, 16: 0.012, 32: 0.013, 64: 0.015}
+    steep = {1: 0.010, 2: 0.020, 4: 0.040, 8: 0.080, 16: 0.160, 32: 0.320, 64: 0.640}
+    hits = torch.tensor([0.9, 0.5, 0.4, 0.3, 0.2] + [0.05] * 60)
+    choices = []
+    for curve in (flat, steep):
+        s = TreeSizer(curve)
+        for _ in range(5):
+            s.update(hits, 0.015 + interpolate(curve, 33), 32)
+        choices.append(s.choose(None, 100))
+    assert choices[0] > 30 and choices[1] <= 2
+    assert TreeSizer(flat).choose(None, 5) <= 5
+
+
+def test_head_save_load_round_trip(tmp_path):
+    lm = tiny_model()
+    head = random_head(lm)
+    save_head(head, tmp_path / "h", dtype=torch.float32)
+    cfg = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert cfg["target_hidden"] == 64 and cfg["target_vocab"] == 64
+    loaded = load_head(tmp_path / "h", lm)
+    names = set(__import__("safetensors.torch").torch.load_file(str(tmp_path / "h" / "model.safetensors")))
+    assert not any("embed" in n or "output" in n for n in names)  # no copies of the target's tensors
+    x, f = torch.tensor([[3, 4, 5]]), torch.randn(1, 3, 64)
+    a = head.hidden(lm.model, x, f, head.new_cache(8))
+    b = loaded.hidden(lm.model, x, f, loaded.new_cache(8))
+    torch.testing.assert_close(a, b)
+
+
+def _write_public(head: EagleHead, path, fmt: str, with_embed: bool, lm) -> None:
+    """The public EAGLE layout: Llama-style config.json + fc / layers.0.* names."""
+    c = head.cfg
+    sd = head.state_dict()
+    q, k, v = sd["block.attention.wqkv.weight"].split([c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim,
+                                                       c.n_kv_heads * c.head_dim])
+    gate, up = sd["block.feed_forward.w13.weight"].chunk(2)
+    p = "layers.0."
+    out = {"fc.weight": sd["fc.weight"], "fc.bias": sd["fc.bias"],
+           p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k, p + "self_attn.v_proj.weight": v,
+           p + "self_attn.o_proj.weight": sd["block.attention.wo.weight"],
+           p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
+           p + "mlp.down_proj.weight": sd["block.feed_forward.w2.weight"],
+           p + "post_attention_layernorm.weight": sd["block.ffn_norm.weight"]}
+    if "block.attention_norm.weight" in sd:
+        out[p + "input_layernorm.weight"] = sd["block.attention_norm.weight"]
+    if with_embed:
+        out["embed_tokens.weight"] = lm.model.tok_embeddings.weight
+    out = {k: t.contiguous().clone() for k, t in out.items()}
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": c.hidden_size, "num_attention_heads": c.n_heads,
+        "num_key_value_heads": c.n_kv_heads, "intermediate_size": c.intermediate_size, "rms_norm_eps": c.rms_eps,
+        "rope_theta": c.rope_theta, "vocab_size": c.target_vocab, "num_hidden_layers": 1}))
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file(out, str(path / "model.safetensors"))
+    else:
+        torch.save(out, path / "pytorch_model.bin")
+
+
+@pytest.mark.parametrize("fmt,with_embed,attn_norm", [("safetensors", True, True), ("bin", False, False)])
+def test_public_eagle_layout(tmp_path, fmt, with_embed, attn_norm):
+    lm = tiny_model()
+    head = random_head(lm)
+    if not attn_norm:  # EAGLE-1 heads have no input norm on their single layer
+        head = EagleHead(HeadConfig(**{**head.cfg.__dict__, "attn_norm": False}))
+        head.load_state_dict({k: v for k, v in random_head(lm).state_dict().items() if "attention_norm" not in k})
+        head.eval()
+    _write_public(head, tmp_path / "pub", fmt, with_embed, lm)
+    loaded = load_head(tmp_path / "pub", lm)
+    assert loaded.cfg.attn_norm == attn_norm
+    x, f = torch.tensor([[3, 4, 5, 6]]), torch.randn(1, 4, 64)
+    torch.testing.assert_close(head.hidden(lm.model, x, f, head.new_cache(8)),
+                               loaded.hidden(lm.model, x, f, loaded.new_cache(8)))
+    r = generate(EagleTree(lm, head=str(tmp_path / "pub"), total_nodes=10), [1, 2, 3],
+                 SamplingParams(max_new_tokens=12, ignore_eos=True))
+    assert r.token_ids == generate(Autoregressive(lm), [1, 2, 3], SamplingParams(max_new_tokens=12, ignore_eos=True)).token_ids
+
+
+def test_bad_heads_and_params(tmp_path):
+    lm = tiny_model()
+    other = tiny_model(hidden=32, heads=2, kv_heads=1)
+    save_head(random_head(other), tmp_path / "h32")
+    with pytest.raises(BadInput, match="does not fit target"):
+        load_head(tmp_path / "h32", lm)
+    with pytest.raises(BadInput, match="does not fit target"):
+        EagleTree(lm, head=random_head(tiny_model(vocab=80)))
+    with pytest.raises(BadInput, match="does not fit target"):
+        EagleDrafter(random_head(other), lm, max_len=50)
+    with pytest.raises(BadInput, match="train-draft"):
+        EagleTree(lm)  # nothing shipped for a random model
+    with pytest.raises(BadInput, match="not an EAGLE head directory"):
+        load_head(tmp_path / "missing", lm)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "config.json").write_text("{}")
+    with pytest.raises(BadInput):
+        load_head(tmp_path / "junk", lm)
+    head = random_head(lm)
+    for kw in ({"top_k": 0}, {"depth": 0}, {"total_nodes": 0}, {"total_nodes": 257}, {"total_nodes": "many"}):
+        with pytest.raises(BadInput):
+            EagleTree(lm, head=head, **kw)
+
+
+@pytest.mark.slow
+def test_shipped_head_is_lossless_on_embedded_model(smollm):
+    sp = SamplingParams(max_new_tokens=32)
+    st = EagleTree(smollm)
+    taus = []
+    for text in PROMPTS:
+        ids = smollm.tokenizer.chat([{"role": "user", "content": text}])
+        want = generate(Autoregressive(smollm), ids, sp).token_ids
+        r = generate(st, ids, sp)
+        assert r.token_ids == want
+        taus.append(r.tau)
+    assert sum(taus) / len(taus) > 1.5  # the shipped head really drafts

@@ -1,0 +1,86 @@
+"""Self-distillation data (batched greedy generation) and head training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from specledger.decoding.autoregressive import Autoregressive
+from specledger.decoding.generate import generate
+from specledger.decoding.runner import Runner
+from specledger.decoding.sampling import SamplingParams
+from specledger.errors import BadInput
+from specledger.train.data import generate_batch, load_samples, read_prompts, save_shard
+from specledger.train.trainer import TrainConfig, collate, head_loss, train_head
+
+
+def test_batched_generation_matches_single_streams():
+    lm = tiny_model(vocab=96)
+    lm.config.eos_ids = [7]
+    prompts = [[1, 2, 3], [5, 9, 14, 2, 2, 2, 7, 8], [42], [3, 3, 60, 61]]
+    samples = generate_batch(lm, prompts, 20)
+    sp = SamplingParams(max_new_tokens=20)
+    for p, s in zip(prompts, samples):
+        want = generate(Autoregressive(lm), p, sp).token_ids
+        got = s.tokens[len(p):]
+        assert got[: len(want)] == want and (len(got) == 20 or got[-1] == 7)
+        assert s.prompt_len == len(p) and s.features.shape == (len(s.tokens) - 1, 64)
+        r = Runner(lm, 100)
+        r.prefill(s.tokens[:-1])
+        torch.testing.assert_close(s.features, r.last_hidden, rtol=1e-4, atol=1e-4)
+
+
+def test_shards_round_trip(tmp_path):
+    lm = tiny_model()
+    samples = generate_batch(lm, [[1, 2], [3, 4, 5]], 6)
+    save_shard(tmp_path / "shard_00000.safetensors", samples)
+    back = load_samples(tmp_path)
+    assert [s.tokens for s in back] == [s.tokens for s in samples]
+    torch.testing.assert_close(back[1].features.float(), samples[1].features, rtol=1e-2, atol=1e-2)
+
+
+def test_read_prompts_errors(tmp_path):
+    with pytest.raises(BadInput):
+        read_prompts(tmp_path / "nope.jsonl")
+    (tmp_path / "bad.jsonl").write_text('{"kind": "qa"}\n')
+    with pytest.raises(BadInput, match="bad.jsonl:1"):
+        read_prompts(tmp_path / "bad.jsonl")
+    (tmp_path / "ok.jsonl").write_text('{"prompt": "a"}\n\n{"turns": ["b", "c"]}\n')
+    assert read_prompts(tmp_path / "ok.jsonl") == ["a", "b"]
+
+
+def _data(lm, n=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, 64, (int(torch.randint(2, 8, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+    return generate_batch(lm, prompts, 24)
+
+
+def test_training_lowers_the_loss_and_resumes(tmp_path):
+    torch.set_num_threads(2)
+    lm = tiny_model()
+    samples = _data(lm)
+    cfg = TrainConfig(epochs=6, lr=3e-3, warmup_steps=3, batch_tokens=128, bf16_autocast=False, seed=1,
+                      checkpoint_every=1, val_fraction=0.0)
+    batch = collate(samples, list(range(len(samples))))
+    from specledger.decoding.eagle_head import EagleHead, HeadConfig
+
+    torch.manual_seed(cfg.seed)
+    before = head_loss(EagleHead(HeadConfig.for_target(lm)).eval(), lm, batch, cfg)[1]
+    head, summary = train_head(lm, samples, cfg, tmp_path / "a")
+    after = head_loss(head, lm, batch, cfg)[1]
+    assert after["loss"] < 0.7 * before["loss"] and after["acc"] > before["acc"]
+    assert summary["steps"] > 6 and len(summary["history"]) == 6
+
+    class Stop(Exception):
+        pass
+
+    def interrupt(step, total, avg):
+        if step == 5:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train_head(lm, samples, cfg, tmp_path / "b", on_step=interrupt)
+    resumed, _ = train_head(lm, samples, cfg, tmp_path / "b", resume=True)
+    for (n, a), (_, b) in zip(head.state_dict().items(), resumed.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=n)
