@@ -236,3 +236,26 @@ def test_shipped_head_is_lossless_on_embedded_model(smollm):
         assert r.token_ids == want
         taus.append(r.tau)
     assert sum(taus) / len(taus) > 1.5  # the shipped head really drafts
+
+
+@pytest.mark.parametrize("quant", ["none", "int8"])
+def test_draft_vocabulary_head(tmp_path, quant):
+    """A head restricted to a draft vocabulary proposes only those tokens, survives save/load, stays lossless."""
+    lm = tiny_model(dtype="fp32" if quant == "none" else "bf16", quant=quant)
+    vocab = torch.arange(0, 64, 3)
+    torch.manual_seed(0)
+    head = EagleHead(HeadConfig.for_target(lm), draft_vocab=vocab).eval().requires_grad_(False)
+    from specledger.decoding.eagle_head import draft_lm_head
+
+    h = torch.randn(5, 64, dtype=lm.model.dtype)
+    torch.testing.assert_close(draft_lm_head(head, lm.model)(h).float(), lm.model.logits(h)[:, vocab])
+    save_head(head, tmp_path / "h")
+    loaded = load_head(tmp_path / "h", lm)
+    assert loaded.cfg.draft_vocab == vocab.numel() and loaded.draft_vocab.tolist() == vocab.tolist()
+    r = prefill(lm, [1, 2, 3])
+    d = EagleDrafter(loaded, lm, top_k=4, depth=3, total_nodes=30, max_len=100)
+    d.start([1, 2, 3, 4], r.last_hidden)
+    assert set(d.draft(30).tokens) <= set(vocab.tolist())
+    sp = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    assert generate(EagleTree(lm, head=loaded, total_nodes=20), [5, 6], sp).token_ids == \
+        generate(Autoregressive(lm), [5, 6], sp).token_ids

@@ -72,8 +72,16 @@ def generate_cmd(
     from specledger.decoding.sampling import SamplingParams
     from specledger.engine.loader import load_model
 
+    from specledger.decoding.factory import STRATEGIES
+    from specledger.engine.loader import DTYPES, QUANTS
+
     if not prompt.strip():
         raise BadInput("empty prompt")
+    if strategy not in STRATEGIES:  # fail before spending seconds on loading weights
+        raise BadInput(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+    for what, value, allowed in (("quantization", quant, QUANTS), ("dtype", dtype, DTYPES)):
+        if value is not None and value not in allowed:
+            raise BadInput(f"unknown {what} {value!r} (choose from {', '.join(allowed)})")
     sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop)
     params = parse_params(param)
     if draft_model:

@@ -4,12 +4,18 @@ Entry i of the head pairs f_i, the target's final-normed hidden state at positio
 the embedding of token i+1, and predicts f_{i+1}; the target's own frozen LM head turns
 that into the distribution of token i+2. Embeddings, LM head and RoPE tables are borrowed
 from the target at call time, so the saved file holds only the head's own weights.
+
+A head may carry a draft vocabulary (the ids of the tokens it may propose, as in EAGLE-3):
+the LM head is then restricted to those rows, which makes every drafting step and every
+training step several times cheaper on a CPU; verification is unchanged, so it stays lossless.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+import weakref
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -18,7 +24,8 @@ from torch import nn
 from specledger.engine.config import ModelConfig
 from specledger.engine.kv_cache import KVCache
 from specledger.engine.loader import LoadedModel
-from specledger.engine.model import Block, Transformer
+from specledger.engine.model import Block, RMSNorm, Transformer
+from specledger.engine.quant import Int8Linear
 from specledger.errors import BadInput
 
 FORMAT = "specledger-eagle-head"
@@ -38,6 +45,7 @@ class HeadConfig:
     target_hidden: int = 0
     attn_norm: bool = True  # public EAGLE-1 heads skip the first layer's input norm
     fc_bias: bool = True
+    draft_vocab: int = 0  # size of the draft vocabulary; 0 = the target's whole vocabulary
 
     @classmethod
     def for_target(cls, lm: LoadedModel) -> "HeadConfig":
@@ -52,18 +60,31 @@ class HeadConfig:
 
 
 class EagleHead(nn.Module):
-    def __init__(self, cfg: HeadConfig) -> None:
+    def __init__(self, cfg: HeadConfig, draft_vocab: torch.Tensor | None = None) -> None:
         super().__init__()
+        if draft_vocab is not None:
+            cfg = replace(cfg, draft_vocab=int(draft_vocab.numel()))
+        elif cfg.draft_vocab:
+            draft_vocab = torch.zeros(cfg.draft_vocab, dtype=torch.long)  # filled by load_state_dict
         self.cfg = cfg
         h = cfg.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=cfg.fc_bias)
         self.block = Block(cfg.block_config())
         if not cfg.attn_norm:
             self.block.attention_norm = nn.Identity()
+        self.register_buffer("draft_vocab", None if draft_vocab is None else draft_vocab.long().clone())
 
     @property
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
+
+    def set_dtype(self, dtype: torch.dtype) -> "EagleHead":
+        """Weights and compute in `dtype`; the norms hand on in it too (the residual stream stays fp32)."""
+        self.to(dtype)
+        for m in self.modules():
+            if isinstance(m, RMSNorm):
+                m.out_dtype = dtype
+        return self
 
     def check_target(self, lm: LoadedModel) -> None:
         """A head only makes sense on features and a vocabulary of the shape it was trained on."""
@@ -105,7 +126,40 @@ class EagleHead(nn.Module):
         x = self.fc(torch.cat([emb, features.to(self.dtype)], dim=-1))
         x = self.block(x, cos, sin, cache, 0, start, mask)
         cache.length = start + n
-        return x
+        return x.to(self.dtype)
+
+
+class _Rows(nn.Module):
+    """Fallback for LM heads of other types: full logits, then the draft vocabulary's columns."""
+
+    def __init__(self, out: nn.Module, ids: torch.Tensor) -> None:
+        super().__init__()
+        self.out, self.ids = out, ids
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.out(h).index_select(-1, self.ids.to(h.device))
+
+
+def draft_lm_head(head: EagleHead, base: Transformer) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The target's frozen LM head, restricted to the head's draft vocabulary (built once per target)."""
+    out, ids = base.output, head.draft_vocab
+    if ids is None:
+        return out
+    memo = head.__dict__.setdefault("_draft_lm_heads", {})  # not a submodule: never saved
+    hit = memo.get(id(base))
+    if hit is not None and hit[0]() is base:
+        return hit[1]
+    ids = ids.to(base.device)
+    if isinstance(out, nn.Linear):
+        sub = nn.Linear(out.in_features, ids.numel(), bias=False, device=base.device, dtype=out.weight.dtype)
+        sub.weight = nn.Parameter(out.weight.detach().index_select(0, ids).clone(), requires_grad=False)
+    elif isinstance(out, Int8Linear):  # per-row scales: re-quantizing whole rows gives back the same codes
+        rows = out.weight.index_select(0, ids).float() * out.scales.index_select(0, ids).float()[:, None]
+        sub = Int8Linear(rows, out.scales.dtype).to(base.device)
+    else:
+        sub = _Rows(out, ids)
+    memo[id(base)] = (weakref.ref(base), sub)
+    return sub
 
 
 # --- saving and loading -------------------------------------------------------------------------
@@ -117,7 +171,7 @@ def save_head(head: EagleHead, path: str | Path, dtype: torch.dtype = torch.bflo
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().to(dtype).contiguous() for k, v in head.state_dict().items()}
+    sd = {k: (v.to(dtype) if v.is_floating_point() else v).detach().contiguous() for k, v in head.state_dict().items()}
     save_file(sd, str(out / "model.safetensors"))
     cfg = {"format": FORMAT, **asdict(head.cfg), "dtype": str(dtype).removeprefix("torch.")}
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -209,14 +263,16 @@ def load_head(path: str | Path, target: LoadedModel | None = None, dtype: torch.
         sd = _public_state(sd, cfg)
     head = EagleHead(cfg)
     try:
-        head.load_state_dict({k: v.float() for k, v in sd.items()})
+        head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in sd.items()})
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()
         raise BadInput(f"{path}: head weights do not match its config ({first[-1].strip() if first else exc})") from None
+    if head.draft_vocab is not None and (head.draft_vocab.numel() == 0 or int(head.draft_vocab.max()) >= cfg.target_vocab):
+        raise BadInput(f"{path}: draft vocabulary holds ids outside the target vocabulary of {cfg.target_vocab}")
     if target is not None:
         head.check_target(target)
         dtype = dtype or target.model.dtype
-    return head.to(dtype or torch.float32).eval().requires_grad_(False)
+    return head.set_dtype(dtype or torch.float32).eval().requires_grad_(False)
 
 
 def shipped_head_dir(model_name: str) -> Path:

@@ -158,6 +158,8 @@ def load_model(
         raise BadInput(f"unknown quantization {quant!r} (choose from {', '.join(QUANTS)})")
     dtype = dtype or default_dtype(quant)
     parse_dtype(dtype)
+    if quant == "int4" and group_size not in (32, 64, 128, 256):
+        check_group_size(0, group_size)
     t0 = time.perf_counter()
     path = resolve_model(name_or_path)
     grids: dict[str, Int4Grid] = {}

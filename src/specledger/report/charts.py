@@ -93,18 +93,22 @@ def tau_by_kind(ledger: LedgerResult) -> str | None:
 
 
 def verify_curves(ledger: LedgerResult) -> str | None:
-    seen: dict[str, ConfigMeasurement] = {}
+    # The curve belongs to the target model: configurations sharing a target (and its measured curve) are one line.
+    seen: dict[tuple, list[str]] = {}
     for m in ledger.measurements:
-        if m.verify_curve and m.name not in seen:
-            seen[m.name] = m
+        if m.verify_curve:
+            pts = tuple(sorted((p.tokens, p.ms) for p in m.verify_curve))
+            names = seen.setdefault((m.model, m.precision, pts), [])
+            if m.name not in names:
+                names.append(m.name)
     if not seen:
         return None
     fig = _figure()
     ax = fig.add_subplot()
-    for i, m in enumerate(seen.values()):
-        pts = sorted(m.verify_curve, key=lambda p: p.tokens)
-        ax.plot([p.tokens for p in pts], [p.ms for p in pts], marker="o", label=f"{m.name} ({m.precision})",
-                color=PALETTE[i % len(PALETTE)])
+    for i, ((model, precision, pts), names) in enumerate(seen.items()):
+        label = f"{model} {precision}" + (f" ({', '.join(names)})" if len(names) <= 3 else f" ({len(names)} configs)")
+        ax.plot([n for n, _ in pts], [ms for _, ms in pts], marker="o", label=label, color=PALETTE[i % len(PALETTE)])
+    ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens verified in one forward pass")
     ax.set_ylabel("forward time (ms)")
     ax.legend(fontsize=7, frameon=False)

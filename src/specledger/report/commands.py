@@ -1,4 +1,4 @@
-"""`specledger report`: price a run and write the self-contained HTML report."""
+"""`specledger report` (price a run, write the HTML report) and `specledger compare` (the main job: measure, gate, price, report)."""
 
 from __future__ import annotations
 
@@ -30,3 +30,22 @@ def register(app: typer.Typer) -> None:
             path = write_report(run_dir, ledger, out or Path(run_dir) / "report.html")
         console.print(render_cost_table(ledger))
         console.print(f"report: {path.resolve()}")
+
+    @app.command("compare")
+    def compare(
+        quick: bool = typer.Option(False, "--quick", help="~2 minutes: 4 configurations, one question per task kind, 32 tokens"),
+        out: Optional[Path] = typer.Option(None, "--out", "-o", help="run directory for results and report (default runs/compare-TIME)"),
+        inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help="cost inputs (YAML); default: the documented defaults"),
+        max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1, help="per answer, every configuration"),
+        config: Optional[Path] = typer.Option(None, "--config", "-c", help="run configuration (YAML/TOML) instead of the default matrix"),
+        no_report: bool = typer.Option(False, "--no-report", help="skip the HTML report"),
+        samples: int = typer.Option(2000, "--samples", min=0, help="Monte Carlo samples"),
+        no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+    ) -> None:
+        """The main job: run the configurations side by side (default: the embedded model's matrix), apply the
+        quality gates, price each accepted task, print the table and write the report."""
+        from specledger.compare import build_config, run_compare
+
+        run_config = build_config(config, quick=quick, max_new_tokens=max_new_tokens)
+        run_compare(run_config, run_dir=out, inputs=inputs, report=not no_report, samples=samples,
+                    show_progress=not no_progress)

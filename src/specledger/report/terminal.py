@@ -85,6 +85,35 @@ def render_sensitivity(ledger: LedgerResult, config: str | None = None, top: int
     return t
 
 
+def render_interaction(ledger: LedgerResult) -> Table | None:
+    """Speed-up of each method over autoregressive on the same target precision, one column per precision:
+    every cell is a measured configuration (a combination is never multiplied from two runs)."""
+    from specledger.report.html import interaction_rows
+
+    rows = interaction_rows(ledger)
+    if not any(r["strategy"] != "ar" for r in rows):
+        return None
+    precisions = sorted({r["precision"] for r in rows}, key=lambda p: (p not in ("fp32", "bf16", "fp16"), p))
+    methods = sorted({r["strategy"] for r in rows}, key=lambda s: (s != "ar", s))
+    t = Table(title="Speed-up over autoregressive on the same precision (measured per combination; "
+                    "ar row: vs the reference)", title_justify="left", header_style="bold")
+    t.add_column("method")
+    for p in precisions:
+        t.add_column(p, justify="right")
+    for m in methods:
+        cells = []
+        for p in precisions:
+            hits = [r for r in rows if r["strategy"] == m and r["precision"] == p]
+            cells.append(" ".join(
+                ("–" if (m == "ar" and h["vs_reference"] is None) else
+                 f"{h['vs_reference'] if m == 'ar' else h['speedup']:.2f}×")
+                + ("" if h["comparable"] else "*") for h in hits) or "[dim]not measured[/dim]")
+        t.add_row(m, *cells)
+    if any(not r["comparable"] for r in rows):
+        t.caption = "* not comparable (a quality gate failed)"
+    return t
+
+
 def print_ledger(ledger: LedgerResult, console: Console | None = None) -> None:
     console = console or Console()
     parts = [render_cost_table(ledger)]

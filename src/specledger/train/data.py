@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -74,25 +75,25 @@ def generate_batch(lm: LoadedModel, prompts: list[list[int]], max_new_tokens: in
     nxt = m.logits(h[:, -1]).argmax(-1)
     eos = torch.tensor(sorted(lm.config.eos_ids) or [-1], device=dev)
     out = [[] for _ in range(b)]
-    alive = list(range(b))  # original index of each row still generating
+    rows = list(range(b))  # original index of each batch row
+    active = torch.ones(b, dtype=torch.bool, device=dev)
     for step in range(max_new_tokens):
-        for r, i in enumerate(alive):
-            out[i].append(int(nxt[r]))
-        done = torch.isin(nxt, eos)
-        if step == max_new_tokens - 1:
+        for r, i in enumerate(rows):
+            if active[r]:
+                out[i].append(int(nxt[r]))
+        active &= ~torch.isin(nxt, eos)
+        if step == max_new_tokens - 1 or not bool(active.any()):
             break
-        if bool(done.any()):
-            keep = (~done).nonzero().flatten()
-            if keep.numel() == 0:
-                break
-            alive = [alive[int(r)] for r in keep]
+        if int((~active).sum()) * 4 >= len(rows):  # drop finished rows (copying the cache) now and then
+            keep = active.nonzero().flatten()
+            rows = [rows[int(r)] for r in keep]
             cache.k, cache.v = cache.k[:, keep], cache.v[:, keep]
-            nxt, pad, valid = nxt[keep], pad[keep], valid[keep]
+            nxt, pad, valid, active = nxt[keep], pad[keep], valid[keep], active[keep]
         s = cache.length
-        pos = (s - pad)[:, None]
-        h = m.hidden(nxt[:, None], cache, positions=pos, mask=valid[:, None, None, : s + 1])
-        for r, i in enumerate(alive):
-            feats[i].append(h[r])
+        h = m.hidden(nxt[:, None], cache, positions=(s - pad)[:, None], mask=valid[:, None, None, : s + 1])
+        for r, i in enumerate(rows):
+            if active[r]:
+                feats[i].append(h[r])
         nxt = m.logits(h[:, 0]).argmax(-1)
     samples = []
     for i, p in enumerate(prompts):
@@ -107,7 +108,7 @@ def _plan_key(lm: LoadedModel, prompts: list[list[int]], max_new_tokens: int, ba
     return h[:16]
 
 
-def save_shard(path: Path, samples: list[Sample]) -> None:
+def save_shard(path: Path, samples: list[Sample], seconds: float = 0.0) -> None:
     from safetensors.torch import save_file
 
     toks = torch.tensor([t for s in samples for t in s.tokens], dtype=torch.int32)
@@ -119,8 +120,20 @@ def save_shard(path: Path, samples: list[Sample]) -> None:
             "features": torch.cat([s.features for s in samples]).to(torch.bfloat16).contiguous(),
         },
         str(path.with_suffix(".tmp")),
+        metadata={"seconds": f"{seconds:.3f}"},
     )
     path.with_suffix(".tmp").rename(path)
+
+
+def shard_seconds(data_dir: str | Path) -> float:
+    """Time the target spent answering, summed over the shards (also over interrupted runs)."""
+    from safetensors import safe_open
+
+    total = 0.0
+    for sh in Path(data_dir).glob("shard_*.safetensors"):
+        with safe_open(str(sh), "pt") as f:
+            total += float((f.metadata() or {}).get("seconds", 0.0))
+    return total
 
 
 def load_samples(data_dir: str | Path) -> list[Sample]:
@@ -169,11 +182,14 @@ def generate_data(
     for n, batch in enumerate(batches):
         shard = out / f"shard_{n:05d}.safetensors"
         if not shard.exists():
-            save_shard(shard, generate_batch(lm, batch, max_new_tokens))
+            t0 = time.perf_counter()
+            samples = generate_batch(lm, batch, max_new_tokens)
+            save_shard(shard, samples, time.perf_counter() - t0)
         if on_batch:
             on_batch(n + 1, len(batches))
     samples = load_samples(out)
     meta = {
+        "generation_s": round(shard_seconds(out), 1),
         "key": key,
         "model": lm.label,
         "sequences": len(samples),

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from specledger.decoding.eagle_head import EagleHead, HeadConfig
+from specledger.decoding.eagle_head import EagleHead, HeadConfig, draft_lm_head
 from specledger.engine.loader import LoadedModel
 from specledger.train.data import Sample
 
@@ -29,7 +29,7 @@ class TrainConfig:
     lr: float = 1e-3
     min_lr_ratio: float = 0.05
     warmup_steps: int = 40
-    batch_tokens: int = 4096  # padded tokens per optimisation step
+    batch_tokens: int = 1024  # padded tokens per optimisation step
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     noise: float = 0.2  # width of the uniform noise added to input features
@@ -38,6 +38,7 @@ class TrainConfig:
     seed: int = 0
     bf16_autocast: bool = True
     checkpoint_every: int = 100
+    draft_vocab: int = 8192  # most frequent answer tokens the head may propose; 0 = the whole vocabulary
 
 
 @dataclass
@@ -76,6 +77,17 @@ def collate(samples: list[Sample], idx: list[int]) -> Batch:
     return Batch(toks, feats, mask)
 
 
+def pick_draft_vocab(samples: list[Sample], size: int, vocab_size: int, always: list[int] = ()) -> torch.Tensor | None:
+    """The `size` tokens the target answers with most often (plus `always`), sorted; None = everything."""
+    if size <= 0 or size >= vocab_size:
+        return None
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for s in samples:
+        counts += torch.bincount(torch.tensor(s.tokens[s.prompt_len :], dtype=torch.long), minlength=vocab_size)
+    counts[list(always)] = counts.max() + 1
+    return counts.topk(size).indices.sort().values
+
+
 def head_loss(
     head: EagleHead, base: LoadedModel, batch: Batch, cfg: TrainConfig, gen: torch.Generator | None = None
 ) -> tuple[torch.Tensor, dict]:
@@ -89,13 +101,30 @@ def head_loss(
         h = head.hidden(base.model, batch.tokens[:, 1 : L - 1], f_in, cache)
         m = batch.mask
         h_sel = h[m]
-        logits = base.model.output(h_sel).float()
+        logits = draft_lm_head(head, base.model)(h_sel).float()
     v_loss = F.smooth_l1_loss(h_sel.float(), batch.features[:, 1 : L - 1][m])
     target = batch.tokens[:, 2:L][m]
-    p_loss = F.cross_entropy(logits, target)
-    acc = (logits.argmax(-1) == target).float().mean()
+    guess = logits.argmax(-1)
+    if head.draft_vocab is not None:  # targets outside the draft vocabulary cannot be learned: ignored
+        index = torch.full((base.config.vocab_size,), -100, dtype=torch.long)
+        index[head.draft_vocab] = torch.arange(head.draft_vocab.numel())
+        guess = head.draft_vocab[guess]
+        mapped = index[target]
+        p_loss = F.cross_entropy(logits, mapped, ignore_index=-100) if bool((mapped >= 0).any()) else logits.sum() * 0
+    else:
+        p_loss = F.cross_entropy(logits, target)
+    acc = (guess == target).float().mean()
     loss = v_loss + cfg.p_weight * p_loss
     return loss, {"loss": loss.item(), "v_loss": v_loss.item(), "p_loss": p_loss.item(), "acc": acc.item(), "n": int(m.sum())}
+
+
+def _coverage(samples: list[Sample], vocab: torch.Tensor | None) -> float:
+    """Share of the target's answer tokens that the draft vocabulary can propose."""
+    if vocab is None:
+        return 1.0
+    inside = set(vocab.tolist())
+    toks = [t for s in samples for t in s.tokens[s.prompt_len :]]
+    return round(sum(t in inside for t in toks) / max(1, len(toks)), 4)
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
@@ -133,16 +162,16 @@ def train_head(
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     ckpt_path = work / "checkpoint.pt"
-    torch.manual_seed(cfg.seed)
-    head = EagleHead(HeadConfig.for_target(base)).float()
-    head.train()
-    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-
     split = torch.randperm(len(samples), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
     n_val = int(len(samples) * cfg.val_fraction) if len(samples) >= 20 else 0
     val_set = set(split[:n_val])
     train_s = [s for i, s in enumerate(samples) if i not in val_set]
     val_s = [s for i, s in enumerate(samples) if i in val_set]
+    vocab = pick_draft_vocab(train_s, cfg.draft_vocab, base.config.vocab_size, base.config.eos_ids)
+    torch.manual_seed(cfg.seed)
+    head = EagleHead(HeadConfig.for_target(base), draft_vocab=vocab).float()
+    head.train()
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     train_b = make_batches(train_s, cfg.batch_tokens)
     val_b = make_batches(val_s, cfg.batch_tokens)
     total = cfg.epochs * len(train_b)
@@ -188,6 +217,8 @@ def train_head(
     head.eval().requires_grad_(False)
     summary = {
         "steps": total,
+        "draft_vocab": head.cfg.draft_vocab,
+        "draft_vocab_coverage": _coverage(val_s or train_s, head.draft_vocab),
         "train_sequences": len(train_s),
         "val_sequences": len(val_s),
         "train_time_s": round(time.perf_counter() - t_start, 1),

@@ -1,0 +1,184 @@
+"""`specledger compare`, the main job: run a matrix of decoding configurations side by side, gate them,
+price each accepted task and write the report.
+
+The default matrix runs on the embedded model with the built-in workload. Every combination of
+speculation and quantization in it is its own measured configuration (lookup on the fp32 and on the
+W4A16 target, EAGLE on both), so the report's interaction table never multiplies speed-ups from
+different runs. Strategies still landing (EAGLE needs a shipped head, the hierarchy its module) are
+`optional`: when they cannot be built the harness skips them with a one-line note and runs the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+from specledger.bench.config import RunConfig, load_run_config, parse_run_config
+from specledger.bench.results import REQUESTS_FILE
+from specledger.errors import BadInput, SpecLedgerError
+
+if TYPE_CHECKING:
+    from specledger.bench.results import RunResult
+    from specledger.ledger.price import LedgerResult
+
+EMBEDDED = "smollm2-135m"
+FP32: dict[str, Any] = {"dtype": "fp32", "quant": "none"}
+W8A16: dict[str, Any] = {"dtype": "bf16", "quant": "int8"}
+W4A16: dict[str, Any] = {"dtype": "bf16", "quant": "int4", "group_size": 32}
+
+
+@dataclass(frozen=True)
+class Size:
+    """How much to measure: sized so the default run takes ~10 minutes on 2 CPU cores, --quick ~2."""
+
+    workload: dict[str, Any]
+    max_new_tokens: int
+    quick: bool
+
+
+# One MT-Bench category keeps the multi-turn kind (its first turn's answer is the second turn's context);
+# two questions of each other kind give per-kind τ and speed-up something to stand on.
+FULL = Size({"spec": "builtin", "categories": ["writing", "translation", "summarization", "qa", "math_reasoning",
+                                               "rag"], "per_category": 2}, max_new_tokens=96, quick=False)
+QUICK = Size({"spec": "builtin-quick"}, max_new_tokens=32, quick=True)
+
+
+def default_configs(size: Size, model: str = EMBEDDED) -> list[dict[str, Any]]:
+    """The default matrix, named <strategy>-<target precision>, ordered so loaded weights are reused.
+
+    --quick keeps the smallest set that still shows the interaction: autoregressive and prompt lookup,
+    each on the fp32 and on the W4A16 target.
+    """
+    def cfg(name: str, strategy: str, precision: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        return {"name": name, "model": model, "strategy": strategy, **precision,
+                "max_new_tokens": size.max_new_tokens, **extra}
+
+    if size.quick:
+        return [cfg("ar-fp32", "ar", FP32), cfg("lookup-fp32", "lookup", FP32),
+                cfg("ar-w4", "ar", W4A16), cfg("lookup-w4", "lookup", W4A16)]
+    return [
+        cfg("ar-fp32", "ar", FP32),
+        cfg("lookup-fp32", "lookup", FP32),
+        cfg("eagle-fp32", "eagle", FP32, optional=True),
+        cfg("draft-fp32", "draft", FP32, draft={"model": model, **W4A16}),  # a chain from the W4A16 copy
+        cfg("ar-w8", "ar", W8A16),
+        cfg("ar-w4", "ar", W4A16),
+        cfg("lookup-w4", "lookup", W4A16),
+        cfg("eagle-w4", "eagle", W4A16, optional=True),
+        # HierSpec's shape: the EAGLE tree is verified by an intermediate (here the fp32 copy, which the
+        # head was trained on), the W4A16 target verifies only the resulting chain.
+        cfg("hier-w4", "hier", W4A16, intermediate={"model": model, **FP32}, optional=True),
+    ]
+
+
+def default_matrix(*, quick: bool = False, max_new_tokens: int | None = None, model: str = EMBEDDED) -> RunConfig:
+    size = QUICK if quick else FULL
+    data = {"configs": default_configs(size, model), "workload": size.workload, "load": {"concurrency": [1], "warmup_max_new_tokens": 16},
+            "output_dir": "runs"}
+    config = parse_run_config(data, source="default matrix")
+    return with_max_new_tokens(config, max_new_tokens)
+
+
+def with_max_new_tokens(config: RunConfig, max_new_tokens: int | None) -> RunConfig:
+    """Every configuration's answer length capped the same (a workload's own limit still wins)."""
+    if max_new_tokens is None:
+        return config
+    data = config.model_dump(mode="json")
+    for c in data["configs"]:
+        c["max_new_tokens"] = max_new_tokens
+    return parse_run_config(data, source="--max-new-tokens")
+
+
+def build_config(config_file: Path | None, *, quick: bool, max_new_tokens: int | None) -> RunConfig:
+    if config_file is None:
+        return default_matrix(quick=quick, max_new_tokens=max_new_tokens)
+    return with_max_new_tokens(load_run_config(config_file), max_new_tokens)
+
+
+def default_run_dir(config: RunConfig) -> Path:
+    return Path(config.output_dir) / (config.run_id or f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+@dataclass
+class Outcome:
+    run: RunResult
+    run_dir: Path
+    ledger: LedgerResult
+    report: Path | None
+    elapsed_s: float
+
+
+def plan_table(config: RunConfig) -> Table:
+    from specledger.ledger.measurements import precision_label
+
+    t = Table(title="Configurations", title_justify="left", header_style="bold")
+    for col in ("name", "strategy", "target", "drafter / intermediate", "max new tokens"):
+        t.add_column(col)
+    for c in config.configs:
+        roles = [f"{role} {spec.model} {precision_label(spec.dtype, spec.quant, spec.group_size)}"
+                 for role, spec in (("draft", c.draft), ("intermediate", c.intermediate)) if spec is not None]
+        roles += [f"{k}={v}" for k, v in c.params.items()]
+        t.add_row(c.name + (" [dim](if available)[/dim]" if c.optional else ""), c.strategy,
+                  f"{c.model} {precision_label(c.dtype, c.quant, c.group_size)}", ", ".join(roles) or "–",
+                  str(c.max_new_tokens))
+    return t
+
+
+def run_compare(config: RunConfig, *, run_dir: Path | None = None, inputs: Path | None = None,
+                report: bool = True, samples: int = 2000, console: Console | None = None,
+                show_progress: bool = True) -> Outcome:
+    """Measure (with gates), price, print the cost table, write the report."""
+    from specledger.bench.runner import run_benchmark
+    from specledger.bench.tables import gates_text
+    from specledger.bench.workload import load_workload
+    from specledger.ledger.inputs import load_inputs
+    from specledger.ledger.price import price_run
+    from specledger.report.html import write_report
+    from specledger.report.terminal import print_ledger, render_interaction
+
+    console = console or Console()
+    t0 = time.perf_counter()
+    costs = load_inputs(inputs)  # a bad cost file fails now, not after the measurements
+    w = config.workload
+    questions = load_workload(w.spec, categories=w.categories, per_category=w.per_category, limit=w.limit,
+                              seed=w.seed, on_bad_line=w.on_bad_line)
+    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
+    if (run_dir / REQUESTS_FILE).exists():
+        raise BadInput(f"{run_dir} already holds a run; choose another --out directory")
+    console.print(plan_table(config))
+    cap = config.load.warmup_max_new_tokens
+    console.print(f"workload {w.spec}: {len(questions)} questions, {sum(len(q.turns) for q in questions)} turns "
+                  f"(+{config.load.warmup} warm-up per configuration{f', ≤{cap} tokens' if cap else ''}); "
+                  f"results in {run_dir}")
+    try:
+        run, run_dir = run_benchmark(config, run_dir=run_dir, console=console, show_progress=show_progress)
+    except SpecLedgerError as exc:
+        if (run_dir / "run.json").exists():
+            raise SpecLedgerError(f"{exc} (what was measured is in {run_dir})") from None
+        raise
+    measured = f"{time.perf_counter() - t0:.0f} s"
+    try:
+        with console.status("pricing…"):
+            ledger = price_run(run_dir, costs, samples=samples, seed=config.seed)
+    except SpecLedgerError as exc:
+        raise SpecLedgerError(f"{exc} (the measurements are in {run_dir})") from None
+    (run_dir / "ledger.json").write_text(ledger.model_dump_json(indent=2), encoding="utf-8")
+    console.print("[bold]Quality gates[/bold]")
+    console.print(gates_text(run))  # every gate's figures, divergences included, and the run's notes
+    print_ledger(ledger, console)
+    inter = render_interaction(ledger)
+    if inter is not None:
+        console.print(inter)
+    path = None
+    if report:
+        path = write_report(run_dir, ledger, run_dir / "report.html")
+    elapsed = time.perf_counter() - t0
+    console.print(f"measured in {measured}, done in {elapsed:.0f} s; results: {run_dir.resolve()}")
+    if path is not None:
+        console.print(f"report: {path.resolve()}")
+    return Outcome(run=run, run_dir=run_dir, ledger=ledger, report=path, elapsed_s=elapsed)
