@@ -119,10 +119,13 @@ def main() -> None:
         base = overall.get(ar_of[tgt])
         ref_rows = {x["prompt"]: x["ids"] for x in rows if x["config"] == ar_of[tgt]}
         same = [x["ids"] == ref_rows.get(x["prompt"]) for x in rows if x["config"] == n]
+        div = [next((j for j, (u, v) in enumerate(zip(x["ids"], ref_rows[x["prompt"]])) if u != v), None)
+               for x in rows if x["config"] == n and x["ids"] != ref_rows.get(x["prompt"])]
+        div = [d for d in div if d is not None]
         lv = "; ".join(f"{k}: {p}→{acc} ({r:.0%})" for k, (p, acc, r) in s["levels"].items() if r is not None)
         t.add_row(n, f"{s['tau']:.2f}", lv or "-", f"{s['decode_tok_s']:.1f}", f"{s['e2e_tok_s']:.1f}", f"{s['ttft_ms']:.0f}",
                   f"{s['draft_prefill_ms']:.0f}", f"{s['decode_tok_s'] / base['decode_tok_s']:.2f}x" if base else "-",
-                  f"{s['e2e_tok_s'] / base['e2e_tok_s']:.2f}x" if base else "-", f"{sum(same)}/{len(same)}")
+                  f"{s['e2e_tok_s'] / base['e2e_tok_s']:.2f}x" if base else "-", f"{sum(same)}/{len(same)}" + (f" (first divergence at token {min(div)}-{max(div)})" if div else ""))
     console.print(t)
     t = Table(title="per task kind: tau / decode speed-up over ar of the same target")
     t.add_column("config")

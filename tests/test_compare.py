@@ -40,7 +40,8 @@ def test_default_matrix_measures_every_combination():
     assert all(c.target_key() in ar_targets for c in cfg.configs)
     draft = by["draft-fp32"].draft
     assert (draft.model, draft.dtype, draft.quant, draft.group_size) == ("smollm2-135m", "bf16", "int4", 32)
-    assert by["hier-w4"].intermediate is not None
+    mid = by["hier-w4"].intermediate
+    assert (mid.dtype, mid.quant) == ("bf16", "none")  # the flattest verification curve verifies the tree
     assert {n for n, c in by.items() if c.optional} == {"eagle-fp32", "eagle-w4", "hier-w4"}
     assert cfg.workload.spec == "builtin" and cfg.workload.per_category == 2
     assert all(c.sampling.temperature == 0.0 for c in cfg.configs)  # greedy: the lossless gate applies

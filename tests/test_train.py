@@ -15,11 +15,12 @@ from specledger.train.data import generate_batch, load_samples, read_prompts, sa
 from specledger.train.trainer import TrainConfig, collate, head_loss, train_head
 
 
-def test_batched_generation_matches_single_streams():
+@pytest.mark.parametrize("batch", [2, 8])
+def test_batched_generation_matches_single_streams(batch):
     lm = tiny_model(vocab=96)
     lm.config.eos_ids = [7]
-    prompts = [[1, 2, 3], [5, 9, 14, 2, 2, 2, 7, 8], [42], [3, 3, 60, 61]]
-    samples = generate_batch(lm, prompts, 20)
+    prompts = [[1, 2, 3], [5, 9, 14, 2, 2, 2, 7, 8], [42], [3, 3, 60, 61], [8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 9], [30, 31]]
+    samples = generate_batch(lm, prompts, 20, batch_size=batch)
     sp = SamplingParams(max_new_tokens=20)
     for p, s in zip(prompts, samples):
         want = generate(Autoregressive(lm), p, sp).token_ids
@@ -29,6 +30,27 @@ def test_batched_generation_matches_single_streams():
         r = Runner(lm, 100)
         r.prefill(s.tokens[:-1])
         torch.testing.assert_close(s.features, r.last_hidden, rtol=1e-4, atol=1e-4)
+
+
+class _CharTokenizer:
+    def chat(self, messages):
+        return [1 + ord(c) % 60 for c in messages[0]["content"]]
+
+
+def test_generate_data_resumes(tmp_path):
+    from specledger.train.data import generate_data
+
+    lm = tiny_model()
+    lm.tokenizer = _CharTokenizer()
+    texts = ["hello", "a longer prompt here", "xyz", "q", "another one"]
+    meta = generate_data(lm, texts, tmp_path, max_new_tokens=6, batch_size=2, shard_size=2)
+    assert meta["sequences"] == 5 and meta["response_tokens"] == 30
+    first = load_samples(tmp_path)
+    (tmp_path / "shard_00001.safetensors").unlink()
+    seen = []
+    generate_data(lm, texts, tmp_path, max_new_tokens=6, batch_size=2, shard_size=2, on_progress=lambda i, n: seen.append(i))
+    assert seen[0] == 3 and seen[-1] == 5
+    assert [s.tokens for s in load_samples(tmp_path)] == [s.tokens for s in first]
 
 
 def test_shards_round_trip(tmp_path):
@@ -61,7 +83,7 @@ def test_training_lowers_the_loss_and_resumes(tmp_path):
     lm = tiny_model()
     samples = _data(lm)
     cfg = TrainConfig(epochs=6, lr=3e-3, warmup_steps=3, batch_tokens=128, bf16_autocast=False, seed=1,
-                      checkpoint_every=1, val_fraction=0.0)
+                      checkpoint_every=1, val_fraction=0.0, unroll=2)
     batch = collate(samples, list(range(len(samples))))
     from specledger.decoding.eagle_head import EagleHead, HeadConfig
 
@@ -84,3 +106,30 @@ def test_training_lowers_the_loss_and_resumes(tmp_path):
     resumed, _ = train_head(lm, samples, cfg, tmp_path / "b", resume=True)
     for (n, a), (_, b) in zip(head.state_dict().items(), resumed.state_dict().items()):
         torch.testing.assert_close(a, b, msg=n)
+
+
+def test_unrolled_steps_see_what_tree_nodes_see():
+    """Unroll step s at entry i equals feeding the head its own prediction as a depth s-1 node would."""
+    from specledger.decoding.eagle_head import EagleHead, HeadConfig
+    from specledger.train.trainer import unrolled
+
+    lm = tiny_model()
+    torch.manual_seed(0)
+    head = EagleHead(HeadConfig.for_target(lm)).eval()
+    toks = [3, 9, 1, 4, 4, 8, 2, 7, 5, 6, 11, 12]
+    r = Runner(lm, 50)
+    r.prefill(toks)
+    feats = r.last_hidden
+    with torch.no_grad():
+        hs = unrolled(head, lm, torch.tensor([toks]), feats[None, :10], 3)
+        for i in (0, 5, 8):
+            cache = head.new_cache(20)
+            a = head.hidden(lm.model, torch.tensor([toks[1 : i + 2]]), feats[None, : i + 1], cache)
+            torch.testing.assert_close(a[0, -1], hs[0][0, i])
+            b = head.hidden(lm.model, torch.tensor([[toks[i + 2]]]), a[:, -1:], cache, positions=torch.tensor([i + 1]))
+            torch.testing.assert_close(b[0, 0], hs[1][0, i], rtol=1e-4, atol=1e-4)
+            if i + 3 <= 10:  # beyond, step 3 has no targets (entries padded)
+                c = head.hidden(lm.model, torch.tensor([[toks[i + 3]]]), b, cache, positions=torch.tensor([i + 2]))
+                torch.testing.assert_close(c[0, 0], hs[2][0, i], rtol=1e-4, atol=1e-4)
+    with pytest.raises(BadInput):
+        train_head(lm, _data(lm, n=4), TrainConfig(labels="hard", prompt_loss=True), "/tmp/unused")

@@ -217,7 +217,8 @@ class Runner:
         todo = []
         if self.cfg.verify_curve and target_key not in self._curves:
             todo.append("verification-cost curve")
-        if self.cfg.gates.quantization and needs_agreement(bc) and lm is not None and target_key not in self._agreements:
+        if (self.cfg.gates.quantization and needs_agreement(bc) and lm is not None
+                and target_key not in self._agreements):
             todo.append("agreement with fp32")
         task = None
         if todo and self._progress is not None:

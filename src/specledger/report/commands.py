@@ -1,4 +1,5 @@
-"""`specledger report` (price a run, write the HTML report) and `specledger compare` (the main job: measure, gate, price, report)."""
+"""`specledger report` (price a run, write the HTML report) and `specledger compare` (the main job:
+measure, gate, price, report)."""
 
 from __future__ import annotations
 
@@ -33,11 +34,16 @@ def register(app: typer.Typer) -> None:
 
     @app.command("compare")
     def compare(
-        quick: bool = typer.Option(False, "--quick", help="~2 minutes: 4 configurations, one question per task kind, 32 tokens"),
-        out: Optional[Path] = typer.Option(None, "--out", "-o", help="run directory for results and report (default runs/compare-TIME)"),
-        inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help="cost inputs (YAML); default: the documented defaults"),
-        max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1, help="per answer, every configuration"),
-        config: Optional[Path] = typer.Option(None, "--config", "-c", help="run configuration (YAML/TOML) instead of the default matrix"),
+        quick: bool = typer.Option(False, "--quick",
+                                   help="~2 minutes: 4 configurations, one question per task kind, 32 tokens"),
+        out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                           help="run directory for results and report (default runs/compare-TIME)"),
+        inputs: Optional[Path] = typer.Option(None, "--inputs", "-i",
+                                              help="cost inputs (YAML); default: the documented defaults"),
+        max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1,
+                                                     help="per answer, every configuration"),
+        config: Optional[Path] = typer.Option(None, "--config", "-c",
+                                              help="run configuration (YAML/TOML) instead of the default matrix"),
         no_report: bool = typer.Option(False, "--no-report", help="skip the HTML report"),
         samples: int = typer.Option(2000, "--samples", min=0, help="Monte Carlo samples"),
         no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),

@@ -95,8 +95,9 @@ def render_interaction(ledger: LedgerResult) -> Table | None:
         return None
     precisions = sorted({r["precision"] for r in rows}, key=lambda p: (p not in ("fp32", "bf16", "fp16"), p))
     methods = sorted({r["strategy"] for r in rows}, key=lambda s: (s != "ar", s))
-    t = Table(title="Speed-up over autoregressive on the same precision (measured per combination; "
-                    "ar row: vs the reference)", title_justify="left", header_style="bold")
+    t = Table(title="Speed-up over autoregressive on the same precision", title_justify="left", header_style="bold",
+              caption=f"every cell is a measured configuration; ar row: vs {ledger.reference}", caption_justify="left",
+              min_width=72)
     t.add_column("method")
     for p in precisions:
         t.add_column(p, justify="right")
@@ -110,7 +111,7 @@ def render_interaction(ledger: LedgerResult) -> Table | None:
                 + ("" if h["comparable"] else "*") for h in hits) or "[dim]not measured[/dim]")
         t.add_row(m, *cells)
     if any(not r["comparable"] for r in rows):
-        t.caption = "* not comparable (a quality gate failed)"
+        t.caption += "; * not comparable (a quality gate failed)"
     return t
 
 

@@ -32,7 +32,7 @@ def train_draft(
     max_new_tokens: int = typer.Option(192, help="length of the target's answers"),
     limit: Optional[int] = typer.Option(None, help="use only the first N prompts"),
     dtype: str = typer.Option("fp32", help="target dtype for generating the data: fp32 | bf16"),
-    gen_batch: int = typer.Option(32, help="prompts answered together"),
+    gen_batch: int = typer.Option(64, help="answers generated together (continuous batching)"),
     batch_tokens: int = typer.Option(1024, help="padded tokens per training step"),
     lr: float = typer.Option(1e-3, help="peak learning rate"),
     noise: float = typer.Option(0.2, help="width of the uniform noise on input features"),
@@ -70,7 +70,7 @@ def train_draft(
     with _progress() as bar:
         task = bar.add_task("answering prompts", total=None, info="")
         meta = generate_data(lm, texts, work_dir / "data", max_new_tokens=max_new_tokens, batch_size=gen_batch,
-                             on_batch=lambda i, n: bar.update(task, completed=i, total=n))
+                             on_progress=lambda i, n: bar.update(task, completed=i, total=n))
     gen_s = time.perf_counter() - t0
     console.print(f"data: {meta['sequences']} sequences, {meta['response_tokens']} answer tokens "
                   f"(target answering: {meta['generation_s']:.0f} s, this run {gen_s:.0f} s)")

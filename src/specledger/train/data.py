@@ -13,7 +13,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -53,62 +53,102 @@ class Sample:
 
 
 @torch.inference_mode()
-def generate_batch(lm: LoadedModel, prompts: list[list[int]], max_new_tokens: int) -> list[Sample]:
-    """Greedy answers to several prompts at once (left-padded), with the features of every fed token."""
+def answer_stream(lm: LoadedModel, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 64) -> Iterator[tuple[int, Sample]]:
+    """Greedy answers with the features of every fed token, yielded (prompt index, sample) as they finish.
+
+    Continuous batching: a row whose answer ends takes the next prompt at once, so the batch
+    stays full (answers range from a few tokens to the limit). Each row's tokens sit
+    right-aligned at the cache's end; when the slots run out, rows are moved back left.
+    """
     m = lm.model
     dev = m.device
-    b = len(prompts)
-    plen = max(len(p) for p in prompts)
-    total = plen + max_new_tokens
-    pad = torch.tensor([plen - len(p) for p in prompts], device=dev)
-    x = torch.zeros(b, plen, dtype=torch.long, device=dev)
-    for i, p in enumerate(prompts):
-        x[i, plen - len(p) :] = torch.tensor(p)
-    cache = m.new_cache(total, batch=b)
-    slots = torch.arange(total, device=dev)
-    valid = slots[None, :] >= pad[:, None]  # (B, S): keys that are real tokens
-    positions = (torch.arange(plen, device=dev)[None, :] - pad[:, None]).clamp(min=0)
-    causal = torch.ones(plen, plen, dtype=torch.bool, device=dev).tril()
-    mask = (causal[None] & valid[:, None, :plen]) | torch.eye(plen, dtype=torch.bool, device=dev)[None]
-    h = m.hidden(x, cache, positions=positions, mask=mask[:, None])
-    feats = [[h[i, plen - len(p) :]] for i, p in enumerate(prompts)]
-    nxt = m.logits(h[:, -1]).argmax(-1)
-    eos = torch.tensor(sorted(lm.config.eos_ids) or [-1], device=dev)
-    out = [[] for _ in range(b)]
-    rows = list(range(b))  # original index of each batch row
-    active = torch.ones(b, dtype=torch.bool, device=dev)
-    for step in range(max_new_tokens):
-        for r, i in enumerate(rows):
-            if active[r]:
-                out[i].append(int(nxt[r]))
-        active &= ~torch.isin(nxt, eos)
-        if step == max_new_tokens - 1 or not bool(active.any()):
-            break
-        if int((~active).sum()) * 4 >= len(rows):  # drop finished rows (copying the cache) now and then
-            keep = active.nonzero().flatten()
-            rows = [rows[int(r)] for r in keep]
-            cache.k, cache.v = cache.k[:, keep], cache.v[:, keep]
-            nxt, pad, valid, active = nxt[keep], pad[keep], valid[keep], active[keep]
-        s = cache.length
-        h = m.hidden(nxt[:, None], cache, positions=(s - pad)[:, None], mask=valid[:, None, None, : s + 1])
-        for r, i in enumerate(rows):
-            if active[r]:
-                feats[i].append(h[r])
+    eos = set(lm.config.eos_ids)
+    slots = max(len(p) for p in prompts) + max_new_tokens + 128
+    B = max(1, min(batch_size, len(prompts)))
+    cache = m.new_cache(slots, batch=B)
+    queue = list(range(len(prompts)))[::-1]
+    rows: list[dict | None] = [None] * B
+    length = torch.zeros(B, dtype=torch.long, device=dev)  # tokens cached per row
+    nxt = torch.zeros(B, dtype=torch.long, device=dev)  # each live row's last token: emitted, not yet fed
+
+    def relayout(new_end: int) -> None:
+        end = cache.length
+        for r, row in enumerate(rows):
+            n = int(length[r])
+            if row is not None and n and end != new_end:
+                for t in (cache.k, cache.v):
+                    t[:, r, :, new_end - n : new_end] = t[:, r, :, end - n : end].clone()
+        cache.length = new_end
+
+    def finish_or_keep(r: int) -> Iterator[tuple[int, Sample]]:
+        row = rows[r]
+        if row["out"][-1] in eos or len(row["out"]) >= max_new_tokens:
+            p = prompts[row["i"]]
+            toks = list(p) + row["out"]
+            yield row["i"], Sample(toks, len(p), torch.cat(row["feats"])[: len(toks) - 1].clone())
+            rows[r] = None
+            length[r] = 0
+
+    def fill(r: int) -> Iterator[tuple[int, Sample]]:
+        while rows[r] is None and queue:
+            i = queue.pop()
+            p = prompts[i]
+            if cache.length < len(p):
+                relayout(len(p))
+            tmp = m.new_cache(len(p))
+            h = m.hidden(torch.tensor([p], device=dev), tmp)
+            end = cache.length
+            cache.k[:, r, :, end - len(p) : end] = tmp.k[:, 0, :, : len(p)]
+            cache.v[:, r, :, end - len(p) : end] = tmp.v[:, 0, :, : len(p)]
+            length[r] = len(p)
+            first = int(m.logits(h[:, -1]).argmax(-1))
+            nxt[r] = first
+            rows[r] = {"i": i, "out": [first], "feats": [h[0]]}
+            yield from finish_or_keep(r)
+
+    for r in range(B):
+        yield from fill(r)
+    while any(row is not None for row in rows):
+        dead = [r for r, row in enumerate(rows) if row is None]
+        if dead and not queue and len(dead) * 4 >= len(rows):  # the tail: drop empty rows
+            keep = [r for r, row in enumerate(rows) if row is not None]
+            idx = torch.tensor(keep, device=dev)
+            cache.k, cache.v = cache.k[:, idx], cache.v[:, idx]
+            rows, length, nxt = [rows[r] for r in keep], length[idx], nxt[idx]
+        if cache.length + 1 > slots:
+            relayout(int(length.max()))
+        end = cache.length
+        valid = torch.arange(end + 1, device=dev)[None, :] >= (end - length)[:, None]
+        h = m.hidden(nxt[:, None], cache, positions=length[:, None], mask=valid[:, None, None, :])
         nxt = m.logits(h[:, 0]).argmax(-1)
-    samples = []
-    for i, p in enumerate(prompts):
-        f = torch.cat(feats[i])
-        toks = list(p) + out[i]
-        samples.append(Sample(toks, len(p), f[: len(toks) - 1].clone()))
-    return samples
+        live = torch.tensor([row is not None for row in rows], device=dev)
+        length += live.long()
+        toks = nxt.tolist()
+        for r, row in enumerate(rows):
+            if row is None:
+                continue
+            row["feats"].append(h[r].clone())
+            row["out"].append(toks[r])
+            if rows[r] is not None:
+                done = list(finish_or_keep(r))
+                yield from done
+                if done:
+                    yield from fill(r)
 
 
-def _plan_key(lm: LoadedModel, prompts: list[list[int]], max_new_tokens: int, batch_size: int) -> str:
-    h = hashlib.sha1(json.dumps([lm.label, max_new_tokens, batch_size, prompts]).encode()).hexdigest()
+def generate_batch(lm: LoadedModel, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 64) -> list[Sample]:
+    """Greedy answers to `prompts`, in order (see answer_stream)."""
+    got = dict(answer_stream(lm, prompts, max_new_tokens, batch_size))
+    return [got[i] for i in range(len(prompts))]
+
+
+def _plan_key(lm: LoadedModel, prompts: list[list[int]], max_new_tokens: int) -> str:
+    h = hashlib.sha1(json.dumps([lm.label, max_new_tokens, prompts]).encode()).hexdigest()
     return h[:16]
 
 
-def save_shard(path: Path, samples: list[Sample], seconds: float = 0.0) -> None:
+def save_shard(path: Path, samples: list[Sample], seconds: float = 0.0, index: list[int] | None = None) -> None:
+    """One safetensors file: tokens, lengths, prompt lengths, bf16 features, and prompt indices."""
     from safetensors.torch import save_file
 
     toks = torch.tensor([t for s in samples for t in s.tokens], dtype=torch.int32)
@@ -117,6 +157,7 @@ def save_shard(path: Path, samples: list[Sample], seconds: float = 0.0) -> None:
             "tokens": toks,
             "lengths": torch.tensor([len(s.tokens) for s in samples], dtype=torch.int32),
             "prompt_lens": torch.tensor([s.prompt_len for s in samples], dtype=torch.int32),
+            "index": torch.tensor(index if index is not None else range(len(samples)), dtype=torch.int32),
             "features": torch.cat([s.features for s in samples]).to(torch.bfloat16).contiguous(),
         },
         str(path.with_suffix(".tmp")),
@@ -136,22 +177,28 @@ def shard_seconds(data_dir: str | Path) -> float:
     return total
 
 
-def load_samples(data_dir: str | Path) -> list[Sample]:
+def _read_shards(data_dir: Path) -> list[tuple[int, Sample]]:
     from safetensors.torch import load_file
 
-    d = Path(data_dir)
-    shards = sorted(d.glob("shard_*.safetensors"))
-    if not shards:
-        raise BadInput(f"{d}: no training data shards")
-    out: list[Sample] = []
-    for sh in shards:
+    out: list[tuple[int, Sample]] = []
+    for sh in sorted(data_dir.glob("shard_*.safetensors")):
         t = load_file(str(sh))
         toks, feats = t["tokens"].tolist(), t["features"]
+        index = t["index"].tolist() if "index" in t else [-1] * len(t["lengths"])
         a = fa = 0
-        for n, p in zip(t["lengths"].tolist(), t["prompt_lens"].tolist()):
-            out.append(Sample(toks[a : a + n], p, feats[fa : fa + n - 1]))
+        for i, n, p in zip(index, t["lengths"].tolist(), t["prompt_lens"].tolist()):
+            out.append((i, Sample(toks[a : a + n], p, feats[fa : fa + n - 1])))
             a, fa = a + n, fa + n - 1
     return out
+
+
+def load_samples(data_dir: str | Path) -> list[Sample]:
+    """Every recorded sample, in prompt order."""
+    d = Path(data_dir)
+    got = _read_shards(d)
+    if not got:
+        raise BadInput(f"{d}: no training data shards")
+    return [s for _, s in sorted(got, key=lambda x: x[0])]
 
 
 def generate_data(
@@ -160,33 +207,48 @@ def generate_data(
     out_dir: str | Path,
     *,
     max_new_tokens: int = 192,
-    batch_size: int = 32,
+    batch_size: int = 64,
+    shard_size: int = 64,
     max_prompt_tokens: int = 512,
-    on_batch: Callable[[int, int], None] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> dict:
-    """Answer every prompt (chat template) and write shards; already written shards are kept."""
+    """Answer every prompt (chat template) and write shards; prompts answered in earlier runs are kept."""
     tok = lm.tokenizer
     ids = [tok.chat([{"role": "user", "content": p}]) for p in prompts]
     ids = [x for x in ids if len(x) <= max_prompt_tokens]
     skipped = len(prompts) - len(ids)
-    ids.sort(key=len)  # similar lengths share a batch: little padding
+    ids.sort(key=len)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    key = _plan_key(lm, ids, max_new_tokens, batch_size)
+    key = _plan_key(lm, ids, max_new_tokens)
     plan = out / "plan.json"
     if plan.exists() and json.loads(plan.read_text()).get("key") != key:
         for old in out.glob("shard_*.safetensors"):
             old.unlink()
     plan.write_text(json.dumps({"key": key, "model": lm.label, "prompts": len(ids), "max_new_tokens": max_new_tokens}))
-    batches = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
-    for n, batch in enumerate(batches):
-        shard = out / f"shard_{n:05d}.safetensors"
-        if not shard.exists():
-            t0 = time.perf_counter()
-            samples = generate_batch(lm, batch, max_new_tokens)
-            save_shard(shard, samples, time.perf_counter() - t0)
-        if on_batch:
-            on_batch(n + 1, len(batches))
+    done = {i for i, _ in _read_shards(out)}
+    todo = [i for i in range(len(ids)) if i not in done]
+    n_shard = 1 + max((int(p.stem.split("_")[1]) for p in out.glob("shard_*.safetensors")), default=-1)
+    buf: list[tuple[int, Sample]] = []
+    t0 = time.perf_counter()
+    if on_progress:
+        on_progress(len(done), len(ids))
+
+    def flush() -> None:
+        nonlocal n_shard, buf, t0
+        save_shard(out / f"shard_{n_shard:05d}.safetensors", [s for _, s in buf], time.perf_counter() - t0, [i for i, _ in buf])
+        n_shard, buf, t0 = n_shard + 1, [], time.perf_counter()
+
+    if todo:
+        for j, sample in answer_stream(lm, [ids[i] for i in todo], max_new_tokens, batch_size):
+            buf.append((todo[j], sample))
+            done.add(todo[j])
+            if on_progress:
+                on_progress(len(done), len(ids))
+            if len(buf) >= shard_size:
+                flush()
+        if buf:
+            flush()
     samples = load_samples(out)
     meta = {
         "generation_s": round(shard_seconds(out), 1),

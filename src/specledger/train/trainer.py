@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from specledger.decoding.eagle_head import EagleHead, HeadConfig, draft_lm_head
 from specledger.engine.loader import LoadedModel
+from specledger.errors import BadInput
 from specledger.train.data import Sample
 
 
@@ -38,14 +39,18 @@ class TrainConfig:
     seed: int = 0
     bf16_autocast: bool = True
     checkpoint_every: int = 100
-    draft_vocab: int = 8192  # most frequent answer tokens the head may propose; 0 = the whole vocabulary
+    draft_vocab: int = 8192  # most frequent tokens the head may propose; 0 = the whole vocabulary
+    labels: str = "hard"  # "hard": the target's tokens; "soft": the target's distribution (from its features)
+    prompt_loss: bool = False  # also learn on prompt positions (needs soft labels: the target did not write them)
+    unroll: int = 1  # steps fed the head's own predictions (1 = EAGLE-1; more trains deeper tree levels)
 
 
 @dataclass
 class Batch:
     tokens: torch.Tensor  # (B, L)
     features: torch.Tensor  # (B, L - 1, H)
-    mask: torch.Tensor  # (B, L - 2): entries with a generated next token
+    mask: torch.Tensor  # (B, L - 2): entries that count in the loss
+    answer: torch.Tensor  # (B, L - 2): entries whose next token the target generated
 
 
 def make_batches(samples: list[Sample], batch_tokens: int) -> list[list[int]]:
@@ -62,60 +67,146 @@ def make_batches(samples: list[Sample], batch_tokens: int) -> list[list[int]]:
     return batches
 
 
-def collate(samples: list[Sample], idx: list[int]) -> Batch:
+def collate(samples: list[Sample], idx: list[int], prompt_loss: bool = False) -> Batch:
     seqs = [samples[i] for i in idx]
     L = max(len(s.tokens) for s in seqs)
     H = seqs[0].features.shape[1]
     toks = torch.zeros(len(seqs), L, dtype=torch.long)
     feats = torch.zeros(len(seqs), L - 1, H)
-    mask = torch.zeros(len(seqs), max(L - 2, 0), dtype=torch.bool)
+    answer = torch.zeros(len(seqs), max(L - 2, 0), dtype=torch.bool)
+    mask = answer.clone()
     for b, s in enumerate(seqs):
         n = len(s.tokens)
         toks[b, :n] = torch.tensor(s.tokens)
         feats[b, : n - 1] = s.features.float()
-        mask[b, max(s.prompt_len - 2, 0) : max(n - 2, 0)] = True
-    return Batch(toks, feats, mask)
+        answer[b, max(s.prompt_len - 2, 0) : max(n - 2, 0)] = True
+        mask[b, 0 if prompt_loss else max(s.prompt_len - 2, 0) : max(n - 2, 0)] = True
+    return Batch(toks, feats, mask, answer)
 
 
 def pick_draft_vocab(samples: list[Sample], size: int, vocab_size: int, always: list[int] = ()) -> torch.Tensor | None:
-    """The `size` tokens the target answers with most often (plus `always`), sorted; None = everything."""
+    """The `size` tokens seen most often in the data (plus `always`), sorted; None = everything.
+
+    Unseen tokens are ranked by id: BPE vocabularies give common merges low ids.
+    """
     if size <= 0 or size >= vocab_size:
         return None
-    counts = torch.zeros(vocab_size, dtype=torch.long)
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
     for s in samples:
-        counts += torch.bincount(torch.tensor(s.tokens[s.prompt_len :], dtype=torch.long), minlength=vocab_size)
+        counts += torch.bincount(torch.tensor(s.tokens, dtype=torch.long), minlength=vocab_size).double()
     counts[list(always)] = counts.max() + 1
-    return counts.topk(size).indices.sort().values
+    score = counts * vocab_size + (vocab_size - torch.arange(vocab_size, dtype=torch.float64))
+    return score.topk(size).indices.sort().values
+
+
+def _shift(x: torch.Tensor, k: int) -> torch.Tensor:
+    """x[:, k:] padded with zeros back to x's length (dim 1)."""
+    if k == 0:
+        return x
+    return torch.cat([x[:, k:], x.new_zeros(x.shape[0], k, *x.shape[2:])], dim=1)
+
+
+def unroll_mask(n: int, step: int) -> torch.Tensor:
+    """Entry i of unroll step `step` (>= 2) sees the true-feature entries 0..i and its own chain i.
+
+    That is what a depth-`step - 1` tree node sees when drafting: the committed entries, its
+    ancestors (fed the head's own predictions) and itself.
+    """
+    m = torch.zeros(n, step * n, dtype=torch.bool)
+    m[:, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+    eye = torch.eye(n, dtype=torch.bool)
+    for t in range(1, step):
+        m[:, t * n : (t + 1) * n] = eye
+    return m
+
+
+class GrowingCache:
+    """A KV cache for training: entries are concatenated, never written in place, so autograd can
+    go back through every unroll step (the engine's KVCache overwrites a preallocated buffer)."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.length = 0
+        self.max_len = 1 << 30
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
+def unrolled(head: EagleHead, base: LoadedModel, tokens: torch.Tensor, f_in: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """The head's predicted features (B, L - 2, H) at each unroll step over whole sequences (B, L).
+
+    Step 1, entry i: (f_i, token i+1) at position i, causal (EAGLE-1). Step s, entry i: (the
+    step s-1 prediction at i, token i+s) at position i+s-1, seeing what a depth s-1 tree node sees.
+    """
+    n = tokens.shape[1] - 2
+    cache = GrowingCache()
+    h, out = f_in, []
+    for step in range(1, steps + 1):
+        toks = _shift(tokens[:, 1 : n + 1], step - 1)
+        if step == 1:
+            h = head.hidden(base.model, toks, h, cache)
+        else:
+            h = head.hidden(base.model, toks, h, cache, positions=torch.arange(n) + step - 1, mask=unroll_mask(n, step))
+        out.append(h)
+    return out
 
 
 def head_loss(
     head: EagleHead, base: LoadedModel, batch: Batch, cfg: TrainConfig, gen: torch.Generator | None = None
 ) -> tuple[torch.Tensor, dict]:
-    """EAGLE-1 loss on one batch; also the head's top-1 agreement with the target's tokens."""
-    L = batch.tokens.shape[1]
-    f_in = batch.features[:, : L - 2]
+    """EAGLE-1 loss on one batch, averaged over `cfg.unroll` steps in which the head is fed its
+    own predicted features; also the head's top-1 agreement with the target's answer tokens."""
+    B, L = batch.tokens.shape
+    n = L - 2
+    f_in = batch.features[:, :n]
     if cfg.noise > 0 and head.training:
         f_in = f_in + (torch.rand(f_in.shape, generator=gen) - 0.5) * cfg.noise
-    cache = head.new_cache(L - 2, batch=batch.tokens.shape[0])
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
-        h = head.hidden(base.model, batch.tokens[:, 1 : L - 1], f_in, cache)
-        m = batch.mask
-        h_sel = h[m]
-        logits = draft_lm_head(head, base.model)(h_sel).float()
-    v_loss = F.smooth_l1_loss(h_sel.float(), batch.features[:, 1 : L - 1][m])
-    target = batch.tokens[:, 2:L][m]
-    guess = logits.argmax(-1)
-    if head.draft_vocab is not None:  # targets outside the draft vocabulary cannot be learned: ignored
+    lm_head = draft_lm_head(head, base.model)
+    index = None
+    if head.draft_vocab is not None and cfg.labels == "hard":
         index = torch.full((base.config.vocab_size,), -100, dtype=torch.long)
         index[head.draft_vocab] = torch.arange(head.draft_vocab.numel())
-        guess = head.draft_vocab[guess]
-        mapped = index[target]
-        p_loss = F.cross_entropy(logits, mapped, ignore_index=-100) if bool((mapped >= 0).any()) else logits.sum() * 0
-    else:
-        p_loss = F.cross_entropy(logits, target)
-    acc = (guess == target).float().mean()
-    loss = v_loss + cfg.p_weight * p_loss
-    return loss, {"loss": loss.item(), "v_loss": v_loss.item(), "p_loss": p_loss.item(), "acc": acc.item(), "n": int(m.sum())}
+    total = torch.zeros(())
+    stats: dict = {}
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
+        hs = unrolled(head, base, batch.tokens, f_in, cfg.unroll)
+    for step, h in enumerate(hs, 1):
+        k = step - 1
+        m = _shift(batch.mask, k)
+        if not bool(m.any()):
+            break
+        ans = _shift(batch.answer, k)[m]
+        f_next = _shift(batch.features[:, 1 : L - 1], k)[m]
+        target = _shift(batch.tokens[:, 2:L], k)[m]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
+            h_sel = h[m]
+            logits = lm_head(h_sel).float()
+            if cfg.labels == "soft":
+                with torch.no_grad():
+                    p_target = torch.softmax(lm_head(f_next).float(), dim=-1)
+        v_loss = F.smooth_l1_loss(h_sel.float(), f_next)
+        guess = logits.argmax(-1)
+        if head.draft_vocab is not None:
+            guess = head.draft_vocab[guess]
+        if cfg.labels == "soft":
+            p_loss = -(p_target * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+        elif index is not None:  # targets outside the draft vocabulary cannot be learned: ignored
+            mapped = index[target]
+            p_loss = F.cross_entropy(logits, mapped, ignore_index=-100) if bool((mapped >= 0).any()) else logits.sum() * 0
+        else:
+            p_loss = F.cross_entropy(logits, target)
+        total = total + (v_loss + cfg.p_weight * p_loss) / cfg.unroll
+        acc = (guess == target)[ans].float().mean().item() if bool(ans.any()) else 0.0
+        if step == 1:
+            stats = {"v_loss": v_loss.item(), "p_loss": p_loss.item(), "acc": acc, "n": int(m.sum()), "n_answer": int(ans.sum())}
+        else:
+            stats[f"acc{step}"] = acc
+    stats = {"loss": total.item(), "v_loss": 0.0, "p_loss": 0.0, "acc": 0.0, "n": 0, "n_answer": 0} | stats
+    return total, stats
 
 
 def _coverage(samples: list[Sample], vocab: torch.Tensor | None) -> float:
@@ -141,9 +232,10 @@ def evaluate(head: EagleHead, base: LoadedModel, samples: list[Sample], batches:
     n = 0
     for idx in batches:
         _, st = head_loss(head, base, collate(samples, idx), cfg)
-        for k in ("loss", "v_loss", "p_loss", "acc"):
-            tot[k] = tot.get(k, 0.0) + st[k] * st["n"]
-        n += st["n"]
+        for k in st:
+            if k not in ("n", "n_answer"):
+                tot[k] = tot.get(k, 0.0) + st[k] * st["n_answer"]
+        n += st["n_answer"]
     head.train()
     return {k: v / max(n, 1) for k, v in tot.items()}
 
@@ -159,6 +251,12 @@ def train_head(
     on_step: Callable[[int, int, dict], None] | None = None,
 ) -> tuple[EagleHead, dict]:
     """Train a fresh head (or resume from work_dir/checkpoint.pt); return it and a summary."""
+    if cfg.labels not in ("hard", "soft"):
+        raise BadInput(f"labels must be 'hard' or 'soft' (got {cfg.labels!r})")
+    if cfg.unroll < 1:
+        raise BadInput(f"unroll must be >= 1 (got {cfg.unroll})")
+    if cfg.prompt_loss and cfg.labels != "soft":
+        raise BadInput("learning on prompt positions needs soft labels (the target did not write the prompt)")
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     ckpt_path = work / "checkpoint.pt"
@@ -195,17 +293,18 @@ def train_head(
     while step < total:
         epoch, pos = divmod(step, len(train_b))
         order = torch.randperm(len(train_b), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)).tolist()
-        batch = collate(train_s, train_b[order[pos]])
+        batch = collate(train_s, train_b[order[pos]], cfg.prompt_loss)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, cfg)
         loss, st = head_loss(head, base, batch, cfg, torch.Generator().manual_seed(cfg.seed * 1_000_003 + step))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
-        opt.step()
+        if loss.requires_grad:  # a batch may hold no answer positions
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+            opt.step()
         step += 1
         window = (window + [st])[-20:]
-        avg = {k: sum(w[k] for w in window) / len(window) for k in ("loss", "v_loss", "p_loss", "acc")}
+        avg = {k: sum(w.get(k, 0.0) for w in window) / len(window) for k in st if k not in ("n", "n_answer")}
         elapsed = time.perf_counter() - t_start
         if step % len(train_b) == 0:
             ev = evaluate(head, base, val_s, val_b, cfg) if val_b else {}
