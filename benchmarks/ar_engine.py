@@ -82,7 +82,8 @@ class LlamaCpp:
 
         r0 = rss()
         # use_extra_bufts=False avoids the AMX crash on multi-token batches on this CPU (see the brief)
-        kw = dict(model_path=str(resolve_model("smollm2-135m")), n_ctx=2048, n_threads=2, n_threads_batch=2, verbose=False)
+        nt = torch.get_num_threads()
+        kw = dict(model_path=str(resolve_model("smollm2-135m")), n_ctx=2048, n_threads=nt, n_threads_batch=nt, verbose=False)
         try:
             self.llm = Llama(**kw, use_extra_bufts=False)
         except TypeError:
@@ -103,24 +104,10 @@ class LlamaCpp:
         return {"ttft": ttft, "total": time.perf_counter() - t0, "tokens": len(out), "ids": out}
 
 
-@torch.inference_mode()
-def verify_curve(lm, contexts=(256, 1024), ns=(1, 2, 4, 8, 16, 32, 64), reps=5) -> dict:
-    m = lm.model
-    out = {}
-    g = torch.Generator().manual_seed(0)
-    for ctx in contexts:
-        cache = m.new_cache(ctx + max(ns))
-        m.hidden(torch.randint(100, 40000, (1, ctx), generator=g), cache)
-        for n in ns:
-            x = torch.randint(100, 40000, (1, n), generator=g)
-            ts = []
-            for _ in range(reps):
-                t = time.perf_counter()
-                m.logits(m.hidden(x, cache))
-                ts.append(time.perf_counter() - t)
-                cache.rollback(ctx)
-            out[(ctx, n)] = median(ts) * 1000
-    return out
+def verify_curve(lm, contexts=(256, 1024)) -> dict:
+    from specledger.engine.timing import forward_time_curve
+
+    return {(ctx, n): 1000 * t for ctx in contexts for n, t in forward_time_curve(lm, context=ctx).items()}
 
 
 def main() -> None:
@@ -131,8 +118,11 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--no-curve", action="store_true")
+    ap.add_argument("--threads", type=int, default=None, help="threads for every contender (default: torch's)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     console.print(f"[bold]ar_engine[/] {now()} — {machine()}")
     contenders = []
     if not a.no_hf:

@@ -10,8 +10,6 @@
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Any
 
 from specledger.bench.config import BenchConfig
@@ -20,40 +18,13 @@ CURVE_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 UNQUANTIZED = ("fp32", "none")  # (dtype, quant) of the reference the quantization gate compares with
 
 
-def _sync(device: Any) -> None:
-    import torch
-
-    if getattr(device, "type", str(device)).startswith("cuda"):
-        torch.cuda.synchronize(device)
-
-
 def measure_verify_curve(lm: Any, *, context: int = 256, sizes: tuple[int, ...] = CURVE_TOKENS,
                          reps: int = 5) -> list[dict[str, float]]:
-    """[{tokens, ms}]: one causal forward (with logits for every position, as a verifier needs) of n new
-    tokens after `context` cached ones; the median of `reps` rounds after one unmeasured round. Each round
-    visits every size, so a burst of load from elsewhere on the machine hits one round, not one size."""
-    import torch
+    """[{tokens, ms}]: the median forward time of n new tokens after `context` cached ones."""
+    from specledger.engine.timing import forward_time_curve
 
-    m = lm.model
-    dev = m.device
-    sizes = tuple(n for n in sizes if n < m.cfg.max_seq_len)
-    context = max(1, min(context, m.cfg.max_seq_len - max(sizes)))
-    gen = torch.Generator().manual_seed(0)
-    cache = m.new_cache(context + max(sizes))
-    xs = {n: torch.randint(0, m.cfg.vocab_size, (1, n), generator=gen).to(dev) for n in sizes}
-    times: dict[int, list[float]] = {n: [] for n in sizes}
-    with torch.inference_mode():
-        m.hidden(torch.randint(0, m.cfg.vocab_size, (1, context), generator=gen).to(dev), cache)
-        for rep in range(reps + 1):
-            for n in sizes:
-                cache.rollback(context)
-                _sync(dev)
-                t0 = time.perf_counter()
-                m.logits(m.hidden(xs[n], cache))
-                _sync(dev)
-                if rep:
-                    times[n].append(time.perf_counter() - t0)
-    return [{"tokens": n, "ms": round(1000 * statistics.median(times[n]), 3)} for n in sizes]
+    curve = forward_time_curve(lm, context=context, sizes=sizes, reps=reps)
+    return [{"tokens": n, "ms": round(1000 * s, 3)} for n, s in curve.items()]
 
 
 def needs_agreement(bc: BenchConfig) -> bool:

@@ -1,0 +1,58 @@
+"""The verification-cost curve: forward time of n new tokens on top of a cached context.
+
+The cost of a speculative step is (d·T_draft + T_verify(n)) / τ, so how T_verify grows with n
+decides whether a tree pays on a given model, precision and device. One function measures it
+for the report, the tree-size chooser and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from specledger.engine.loader import LoadedModel
+
+CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def forward_time_curve(
+    lm: LoadedModel,
+    *,
+    context: int = 256,
+    sizes: tuple[int, ...] = CURVE_SIZES,
+    reps: int = 5,
+    stat: str = "median",
+) -> dict[int, float]:
+    """Seconds per forward (logits at every new position, as a verifier needs) for each n in sizes.
+
+    One unmeasured round first; each round visits every size, so a burst of load from elsewhere
+    hits one round rather than one size. stat: "median" (typical) or "min" (least disturbed).
+    """
+    m = lm.model
+    dev = m.device
+    sizes = tuple(n for n in sizes if n < m.cfg.max_seq_len)
+    context = max(1, min(context, m.cfg.max_seq_len - max(sizes)))
+    gen = torch.Generator().manual_seed(0)
+    cache = m.new_cache(context + max(sizes))
+    xs = {n: torch.randint(0, m.cfg.vocab_size, (1, n), generator=gen).to(dev) for n in sizes}
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    m.hidden(torch.randint(0, m.cfg.vocab_size, (1, context), generator=gen).to(dev), cache)
+    for rep in range(reps + 1):
+        for n in sizes:
+            cache.rollback(context)
+            _sync(dev)
+            t0 = time.perf_counter()
+            m.logits(m.hidden(xs[n], cache))
+            _sync(dev)
+            if rep:
+                times[n].append(time.perf_counter() - t0)
+    pick = statistics.median if stat == "median" else min
+    return {n: pick(times[n]) for n in sizes}
