@@ -27,7 +27,7 @@ def train_draft(
     prompts: Optional[str] = typer.Option(None, help="JSONL prompt file (default: the built-in training prompts)"),
     out: Optional[str] = typer.Option(None, help="directory for the trained head (default: ./heads/<model>)"),
     work: Optional[str] = typer.Option(None, help="directory for generated data and checkpoints (default: in the cache)"),
-    epochs: int = typer.Option(4, help="passes over the generated data"),
+    epochs: int = typer.Option(10, help="passes over the generated data"),
     seed: int = typer.Option(0, help="seed for the head's initialisation, data order and noise"),
     max_new_tokens: int = typer.Option(192, help="length of the target's answers"),
     limit: Optional[int] = typer.Option(None, help="use only the first N prompts"),
@@ -36,7 +36,9 @@ def train_draft(
     batch_tokens: int = typer.Option(1024, help="padded tokens per training step"),
     lr: float = typer.Option(1e-3, help="peak learning rate"),
     noise: float = typer.Option(0.2, help="width of the uniform noise on input features"),
-    draft_vocab: int = typer.Option(8192, help="tokens the head may propose (the target's most frequent answer tokens); 0 = all"),
+    draft_vocab: int = typer.Option(8192, help="tokens the head may propose (the most frequent in the data); 0 = all"),
+    labels: str = typer.Option("hard", help="cross-entropy labels: hard (the target's tokens) | soft (its distribution)"),
+    unroll: int = typer.Option(1, help="training steps fed the head's own predictions (1 = EAGLE-1)"),
     resume: bool = typer.Option(False, "--resume", help="continue from the checkpoint in the work directory"),
     threads: Optional[int] = typer.Option(None, help="torch threads (default: all cores)"),
 ) -> None:
@@ -52,6 +54,8 @@ def train_draft(
 
     if epochs < 1 or max_new_tokens < 1 or gen_batch < 1 or batch_tokens < 64 or draft_vocab < 0:
         raise BadInput("epochs, max-new-tokens and gen-batch must be >= 1, batch-tokens >= 64, draft-vocab >= 0")
+    if labels not in ("hard", "soft") or unroll < 1:
+        raise BadInput(f"--labels must be hard or soft and --unroll >= 1 (got {labels!r}, {unroll})")
     if dtype not in ("fp32", "bf16"):
         raise BadInput(f"--dtype must be fp32 or bf16 (got {dtype!r})")
     if threads:
@@ -78,7 +82,8 @@ def train_draft(
     samples = load_samples(work_dir / "data")
     if lm.dtype != "fp32":  # train against the fp32 LM head and embeddings
         lm = load_model(model, dtype="fp32")
-    cfg = TrainConfig(epochs=epochs, lr=lr, batch_tokens=batch_tokens, noise=noise, seed=seed, draft_vocab=draft_vocab)
+    cfg = TrainConfig(epochs=epochs, lr=lr, batch_tokens=batch_tokens, noise=noise, seed=seed, draft_vocab=draft_vocab,
+                      labels=labels, unroll=unroll)
     with _progress() as bar:
         task = bar.add_task("training head", total=None, info="")
 

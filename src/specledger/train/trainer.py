@@ -26,7 +26,7 @@ from specledger.train.data import Sample
 
 @dataclass
 class TrainConfig:
-    epochs: int = 4
+    epochs: int = 10
     lr: float = 1e-3
     min_lr_ratio: float = 0.05
     warmup_steps: int = 40
