@@ -259,3 +259,16 @@ def test_draft_vocabulary_head(tmp_path, quant):
     sp = SamplingParams(max_new_tokens=24, ignore_eos=True)
     assert generate(EagleTree(lm, head=loaded, total_nodes=20), [5, 6], sp).token_ids == \
         generate(Autoregressive(lm), [5, 6], sp).token_ids
+
+
+@pytest.mark.parametrize("vocab", [None, torch.arange(0, 64, 2)])
+def test_bf16_head_drafting_for_fp32_target_is_lossless(vocab):
+    lm = tiny_model()
+    torch.manual_seed(0)
+    head = EagleHead(HeadConfig.for_target(lm), draft_vocab=vocab).eval().requires_grad_(False)
+    st = EagleTree(lm, head=head, total_nodes=16, head_dtype="bf16")
+    assert st.head.dtype == torch.bfloat16 and head.dtype == torch.float32 and st.params()["head_dtype"] == "bfloat16"
+    sp = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    assert generate(st, [5, 6, 7], sp).token_ids == generate(Autoregressive(lm), [5, 6, 7], sp).token_ids
+    with pytest.raises(BadInput):
+        EagleTree(lm, head=head, head_dtype="fp8")

@@ -122,6 +122,9 @@ def test_unrolled_steps_see_what_tree_nodes_see():
     feats = r.last_hidden
     with torch.no_grad():
         hs = unrolled(head, lm, torch.tensor([toks]), feats[None, :10], 3)
+        part = unrolled(head, lm, torch.tensor([toks]), feats[None, :10], 3, start=4)  # steps >= 2 from entry 4
+        for s in (1, 2):
+            torch.testing.assert_close(part[s], hs[s][:, 4:], rtol=1e-4, atol=1e-4)
         for i in (0, 5, 8):
             cache = head.new_cache(20)
             a = head.hidden(lm.model, torch.tensor([toks[1 : i + 2]]), feats[None, : i + 1], cache)

@@ -20,7 +20,7 @@ import torch
 from specledger.decoding.eagle_head import EagleHead, draft_lm_head, load_head, shipped_head_dir
 from specledger.decoding.strategy import Context, StepStats, Strategy, clock
 from specledger.decoding.tree import Tree
-from specledger.engine.loader import LoadedModel
+from specledger.engine.loader import LoadedModel, parse_dtype
 from specledger.errors import BadInput
 
 MAX_NODES = 256
@@ -294,12 +294,16 @@ class TreeSizer:
 # --- the strategy ---------------------------------------------------------------------------------------
 
 
-def resolve_head(target: LoadedModel, head: str | Path | EagleHead | None) -> tuple[EagleHead, str]:
-    """A head object, a directory, or None for the head shipped for the target; in the target's dtype."""
+def resolve_head(
+    target: LoadedModel, head: str | Path | EagleHead | None, dtype: torch.dtype | None = None
+) -> tuple[EagleHead, str]:
+    """A head object, a directory, or None for the head shipped for the target; in `dtype`
+    (default: the target's compute dtype)."""
+    dtype = dtype or target.model.dtype
     if isinstance(head, EagleHead):
         head.check_target(target)
-        if head.dtype != target.model.dtype:
-            head = copy.deepcopy(head).set_dtype(target.model.dtype)
+        if head.dtype != dtype:
+            head = copy.deepcopy(head).set_dtype(dtype)
         return head, "object"
     if head is None:
         path = shipped_head_dir(target.name)
@@ -308,8 +312,8 @@ def resolve_head(target: LoadedModel, head: str | Path | EagleHead | None) -> tu
                 f"no EAGLE head is shipped for {target.name}; train one with "
                 f"`specledger train-draft --model {target.name} --out DIR` and pass it as head=DIR"
             )
-        return load_head(path, target), f"shipped:{target.name}"
-    return load_head(head, target), str(head)
+        return load_head(path, target, dtype), f"shipped:{target.name}"
+    return load_head(head, target, dtype), str(head)
 
 
 class EagleTree(Strategy):
@@ -323,7 +327,10 @@ class EagleTree(Strategy):
         top_k: int = 10,
         depth: int = 5,
         total_nodes: int | str = "auto",
+        head_dtype: str | None = None,
     ) -> None:
+        """head_dtype: the head's compute dtype (default: the target's); drafts are only proposals,
+        so a bf16 head drafting for an fp32 target stays lossless and drafts faster."""
         super().__init__(target)
         auto = total_nodes == "auto"
         if not auto:
@@ -332,7 +339,7 @@ class EagleTree(Strategy):
             except (TypeError, ValueError):
                 raise BadInput(f"EAGLE total_nodes must be an integer or 'auto' (got {total_nodes!r})") from None
         check_tree_params(top_k, depth, AUTO_MAX_NODES if auto else total_nodes)
-        self.head, self.head_source = resolve_head(target, head)
+        self.head, self.head_source = resolve_head(target, head, parse_dtype(head_dtype) if head_dtype else None)
         self.top_k, self.depth = top_k, depth
         self.total_nodes = total_nodes
         self.lookahead = AUTO_MAX_NODES if auto else int(total_nodes)
@@ -340,7 +347,8 @@ class EagleTree(Strategy):
         self.drafter: EagleDrafter | None = None
 
     def params(self) -> dict:
-        p = {"head": self.head_source, "top_k": self.top_k, "depth": self.depth, "total_nodes": self.total_nodes}
+        p = {"head": self.head_source, "head_dtype": str(self.head.dtype).removeprefix("torch."), "top_k": self.top_k,
+             "depth": self.depth, "total_nodes": self.total_nodes}
         if self.sizer is not None:
             hist = self.sizer.history
             p["auto_nodes"] = self.sizer.choice

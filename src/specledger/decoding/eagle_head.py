@@ -130,35 +130,41 @@ class EagleHead(nn.Module):
 
 
 class _Rows(nn.Module):
-    """Fallback for LM heads of other types: full logits, then the draft vocabulary's columns."""
+    """An LM head used as is: the draft vocabulary's columns of its logits, inputs cast to its dtype."""
 
-    def __init__(self, out: nn.Module, ids: torch.Tensor) -> None:
+    def __init__(self, out: nn.Module, ids: torch.Tensor | None, in_dtype: torch.dtype) -> None:
         super().__init__()
-        self.out, self.ids = out, ids
+        self.out, self.ids, self.in_dtype = out, ids, in_dtype
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.out(h).index_select(-1, self.ids.to(h.device))
+        y = self.out(h.to(self.in_dtype))
+        return y if self.ids is None else y.index_select(-1, self.ids.to(h.device))
 
 
 def draft_lm_head(head: EagleHead, base: Transformer) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The target's frozen LM head, restricted to the head's draft vocabulary (built once per target)."""
+    """The target's frozen LM head, restricted to the head's draft vocabulary, taking the head's dtype.
+
+    Built once per (head, target) pair; the copy of the rows is not a submodule, so never saved.
+    """
     out, ids = base.output, head.draft_vocab
-    if ids is None:
+    if ids is None and base.dtype == head.dtype:
         return out
-    memo = head.__dict__.setdefault("_draft_lm_heads", {})  # not a submodule: never saved
-    hit = memo.get(id(base))
+    memo = head.__dict__.setdefault("_draft_lm_heads", {})
+    hit = memo.get((id(base), head.dtype))
     if hit is not None and hit[0]() is base:
         return hit[1]
-    ids = ids.to(base.device)
+    if ids is not None:
+        ids = ids.to(base.device)
     if isinstance(out, nn.Linear):
-        sub = nn.Linear(out.in_features, ids.numel(), bias=False, device=base.device, dtype=out.weight.dtype)
-        sub.weight = nn.Parameter(out.weight.detach().index_select(0, ids).clone(), requires_grad=False)
-    elif isinstance(out, Int8Linear):  # per-row scales: re-quantizing whole rows gives back the same codes
+        w = out.weight.detach() if ids is None else out.weight.detach().index_select(0, ids)
+        sub = nn.Linear(out.in_features, w.shape[0], bias=False, device=base.device, dtype=head.dtype)
+        sub.weight = nn.Parameter(w.to(head.dtype).clone(), requires_grad=False)
+    elif isinstance(out, Int8Linear) and ids is not None:  # per-row scales: re-quantizing whole rows gives back the same codes
         rows = out.weight.index_select(0, ids).float() * out.scales.index_select(0, ids).float()[:, None]
-        sub = Int8Linear(rows, out.scales.dtype).to(base.device)
+        sub = _Rows(Int8Linear(rows, out.scales.dtype).to(base.device), None, out.scales.dtype)
     else:
-        sub = _Rows(out, ids)
-    memo[id(base)] = (weakref.ref(base), sub)
+        sub = _Rows(out, ids, base.dtype)
+    memo[(id(base), head.dtype)] = (weakref.ref(base), sub)
     return sub
 
 

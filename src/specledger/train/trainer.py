@@ -106,18 +106,19 @@ def _shift(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([x[:, k:], x.new_zeros(x.shape[0], k, *x.shape[2:])], dim=1)
 
 
-def unroll_mask(n: int, step: int) -> torch.Tensor:
+def unroll_mask(n: int, step: int, start: int = 0) -> torch.Tensor:
     """Entry i of unroll step `step` (>= 2) sees the true-feature entries 0..i and its own chain i.
 
     That is what a depth-`step - 1` tree node sees when drafting: the committed entries, its
-    ancestors (fed the head's own predictions) and itself.
+    ancestors (fed the head's own predictions) and itself. Steps >= 2 hold entries start..n-1.
     """
-    m = torch.zeros(n, step * n, dtype=torch.bool)
-    m[:, :n] = torch.ones(n, n, dtype=torch.bool).tril()
-    eye = torch.eye(n, dtype=torch.bool)
+    m = n - start
+    mask = torch.zeros(m, n + (step - 1) * m, dtype=torch.bool)
+    mask[:, :n] = torch.ones(n, n, dtype=torch.bool).tril()[start:]
+    eye = torch.eye(m, dtype=torch.bool)
     for t in range(1, step):
-        m[:, t * n : (t + 1) * n] = eye
-    return m
+        mask[:, n + (t - 1) * m : n + t * m] = eye
+    return mask
 
 
 class GrowingCache:
@@ -136,11 +137,14 @@ class GrowingCache:
         return self.k, self.v
 
 
-def unrolled(head: EagleHead, base: LoadedModel, tokens: torch.Tensor, f_in: torch.Tensor, steps: int) -> list[torch.Tensor]:
-    """The head's predicted features (B, L - 2, H) at each unroll step over whole sequences (B, L).
+def unrolled(
+    head: EagleHead, base: LoadedModel, tokens: torch.Tensor, f_in: torch.Tensor, steps: int, start: int = 0
+) -> list[torch.Tensor]:
+    """The head's predicted features at each unroll step over whole sequences (B, L).
 
-    Step 1, entry i: (f_i, token i+1) at position i, causal (EAGLE-1). Step s, entry i: (the
-    step s-1 prediction at i, token i+s) at position i+s-1, seeing what a depth s-1 tree node sees.
+    Step 1, entry i: (f_i, token i+1) at position i, causal (EAGLE-1): (B, L - 2, H). Step s,
+    entry i: (the step s-1 prediction at i, token i+s) at position i+s-1, seeing what a depth
+    s-1 tree node sees; only entries start.. are computed there (B, L - 2 - start, H).
     """
     n = tokens.shape[1] - 2
     cache = GrowingCache()
@@ -150,7 +154,9 @@ def unrolled(head: EagleHead, base: LoadedModel, tokens: torch.Tensor, f_in: tor
         if step == 1:
             h = head.hidden(base.model, toks, h, cache)
         else:
-            h = head.hidden(base.model, toks, h, cache, positions=torch.arange(n) + step - 1, mask=unroll_mask(n, step))
+            h = h[:, start:] if step == 2 else h
+            pos = torch.arange(start, n) + step - 1
+            h = head.hidden(base.model, toks[:, start:], h, cache, positions=pos, mask=unroll_mask(n, step, start))
         out.append(h)
     return out
 
@@ -172,16 +178,19 @@ def head_loss(
         index[head.draft_vocab] = torch.arange(head.draft_vocab.numel())
     total = torch.zeros(())
     stats: dict = {}
+    cols = batch.mask.any(0).nonzero()
+    start = max(0, int(cols[0]) - cfg.unroll) if cols.numel() else 0  # steps >= 2 skip what no loss needs
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
-        hs = unrolled(head, base, batch.tokens, f_in, cfg.unroll)
+        hs = unrolled(head, base, batch.tokens, f_in, cfg.unroll, start)
     for step, h in enumerate(hs, 1):
         k = step - 1
-        m = _shift(batch.mask, k)
+        first = 0 if step == 1 else start
+        m = _shift(batch.mask, k)[:, first:]
         if not bool(m.any()):
             break
-        ans = _shift(batch.answer, k)[m]
-        f_next = _shift(batch.features[:, 1 : L - 1], k)[m]
-        target = _shift(batch.tokens[:, 2:L], k)[m]
+        ans = _shift(batch.answer, k)[:, first:][m]
+        f_next = _shift(batch.features[:, 1 : L - 1], k)[:, first:][m]
+        target = _shift(batch.tokens[:, 2:L], k)[:, first:][m]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
             h_sel = h[m]
             logits = lm_head(h_sel).float()
