@@ -1,10 +1,12 @@
 """Quick check of the shipped EAGLE head: tau, acceptance and decode speed vs autoregressive.
 
 On the embedded model's fp32, bf16 and int4 targets, greedy, one prompt of each of the six
-task kinds (the built-in workload's first turns), autoregressive and EAGLE alternating on
-every prompt so that both see the same machine load.
+task kinds (the built-in workload's first turns). On every prompt, for every target, the
+autoregressive run and the EAGLE runs follow each other, so all see the same machine load.
+EAGLE rows: the tree size chosen automatically ("auto") and a fixed 60-node tree; on the fp32
+target also a bf16 head (drafts are only proposals: still lossless, cheaper to draft).
 
-    python benchmarks/eagle_quick.py [--new-tokens 128] [--total-nodes auto] [--targets fp32,bf16,int4]
+    python benchmarks/eagle_quick.py [--new-tokens 128] [--threads 1] [--targets fp32,bf16,int4]
 """
 
 from __future__ import annotations
@@ -36,10 +38,14 @@ def prompts() -> list[tuple[str, str]]:
     return [(k, seen[k]) for k in KINDS if k in seen]
 
 
+def decode_rate(results) -> float:
+    toks = sum(len(r.token_ids) - 1 for r in results)
+    return toks / sum(r.total_s - r.ttft_s for r in results)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--total-nodes", default="auto")
     ap.add_argument("--top-k", type=int, default=10)
     ap.add_argument("--depth", type=int, default=5)
     ap.add_argument("--head", default=None, help="head directory (default: the shipped one)")
@@ -47,54 +53,56 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    nodes = args.total_nodes if args.total_nodes == "auto" else int(args.total_nodes)
     sp = SamplingParams(max_new_tokens=args.new_tokens)
     work = prompts()
     names = args.targets.split(",")
     lms = {n: load_model("smollm2-135m", **TARGETS[n]) for n in names}
     ids = [(k, lms[names[0]].tokenizer.chat([{"role": "user", "content": p}])) for k, p in work]
-    strategies = {}
+    tree = dict(head=args.head, top_k=args.top_k, depth=args.depth)
+    runs: dict[str, dict[str, object]] = {}
     for n, lm in lms.items():
-        strategies[n] = (Autoregressive(lm), EagleTree(lm, head=args.head, top_k=args.top_k, depth=args.depth, total_nodes=nodes))
-        for s in strategies[n]:  # warm-up (first calls allocate, EAGLE measures the verification curve)
+        runs[n] = {"ar": Autoregressive(lm), "eagle auto": EagleTree(lm, total_nodes="auto", **tree),
+                   "eagle 60": EagleTree(lm, total_nodes=60, **tree)}
+        if lm.dtype == "fp32":
+            runs[n]["eagle auto, bf16 head"] = EagleTree(lm, total_nodes="auto", head_dtype="bf16", **tree)
+        for s in runs[n].values():  # warm-up (first calls allocate; EAGLE auto measures the verification curve)
             generate(s, ids[0][1], SamplingParams(max_new_tokens=8))
-    rows = {n: {"ar": [], "eagle": []} for n in names}
+    res = {n: {v: [] for v in runs[n]} for n in names}
     t0 = time.perf_counter()
-    for kind, p in ids:
-        for n in names:  # alternate: AR then EAGLE for each target and prompt
-            ar, eg = strategies[n]
-            rows[n]["ar"].append((kind, generate(ar, p, sp)))
-            rows[n]["eagle"].append((kind, generate(eg, p, sp)))
+    for _, p in ids:
+        for n in names:
+            for v, s in runs[n].items():
+                res[n][v].append(generate(s, p, sp))
     wall = time.perf_counter() - t0
 
-    def decode_rate(results) -> float:
-        toks = sum(len(r.token_ids) - 1 for _, r in results)
-        secs = sum(r.total_s - r.ttft_s for _, r in results)
-        return toks / secs
-
-    print(f"smollm2-135m, greedy, {args.new_tokens} new tokens, {len(ids)} prompts ({', '.join(k for k, _ in ids)}), "
-          f"top_k {args.top_k}, depth {args.depth}, total_nodes {args.total_nodes}, {torch.get_num_threads()} threads")
-    hdr = f"{'target':7} {'tau':>5} {'accept':>7} {'nodes':>6} {'AR tok/s':>9} {'EAGLE tok/s':>12} {'speed-up':>9} {'identical':>10}  per-prompt tau"
-    print(hdr)
+    print(f"smollm2-135m, greedy, {args.new_tokens} new tokens, {len(ids)} prompts ({', '.join(k for k, _ in ids)}); "
+          f"top_k {args.top_k}, depth {args.depth}; {torch.get_num_threads()} thread(s)")
+    print(f"{'target':6} {'strategy':22} {'tau':>5} {'accept':>7} {'nodes':>6} {'tok/s':>7} {'speed-up':>9} "
+          f"{'same as AR':>10}  per-prompt tau")
     for n in names:
-        ar, eg = rows[n]["ar"], rows[n]["eagle"]
-        steps = sum(r.steps for _, r in eg)
-        tau = sum(r.appended for _, r in eg) / steps
-        prop = sum(r.levels[0].proposed for _, r in eg)
-        acc = sum(r.levels[0].accepted for _, r in eg)
-        same = sum(a.token_ids == e.token_ids for (_, a), (_, e) in zip(ar, eg))
-        ra, re_ = decode_rate(ar), decode_rate(eg)
-        per = " ".join(f"{k[:5]}:{r.tau:.2f}" for k, r in eg)
-        p = strategies[n][1].params()
-        print(f"{n:7} {tau:5.2f} {acc / prop:7.1%} {prop / steps:6.1f} {ra:9.1f} {re_:12.1f} {re_ / ra:8.2f}x {same:>4}/{len(eg):<5}  {per}")
-        if "verify_curve_ms" in p:
-            print(f"        auto tree size: last {p['auto_nodes']}, mean {p['auto_nodes_mean']}; verify ms "
-                  + " ".join(f"{k}:{v:.0f}" for k, v in p["verify_curve_ms"].items()))
-        for (k, a), (_, e) in zip(ar, eg):
-            if a.token_ids != e.token_ids:
-                first = next((i for i, (x, y) in enumerate(zip(a.token_ids, e.token_ids)) if x != y),
-                             min(len(a.token_ids), len(e.token_ids)))
-                print(f"        {k}: first divergence from AR at output token {first}")
+        ar = res[n]["ar"]
+        ra = decode_rate(ar)
+        print(f"{n:6} {'ar':22} {1:5.2f} {'':>7} {'':>6} {ra:7.1f} {1:8.2f}x")
+        for v in runs[n]:
+            if v == "ar":
+                continue
+            eg = res[n][v]
+            steps = sum(r.steps for r in eg)
+            prop = sum(r.levels[0].proposed for r in eg)
+            acc = sum(r.levels[0].accepted for r in eg)
+            same = sum(a.token_ids == e.token_ids for a, e in zip(ar, eg))
+            re_ = decode_rate(eg)
+            per = " ".join(f"{k[:5]}:{r.tau:.2f}" for (k, _), r in zip(ids, eg))
+            print(f"{n:6} {v:22} {sum(r.appended for r in eg) / steps:5.2f} {acc / prop:7.1%} {prop / steps:6.1f} "
+                  f"{re_:7.1f} {re_ / ra:8.2f}x {same:>5}/{len(eg):<4}  {per}")
+            for (k, _), a, e in zip(ids, ar, eg):
+                if a.token_ids != e.token_ids:
+                    first = next((i for i, (x, y) in enumerate(zip(a.token_ids, e.token_ids)) if x != y),
+                                 min(len(a.token_ids), len(e.token_ids)))
+                    print(f"{'':29}{k}: first divergence from AR at output token {first}")
+        p = runs[n]["eagle auto"].params()
+        print(f"{'':29}auto tree: mean size {p['auto_nodes_mean']}, last {p['auto_nodes']}; verify ms "
+              + " ".join(f"{k}:{v:.0f}" for k, v in p["verify_curve_ms"].items()))
     print(f"wall {wall:.0f} s")
 
 

@@ -27,7 +27,7 @@ def train_draft(
     prompts: Optional[str] = typer.Option(None, help="JSONL prompt file (default: the built-in training prompts)"),
     out: Optional[str] = typer.Option(None, help="directory for the trained head (default: ./heads/<model>)"),
     work: Optional[str] = typer.Option(None, help="directory for generated data and checkpoints (default: in the cache)"),
-    epochs: int = typer.Option(10, help="passes over the generated data"),
+    epochs: int = typer.Option(8, help="passes over the generated data"),
     seed: int = typer.Option(0, help="seed for the head's initialisation, data order and noise"),
     max_new_tokens: int = typer.Option(192, help="length of the target's answers"),
     limit: Optional[int] = typer.Option(None, help="use only the first N prompts"),
@@ -38,7 +38,7 @@ def train_draft(
     noise: float = typer.Option(0.2, help="width of the uniform noise on input features"),
     draft_vocab: int = typer.Option(8192, help="tokens the head may propose (the most frequent in the data); 0 = all"),
     labels: str = typer.Option("hard", help="cross-entropy labels: hard (the target's tokens) | soft (its distribution)"),
-    unroll: int = typer.Option(1, help="training steps fed the head's own predictions (1 = EAGLE-1)"),
+    unroll: int = typer.Option(2, help="training steps fed the head's own predictions (1 = EAGLE-1 only)"),
     resume: bool = typer.Option(False, "--resume", help="continue from the checkpoint in the work directory"),
     threads: Optional[int] = typer.Option(None, help="torch threads (default: all cores)"),
 ) -> None:

@@ -26,7 +26,7 @@ from specledger.train.data import Sample
 
 @dataclass
 class TrainConfig:
-    epochs: int = 10
+    epochs: int = 8
     lr: float = 1e-3
     min_lr_ratio: float = 0.05
     warmup_steps: int = 40
@@ -42,7 +42,7 @@ class TrainConfig:
     draft_vocab: int = 8192  # most frequent tokens the head may propose; 0 = the whole vocabulary
     labels: str = "hard"  # "hard": the target's tokens; "soft": the target's distribution (from its features)
     prompt_loss: bool = False  # also learn on prompt positions (needs soft labels: the target did not write them)
-    unroll: int = 1  # steps fed the head's own predictions (1 = EAGLE-1; more trains deeper tree levels)
+    unroll: int = 2  # steps fed the head's own predictions (1 = EAGLE-1; more trains deeper tree levels)
 
 
 @dataclass
