@@ -4,7 +4,8 @@ On the embedded model's fp32, bf16 and int4 targets, greedy, one prompt of each 
 task kinds (the built-in workload's first turns). On every prompt, for every target, the
 autoregressive run and the EAGLE runs follow each other, so all see the same machine load.
 EAGLE rows: the tree size chosen automatically ("auto") and a fixed 60-node tree; on the fp32
-target also a bf16 head (drafts are only proposals: still lossless, cheaper to draft).
+target also the head in fp32 (by default an fp32 target on a bf16-capable CPU drafts with a bf16
+head: drafts are only proposals, so it stays lossless and drafting costs about half).
 
     python benchmarks/eagle_quick.py [--new-tokens 128] [--threads 1] [--targets fp32,bf16,int4]
 """
@@ -64,7 +65,7 @@ def main() -> None:
         runs[n] = {"ar": Autoregressive(lm), "eagle auto": EagleTree(lm, total_nodes="auto", **tree),
                    "eagle 60": EagleTree(lm, total_nodes=60, **tree)}
         if lm.dtype == "fp32":
-            runs[n]["eagle auto, bf16 head"] = EagleTree(lm, total_nodes="auto", head_dtype="bf16", **tree)
+            runs[n]["eagle auto, fp32 head"] = EagleTree(lm, total_nodes="auto", head_dtype="fp32", **tree)
         for s in runs[n].values():  # warm-up (first calls allocate; EAGLE auto measures the verification curve)
             generate(s, ids[0][1], SamplingParams(max_new_tokens=8))
     res = {n: {v: [] for v in runs[n]} for n in names}
@@ -77,12 +78,13 @@ def main() -> None:
 
     print(f"smollm2-135m, greedy, {args.new_tokens} new tokens, {len(ids)} prompts ({', '.join(k for k, _ in ids)}); "
           f"top_k {args.top_k}, depth {args.depth}; {torch.get_num_threads()} thread(s)")
-    print(f"{'target':6} {'strategy':22} {'tau':>5} {'accept':>7} {'nodes':>6} {'tok/s':>7} {'speed-up':>9} "
-          f"{'same as AR':>10}  per-prompt tau")
+    print(f"{'target':6} {'strategy':22} {'tau':>5} {'accept':>7} {'nodes':>6} {'draft':>6} {'verify':>7} {'tok/s':>7} "
+          f"{'speed-up':>9} {'same as AR':>10}  per-prompt tau   (draft, verify: ms per step)")
     for n in names:
         ar = res[n]["ar"]
         ra = decode_rate(ar)
-        print(f"{n:6} {'ar':22} {1:5.2f} {'':>7} {'':>6} {ra:7.1f} {1:8.2f}x")
+        ms = 1000 * sum(r.verify_s for r in ar) / sum(r.steps for r in ar)
+        print(f"{n:6} {'ar':22} {1:5.2f} {'':>7} {'':>6} {'':>6} {ms:7.1f} {ra:7.1f} {1:8.2f}x")
         for v in runs[n]:
             if v == "ar":
                 continue
@@ -93,8 +95,9 @@ def main() -> None:
             same = sum(a.token_ids == e.token_ids for a, e in zip(ar, eg))
             re_ = decode_rate(eg)
             per = " ".join(f"{k[:5]}:{r.tau:.2f}" for (k, _), r in zip(ids, eg))
+            d_ms, v_ms = (1000 * sum(getattr(r, f) for r in eg) / steps for f in ("draft_s", "verify_s"))
             print(f"{n:6} {v:22} {sum(r.appended for r in eg) / steps:5.2f} {acc / prop:7.1%} {prop / steps:6.1f} "
-                  f"{re_:7.1f} {re_ / ra:8.2f}x {same:>5}/{len(eg):<4}  {per}")
+                  f"{d_ms:6.1f} {v_ms:7.1f} {re_:7.1f} {re_ / ra:8.2f}x {same:>5}/{len(eg):<4}  {per}")
             for (k, _), a, e in zip(ids, ar, eg):
                 if a.token_ids != e.token_ids:
                     first = next((i for i, (x, y) in enumerate(zip(a.token_ids, e.token_ids)) if x != y),

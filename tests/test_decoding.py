@@ -81,15 +81,29 @@ def _sample_counts(lm, prompt, strategy, params, n_samples, vocab=4, n=3):
     return counts
 
 
-@pytest.mark.parametrize("strategy", ["ar", "draft", "lookup"])
+def _random_head(lm, seed: int = 0):
+    from specledger.decoding.eagle_head import EagleHead, HeadConfig
+
+    torch.manual_seed(seed)
+    return EagleHead(HeadConfig.for_target(lm)).eval().requires_grad_(False)
+
+
+@pytest.mark.parametrize("strategy", ["ar", "draft", "lookup", "eagle", "hier"])
 def test_sampling_follows_target_distribution(strategy):
     lm = tiny_model(vocab=4, scale=0.05)
     prompt = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
     params = {}
+    tree = {"top_k": 2, "depth": 2, "total_nodes": 4}
     if strategy == "draft":
         params = {"draft": tiny_model(seed=7, vocab=4, scale=0.1), "num_tokens": 2}
     elif strategy == "lookup":
         params = {"num_tokens": 2}
+    elif strategy == "eagle":  # a random head: its trees propose real alternatives to be rejected
+        params = {"head": _random_head(lm), **tree}
+    elif strategy == "hier":  # EAGLE tree -> intermediate (another tiny model) -> target
+        mid = tiny_model(seed=7, vocab=4, scale=0.1)
+        params = {"intermediate": mid, "drafter": "eagle", "head": _random_head(mid), "min_chain": 2, "max_chain": 3,
+                  **tree}
     exact = _exact_joint(lm, prompt)
     assert exact.max() < 0.2 and (exact * 1500 >= 5).sum() >= 30  # a real spread, not a near-deterministic model
     counts = _sample_counts(lm, prompt, strategy, params, N_SAMPLES)

@@ -52,6 +52,10 @@ def test_tree_invariants_on_tiny():
             assert len(toks) == len(set(toks)) and len(kids) <= top_k
         assert d.cache.length == len(seq) - 1  # tree entries rolled back
         assert d.draft(budget).tokens == tree.tokens  # deterministic
+        d.explore = True  # expanding every level (no early stop) keeps exactly the same tree
+        full = d.draft(budget)
+        assert (full.tokens, full.parents) == (tree.tokens, tree.parents) and d.full
+        d.explore = False
     assert len(d.draft(0)) == 0
 
 

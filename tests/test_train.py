@@ -53,6 +53,31 @@ def test_generate_data_resumes(tmp_path):
     assert [s.tokens for s in load_samples(tmp_path)] == [s.tokens for s in first]
 
 
+def test_sampled_answers_extend_the_greedy_data(tmp_path):
+    """--samples adds sampled answers after the greedy ones, keeping what was recorded."""
+    from specledger.train.data import generate_data
+
+    lm = tiny_model()
+    lm.tokenizer = _CharTokenizer()
+    texts = ["hello", "a longer prompt here", "xyz"]
+    generate_data(lm, texts, tmp_path, max_new_tokens=12, batch_size=2, shard_size=2)
+    greedy = load_samples(tmp_path)
+    shards = sorted(p.name for p in tmp_path.glob("shard_*"))
+    meta = generate_data(lm, texts, tmp_path, max_new_tokens=12, batch_size=2, shard_size=2, samples=3,
+                         temperature=8.0, seed=1)
+    assert meta["sequences"] == 9 and meta["jobs"] == 9 and meta["key"].endswith("-3x8-1")
+    assert set(shards) <= {p.name for p in tmp_path.glob("shard_*")}  # the greedy shards stay
+    got = load_samples(tmp_path)
+    assert [s.tokens for s in got[:3]] == [s.tokens for s in greedy]
+    for i, s in enumerate(got[3:]):  # same prompts again, answered by sampling
+        assert s.tokens[: s.prompt_len] == greedy[i % 3].tokens[: s.prompt_len]
+    answers = {tuple(s.tokens) for s in got}
+    assert len(answers) > 3  # a random-weight model at temperature 8: sampled answers differ from greedy
+    assert len(load_samples(tmp_path, jobs=3)) == 3
+    with pytest.raises(BadInput):
+        generate_data(lm, texts, tmp_path, max_new_tokens=12, samples=0)
+
+
 def test_shards_round_trip(tmp_path):
     lm = tiny_model()
     samples = generate_batch(lm, [[1, 2], [3, 4, 5]], 6)

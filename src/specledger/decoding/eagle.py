@@ -57,6 +57,9 @@ class EagleDrafter:
         self.cand_parents: list[int] = []
         self.cand_logp: list[float] = []
         self.cand_order: list[int] = []
+        # expand every level even when no deeper node can make the kept tree (for unbiased statistics)
+        self.explore = False
+        self.full = False  # whether the last draft expanded all `depth` levels
 
     # --- following the base's sequence ---------------------------------------------------------
 
@@ -120,7 +123,13 @@ class EagleDrafter:
         anc = torch.zeros(k * self.depth, k * self.depth, dtype=torch.bool)
         slot_of: dict[int, int] = {}
         fed = 0
+        self.full = True
         for d in range(1, self.depth):
+            if not self.explore and len(toks) >= n_keep:  # descendants score no higher than their parent:
+                kth = float(torch.cat(scores).topk(n_keep).values[-1])  # none could displace the kept nodes
+                if float(front_score.max()) <= kth:
+                    self.full = False
+                    break
             f = front.numel()
             for j, c in enumerate(front.tolist()):
                 s = fed + j
@@ -257,6 +266,7 @@ class TreeSizer:
         self.fixed_s: float | None = None
         self.choice = min(max_nodes, 32)
         self.history: list[int] = []
+        self.calls, self.explore_every = 0, 8
 
     def choose(self, confidence: torch.Tensor | None, budget: int) -> int:
         n_max = max(1, min(self.max_nodes, budget))
@@ -281,12 +291,19 @@ class TreeSizer:
         self.history.append(self.choice)
         return self.choice
 
-    def update(self, hits: torch.Tensor, step_s: float, used: int) -> None:
-        h = hits.double()
-        if h.numel() > self.hits.numel():
-            self.hits = torch.cat([self.hits, torch.zeros(h.numel() - self.hits.numel(), dtype=torch.float64)])
-        self.hits[: h.numel()] += h
-        self.steps += 1
+    def wants_full_draft(self) -> bool:
+        """Every few steps (and at first) draft all levels, so that the statistics cover every tree size."""
+        self.calls += 1
+        return self.steps < 8 or self.calls % self.explore_every == 0
+
+    def update(self, hits: torch.Tensor | None, step_s: float, used: int) -> None:
+        """hits: the last full draft's per-rank hits (None for a draft cut short); step_s: the step's time."""
+        if hits is not None:
+            h = hits.double()
+            if h.numel() > self.hits.numel():
+                self.hits = torch.cat([self.hits, torch.zeros(h.numel() - self.hits.numel(), dtype=torch.float64)])
+            self.hits[: h.numel()] += h
+            self.steps += 1
         fixed = max(0.0, step_s - interpolate(self.curve, used + 1))
         self.fixed_s = fixed if self.fixed_s is None else 0.9 * self.fixed_s + 0.1 * fixed
 
@@ -316,6 +333,13 @@ def resolve_head(
     return load_head(head, target, dtype), str(head)
 
 
+def default_head_dtype(target: LoadedModel) -> torch.dtype:
+    m = target.model
+    if m.dtype == torch.float32 and m.device.type == "cpu" and getattr(torch.cpu, "_is_avx512_bf16_supported", bool)():
+        return torch.bfloat16
+    return m.dtype
+
+
 class EagleTree(Strategy):
     name = "eagle"
     level_names = ["eagle"]
@@ -329,8 +353,8 @@ class EagleTree(Strategy):
         total_nodes: int | str = "auto",
         head_dtype: str | None = None,
     ) -> None:
-        """head_dtype: the head's compute dtype (default: the target's); drafts are only proposals,
-        so a bf16 head drafting for an fp32 target stays lossless and drafts faster."""
+        """head_dtype: the head's compute dtype. Default: the target's, except bf16 for an fp32 target on
+        a CPU with native bf16 (drafts are only proposals: still lossless, and drafting is ~2x cheaper)."""
         super().__init__(target)
         auto = total_nodes == "auto"
         if not auto:
@@ -339,7 +363,8 @@ class EagleTree(Strategy):
             except (TypeError, ValueError):
                 raise BadInput(f"EAGLE total_nodes must be an integer or 'auto' (got {total_nodes!r})") from None
         check_tree_params(top_k, depth, AUTO_MAX_NODES if auto else total_nodes)
-        self.head, self.head_source = resolve_head(target, head, parse_dtype(head_dtype) if head_dtype else None)
+        dtype = parse_dtype(head_dtype) if head_dtype else default_head_dtype(target)
+        self.head, self.head_source = resolve_head(target, head, dtype)
         self.top_k, self.depth = top_k, depth
         self.total_nodes = total_nodes
         self.lookahead = AUTO_MAX_NODES if auto else int(total_nodes)
@@ -370,12 +395,14 @@ class EagleTree(Strategy):
         if self.sizer is not None:
             conf = drafter.confidence() if drafter.cand_order else None
             drafter.total_nodes = self.sizer.choose(conf, budget)
+        drafter.explore = self.sizer is not None and self.sizer.wants_full_draft()
         tree = drafter.draft(budget)
         t1 = clock(dev)
         new, feats, verdict = self.verify_and_accept(ctx, tree)
         t2 = clock(dev)
         drafter.observe(ctx.target.tokens, feats)
         t3 = clock(dev)
-        if self.sizer is not None and drafter.cand_order:
-            self.sizer.update(drafter.expected_hits(new), t3 - t0, len(tree))
+        if self.sizer is not None:
+            hits = drafter.expected_hits(new) if drafter.full and drafter.cand_order else None
+            self.sizer.update(hits, t3 - t0, len(tree))
         return StepStats(len(new), [len(tree)], [len(verdict.path)], [(t1 - t0) + (t3 - t2)], t2 - t1)

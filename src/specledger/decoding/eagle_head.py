@@ -24,7 +24,7 @@ from torch import nn
 from specledger.engine.config import ModelConfig
 from specledger.engine.kv_cache import KVCache
 from specledger.engine.loader import LoadedModel
-from specledger.engine.model import Block, RMSNorm, Transformer
+from specledger.engine.model import Block, RMSNorm, Transformer, kv_dtype, rope_at
 from specledger.engine.quant import Int8Linear
 from specledger.errors import BadInput
 
@@ -59,6 +59,15 @@ class HeadConfig:
                            self.n_kv_heads, self.head_dim, 0, self.rope_theta, self.rms_eps)
 
 
+class _Cast(nn.Module):
+    """In place of the input norm of heads that have none: hands the fp32 residual on in the compute dtype."""
+
+    out_dtype = torch.float32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.out_dtype)
+
+
 class EagleHead(nn.Module):
     def __init__(self, cfg: HeadConfig, draft_vocab: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -71,7 +80,7 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * h, h, bias=cfg.fc_bias)
         self.block = Block(cfg.block_config())
         if not cfg.attn_norm:
-            self.block.attention_norm = nn.Identity()
+            self.block.attention_norm = _Cast()
         self.register_buffer("draft_vocab", None if draft_vocab is None else draft_vocab.long().clone())
 
     @property
@@ -82,7 +91,9 @@ class EagleHead(nn.Module):
         """Weights and compute in `dtype`; the norms hand on in it too (the residual stream stays fp32)."""
         self.to(dtype)
         for m in self.modules():
-            if isinstance(m, RMSNorm):
+            if isinstance(m, RMSNorm):  # norm weights act on the fp32 residual stream
+                m.weight.data = m.weight.data.float()
+            if isinstance(m, (RMSNorm, _Cast)):
                 m.out_dtype = dtype
         return self
 
@@ -97,7 +108,8 @@ class EagleHead(nn.Module):
 
     def new_cache(self, max_len: int, batch: int = 1, device: torch.device | str = "cpu") -> KVCache:
         c = self.cfg
-        return KVCache(1, c.n_kv_heads, c.head_dim, max_len, batch=batch, dtype=self.dtype, device=device)
+        dev = torch.device(device)
+        return KVCache(1, c.n_kv_heads, c.head_dim, max_len, batch=batch, dtype=kv_dtype(self.dtype, dev), device=dev)
 
     def hidden(
         self,
@@ -118,12 +130,11 @@ class EagleHead(nn.Module):
         if start + n > cache.max_len:
             raise BadInput(f"draft head context of {cache.max_len} entries exceeded ({start + n})")
         pos = torch.arange(start, start + n, device=tokens.device) if positions is None else positions
-        cos, sin = base.rope_cos[pos].to(self.dtype), base.rope_sin[pos].to(self.dtype)
-        cos, sin = (cos[None, None], sin[None, None]) if cos.dim() == 2 else (cos[:, None], sin[:, None])
+        cos, sin = rope_at(base.rope_cos, base.rope_sin, pos, self.dtype)
         if mask is None and n > 1:
             mask = torch.ones(n, start + n, dtype=torch.bool, device=tokens.device).tril(diagonal=start)
         emb = base.tok_embeddings(tokens).to(self.dtype)
-        x = self.fc(torch.cat([emb, features.to(self.dtype)], dim=-1))
+        x = self.fc(torch.cat([emb, features.to(self.dtype)], dim=-1)).float()  # fp32 residual, as in the base
         x = self.block(x, cos, sin, cache, 0, start, mask)
         cache.length = start + n
         return x.to(self.dtype)
@@ -159,7 +170,7 @@ def draft_lm_head(head: EagleHead, base: Transformer) -> Callable[[torch.Tensor]
         w = out.weight.detach() if ids is None else out.weight.detach().index_select(0, ids)
         sub = nn.Linear(out.in_features, w.shape[0], bias=False, device=base.device, dtype=head.dtype)
         sub.weight = nn.Parameter(w.to(head.dtype).clone(), requires_grad=False)
-    elif isinstance(out, Int8Linear) and ids is not None:  # per-row scales: re-quantizing whole rows gives back the same codes
+    elif isinstance(out, Int8Linear) and ids is not None:  # per-row scales: re-quantizing rows keeps the codes
         rows = out.weight.index_select(0, ids).float() * out.scales.index_select(0, ids).float()[:, None]
         sub = _Rows(Int8Linear(rows, out.scales.dtype).to(base.device), None, out.scales.dtype)
     else:
@@ -179,6 +190,7 @@ def save_head(head: EagleHead, path: str | Path, dtype: torch.dtype = torch.bflo
     out.mkdir(parents=True, exist_ok=True)
     sd = {k: (v.to(dtype) if v.is_floating_point() else v).detach().contiguous() for k, v in head.state_dict().items()}
     save_file(sd, str(out / "model.safetensors"))
+    (out / "model.safetensors").chmod(0o644)  # a file to ship, readable like the rest of the package
     cfg = {"format": FORMAT, **asdict(head.cfg), "dtype": str(dtype).removeprefix("torch.")}
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return out
@@ -243,7 +255,8 @@ def _public_state(sd: dict[str, torch.Tensor], cfg: HeadConfig) -> dict[str, tor
         out["block.attention_norm.weight"] = sd[p + "input_layernorm.weight"]
     emb = sd.get("embed_tokens.weight")
     if emb is not None and tuple(emb.shape) != (cfg.target_vocab, cfg.target_hidden):
-        raise BadInput(f"EAGLE head embed_tokens has shape {tuple(emb.shape)}, config says ({cfg.target_vocab}, {cfg.target_hidden})")
+        want = (cfg.target_vocab, cfg.target_hidden)
+        raise BadInput(f"EAGLE head embed_tokens has shape {tuple(emb.shape)}, config says {want}")
     return out
 
 
@@ -265,7 +278,8 @@ def load_head(path: str | Path, target: LoadedModel | None = None, dtype: torch.
             raise BadInput(f"{path}: not an EAGLE(-1/2) head (expected fc.* and layers.0.* weights)")
         cfg = _public_config(c, sd)
         if tuple(sd["fc.weight"].shape) != (cfg.hidden_size, 2 * cfg.hidden_size):
-            raise BadInput(f"{path}: fc.weight has shape {tuple(sd['fc.weight'].shape)}, expected ({cfg.hidden_size}, {2 * cfg.hidden_size})")
+            got, want = tuple(sd["fc.weight"].shape), (cfg.hidden_size, 2 * cfg.hidden_size)
+            raise BadInput(f"{path}: fc.weight has shape {got}, expected {want}")
         sd = _public_state(sd, cfg)
     head = EagleHead(cfg)
     try:

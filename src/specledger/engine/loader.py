@@ -104,8 +104,7 @@ def build_model(
     sd = {k: v.to(device=dev, dtype=torch.float32 if k.endswith("norm.weight") else tdtype) for k, v in sd.items()}
     model.load_state_dict(sd, assign=True)
     model.set_compute_dtype(tdtype)
-    model.register_buffer("rope_cos", model.rope_cos.new_empty(0, device=dev), persistent=False)
-    _init_rope(model, dev)
+    model.init_rope(dev)
     if quant != "none":
         for i, block in enumerate(model.layers):
             for mod, parts in fused.items():
@@ -121,16 +120,6 @@ def build_model(
         # The output layer (the GGUF's Q8_0 embedding when tied) is kept at 8 bits in both modes.
         model.output = Int8Linear(model.output.weight.data, tdtype).to(dev)
     return model.eval().requires_grad_(False)
-
-
-def _init_rope(model: Transformer, dev: torch.device) -> None:
-    from specledger.engine.model import rope_inv_freq
-
-    inv = rope_inv_freq(model.cfg)
-    t = torch.arange(model.cfg.max_seq_len, dtype=torch.float32)
-    emb = torch.cat([torch.outer(t, inv)] * 2, dim=-1)
-    model.register_buffer("rope_cos", emb.cos().to(dev), persistent=False)
-    model.register_buffer("rope_sin", emb.sin().to(dev), persistent=False)
 
 
 def weight_bytes(model: nn.Module) -> int:

@@ -27,9 +27,11 @@ def train_draft(
     prompts: Optional[str] = typer.Option(None, help="JSONL prompt file (default: the built-in training prompts)"),
     out: Optional[str] = typer.Option(None, help="directory for the trained head (default: ./heads/<model>)"),
     work: Optional[str] = typer.Option(None, help="directory for generated data and checkpoints (default: in the cache)"),
-    epochs: int = typer.Option(8, help="passes over the generated data"),
+    epochs: int = typer.Option(10, help="passes over the generated data"),
     seed: int = typer.Option(0, help="seed for the head's initialisation, data order and noise"),
     max_new_tokens: int = typer.Option(192, help="length of the target's answers"),
+    samples: int = typer.Option(1, help="answers per prompt: the first greedy, the others sampled (more data)"),
+    temperature: float = typer.Option(0.8, help="temperature of the sampled answers (with --samples > 1)"),
     limit: Optional[int] = typer.Option(None, help="use only the first N prompts"),
     dtype: str = typer.Option("fp32", help="target dtype for generating the data: fp32 | bf16"),
     gen_batch: int = typer.Option(64, help="answers generated together (continuous batching)"),
@@ -38,11 +40,11 @@ def train_draft(
     noise: float = typer.Option(0.2, help="width of the uniform noise on input features"),
     draft_vocab: int = typer.Option(8192, help="tokens the head may propose (the most frequent in the data); 0 = all"),
     labels: str = typer.Option("hard", help="cross-entropy labels: hard (the target's tokens) | soft (its distribution)"),
-    unroll: int = typer.Option(2, help="training steps fed the head's own predictions (1 = EAGLE-1 only)"),
+    unroll: int = typer.Option(1, help="training steps fed the head's own predictions (1 = EAGLE-1 only)"),
     resume: bool = typer.Option(False, "--resume", help="continue from the checkpoint in the work directory"),
     threads: Optional[int] = typer.Option(None, help="torch threads (default: all cores)"),
 ) -> None:
-    """Train an EAGLE draft head by self-distillation: the target answers prompts, the head learns its features and tokens."""
+    """Train an EAGLE draft head by self-distillation: the target answers prompts, the head learns its features."""
     import torch
 
     from specledger.decoding.eagle_head import save_head
@@ -52,8 +54,10 @@ def train_draft(
     from specledger.train.data import DEFAULT_PROMPTS, generate_data, load_samples, read_prompts
     from specledger.train.trainer import TrainConfig, train_head
 
-    if epochs < 1 or max_new_tokens < 1 or gen_batch < 1 or batch_tokens < 64 or draft_vocab < 0:
-        raise BadInput("epochs, max-new-tokens and gen-batch must be >= 1, batch-tokens >= 64, draft-vocab >= 0")
+    if epochs < 1 or max_new_tokens < 1 or gen_batch < 1 or samples < 1 or batch_tokens < 64 or draft_vocab < 0:
+        raise BadInput("epochs, max-new-tokens, samples and gen-batch must be >= 1, batch-tokens >= 64, draft-vocab >= 0")
+    if temperature <= 0:
+        raise BadInput(f"--temperature must be > 0 (got {temperature})")
     if labels not in ("hard", "soft") or unroll < 1:
         raise BadInput(f"--labels must be hard or soft and --unroll >= 1 (got {labels!r}, {unroll})")
     if dtype not in ("fp32", "bf16"):
@@ -74,12 +78,12 @@ def train_draft(
     with _progress() as bar:
         task = bar.add_task("answering prompts", total=None, info="")
         meta = generate_data(lm, texts, work_dir / "data", max_new_tokens=max_new_tokens, batch_size=gen_batch,
-                             on_progress=lambda i, n: bar.update(task, completed=i, total=n))
+                             samples=samples, temperature=temperature, seed=seed, on_progress=lambda i, n: bar.update(task, completed=i, total=n))
     gen_s = time.perf_counter() - t0
     console.print(f"data: {meta['sequences']} sequences, {meta['response_tokens']} answer tokens "
                   f"(target answering: {meta['generation_s']:.0f} s, this run {gen_s:.0f} s)")
 
-    samples = load_samples(work_dir / "data")
+    data = load_samples(work_dir / "data", meta["jobs"])
     if lm.dtype != "fp32":  # train against the fp32 LM head and embeddings
         lm = load_model(model, dtype="fp32")
     cfg = TrainConfig(epochs=epochs, lr=lr, batch_tokens=batch_tokens, noise=noise, seed=seed, draft_vocab=draft_vocab,
@@ -89,9 +93,10 @@ def train_draft(
 
         def on_step(step: int, total: int, avg: dict) -> None:
             bar.update(task, completed=step, total=total,
-                       info=f"loss {avg['loss']:.3f}  feat {avg['v_loss']:.3f}  ce {avg['p_loss']:.2f}  top1 {avg['acc']:.2f}")
+                       info=f"loss {avg['loss']:.3f}  feat {avg['v_loss']:.3f}  ce {avg['p_loss']:.2f}  "
+                            f"top1 {avg['acc']:.2f}")
 
-        head, summary = train_head(lm, samples, cfg, work_dir, resume=resume, data_key=meta["key"], on_step=on_step)
+        head, summary = train_head(lm, data, cfg, work_dir, resume=resume, data_key=meta["key"], on_step=on_step)
     save_head(head, out_dir)
     total_s = time.perf_counter() - t0
     info = {
@@ -100,7 +105,8 @@ def train_draft(
         "data_dtype": dtype,
         "seed": seed,
         "prompts": str(prompts or DEFAULT_PROMPTS.name),
-        "data": {k: meta[k] for k in ("sequences", "tokens", "response_tokens", "max_new_tokens", "skipped_long_prompts")},
+        "data": {k: meta[k] for k in ("sequences", "tokens", "response_tokens", "max_new_tokens", "samples_per_prompt",
+                                       "temperature", "skipped_long_prompts")},
         "train_config": cfg.__dict__,
         "generation_s": meta["generation_s"],
         "generation_this_run_s": round(gen_s, 1),

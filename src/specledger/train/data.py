@@ -53,8 +53,18 @@ class Sample:
 
 
 @torch.inference_mode()
-def answer_stream(lm: LoadedModel, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 64) -> Iterator[tuple[int, Sample]]:
-    """Greedy answers with the features of every fed token, yielded (prompt index, sample) as they finish.
+def answer_stream(
+    lm: LoadedModel,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    batch_size: int = 64,
+    temperatures: list[float] | None = None,
+    seed: int = 0,
+) -> Iterator[tuple[int, Sample]]:
+    """Answers with the features of every fed token, yielded (prompt index, sample) as they finish.
+
+    temperatures: per prompt, 0 = greedy (the default for all); above 0 the answer is sampled,
+    which gives further, different answers to the same prompt (more data for the head).
 
     Continuous batching: a row whose answer ends takes the next prompt at once, so the batch
     stays full (answers range from a few tokens to the limit). Each row's tokens sit
@@ -70,6 +80,18 @@ def answer_stream(lm: LoadedModel, prompts: list[list[int]], max_new_tokens: int
     rows: list[dict | None] = [None] * B
     length = torch.zeros(B, dtype=torch.long, device=dev)  # tokens cached per row
     nxt = torch.zeros(B, dtype=torch.long, device=dev)  # each live row's last token: emitted, not yet fed
+    temps = temperatures or [0.0] * len(prompts)
+    row_t = torch.zeros(B, device=dev)  # each row's temperature
+    gen = torch.Generator(device=dev).manual_seed(seed)
+
+    def pick(logits: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """Greedy where t == 0, sampled at temperature t elsewhere."""
+        best = logits.argmax(-1)
+        if not bool((t > 0).any()):
+            return best
+        probs = torch.softmax(logits.float() / t.clamp(min=1e-6)[:, None], dim=-1)
+        drawn = torch.multinomial(probs, 1, generator=gen)[:, 0]
+        return torch.where(t > 0, drawn, best)
 
     def relayout(new_end: int) -> None:
         end = cache.length
@@ -101,7 +123,8 @@ def answer_stream(lm: LoadedModel, prompts: list[list[int]], max_new_tokens: int
             cache.k[:, r, :, end - len(p) : end] = tmp.k[:, 0, :, : len(p)]
             cache.v[:, r, :, end - len(p) : end] = tmp.v[:, 0, :, : len(p)]
             length[r] = len(p)
-            first = int(m.logits(h[:, -1]).argmax(-1))
+            row_t[r] = temps[i]
+            first = int(pick(m.logits(h[:, -1]), row_t[r : r + 1])[0])
             nxt[r] = first
             rows[r] = {"i": i, "out": [first], "feats": [h[0]]}
             yield from finish_or_keep(r)
@@ -114,13 +137,13 @@ def answer_stream(lm: LoadedModel, prompts: list[list[int]], max_new_tokens: int
             keep = [r for r, row in enumerate(rows) if row is not None]
             idx = torch.tensor(keep, device=dev)
             cache.k, cache.v = cache.k[:, idx], cache.v[:, idx]
-            rows, length, nxt = [rows[r] for r in keep], length[idx], nxt[idx]
+            rows, length, nxt, row_t = [rows[r] for r in keep], length[idx], nxt[idx], row_t[idx]
         if cache.length + 1 > slots:
             relayout(int(length.max()))
         end = cache.length
         valid = torch.arange(end + 1, device=dev)[None, :] >= (end - length)[:, None]
         h = m.hidden(nxt[:, None], cache, positions=length[:, None], mask=valid[:, None, None, :])
-        nxt = m.logits(h[:, 0]).argmax(-1)
+        nxt = pick(m.logits(h[:, 0]), row_t)
         live = torch.tensor([row is not None for row in rows], device=dev)
         length += live.long()
         toks = nxt.tolist()
@@ -192,10 +215,10 @@ def _read_shards(data_dir: Path) -> list[tuple[int, Sample]]:
     return out
 
 
-def load_samples(data_dir: str | Path) -> list[Sample]:
-    """Every recorded sample, in prompt order."""
+def load_samples(data_dir: str | Path, jobs: int | None = None) -> list[Sample]:
+    """The recorded samples in job order (only jobs below `jobs` if given: a run asking fewer samples)."""
     d = Path(data_dir)
-    got = _read_shards(d)
+    got = [(i, s) for i, s in _read_shards(d) if jobs is None or i < jobs]
     if not got:
         raise BadInput(f"{d}: no training data shards")
     return [s for _, s in sorted(got, key=lambda x: x[0])]
@@ -210,9 +233,18 @@ def generate_data(
     batch_size: int = 64,
     shard_size: int = 64,
     max_prompt_tokens: int = 512,
+    samples: int = 1,
+    temperature: float = 0.8,
+    seed: int = 0,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict:
-    """Answer every prompt (chat template) and write shards; prompts answered in earlier runs are kept."""
+    """Answer every prompt (chat template) and write shards; answers recorded in earlier runs are kept.
+
+    The first answer to each prompt is greedy; `samples` > 1 adds samples - 1 answers drawn at
+    `temperature`. Raising `samples` later keeps the answers already recorded.
+    """
+    if samples < 1 or temperature <= 0:
+        raise BadInput(f"samples must be >= 1 and temperature > 0 (got {samples}, {temperature})")
     tok = lm.tokenizer
     ids = [tok.chat([{"role": "user", "content": p}]) for p in prompts]
     ids = [x for x in ids if len(x) <= max_prompt_tokens]
@@ -222,43 +254,57 @@ def generate_data(
     out.mkdir(parents=True, exist_ok=True)
     key = _plan_key(lm, ids, max_new_tokens)
     plan = out / "plan.json"
-    if plan.exists() and json.loads(plan.read_text()).get("key") != key:
-        for old in out.glob("shard_*.safetensors"):
-            old.unlink()
-    plan.write_text(json.dumps({"key": key, "model": lm.label, "prompts": len(ids), "max_new_tokens": max_new_tokens}))
-    done = {i for i, _ in _read_shards(out)}
-    todo = [i for i in range(len(ids)) if i not in done]
+    old = json.loads(plan.read_text()) if plan.exists() else {}
+    sampling = {"temperature": temperature, "seed": seed}
+    got = _read_shards(out)
+    n_greedy = len(ids)
+    if old.get("key") != key or (old.get("sampling", sampling) != sampling and any(i >= n_greedy for i, _ in got)):
+        for f in out.glob("shard_*.safetensors"):
+            f.unlink()
+        got = []
+    plan.write_text(json.dumps({"key": key, "model": lm.label, "prompts": len(ids), "max_new_tokens": max_new_tokens,
+                                "samples": samples, "sampling": sampling}))
+    jobs = ids * samples  # job j answers prompt j % len(ids); the first round is greedy
+    temps = [0.0 if j < n_greedy else temperature for j in range(len(jobs))]
+    done = {i for i, _ in got}
+    todo = [i for i in range(len(jobs)) if i not in done]
     n_shard = 1 + max((int(p.stem.split("_")[1]) for p in out.glob("shard_*.safetensors")), default=-1)
     buf: list[tuple[int, Sample]] = []
     t0 = time.perf_counter()
     if on_progress:
-        on_progress(len(done), len(ids))
+        on_progress(len(done), len(jobs))
 
     def flush() -> None:
         nonlocal n_shard, buf, t0
-        save_shard(out / f"shard_{n_shard:05d}.safetensors", [s for _, s in buf], time.perf_counter() - t0, [i for i, _ in buf])
+        path = out / f"shard_{n_shard:05d}.safetensors"
+        save_shard(path, [s for _, s in buf], time.perf_counter() - t0, [i for i, _ in buf])
         n_shard, buf, t0 = n_shard + 1, [], time.perf_counter()
 
     if todo:
-        for j, sample in answer_stream(lm, [ids[i] for i in todo], max_new_tokens, batch_size):
+        stream = answer_stream(lm, [jobs[i] for i in todo], max_new_tokens, batch_size,
+                               temperatures=[temps[i] for i in todo], seed=seed + len(done))
+        for j, sample in stream:
             buf.append((todo[j], sample))
             done.add(todo[j])
             if on_progress:
-                on_progress(len(done), len(ids))
+                on_progress(len(done), len(jobs))
             if len(buf) >= shard_size:
                 flush()
         if buf:
             flush()
-    samples = load_samples(out)
+    recorded = load_samples(out, len(jobs))
     meta = {
         "generation_s": round(shard_seconds(out), 1),
-        "key": key,
+        "key": key if samples == 1 else f"{key}-{samples}x{temperature:g}-{seed}",
+        "jobs": len(jobs),
         "model": lm.label,
-        "sequences": len(samples),
+        "sequences": len(recorded),
         "skipped_long_prompts": skipped,
-        "tokens": sum(len(s.tokens) for s in samples),
-        "response_tokens": sum(len(s.tokens) - s.prompt_len for s in samples),
+        "tokens": sum(len(s.tokens) for s in recorded),
+        "response_tokens": sum(len(s.tokens) - s.prompt_len for s in recorded),
         "max_new_tokens": max_new_tokens,
+        "samples_per_prompt": samples,
+        "temperature": temperature if samples > 1 else None,
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta

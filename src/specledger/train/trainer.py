@@ -42,7 +42,7 @@ class TrainConfig:
     draft_vocab: int = 8192  # most frequent tokens the head may propose; 0 = the whole vocabulary
     labels: str = "hard"  # "hard": the target's tokens; "soft": the target's distribution (from its features)
     prompt_loss: bool = False  # also learn on prompt positions (needs soft labels: the target did not write them)
-    unroll: int = 2  # steps fed the head's own predictions (1 = EAGLE-1; more trains deeper tree levels)
+    unroll: int = 1  # steps fed the head's own predictions (1 = EAGLE-1; more trains deeper tree levels)
 
 
 @dataclass
@@ -211,7 +211,8 @@ def head_loss(
         total = total + (v_loss + cfg.p_weight * p_loss) / cfg.unroll
         acc = (guess == target)[ans].float().mean().item() if bool(ans.any()) else 0.0
         if step == 1:
-            stats = {"v_loss": v_loss.item(), "p_loss": p_loss.item(), "acc": acc, "n": int(m.sum()), "n_answer": int(ans.sum())}
+            stats = {"v_loss": v_loss.item(), "p_loss": p_loss.item(), "acc": acc, "n": int(m.sum()),
+                     "n_answer": int(ans.sum())}
         else:
             stats[f"acc{step}"] = acc
     stats = {"loss": total.item(), "v_loss": 0.0, "p_loss": 0.0, "acc": 0.0, "n": 0, "n_answer": 0} | stats
