@@ -14,13 +14,12 @@ import os
 import sys
 import time
 
-import psutil
 import torch
 from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import long_prompts, machine, median, now  # noqa: E402
+from common import LlamaCpp, long_prompts, machine, median, now, rss  # noqa: E402
 
 from specledger.decoding.factory import make_strategy  # noqa: E402
 from specledger.decoding.generate import generate  # noqa: E402
@@ -29,7 +28,6 @@ from specledger.engine.loader import load_model  # noqa: E402
 from specledger.engine.registry import resolve_model  # noqa: E402
 
 console = Console(width=160)
-rss = lambda: psutil.Process().memory_info().rss  # noqa: E731
 
 
 class Engine:
@@ -74,34 +72,6 @@ class HF:
         t1 = time.perf_counter()
         # the streamer sees the prompt first, then each new token
         return {"ttft": first[1] - t0, "total": t1 - t0, "tokens": out.shape[1] - len(ids), "ids": out[0, len(ids):].tolist()}
-
-
-class LlamaCpp:
-    def __init__(self):
-        from llama_cpp import Llama
-
-        r0 = rss()
-        # use_extra_bufts=False avoids the AMX crash on multi-token batches on this CPU (see the brief)
-        nt = torch.get_num_threads()
-        kw = dict(model_path=str(resolve_model("smollm2-135m")), n_ctx=2048, n_threads=nt, n_threads_batch=nt, verbose=False)
-        try:
-            self.llm = Llama(**kw, use_extra_bufts=False)
-        except TypeError:
-            self.llm = Llama(**kw)
-        self.name, self.load_rss = "llama.cpp Q4_1", rss() - r0
-        self.weight_bytes = os.path.getsize(kw["model_path"])
-
-    def run(self, ids: list[int], n: int) -> dict:
-        self.llm.reset()
-        t0 = time.perf_counter()
-        out, ttft = [], None
-        for tok in self.llm.generate(ids, top_k=1, temp=0.0, reset=True):
-            if ttft is None:
-                ttft = time.perf_counter() - t0
-            out.append(tok)
-            if len(out) >= n:
-                break
-        return {"ttft": ttft, "total": time.perf_counter() - t0, "tokens": len(out), "ids": out}
 
 
 def verify_curve(lm, contexts=(256, 1024)) -> dict:

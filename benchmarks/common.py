@@ -7,6 +7,7 @@ import platform
 import statistics
 import time
 
+import psutil
 import torch
 
 
@@ -48,3 +49,45 @@ def long_prompts(n: int = 5) -> list[str]:
         body = paras[i % len(paras)] + "\n\n" + paras[(i + 2) % len(paras)]
         out.append(f"{body}\n\n{asks[i % len(asks)]}")
     return out
+
+
+def rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def llamacpp_available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class LlamaCpp:
+    def __init__(self):
+        from llama_cpp import Llama
+
+        from specledger.engine.registry import resolve_model
+
+        r0 = rss()
+        # use_extra_bufts=False avoids the AMX crash on multi-token batches on this CPU (see the brief)
+        nt = torch.get_num_threads()
+        kw = dict(model_path=str(resolve_model("smollm2-135m")), n_ctx=2048, n_threads=nt, n_threads_batch=nt, verbose=False)
+        try:
+            self.llm = Llama(**kw, use_extra_bufts=False)
+        except TypeError:
+            self.llm = Llama(**kw)
+        self.name, self.load_rss = "llama.cpp Q4_1", rss() - r0
+        self.weight_bytes = os.path.getsize(kw["model_path"])
+
+    def run(self, ids: list[int], n: int) -> dict:
+        self.llm.reset()
+        t0 = time.perf_counter()
+        out, ttft = [], None
+        for tok in self.llm.generate(ids, top_k=1, temp=0.0, reset=True):
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+            out.append(tok)
+            if len(out) >= n:
+                break
+        return {"ttft": ttft, "total": time.perf_counter() - t0, "tokens": len(out), "ids": out}

@@ -5,7 +5,12 @@ questions, N per task kind), greedy, alternating configuration by configuration 
 prompt. Speed-ups are against autoregressive decoding of the same target precision,
 measured in the same run; nothing is multiplied across runs.
 
-    python benchmarks/speculation.py [--per-kind 4] [--new-tokens 128] [--only eagle,hier] [--json out.json]
+llama.cpp's plain decode of the same GGUF (when llama-cpp-python is installed) runs in the
+same rotation, for as many tokens as the fp32 autoregressive answer to each prompt, so
+that every configuration is also compared with it.
+
+    python benchmarks/speculation.py [--per-kind 4] [--new-tokens 128] [--only eagle,hier] [--no-llamacpp]
+                                     [--threads 1] [--json out.json]
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import machine, median, now  # noqa: E402
+from common import LlamaCpp, llamacpp_available, machine, median, now  # noqa: E402
 
 from specledger.bench.workload import KINDS, load_workload  # noqa: E402
 from specledger.decoding.factory import make_strategy  # noqa: E402
@@ -56,8 +61,14 @@ def main() -> None:
     ap.add_argument("--per-kind", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--only", default=None, help="comma-separated substrings of configuration names to keep (ar always kept)")
+    ap.add_argument("--no-llamacpp", action="store_true", help="leave out llama.cpp's plain decode")
+    ap.add_argument("--threads", type=int, default=None, help="torch (and llama.cpp) threads")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
     console.print(f"[bold]speculation[/] {now()} — {machine()}")
     models = {k: load_model("smollm2-135m", quant=q, dtype=d) for k, (q, d) in TARGETS.items()}
     cfgs = configs(models)
@@ -70,6 +81,8 @@ def main() -> None:
             strategies[name] = (tgt, make_strategy(strat, models[tgt], **params))
         except Exception as exc:  # a strategy that cannot be built here is reported, not fatal
             console.print(f"skipped {name}: {exc}")
+    llama = LlamaCpp() if not a.no_llamacpp and llamacpp_available() else None
+    LLAMA = "llama.cpp Q4_1 (ar)"
     qs = load_workload("builtin", per_category=None)
     by_kind: dict[str, list] = defaultdict(list)
     for q in qs:
@@ -80,13 +93,25 @@ def main() -> None:
     console.print(f"{len(prompts)} prompts ({a.per_kind} per kind), {a.new_tokens} new tokens, greedy, {len(strategies)} configurations")
     sp = SamplingParams(max_new_tokens=a.new_tokens)
     rows: list[dict] = []
-    names = list(strategies)
+    names = list(strategies) + ([LLAMA] if llama else [])
     from rich.progress import Progress
 
     with Progress(console=console) as prog:
         task = prog.add_task("runs", total=len(prompts) * len(names))
         for i, (kind, ids) in enumerate(prompts):
-            for name in names[i % len(names):] + names[: i % len(names)]:
+            order = names[i % len(names):] + names[: i % len(names)]
+            if llama:  # llama.cpp follows ar fp32, whose answer length it matches
+                order = [n for n in order if n not in (LLAMA, "ar fp32")]
+                order[i % (len(order) + 1):i % (len(order) + 1)] = ["ar fp32", LLAMA]
+            for name in order:
+                if name == LLAMA:
+                    n_ar = next(x["tokens"] for x in rows if x["config"] == "ar fp32" and x["prompt"] == i)
+                    o = llama.run(ids, n_ar)
+                    rows.append({"config": name, "target": "llama.cpp", "kind": kind, "prompt": i, "tokens": o["tokens"],
+                                 "steps": o["tokens"], "appended": o["tokens"], "ttft": o["ttft"], "prefill": o["ttft"],
+                                 "draft_prefill": 0.0, "total": o["total"], "levels": [], "ids": o["ids"], "params": {}})
+                    prog.advance(task)
+                    continue
                 tgt, s = strategies[name]
                 r = generate(s, ids, sp)
                 rows.append({"config": name, "target": tgt, "kind": kind, "prompt": i, "tokens": len(r.token_ids),
@@ -110,13 +135,15 @@ def main() -> None:
 
     overall = {n: agg([x for x in rows if x["config"] == n]) for n in names}
     per_kind = {n: {k: agg([x for x in rows if x["config"] == n and x["kind"] == k]) for k in KINDS if by_kind[k]} for n in names}
-    ar_of = {tgt: f"ar {tgt}" for tgt in TARGETS}
+    ar_of = {tgt: f"ar {tgt}" for tgt in TARGETS} | {"llama.cpp": LLAMA}
+    target_of = {n: strategies[n][0] if n in strategies else "llama.cpp" for n in names}
     t = Table(title=f"overall ({len(prompts)} prompts, {a.new_tokens} new tokens, greedy)")
-    for col in ("config", "tau", "acceptance per level (proposed→accepted)", "decode tok/s", "e2e tok/s", "TTFT ms", "draft prefill ms", "decode speed-up", "e2e speed-up", "identical to ar"):
+    for col in ("config", "tau", "acceptance per level (proposed→accepted)", "decode tok/s", "e2e tok/s", "TTFT ms", "draft prefill ms", "decode speed-up", "e2e speed-up", "decode vs llama.cpp", "identical to ar"):
         t.add_column(col, justify="right")
     for n in names:
-        s, tgt = overall[n], strategies[n][0]
+        s, tgt = overall[n], target_of[n]
         base = overall.get(ar_of[tgt])
+        ll = overall.get(LLAMA)
         ref_rows = {x["prompt"]: x["ids"] for x in rows if x["config"] == ar_of[tgt]}
         same = [x["ids"] == ref_rows.get(x["prompt"]) for x in rows if x["config"] == n]
         div = [next((j for j, (u, v) in enumerate(zip(x["ids"], ref_rows[x["prompt"]])) if u != v), None)
@@ -125,7 +152,8 @@ def main() -> None:
         lv = "; ".join(f"{k}: {p}→{acc} ({r:.0%})" for k, (p, acc, r) in s["levels"].items() if r is not None)
         t.add_row(n, f"{s['tau']:.2f}", lv or "-", f"{s['decode_tok_s']:.1f}", f"{s['e2e_tok_s']:.1f}", f"{s['ttft_ms']:.0f}",
                   f"{s['draft_prefill_ms']:.0f}", f"{s['decode_tok_s'] / base['decode_tok_s']:.2f}x" if base else "-",
-                  f"{s['e2e_tok_s'] / base['e2e_tok_s']:.2f}x" if base else "-", f"{sum(same)}/{len(same)}" + (f" (first divergence at token {min(div)}-{max(div)})" if div else ""))
+                  f"{s['e2e_tok_s'] / base['e2e_tok_s']:.2f}x" if base else "-",
+                  f"{s['decode_tok_s'] / ll['decode_tok_s']:.2f}x" if ll else "-", f"{sum(same)}/{len(same)}" + (f" (first divergence at token {min(div)}-{max(div)})" if div else ""))
     console.print(t)
     t = Table(title="per task kind: tau / decode speed-up over ar of the same target")
     t.add_column("config")
@@ -133,7 +161,7 @@ def main() -> None:
     for k in kinds:
         t.add_column(k, justify="right")
     for n in names:
-        base = per_kind.get(ar_of[strategies[n][0]])
+        base = per_kind.get(ar_of[target_of[n]])
         cells = []
         for k in kinds:
             s = per_kind[n][k]
