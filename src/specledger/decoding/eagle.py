@@ -21,6 +21,7 @@ from specledger.decoding.eagle_head import EagleHead, draft_lm_head, load_head, 
 from specledger.decoding.strategy import Context, StepStats, Strategy, clock
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel, parse_dtype
+from specledger.engine.timing import CURVE_SIZES, forward_time_curve
 from specledger.errors import BadInput
 
 MAX_NODES = 256
@@ -204,40 +205,22 @@ class EagleDrafter:
 # --- the target's verification-cost curve --------------------------------------------------------
 
 _CURVES: dict[tuple[str, str], dict[int, float]] = {}
-CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
 @torch.inference_mode()
 def verify_cost_curve(lm: LoadedModel, context: int = 256, reps: int = 3) -> dict[int, float]:
-    """Seconds of one target forward of n tokens under a tree mask on top of `context` cached tokens.
+    """Seconds of one target forward of n tokens on top of `context` cached tokens.
 
-    Measured once per model label and device per process: the fastest of `reps` runs (other
+    Measured once per model label and device per process: the fastest of `reps` rounds (other
     load only ever adds time), made non-decreasing in n.
     """
     key = (lm.label, str(lm.model.device))
-    if key in _CURVES:
-        return _CURVES[key]
-    m = lm.model
-    dev = m.device
-    context = max(1, min(context, m.cfg.max_seq_len - CURVE_SIZES[-1]))
-    cache = m.new_cache(context + CURVE_SIZES[-1])
-    gen = torch.Generator().manual_seed(0)
-    m.hidden(torch.randint(0, m.cfg.vocab_size, (1, context), generator=gen).to(dev), cache)
-    curve: dict[int, float] = {}
-    prev = 0.0
-    for n in CURVE_SIZES:
-        x = torch.randint(0, m.cfg.vocab_size, (1, n), generator=gen).to(dev)
-        pos = torch.arange(context, context + n, device=dev)
-        mask = torch.ones(n, context + n, dtype=torch.bool, device=dev)
-        times = []
-        for _ in range(reps + 1):
-            cache.rollback(context)
-            t0 = clock(dev)
-            m.logits(m.hidden(x, cache, positions=pos, mask=mask))
-            times.append(clock(dev) - t0)
-        prev = curve[n] = max(prev, min(times[1:]))
-    _CURVES[key] = curve
-    return curve
+    if key not in _CURVES:
+        curve, prev = {}, 0.0
+        for n, t in forward_time_curve(lm, context=context, sizes=CURVE_SIZES, reps=reps, stat="min").items():
+            prev = curve[n] = max(prev, t)
+        _CURVES[key] = curve
+    return _CURVES[key]
 
 
 def interpolate(curve: dict[int, float], n: int) -> float:
