@@ -48,7 +48,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--top-k", type=int, default=10)
-    ap.add_argument("--depth", type=int, default=5)
+    ap.add_argument("--depth", type=int, default=3)
     ap.add_argument("--head", default=None, help="head directory (default: the shipped one)")
     ap.add_argument("--targets", default="fp32,bf16,int4")
     ap.add_argument("--threads", type=int, default=2)

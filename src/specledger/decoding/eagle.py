@@ -332,11 +332,14 @@ class EagleTree(Strategy):
         target: LoadedModel,
         head: str | Path | EagleHead | None = None,
         top_k: int = 10,
-        depth: int = 5,
+        depth: int = 3,
         total_nodes: int | str = "auto",
         head_dtype: str | None = None,
     ) -> None:
-        """head_dtype: the head's compute dtype. Default: the target's, except bf16 for an fp32 target on
+        """depth 3 by default: on the CPU targets measured (benchmarks/speculation.py, BENCHMARKS.md) depths 4-6
+        added drafting time (~2-3 ms per level) for under 0.1 of tau with the shipped head.
+
+        head_dtype: the head's compute dtype. Default: the target's, except bf16 for an fp32 target on
         a CPU with native bf16 (drafts are only proposals: still lossless, and drafting is ~2x cheaper)."""
         super().__init__(target)
         auto = total_nodes == "auto"
