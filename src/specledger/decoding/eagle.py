@@ -207,7 +207,6 @@ class EagleDrafter:
 _CURVES: dict[tuple[str, str], dict[int, float]] = {}
 
 
-@torch.inference_mode()
 def verify_cost_curve(lm: LoadedModel, context: int = 256, reps: int = 3) -> dict[int, float]:
     """Seconds of one target forward of n tokens on top of `context` cached tokens.
 

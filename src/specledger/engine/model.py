@@ -59,7 +59,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def rope_at(
-    cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
+    cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor | slice, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin for positions (n,) or (B, n), shaped to broadcast over (B, n, heads, head_dim)."""
     cos, sin = cos_table[positions].to(dtype), sin_table[positions].to(dtype)
@@ -124,7 +124,7 @@ class Attention(nn.Module):
         q = qk[:, :, : self.n_heads].transpose(1, 2)
         k = qk[:, :, self.n_heads :].transpose(1, 2)
         v = qkv[..., qk_out:].view(b, n, self.n_kv, self.hd).transpose(1, 2)
-        keys, values = cache.write(layer, start, k, v)  # the cache may hold a wider dtype (see KVCache)
+        keys, values = cache.write(layer, start, k, v)  # the cache may hold a wider dtype (see kv_dtype)
         q = q.to(keys.dtype)
         if n == 1 and mask is None:
             y = decode_attention(q, keys, values)

@@ -78,7 +78,8 @@ def train_draft(
     with _progress() as bar:
         task = bar.add_task("answering prompts", total=None, info="")
         meta = generate_data(lm, texts, work_dir / "data", max_new_tokens=max_new_tokens, batch_size=gen_batch,
-                             samples=samples, temperature=temperature, seed=seed, on_progress=lambda i, n: bar.update(task, completed=i, total=n))
+                             samples=samples, temperature=temperature, seed=seed,
+                             on_progress=lambda i, n: bar.update(task, completed=i, total=n))
     gen_s = time.perf_counter() - t0
     console.print(f"data: {meta['sequences']} sequences, {meta['response_tokens']} answer tokens "
                   f"(target answering: {meta['generation_s']:.0f} s, this run {gen_s:.0f} s)")

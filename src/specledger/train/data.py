@@ -266,13 +266,13 @@ def generate_data(
                                 "samples": samples, "sampling": sampling}))
     jobs = ids * samples  # job j answers prompt j % len(ids); the first round is greedy
     temps = [0.0 if j < n_greedy else temperature for j in range(len(jobs))]
-    done = {i for i, _ in got}
-    todo = [i for i in range(len(jobs)) if i not in done]
+    recorded = dict(got)  # job -> sample, grown as answers arrive (the shards are read once)
+    todo = [i for i in range(len(jobs)) if i not in recorded]
     n_shard = 1 + max((int(p.stem.split("_")[1]) for p in out.glob("shard_*.safetensors")), default=-1)
     buf: list[tuple[int, Sample]] = []
     t0 = time.perf_counter()
     if on_progress:
-        on_progress(len(done), len(jobs))
+        on_progress(len(recorded), len(jobs))
 
     def flush() -> None:
         nonlocal n_shard, buf, t0
@@ -282,26 +282,26 @@ def generate_data(
 
     if todo:
         stream = answer_stream(lm, [jobs[i] for i in todo], max_new_tokens, batch_size,
-                               temperatures=[temps[i] for i in todo], seed=seed + len(done))
+                               temperatures=[temps[i] for i in todo], seed=seed + len(recorded))
         for j, sample in stream:
             buf.append((todo[j], sample))
-            done.add(todo[j])
+            recorded[todo[j]] = sample
             if on_progress:
-                on_progress(len(done), len(jobs))
+                on_progress(len(recorded), len(jobs))
             if len(buf) >= shard_size:
                 flush()
         if buf:
             flush()
-    recorded = load_samples(out, len(jobs))
+    answers = [recorded[i] for i in sorted(recorded) if i < len(jobs)]
     meta = {
         "generation_s": round(shard_seconds(out), 1),
         "key": key if samples == 1 else f"{key}-{samples}x{temperature:g}-{seed}",
         "jobs": len(jobs),
         "model": lm.label,
-        "sequences": len(recorded),
+        "sequences": len(answers),
         "skipped_long_prompts": skipped,
-        "tokens": sum(len(s.tokens) for s in recorded),
-        "response_tokens": sum(len(s.tokens) - s.prompt_len for s in recorded),
+        "tokens": sum(len(s.tokens) for s in answers),
+        "response_tokens": sum(len(s.tokens) - s.prompt_len for s in answers),
         "max_new_tokens": max_new_tokens,
         "samples_per_prompt": samples,
         "temperature": temperature if samples > 1 else None,
