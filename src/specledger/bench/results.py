@@ -51,7 +51,24 @@ class RequestGrade(_Model):
     detail: str = ""
 
 
-class RequestRecord(_Model):
+class EngineTelemetry(_Model):
+    """What the serving side reported about a request beyond its text: speculation statistics,
+    phase times, memory, energy. A backend's Completion and the RequestRecord on disk share it."""
+
+    steps: int | None = None  # target forward passes
+    tau: float | None = None
+    levels: list[LevelCounts] = Field(default_factory=list)
+    draft_s: float | None = None
+    verify_s: float | None = None
+    prefill_s: float | None = None
+    draft_prefill_s: float | None = None
+    peak_rss_bytes: int | None = None
+    cuda_max_allocated_bytes: int | None = None
+    energy_j: float | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)  # backend telemetry as received (e.g. llama.cpp timings)
+
+
+class RequestRecord(EngineTelemetry):
     """One request (one turn of one conversation) as measured."""
 
     schema_version: int = SCHEMA_VERSION
@@ -89,22 +106,9 @@ class RequestRecord(_Model):
     tpot_s: float | None = None
     itl_s: list[float] = Field(default_factory=list)
 
-    steps: int | None = None
-    tau: float | None = None
-    levels: list[LevelCounts] = Field(default_factory=list)
-    draft_s: float | None = None
-    verify_s: float | None = None
-    prefill_s: float | None = None
-    draft_prefill_s: float | None = None
-
-    peak_rss_bytes: int | None = None
-    cuda_max_allocated_bytes: int | None = None
-    energy_j: float | None = None
-
     output_text: str = ""
     output_token_ids: list[int] | None = None
     grade: RequestGrade | None = None
-    extra: dict[str, Any] = Field(default_factory=dict)  # backend telemetry as received (e.g. llama.cpp timings)
 
 
 class Dist(_Model):

@@ -26,7 +26,7 @@ from specledger.bench.load import SteadyStateCheck, closed_loop, open_loop
 from specledger.bench.probes import UNQUANTIZED, measure_agreement, needs_agreement
 from specledger.bench.metrics import aggregate, group_by, spread_itl, tpot
 from specledger.bench.results import (
-    ConfigResult, CurvePoint, GateOutcome, LoadResult, RequestGrade, RequestLog, RequestRecord, RunResult, SteadyState,
+    ConfigResult, CurvePoint, EngineTelemetry, GateOutcome, LoadResult, RequestGrade, RequestLog, RequestRecord, RunResult, SteadyState,
     load_run, now, read_requests, write_run, write_summary, REQUESTS_FILE,
 )
 from specledger.bench.telemetry import telemetry_delta
@@ -428,10 +428,8 @@ class Runner:
             ttft_s=ttft if c.ok else None, e2e_s=e2e if c.ok else None,
             tpot_s=tpot(e2e, ttft, c.output_tokens) if c.ok else None,
             itl_s=spread_itl(c.chunks) if c.ok else [],
-            steps=c.steps, tau=c.tau, levels=c.levels, draft_s=c.draft_s, verify_s=c.verify_s,
-            prefill_s=c.prefill_s, draft_prefill_s=c.draft_prefill_s,
-            peak_rss_bytes=c.peak_rss_bytes, cuda_max_allocated_bytes=c.cuda_max_allocated_bytes,
-            energy_j=c.energy_j, output_text=c.text, output_token_ids=c.token_ids, extra=c.extra,
+            output_text=c.text, output_token_ids=c.token_ids,
+            **{name: getattr(c, name) for name in EngineTelemetry.model_fields},
         )
 
     # ---- quality gates ----

@@ -25,6 +25,7 @@ class KVCache:
         shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self._layer_views()
         self.max_len = max_len
         self.length = 0  # valid slots [0, length)
 
@@ -34,10 +35,22 @@ class KVCache:
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store n new entries at slots [start, start+n) and return views of slots [0, start+n)."""
-        end = start + k.shape[2]
-        self.k[layer, :, :, start:end] = k
-        self.v[layer, :, :, start:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        n = k.shape[2]
+        lk, lv = self.layer_k[layer], self.layer_v[layer]
+        lk.narrow(2, start, n).copy_(k)
+        lv.narrow(2, start, n).copy_(v)
+        return lk.narrow(2, 0, start + n), lv.narrow(2, 0, start + n)
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (batched generation dropping finished sequences)."""
+        self.k, self.v = self.k[:, rows], self.v[:, rows]
+        self._layer_views()
+
+    def _layer_views(self) -> None:
+        """One view per layer, made once: narrow() on these is cheaper than indexing per write.
+        (select, not unbind: in-place writes into unbind's views are refused under autograd.)"""
+        self.layer_k = [self.k.select(0, i) for i in range(self.k.shape[0])]
+        self.layer_v = [self.v.select(0, i) for i in range(self.v.shape[0])]
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specledger.engine.model import direct_call
 from specledger.errors import BadInput
 
 QUANTS = ("none", "int8", "int4")
@@ -50,6 +51,7 @@ def check_group_size(in_features: int, group_size: int, name: str = "weight") ->
         )
 
 
+@direct_call
 class Int8Linear(nn.Module):
     """Per-output-channel symmetric int8 weights."""
 
@@ -64,10 +66,11 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, shape[-1]), self.weight, self.scales)
+        y = torch.ops.aten._weight_int8pack_mm.default(x.reshape(-1, shape[-1]), self.weight, self.scales)
         return y.reshape(*shape[:-1], self.out_features)
 
 
+@direct_call
 class Int4Linear(nn.Module):
     """Group-wise asymmetric int4 weights in the packed layout of the int4 matmul kernels."""
 
@@ -76,9 +79,13 @@ class Int4Linear(nn.Module):
         self.out_features, self.in_features = grid.codes.shape
         self.group_size = grid.group_size
         codes = grid.codes.to(device)
+        # The packed layout is device-specific, so the kernel is chosen here, once (an OpOverload
+        # called directly also skips the packet's overload resolution on every call).
         if device.type == "cpu":
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+            self._mm = torch.ops.aten._weight_int4pack_mm_for_cpu.default
         else:  # CUDA tinygemm: two codes per byte, high nibble first
+            self._mm = torch.ops.aten._weight_int4pack_mm.default
             c = codes.to(torch.uint8)
             packed = torch.ops.aten._convert_weight_to_int4pack((c[:, ::2] << 4 | c[:, 1::2]).contiguous(), 2)
         sz = torch.stack([grid.scale, grid.zero], dim=-1).transpose(0, 1).contiguous()  # [K/g, N, 2]
@@ -87,9 +94,5 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        if x2.device.type == "cpu":
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.weight, self.group_size, self.scales_and_zeros)
-        else:
-            y = torch.ops.aten._weight_int4pack_mm(x2, self.weight, self.group_size, self.scales_and_zeros)
+        y = self._mm(x.reshape(-1, shape[-1]), self.weight, self.group_size, self.scales_and_zeros)
         return y.reshape(*shape[:-1], self.out_features)

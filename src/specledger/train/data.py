@@ -136,7 +136,7 @@ def answer_stream(
         if dead and not queue and len(dead) * 4 >= len(rows):  # the tail: drop empty rows
             keep = [r for r, row in enumerate(rows) if row is not None]
             idx = torch.tensor(keep, device=dev)
-            cache.k, cache.v = cache.k[:, idx], cache.v[:, idx]
+            cache.keep_rows(idx)
             rows, length, nxt, row_t = [rows[r] for r in keep], length[idx], nxt[idx], row_t[idx]
         if cache.length + 1 > slots:
             relayout(int(length.max()))

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any
+
+from pydantic import Field
 
 from specledger.bench.config import BenchConfig
-from specledger.bench.results import LevelCounts
+from specledger.bench.results import EngineTelemetry
 
 
-@dataclass
-class Completion:
+class Completion(EngineTelemetry):
     """One request as a backend saw it. Times are time.perf_counter() values."""
 
     ok: bool
@@ -20,7 +19,7 @@ class Completion:
     text: str = ""
     error: str | None = None
     attempts: int = 1
-    chunks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, tokens) per chunk/step
+    chunks: list[tuple[float, int]] = Field(default_factory=list)  # (arrival, tokens) per chunk/step
     first_token: float | None = None
     prompt_tokens: int | None = None
     output_tokens: int = 0
@@ -28,17 +27,6 @@ class Completion:
     tokenizer_output_tokens: int | None = None
     token_ids: list[int] | None = None
     finish_reason: str | None = None
-    steps: int | None = None
-    tau: float | None = None
-    levels: list[LevelCounts] = field(default_factory=list)
-    draft_s: float | None = None
-    verify_s: float | None = None
-    prefill_s: float | None = None
-    draft_prefill_s: float | None = None
-    peak_rss_bytes: int | None = None
-    cuda_max_allocated_bytes: int | None = None
-    energy_j: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Backend(ABC):
