@@ -47,6 +47,7 @@ def configs(models: dict) -> list[tuple[str, str, str, dict]]:
         ("lookup fp32", "fp32", "lookup", {}),
         ("lookup w4a16", "w4a16", "lookup", {}),
         ("draft(w4a16) fp32", "fp32", "draft", {"draft": models["w4a16"], "num_tokens": 4}),
+        ("draft(w4a16) bf16", "bf16", "draft", {"draft": models["w4a16"], "num_tokens": 4}),
         ("eagle fp32", "fp32", "eagle", {}),
         ("eagle bf16", "bf16", "eagle", {}),
         ("eagle w4a16", "w4a16", "eagle", {}),

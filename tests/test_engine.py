@@ -26,6 +26,18 @@ def test_chunked_forward_matches_full_and_rollback():
         cache.rollback(40)
 
 
+def test_cache_writes_land_in_the_cache_after_dropping_rows():
+    """Writes go through per-layer views; dropping batch rows must rebuild them (not write to a stale copy)."""
+    from specledger.engine.kv_cache import KVCache
+
+    c = KVCache(2, 1, 4, 8, batch=3)
+    c.write(1, 0, torch.ones(3, 1, 2, 4), torch.full((3, 1, 2, 4), 2.0))
+    c.keep_rows(torch.tensor([0, 2]))
+    k, v = c.write(1, 2, torch.full((2, 1, 1, 4), 5.0), torch.full((2, 1, 1, 4), 6.0))
+    assert c.k.shape[1] == 2 and k.shape == (2, 1, 3, 4)
+    assert c.k[1, :, 0, 2].eq(5).all() and c.v[1, :, 0, :2].eq(2).all() and c.k[0].eq(0).all()
+
+
 def test_tree_forward_equals_each_path_run_alone():
     lm = tiny_model()
     prefix = [3, 7, 9, 11]
