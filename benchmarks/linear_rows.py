@@ -63,7 +63,7 @@ def main() -> None:
         t.add_column(f"M={m}", justify="right")
     for name, r in res.items():
         t.add_row(name, *[f"{r[m]:.0f} ({r[m] / r[rows[0]]:.1f}x)" for m in rows])
-    Console().print(t)
+    Console(width=160).print(t)
 
 
 if __name__ == "__main__":

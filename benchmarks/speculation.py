@@ -52,6 +52,7 @@ def configs(models: dict) -> list[tuple[str, str, str, dict]]:
         ("eagle bf16", "bf16", "eagle", {}),
         ("eagle w4a16", "w4a16", "eagle", {}),
         ("hier eagle>w4a16>bf16", "bf16", "hier", {"intermediate": models["w4a16"]}),
+        ("hier lookup>w4a16>bf16", "bf16", "hier", {"intermediate": models["w4a16"], "drafter": "lookup"}),
         ("hier eagle>bf16>w4a16", "w4a16", "hier", {"intermediate": models["bf16"]}),
         ("hier eagle>w8a16>w4a16", "w4a16", "hier", {"intermediate": models["w8a16"]}),
     ]
