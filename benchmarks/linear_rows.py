@@ -11,6 +11,7 @@ ratio to M = 1 for each precision.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
@@ -41,7 +42,12 @@ def main() -> None:
     ap.add_argument("--in", dest="inp", type=int, default=576, help="input features (a multiple of 32)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    rows = [int(r) for r in a.rows.split(",")]
+    try:
+        rows = [int(r) for r in a.rows.split(",")]
+    except ValueError:
+        sys.exit(f"--rows must be comma-separated integers (got {a.rows!r})")
+    if min(rows) < 1 or a.out < 1 or a.inp % 32:
+        sys.exit("rows and --out must be >= 1, and --in a multiple of 32 (the int4 group size)")
     w = torch.randn(a.out, a.inp) * 0.02
     wb = w.bfloat16()
     int8, int4 = Int8Linear(w, torch.bfloat16), Int4Linear(int4_grid(w, 32), torch.bfloat16, torch.device("cpu"))

@@ -43,7 +43,7 @@ def test_generate_data_resumes(tmp_path):
     lm = tiny_model()
     lm.tokenizer = _CharTokenizer()
     texts = ["hello", "a longer prompt here", "xyz", "q", "another one"]
-    meta = generate_data(lm, texts, tmp_path, max_new_tokens=6, batch_size=2, shard_size=2)
+    meta, _ = generate_data(lm, texts, tmp_path, max_new_tokens=6, batch_size=2, shard_size=2)
     assert meta["sequences"] == 5 and meta["response_tokens"] == 30
     first = load_samples(tmp_path)
     (tmp_path / "shard_00001.safetensors").unlink()
@@ -63,7 +63,7 @@ def test_sampled_answers_extend_the_greedy_data(tmp_path):
     generate_data(lm, texts, tmp_path, max_new_tokens=12, batch_size=2, shard_size=2)
     greedy = load_samples(tmp_path)
     shards = sorted(p.name for p in tmp_path.glob("shard_*"))
-    meta = generate_data(lm, texts, tmp_path, max_new_tokens=12, batch_size=2, shard_size=2, samples=3,
+    meta, _ = generate_data(lm, texts, tmp_path, max_new_tokens=12, batch_size=2, shard_size=2, samples=3,
                          temperature=8.0, seed=1)
     assert meta["sequences"] == 9 and meta["jobs"] == 9 and meta["key"].endswith("-3x8-1")
     assert set(shards) <= {p.name for p in tmp_path.glob("shard_*")}  # the greedy shards stay

@@ -51,7 +51,7 @@ def train_draft(
     from specledger.engine.loader import load_model
     from specledger.engine.tokenizer import cache_dir
     from specledger.errors import BadInput
-    from specledger.train.data import DEFAULT_PROMPTS, generate_data, load_samples, read_prompts
+    from specledger.train.data import DEFAULT_PROMPTS, generate_data, read_prompts
     from specledger.train.trainer import TrainConfig, train_head
 
     if epochs < 1 or max_new_tokens < 1 or gen_batch < 1 or samples < 1 or batch_tokens < 64 or draft_vocab < 0:
@@ -77,14 +77,15 @@ def train_draft(
 
     with _progress() as bar:
         task = bar.add_task("answering prompts", total=None, info="")
-        meta = generate_data(lm, texts, work_dir / "data", max_new_tokens=max_new_tokens, batch_size=gen_batch,
-                             samples=samples, temperature=temperature, seed=seed,
-                             on_progress=lambda i, n: bar.update(task, completed=i, total=n))
+        meta, data = generate_data(lm, texts, work_dir / "data", max_new_tokens=max_new_tokens, batch_size=gen_batch,
+                                   samples=samples, temperature=temperature, seed=seed,
+                                   on_progress=lambda i, n: bar.update(task, completed=i, total=n))
     gen_s = time.perf_counter() - t0
     console.print(f"data: {meta['sequences']} sequences, {meta['response_tokens']} answer tokens "
                   f"(target answering: {meta['generation_s']:.0f} s, this run {gen_s:.0f} s)")
 
-    data = load_samples(work_dir / "data", meta["jobs"])
+    if not data:
+        raise BadInput(f"{work_dir / 'data'}: no training data (every prompt longer than the context?)")
     if lm.dtype != "fp32":  # train against the fp32 LM head and embeddings
         lm = load_model(model, dtype="fp32")
     cfg = TrainConfig(epochs=epochs, lr=lr, batch_tokens=batch_tokens, noise=noise, seed=seed, draft_vocab=draft_vocab,

@@ -237,8 +237,10 @@ def generate_data(
     temperature: float = 0.8,
     seed: int = 0,
     on_progress: Callable[[int, int], None] | None = None,
-) -> dict:
+) -> tuple[dict, list[Sample]]:
     """Answer every prompt (chat template) and write shards; answers recorded in earlier runs are kept.
+
+    Returns the data's description (also written to meta.json) and the answers, in job order.
 
     The first answer to each prompt is greedy; `samples` > 1 adds samples - 1 answers drawn at
     `temperature`. Raising `samples` later keeps the answers already recorded.
@@ -307,4 +309,4 @@ def generate_data(
         "temperature": temperature if samples > 1 else None,
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    return meta
+    return meta, answers
