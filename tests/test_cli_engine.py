@@ -41,4 +41,4 @@ def test_unsupported_architecture(tmp_path):
     d.mkdir()
     (d / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}')
     r = run("generate", "hi", "--model", str(d))
-    assert r.returncode == 2 and "architecture GPT2LMHeadModel is not supported" in r.stderr
+    assert r.returncode == 2 and "model_type='gpt2' (GPT2LMHeadModel) is not supported" in r.stderr

@@ -14,8 +14,17 @@ from specledger.engine.registry import KNOWN_MODELS, known_model_path
 console = Console()
 
 
-def models() -> None:
-    """List the models specledger knows by name, with size and where the file is."""
+def models(
+    check: Optional[str] = typer.Option(
+        None, "--check", metavar="PATH", help="compare specledger's reading of this model (name, .gguf or HF directory) "
+        "with transformers': teacher-forced fp32 logits; exit 2 on a mismatch"),
+    tokens: int = typer.Option(64, help="with --check: tokens of the built-in text to read"),
+    atol: float = typer.Option(1e-2, help="with --check: the largest logit difference that still counts as a match"),
+) -> None:
+    """List the models specledger knows by name, with size and where the file is (or --check one)."""
+    if check is not None:
+        _check(check, tokens, atol)
+        return
     t = Table(title="models")
     for col in ("name", "parameters", "file bytes", "where / how to install", "description"):
         t.add_column(col)
@@ -30,6 +39,21 @@ def models() -> None:
         t.add_row(m.name, f"{cfg.n_params / 1e6:.1f}M", f"{p.stat().st_size:,}", str(p), m.description)
     console.print(t)
     console.print("Any Llama-family .gguf file or Hugging Face model directory can also be passed as --model PATH.")
+
+
+def _check(path: str, tokens: int, atol: float) -> None:
+    from specledger.engine.conformance import check_model
+
+    with console.status(f"reading {path} with specledger and with transformers"):
+        c = check_model(path, n_tokens=tokens, atol=atol)
+    t = Table(title=f"specledger vs transformers: {c.source}")
+    for col in ("tokens", "max |logit difference|", "top-1 agreement", "tolerance"):
+        t.add_column(col, justify="right")
+    t.add_row(f"{c.tokens} ({c.token_source})", f"{c.max_abs_diff:.3g}", f"{c.top1_agreement:.2%}", f"{c.atol:g}")
+    console.print(t)
+    console.print(c.verdict, markup=False, highlight=False, soft_wrap=True)
+    if not c.ok:
+        raise typer.Exit(2)
 
 
 def quality(

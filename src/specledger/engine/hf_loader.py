@@ -1,4 +1,9 @@
-"""Read a Hugging Face Llama-family directory: config.json + *.safetensors."""
+"""Read a Hugging Face Llama-family directory: config.json + safetensors, as transformers reads them.
+
+The configuration goes through transformers' own AutoConfig, so every spelling it accepts (top-level
+rope_theta/rope_scaling, the rope_parameters block, torch_dtype or dtype, ...) means what it means to
+transformers. Whatever the engine does not implement is refused by name instead of being run wrong.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,12 @@ import torch
 from specledger.engine.config import ModelConfig
 from specledger.errors import BadInput, UnsupportedModel
 
-SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+# model_type -> the causal-LM class that transformers builds for it; both are the engine's decoder
+# (Mistral is Llama with an optional sliding window, refused below when it applies).
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+ROPE_TYPES = ("default", "linear", "llama3")  # what engine/model.py rope_inv_freq implements
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
 _PARTS = {
     "input_layernorm": "attn_norm",
     "self_attn.q_proj": "q",
@@ -24,56 +34,162 @@ _PARTS = {
 }
 
 
-def read_config(path: Path) -> ModelConfig:
+def hf_config(path: Path):
+    """The directory's configuration object exactly as transformers builds it (no remote code)."""
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # e.g. "torch_dtype is deprecated": the value is still honoured
     try:
-        c = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise BadInput(f"{path / 'config.json'}: cannot read ({exc})") from None
-    archs = c.get("architectures") or []
-    if not any(a in SUPPORTED for a in archs) or c.get("attention_bias") or c.get("mlp_bias"):
-        what = ", ".join(archs) or c.get("model_type", "?")
-        raise UnsupportedModel(f"{path}: architecture {what} is not supported (supported: {', '.join(SUPPORTED[:1])} without biases)")
-    n_heads = c["num_attention_heads"]
-    eos = c.get("eos_token_id")
+        return AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnsupportedModel(f"{path / 'config.json'}: transformers cannot read it ({first})") from None
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _refuse(path: Path, what: str, why: str) -> UnsupportedModel:
+    return UnsupportedModel(f"{path / 'config.json'}: {what} is not supported ({why})")
+
+
+def check_supported(c, path: Path) -> dict:
+    """Refuse every setting the engine would silently run wrong; return the RoPE parameters."""
+    archs = list(getattr(c, "architectures", None) or [])
+    if c.model_type not in MODEL_TYPES:
+        what = f"model_type={c.model_type!r}" + (f" ({', '.join(archs)})" if archs else "")
+        raise _refuse(path, what, f"the engine runs the Llama family: {', '.join(MODEL_TYPES)}")
+    if archs and MODEL_TYPES[c.model_type] not in archs:
+        raise _refuse(path, f"architectures={archs}", f"expected {MODEL_TYPES[c.model_type]}")
+    for name in ("attention_bias", "mlp_bias"):
+        if getattr(c, name, False):
+            raise _refuse(path, f"{name}=true", "the engine's linear layers have no bias")
+    if getattr(c, "hidden_act", "silu") != "silu":
+        raise _refuse(path, f"hidden_act={c.hidden_act!r}", "the engine's MLP is SwiGLU (silu)")
+    window = getattr(c, "sliding_window", None)
+    if window is not None and window < c.max_position_embeddings:
+        raise _refuse(path, f"sliding_window={window}", "the engine attends to the whole context")
+    if getattr(c, "quantization_config", None):
+        method = c.quantization_config.get("quant_method", "?") if isinstance(c.quantization_config, dict) else "?"
+        raise _refuse(path, f"quantization_config (quant_method={method!r})", "load the unquantized weights")
+    rope = dict(c.rope_parameters or {})
+    kind = rope.get("rope_type") or rope.get("type") or "default"
+    if kind not in ROPE_TYPES:
+        raise _refuse(path, f"rope_type={kind!r}", f"supported: {', '.join(ROPE_TYPES)}")
+    partial = rope.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", None))
+    if partial not in (None, 1, 1.0):
+        raise _refuse(path, f"partial_rotary_factor={partial}", "the engine rotates the whole head")
+    if "rope_theta" not in rope:
+        raise _refuse(path, "a RoPE configuration without rope_theta", "transformers gave no base frequency")
+    return rope
+
+
+def read_config(path: Path) -> ModelConfig:
+    c = hf_config(path)
+    rope = check_supported(c, path)
+    kind = rope.get("rope_type") or rope.get("type") or "default"
+    scaling = None if kind == "default" else {k: v for k, v in rope.items() if k != "rope_theta"} | {"rope_type": kind}
+    n_heads = c.num_attention_heads
+    eos = c.eos_token_id
     return ModelConfig(
-        vocab_size=c["vocab_size"],
-        hidden_size=c["hidden_size"],
-        intermediate_size=c["intermediate_size"],
-        n_layers=c["num_hidden_layers"],
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        n_layers=c.num_hidden_layers,
         n_heads=n_heads,
-        n_kv_heads=c.get("num_key_value_heads", n_heads),
-        head_dim=c.get("head_dim") or c["hidden_size"] // n_heads,
-        max_seq_len=c.get("max_position_embeddings", 2048),
-        rope_theta=c.get("rope_theta", 10000.0),
-        rms_eps=c.get("rms_norm_eps", 1e-5),
-        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-        rope_scaling=c.get("rope_scaling"),
-        bos_id=c.get("bos_token_id"),
+        n_kv_heads=c.num_key_value_heads or n_heads,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // n_heads,
+        max_seq_len=c.max_position_embeddings,
+        rope_theta=float(rope["rope_theta"]),
+        rms_eps=c.rms_norm_eps,
+        tie_embeddings=bool(c.tie_word_embeddings),
+        rope_scaling=scaling,
+        bos_id=c.bos_token_id,
         eos_ids=eos if isinstance(eos, list) else ([eos] if eos is not None else []),
     )
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The files transformers would read: the index's shards, else model.safetensors (nothing else)."""
+    if (path / INDEX).exists():
+        try:
+            weight_map = json.loads((path / INDEX).read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise BadInput(f"{path / INDEX}: cannot read its weight_map ({exc})") from None
+        files = [path / f for f in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.exists()]
+        if missing:
+            raise BadInput(f"{path / INDEX} names shards that are missing: {', '.join(missing[:3])}")
+        return files
+    if (path / SINGLE).exists():
+        return [path / SINGLE]
+    raise BadInput(f"{path}: no {SINGLE} or {INDEX} (only safetensors weights are read)")
+
+
+def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    h, i, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"embed": (cfg.vocab_size, h), "norm": (h,)}
+    shapes["output"] = (cfg.vocab_size, h)  # optional when tied (see read_tensors)
+    for n in range(cfg.n_layers):
+        p = f"layers.{n}"
+        shapes |= {
+            f"{p}.attn_norm": (h,), f"{p}.ffn_norm": (h,), f"{p}.q": (cfg.n_heads * hd, h),
+            f"{p}.k": (cfg.n_kv_heads * hd, h), f"{p}.v": (cfg.n_kv_heads * hd, h), f"{p}.o": (h, cfg.n_heads * hd),
+            f"{p}.gate": (i, h), f"{p}.up": (i, h), f"{p}.down": (h, i),
+        }
+    return shapes
+
+
+def _hf_name(key: str) -> str:
+    """The HF tensor name of an engine key (for messages)."""
+    fixed = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "output": "lm_head.weight"}
+    if key in fixed:
+        return fixed[key]
+    _, idx, part = key.split(".", 2)
+    return f"model.layers.{idx}.{next(k for k, v in _PARTS.items() if v == part)}.weight"
+
+
+def _canonical(name: str) -> str | None:
+    """The engine's name for an HF tensor name; None for tensors transformers recomputes (rotary inv_freq)."""
+    if name == "model.embed_tokens.weight":
+        return "embed"
+    if name == "model.norm.weight":
+        return "norm"
+    if name == "lm_head.weight":
+        return "output"
+    if name.startswith("model.layers.") and name.endswith(".weight"):
+        idx, part = name[len("model.layers.") : -len(".weight")].split(".", 1)
+        if part in _PARTS and idx.isdigit():
+            return f"layers.{idx}.{_PARTS[part]}"
+    if "rotary_emb" in name:
+        return None
+    return ""
 
 
 def read_tensors(path: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise BadInput(f"{path}: no *.safetensors weights found")
+    expected = _expected_shapes(cfg)
     out: dict[str, torch.Tensor] = {}
-    for f in files:
+    for f in weight_files(path):
         for name, w in load_file(str(f)).items():
-            if name == "model.embed_tokens.weight":
-                out["embed"] = w.float()
-            elif name == "model.norm.weight":
-                out["norm"] = w.float()
-            elif name == "lm_head.weight":
-                out["output"] = w.float()
-            elif name.startswith("model.layers."):
-                rest = name[len("model.layers.") :]
-                idx, part = rest.split(".", 1)
-                part = part.removesuffix(".weight")
-                if part in _PARTS:
-                    out[f"layers.{idx}.{_PARTS[part]}"] = w.float()
-                elif "rotary_emb" not in part:
-                    raise UnsupportedModel(f"{f.name}: unexpected tensor {name}")
+            key = _canonical(name)
+            if key is None:
+                continue
+            if key == "":
+                raise UnsupportedModel(f"{f.name}: tensor {name} has no place in the engine's Llama decoder")
+            if not w.is_floating_point():
+                raise UnsupportedModel(f"{f.name}: tensor {name} is {w.dtype} (quantized weights are not read)")
+            if key not in expected or tuple(w.shape) != expected[key]:
+                want = expected.get(key, "no such layer")
+                raise BadInput(f"{f.name}: tensor {name} has shape {tuple(w.shape)}; config.json implies {want}")
+            out[key] = w.float()
+    # Tied and no lm_head.weight: the embedding is the output layer. Tied but a stored lm_head.weight that
+    # differs: transformers 5 keeps the stored one (it ties only what the checkpoint leaves out), and so do we.
+    missing = [k for k in expected if k not in out and not (k == "output" and cfg.tie_embeddings)]
+    cfg.tie_embeddings = "output" not in out  # as for GGUF: tied means no separate output layer
+    if missing:
+        hint = " (tie_word_embeddings is false but there is no lm_head.weight)" if missing == ["output"] else ""
+        raise BadInput(f"{path}: weights lack {len(missing)} tensor(s), first {_hf_name(missing[0])}{hint}")
     return out

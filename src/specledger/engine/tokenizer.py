@@ -43,7 +43,11 @@ class Tokenizer:
     def from_dir(cls, path: Path, eos_ids: set[int]) -> "Tokenizer":
         from transformers import AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(path), eos_ids)
+        try:
+            return cls(AutoTokenizer.from_pretrained(path), eos_ids)
+        except (OSError, ValueError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise BadInput(f"{path}: no tokenizer transformers can load ({first}); add the tokenizer files") from None
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf(text, add_special_tokens=True)["input_ids"])
