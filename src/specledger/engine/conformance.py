@@ -47,8 +47,9 @@ def transformers_model(path: Path):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    level = hf_logging.get_verbosity()
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     try:
         if path.is_dir():
             return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
@@ -58,6 +59,8 @@ def transformers_model(path: Path):
         raise BadInput(f"transformers cannot load {path} for the comparison ({first[:300]})") from None
     finally:
         hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def check_ids(lm: LoadedModel, n_tokens: int, seed: int = 0) -> tuple[list[int], str]:
