@@ -61,7 +61,8 @@ def save_tokenizer(d: Path) -> None:
     trainer = trainers.BpeTrainer(vocab_size=VOCAB - 3, special_tokens=["<unk>", "<s>", "</s>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator([default_text()], trainer)
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(d)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.save_pretrained(d)
 
 
 def hf_model(d: Path):
@@ -86,7 +87,6 @@ def assert_conforms(d: Path, ids: list[int] | None = None, steps: int = 16) -> N
     assert res.token_ids == hf_out[0, len(ids):].tolist()
 
 
-ROPE_THETA = {"rope_type": "default", "rope_theta": 500000.0}
 FORMS = {
     "rope_parameters": dict(),
     "old_style_rope_theta": dict(old_style=True),
@@ -99,6 +99,7 @@ FORMS = {
     "head_dim_32": dict(head_dim=32),
     "bf16_torch_dtype": dict(dtype=torch.bfloat16, torch_dtype=True),
     "mistral_no_window": dict(kind="mistral"),
+    "mistral_window_covers_context": dict(kind="mistral", sliding_window=128),
 }
 
 
@@ -168,7 +169,8 @@ def _refused(d: Path, needle: str, exc=UnsupportedModel) -> None:
                               "original_max_position_embeddings": 32}}, "rope_type='yarn'"),
         ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}, "rope_type='dynamic'"),
         ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
-                              "long_factor": [2.0] * 8, "original_max_position_embeddings": 32}}, "rope_type='longrope'"),
+                              "long_factor": [2.0] * 8, "original_max_position_embeddings": 32}},
+         "rope_type='longrope'"),
         ({"rope_parameters": None, "rope_theta": 10000.0, "rope_scaling": {"type": "yarn", "factor": 4.0,
                                                                            "original_max_position_embeddings": 32}},
          "rope_type='yarn'"),
@@ -207,8 +209,7 @@ def test_bias_tensor_is_refused(tmp_path):
 
 def test_directory_without_a_tokenizer_says_so(tmp_path):
     d = save_model(tmp_path / "n")
-    _refused_tok = pytest.raises(BadInput, match="no tokenizer")
-    with _refused_tok:
+    with pytest.raises(BadInput, match="no tokenizer"):
         load_model(str(d))
 
 
