@@ -86,6 +86,7 @@ def check_supported(c, path: Path) -> dict:
 
 
 def read_config(path: Path) -> ModelConfig:
+    """The engine's ModelConfig from what transformers made of config.json (RoPE from rope_parameters)."""
     c = hf_config(path)
     rope = check_supported(c, path)
     kind = rope.get("rope_type") or rope.get("type") or "default"
@@ -168,6 +169,7 @@ def _canonical(name: str) -> str | None:
 
 
 def read_tensors(path: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Canonical fp32 tensors, each checked against the shape config.json implies."""
     from safetensors.torch import load_file
 
     expected = _expected_shapes(cfg)
