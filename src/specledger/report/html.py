@@ -11,7 +11,7 @@ from markupsafe import escape
 
 from specledger.ledger.price import ConfigCost, LedgerResult
 from specledger.report import charts
-from specledger.report.terminal import money
+from specledger.report.terminal import failed_cell, money
 
 ASSETS = Path(__file__).with_name("assets")
 CHART_SECTIONS = [
@@ -34,6 +34,7 @@ def _row(r: ConfigCost) -> dict:
         "name": r.name, "precision": r.precision, "load": r.load, "tok_s": _f(r.tok_s, ".1f"),
         "speedup": _f(r.speedup, ".2f", "×"), "ttft": f"{_f(r.ttft_p50, '.2f')} / {_f(r.ttft_p95, '.2f')}",
         "tau": _f(r.tau, ".2f"), "pass_rate": f"{_f(r.pass_rate, '.0%')} ({r.pass_rate_source})",
+        "failed": failed_cell(r),
         "per_m": money(r.per_million_tokens), "total": "∞" if r.infinite else money(r.total),
         "total_raw": "inf" if r.infinite else ("" if r.total is None else repr(r.total)),
         "interval": "–" if r.p5 is None else f"{money(r.mean)} [{money(r.p5)}–{money(r.p95)}]",
