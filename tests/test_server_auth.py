@@ -226,3 +226,55 @@ def test_lone_surrogate_and_undecodable_body_are_400_naming_the_field(keyed):
     raw = b'{"messages": [{"role": "user", "content": "caf\xe9 \xff"}]}'  # not UTF-8
     r = httpx.post(keyed.url + "/v1/chat/completions", content=raw, headers=h)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.slow
+def test_cli_serve_with_keys_from_a_file_and_the_environment(tmp_path):
+    """`specledger serve` as a user runs it: keys from --api-key-file and SPECLEDGER_API_KEY, none logged."""
+    import os
+    import socket
+    import time
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text("file-secret-1\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, ENV_VAR: "env-secret-2"}
+    p = subprocess.Popen([sys.executable, "-m", "specledger.cli", "serve", "--port", str(port), "--api-key-file",
+                          str(keys), "--max-seq-len", "512"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert p.poll() is None, p.stdout.read()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.5)
+        assert httpx.get(url + "/v1/models").status_code == 401
+        for key in ("file-secret-1", "env-secret-2"):
+            assert httpx.get(url + "/v1/models", headers=bearer(key)).status_code == 200
+        client = openai.OpenAI(base_url=url + "/v1", api_key="env-secret-2", max_retries=0, timeout=60)
+        out = client.chat.completions.create(model="smollm2-135m", messages=CHAT["messages"], max_tokens=2)
+        assert out.usage.completion_tokens == 2
+        assert httpx.get(url + "/metrics").status_code == 200
+    finally:
+        p.terminate()
+        log, _ = p.communicate(timeout=60)
+    assert "2 API keys accepted" in log and "warning:" not in log
+    assert "secret" not in log
+
+
+def test_bench_api_key_env_flag_reaches_the_configuration():
+    from specledger.bench.commands import build_config
+
+    cfg = build_config(None, strategies=["ar"], backend="openai", model="m", dtype="fp32", quant="none",
+                       group_size=32, params=[], max_new_tokens=4, temperature=0.0, seed=0,
+                       base_url="http://127.0.0.1:9", api="chat", tokenizer=None, retries=None, timeout=None,
+                       connect_timeout=None, overrides={}, api_key_env="MY_SERVER_KEY")
+    assert cfg.configs[0].openai.api_key_env == "MY_SERVER_KEY"
