@@ -168,7 +168,7 @@ def test_a_sweep_over_stale_connections_has_no_failures(stale_server, tmp_path):
     lr = {x.load: x.aggregate for x in cr.loads}
     assert lr["c=4"].requests_failed == 0 and lr["c=4"].transport_retries >= 1
     assert lr["c=4"].transport_retries == sum(r.transport_retries for r in c4)
-    rows = list(csv.DictReader(open(tmp_path / "after" / "summary.csv")))
+    rows = list(csv.DictReader((tmp_path / "after" / "summary.csv").read_text().splitlines()))
     assert [int(r["transport_retries"]) for r in rows] == [lr["c=1"].transport_retries, lr["c=4"].transport_retries]
     assert all(r["requests_failed"] == "0" and r["error_kinds"] == "" for r in rows)
     desc = run.conditions.backends["srv"]
@@ -205,7 +205,7 @@ def test_mid_stream_drops_are_counted_and_priced_as_failed_attempts(server, tmp_
     console = Console(width=250, record=True)
     console.print(render_run(run))
     assert "droppy c=1: 1/6 failed (dropped 1)" in console.export_text()
-    rows = {r["config"]: r for r in csv.DictReader(open(tmp_path / "strict" / "summary.csv"))}
+    rows = {r["config"]: r for r in csv.DictReader((tmp_path / "strict" / "summary.csv").read_text().splitlines())}
     assert rows["droppy"]["requests_failed"] == "1" and rows["droppy"]["error_kinds"] == "dropped=1"
     assert float(rows["droppy"]["failure_rate"]) == pytest.approx(1 / 6)
 

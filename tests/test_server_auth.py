@@ -4,6 +4,7 @@ raw httpx, the official openai client, and the harness's HTTP backend with api_k
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -207,7 +208,7 @@ def test_warning_when_listening_beyond_this_machine_without_a_key():
 
 def test_serve_rejects_closed_metrics_without_a_key_before_loading():
     r = subprocess.run([sys.executable, "-m", "specledger.cli", "serve", "--metrics-require-key", "--port", "0"],
-                       capture_output=True, text=True, timeout=120, env={**__import__("os").environ, ENV_VAR: ""})
+                       capture_output=True, text=True, timeout=120, env={**os.environ, ENV_VAR: ""}, check=False)
     assert r.returncode == 2 and "--metrics-require-key needs a key" in r.stderr
 
 
@@ -231,7 +232,6 @@ def test_lone_surrogate_and_undecodable_body_are_400_naming_the_field(keyed):
 @pytest.mark.slow
 def test_cli_serve_with_keys_from_a_file_and_the_environment(tmp_path):
     """`specledger serve` as a user runs it: keys from --api-key-file and SPECLEDGER_API_KEY, none logged."""
-    import os
     import socket
     import time
 

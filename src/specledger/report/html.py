@@ -138,7 +138,8 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
         for r in ledger.levels:
             levels.append({"name": r.name, "load": r.load, "tok_s": _f(r.tok_s, ".1f"), "speedup": _f(r.speedup, ".2f", "×"),
                            "ttft_p95": _f(r.ttft_p95, ".2f"), "tpot_p95": _f(r.tpot_p95, ".3f"),
-                           "dsec": _f(r.device_seconds_per_call, ".3g"), "total": "∞" if r.infinite else money(r.total),
+                           "dsec": _f(r.device_seconds_per_call, ".3g"), "failed": failed_cell(r),
+                           "total": "∞" if r.infinite else money(r.total),
                            "objectives": "met" if r.feasible else "; ".join(r.misses)})
     break_even = [{"config_a": b.config_a, "config_b": b.config_b, "field": b.field, "current": _f(b.current, ".4g"),
                    "value": _f(b.value, ".4g"), "note": b.note} for b in ledger.break_even]

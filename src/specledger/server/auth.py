@@ -12,8 +12,9 @@ import hmac
 import ipaddress
 import json
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from specledger.errors import BadInput
 from specledger.server.schemas import error_body
