@@ -8,6 +8,7 @@ import asyncio
 import csv
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -244,3 +245,61 @@ def test_a_drop_after_the_response_started_is_a_failure_not_a_transport_retry(se
     assert run.configs[0].pass_rate == 0.5
     gate = next(g for g in run.configs[0].gates if g.name == "pass_rate")
     assert gate.figures["passes"] == 1 and gate.figures["graded"] == 2
+
+
+def test_uvicorn_closing_idle_connections_at_the_moment_requests_go_out(tmp_path):
+    """A real server (uvicorn, keep-alive timeout 0.3 s) and requests paced at that timeout, so some meet a
+    connection the server is closing just then (ReadError / "Server disconnected"): none fails."""
+    import socket
+    import threading
+
+    import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models():
+        return {"data": [{"id": "m"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat():
+        async def events():
+            yield 'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, timeout_keep_alive=0.3,
+                                           log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        b = OpenAIBackend(BenchConfig(name="u", backend="openai", model="m", openai={
+            "base_url": f"http://127.0.0.1:{port}", "scrape_metrics": False, "keepalive_expiry_s": 30}))
+
+        async def go():
+            await b.start()
+            out = []
+            try:
+                for _ in range(30):
+                    out.append(await b.complete([{"role": "user", "content": "x"}], max_new_tokens=2))
+                    await asyncio.sleep(0.299)
+            finally:
+                await b.close()
+            return out
+
+        done = asyncio.run(go())
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert [c.error for c in done if not c.ok] == []
+    assert all(c.text == "hi" for c in done)
