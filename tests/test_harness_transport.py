@@ -303,3 +303,21 @@ def test_uvicorn_closing_idle_connections_at_the_moment_requests_go_out(tmp_path
         thread.join(10)
     assert [c.error for c in done if not c.ok] == []
     assert all(c.text == "hi" for c in done)
+
+
+def test_connections_that_failed_before_a_response_are_not_kept(stale_server):
+    b = backend(stale_server, keepalive_expiry_s=30)
+
+    async def go():
+        await b.start()
+        try:
+            for _ in range(3):
+                c = await b.complete([{"role": "user", "content": "a"}], max_new_tokens=2)
+                assert c.ok
+                await asyncio.sleep(IDLE + 0.1)
+            return len(b._all), c.transport_retries
+        finally:
+            await b.close()
+
+    pools, retries = asyncio.run(go())
+    assert retries == 1 and pools == 1  # one request in flight at a time: one pool, however many went stale

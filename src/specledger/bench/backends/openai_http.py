@@ -264,10 +264,18 @@ class OpenAIBackend(Backend):
     async def _stream(self, path: str, body: dict, st: "_Stream", *, fresh: bool = False) -> None:
         """One streamed request on a pooled connection (`fresh`: a new one, never an idle one)."""
         pool = self._new_pool() if fresh or not self._free else self._free.pop()
+        keep = True
         try:
             await self._stream_on(pool, path, body, st)
+        except (httpcore.NetworkError, httpcore.ProtocolError):
+            keep = st.headers  # its connection failed before a response: the retry's fresh pool replaces it
+            raise
         finally:
-            self._free.append(pool)  # a connection that failed is closed: the pool opens a new one
+            if keep:
+                self._free.append(pool)  # a connection that failed is closed: the pool opens a new one
+            else:
+                self._all.remove(pool)
+                await pool.aclose()
 
     async def _stream_on(self, pool: httpcore.AsyncConnectionPool, path: str, body: dict, st: "_Stream") -> None:
         content = json.dumps(body).encode()
