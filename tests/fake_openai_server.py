@@ -5,6 +5,9 @@ every answer is the fixed-width text " t%03d" % k, so a chunk's share of tokens 
 length. Per request, the prompt steers misbehaviour: "DROP" closes the connection mid-stream,
 "ERROR500" answers HTTP 500, "FAILONCE" fails the first attempt of that prompt with 503. A body
 field "fake" overrides settings for one request. /metrics exposes vLLM-style speculation counters.
+With `idle_close_s` set, a request that arrives on a keep-alive connection idle at least that long is
+read and then dropped unanswered (a clean close): what a client sees when a server's idle timer fires
+as its request goes out, made deterministic (httpcore: "Server disconnected without sending a response").
 
 Run standalone (for benchmarks): python tests/fake_openai_server.py [--port N] [--ttft S] [--gap S]
 """
@@ -32,7 +35,10 @@ class FakeSettings:
     accepted_per_step: int = 2
     llama_timings: bool = False
     drop_after_chunks: int = 2  # for prompts containing DROP
+    drop_if: list[str] = field(default_factory=list)  # also drop prompts containing any of these
     model: str = "fake-model"
+    idle_close_s: float | None = None  # per connection (server-wide setting): see the module docstring
+    api_key: str | None = None  # server-wide: /v1/* without "Authorization: Bearer <key>" gets 401
 
 
 @dataclass
@@ -40,6 +46,8 @@ class FakeStats:
     requests: int = 0
     completed: int = 0
     dropped: int = 0
+    unauthorized: int = 0
+    idle_closed: int = 0  # requests dropped unanswered on a connection left idle (idle_close_s)
     errors: int = 0
     tokens: int = 0
     drafts: int = 0
@@ -104,15 +112,29 @@ class FakeOpenAIServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            idle_since: float | None = None  # None: no request answered on this connection yet
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
                 method, path, _ = lines[0].split(" ", 2)
                 headers = {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
+                limit = self.settings.idle_close_s
+                if limit is not None and idle_since is not None and time.monotonic() - idle_since >= limit:
+                    self.stats.idle_closed += 1
+                    return
+                key = self.settings.api_key
+                if key is not None and path.startswith("/v1/") and headers.get("authorization") != f"Bearer {key}":
+                    self.stats.unauthorized += 1
+                    self._send(writer, 401, b'{"error": {"message": "Invalid API key", "type": "invalid_request_error",'
+                                            b' "param": null, "code": "invalid_api_key"}}')
+                    await writer.drain()
+                    idle_since = time.monotonic()
+                    continue
                 keep = await self._route(method, path.split("?")[0], body, writer)
                 if not keep:
                     return
+                idle_since = time.monotonic()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass
         finally:
@@ -120,7 +142,7 @@ class FakeOpenAIServer:
                 writer.close()
 
     def _send(self, writer: asyncio.StreamWriter, status: int, body: bytes, ctype: str = "application/json") -> None:
-        reason = {200: "OK", 404: "Not Found", 500: "Internal Server Error", 503: "Service Unavailable"}[status]
+        reason = {200: "OK", 401: "Unauthorized", 404: "Not Found", 500: "Internal Server Error", 503: "Service Unavailable"}[status]
         writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                      f"Connection: keep-alive\r\n\r\n".encode() + body)
 
@@ -205,7 +227,7 @@ class FakeOpenAIServer:
         if chat:
             event({"id": rid, "object": "chat.completion.chunk", "model": st.model,
                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
-        drop = "DROP" in prompt
+        drop = "DROP" in prompt or any(x in prompt for x in st.drop_if)
         for g, group in enumerate(groups):
             due = t_recv + st.ttft_s + g * st.chunk_gap_s
             delay = due - time.perf_counter()

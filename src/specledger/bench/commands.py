@@ -43,7 +43,7 @@ def build_config(
     config_file: Path | None, *, strategies: list[str], backend: str, model: str | None, dtype: str, quant: str,
     group_size: int, params: list[str], max_new_tokens: int, temperature: float, seed: int, base_url: str | None,
     api: str, tokenizer: str | None, retries: int | None, timeout: float | None, connect_timeout: float | None,
-    overrides: dict[str, Any],
+    overrides: dict[str, Any], api_key_env: str | None = None,
 ) -> RunConfig:
     if config_file is not None:
         data = load_run_config(config_file).model_dump(mode="json", exclude_unset=True)
@@ -60,7 +60,8 @@ def build_config(
             if backend == "openai":
                 o: dict[str, Any] = {"api": api}
                 for k, v in (("base_url", base_url), ("tokenizer", tokenizer), ("retries", retries),
-                             ("timeout_s", timeout), ("connect_timeout_s", connect_timeout)):
+                             ("timeout_s", timeout), ("connect_timeout_s", connect_timeout),
+                             ("api_key_env", api_key_env)):
                     if v is not None:
                         o[k] = v
                 c["openai"] = o
@@ -115,6 +116,8 @@ def register(app: typer.Typer) -> None:
         retries: Optional[int] = typer.Option(None, help="openai backend: retries per request"),
         timeout: Optional[float] = typer.Option(None, help="openai backend: per request timeout (s)"),
         connect_timeout: Optional[float] = typer.Option(None, help="openai backend: wait for the server (s)"),
+        api_key_env: Optional[str] = typer.Option(None, help="openai backend: environment variable holding the "
+                                                  "server's API key (sent as Authorization: Bearer)"),
         output_dir: Optional[str] = typer.Option(None, help="where run directories go"),
         run_id: Optional[str] = typer.Option(None, help="name of the run directory"),
         bootstrap: Optional[int] = typer.Option(None, help="bootstrap resamples for CIs"),
@@ -141,7 +144,8 @@ def register(app: typer.Typer) -> None:
             cfg = build_config(config_file, strategies=strategy, backend=backend, model=model, dtype=dtype,
                                quant=quant, group_size=group_size, params=param, max_new_tokens=max_new_tokens,
                                temperature=temperature, seed=seed, base_url=base_url, api=api, tokenizer=tokenizer,
-                               retries=retries, timeout=timeout, connect_timeout=connect_timeout, overrides=overrides)
+                               retries=retries, timeout=timeout, connect_timeout=connect_timeout, overrides=overrides,
+                               api_key_env=api_key_env)
             run, path = run_benchmark(cfg, console=Console(stderr=True), show_progress=not no_progress)
         print_run(run, console)
         console.print(f"results: {path}")

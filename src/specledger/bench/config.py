@@ -52,7 +52,14 @@ class OpenAISettings(_Strict):
     api_key_env: str | None = None  # name of the environment variable holding the key
     timeout_s: float = Field(300.0, gt=0)  # per request, whole stream
     connect_timeout_s: float = Field(10.0, gt=0)
-    retries: int = Field(0, ge=0)
+    retries: int = Field(0, ge=0)  # a failed request (HTTP 5xx/429, timeout, dropped stream) sent again
+    # A connection that fails before any byte of a response arrived (the server closed an idle keep-alive
+    # connection as the request went out, or refused the connect) never reached the server: the request
+    # is sent again at once on a fresh connection, up to this many times, and recorded as a transport retry.
+    transport_retries: int = Field(3, ge=0)
+    # Idle pooled connections are dropped after this many seconds, before common servers close them
+    # (uvicorn, i.e. vLLM and SGLang: 5 s; llama.cpp: 5 s; nginx: 75 s), so few requests meet a stale one.
+    keepalive_expiry_s: float = Field(2.0, ge=0)
     tokenizer: str | None = None  # tokenizer.json path or engine model name: counts tokens when usage is missing
     metrics_url: str | None = None  # Prometheus endpoint; default {base_url}/metrics
     scrape_metrics: bool = True
@@ -168,6 +175,8 @@ class GateSettings(_Strict):
     quantization: bool = True
     min_agreement: float = Field(0.95, ge=0.0, le=1.0)  # top-1 agreement (bf16 alone reaches ~0.98 on SmolLM2)
     max_kl: float | None = Field(None, ge=0.0)  # mean KL(reference || candidate), nats
+    # Failed requests (after retries) above this share of a configuration's requests: not comparable.
+    max_failure_rate: float = Field(0.05, ge=0.0, le=1.0)
 
 
 class RunConfig(_Strict):

@@ -6,7 +6,7 @@ spread evenly over them, so speculation does not show up as one long gap and sev
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -186,7 +186,9 @@ def aggregate(
     a = Aggregate(
         requests_ok=len(ok),
         requests_failed=len(failed),
+        errors=dict(Counter(r.error_kind or "other" for r in failed)),
         retries=sum(r.attempts - 1 for r in records),
+        transport_retries=sum(r.transport_retries for r in records),
         prompt_tokens=sum(r.prompt_tokens or 0 for r in ok),
         output_tokens=out_tokens,
         ttft=d([r.ttft_s for r in ok if r.ttft_s is not None]),

@@ -87,7 +87,12 @@ class RequestRecord(EngineTelemetry):
     segment: str = ""  # the process that measured it (a resumed run has several)
     status: Literal["ok", "failed"]
     error: str | None = None
+    error_kind: str | None = None  # failed requests: "dropped", "http_500", "timeout", ... (counted per level)
     attempts: int = 1  # retries = attempts - 1
+    # Sent again on a fresh connection because the connection failed before any byte of a response arrived
+    # (a stale keep-alive connection the server had closed, or a refused connect): never a failure by itself.
+    transport_retries: int = 0
+    transport_errors: list[str] = Field(default_factory=list)
     finish_reason: str | None = None
 
     prompt_tokens: int | None = None
@@ -133,7 +138,9 @@ class Acceptance(_Model):
 class Aggregate(_Model):
     requests_ok: int = 0
     requests_failed: int = 0
+    errors: dict[str, int] = Field(default_factory=dict)  # failed requests by error kind
     retries: int = 0
+    transport_retries: int = 0  # stale/refused connections re-sent at once (not failures)
     prompt_tokens: int = 0
     output_tokens: int = 0
     ttft: Dist = Field(default_factory=Dist)
@@ -336,7 +343,8 @@ def load_run(run_dir: str | Path) -> RunResult:
 
 SUMMARY_COLUMNS = [
     "run_id", "config", "backend", "model", "strategy", "dtype", "quant", "load", "concurrency", "rate",
-    "requests_ok", "requests_failed", "retries", "output_tokens", "wall_s",
+    "requests_ok", "requests_failed", "failure_rate", "error_kinds", "retries", "transport_retries",
+    "output_tokens", "wall_s",
     "ttft_mean", "ttft_p50", "ttft_p90", "ttft_p95", "ttft_p99",
     "tpot_mean", "tpot_p50", "tpot_p90", "tpot_p95", "tpot_p99",
     "itl_mean", "itl_p50", "itl_p90", "itl_p95", "itl_p99",
@@ -347,6 +355,16 @@ SUMMARY_COLUMNS = [
 ]
 
 
+def failure_rate(a: Aggregate) -> float | None:
+    n = a.requests_ok + a.requests_failed
+    return a.requests_failed / n if n else None
+
+
+def error_kinds(a: Aggregate) -> str:
+    """"dropped=2;http_500=1": failed requests by kind, most frequent first."""
+    return ";".join(f"{k}={n}" for k, n in sorted(a.errors.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def summary_rows(run: RunResult) -> Iterable[dict[str, Any]]:
     for c in run.configs:
         for lr in c.loads:
@@ -355,7 +373,9 @@ def summary_rows(run: RunResult) -> Iterable[dict[str, Any]]:
                 "run_id": run.run_id, "config": c.name, "backend": c.backend, "model": c.model,
                 "strategy": c.strategy, "dtype": c.dtype, "quant": c.quant, "load": lr.load,
                 "concurrency": lr.concurrency, "rate": lr.rate, "requests_ok": a.requests_ok,
-                "requests_failed": a.requests_failed, "retries": a.retries, "output_tokens": a.output_tokens,
+                "requests_failed": a.requests_failed, "failure_rate": failure_rate(a),
+                "error_kinds": error_kinds(a), "retries": a.retries,
+                "transport_retries": a.transport_retries, "output_tokens": a.output_tokens,
                 "wall_s": a.wall_s, "queue_mean": a.queue.mean, "output_tok_s": a.output_tok_s,
                 "requests_s": a.requests_s, "goodput_rps": a.goodput_rps, "tau": a.tau,
                 "acceptance": ";".join(f"{x.name}={x.rate:.4f}" for x in a.acceptance if x.rate is not None),

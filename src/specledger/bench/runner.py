@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -418,7 +418,9 @@ class Runner:
             request_id=f"{bc.name}|{level.label}|{item}|t{turn}", item=item,
             question_id=q.question_id, category=q.category, kind=q.kind, turn=turn, turns=len(q.turns),
             load=level.label, concurrency=level.concurrency, rate=level.rate, segment=self.segment,
-            status="ok" if c.ok else "failed", error=c.error, attempts=c.attempts, finish_reason=c.finish_reason,
+            status="ok" if c.ok else "failed", error=c.error, error_kind=None if c.ok else (c.error_kind or "other"),
+            attempts=c.attempts, transport_retries=c.transport_retries, transport_errors=c.transport_errors,
+            finish_reason=c.finish_reason,
             prompt_tokens=c.prompt_tokens, output_tokens=c.output_tokens if c.ok else 0,
             usage_output_tokens=c.usage_output_tokens, tokenizer_output_tokens=c.tokenizer_output_tokens,
             usage_disagrees=disagree,
@@ -484,13 +486,34 @@ def apply_gates(run: RunResult, records: list[RequestRecord], cfg: RunConfig) ->
         if cr.agreement is not None and cfg.gates.quantization:
             gates.append(_quantization(cr.agreement, cfg))
         graded = _pass_rate_sample(recs, bc)
-        pr = pass_rate_gate([r.grade.passed if r.grade else None for r in graded], min_rate=cfg.gates.min_pass_rate)
+        # a failed request is a failed attempt: not accepted, in the denominator (when anything was graded)
+        outcomes = [r.grade.passed if r.grade else None for r in graded if r.status == "ok"]
+        if any(o is not None for o in outcomes):
+            outcomes += [False for r in graded if r.status != "ok"]
+        pr = pass_rate_gate(outcomes, min_rate=cfg.gates.min_pass_rate)
         gates.append(_gate(pr))
+        if any(r.status != "ok" for r in recs):
+            gates.append(failure_gate(recs, cfg.gates.max_failure_rate))
         cr.pass_rate = pr.figures.get("rate")
         cr.pass_ci = (pr.figures["ci_low"], pr.figures["ci_high"]) if pr.figures.get("graded") else None
         cr.gates = gates
         checked = [GateResult(g.name, bool(g.passed), g.reason, g.figures) for g in gates if g.passed is not None]
         cr.comparable, cr.comparable_reason = comparable(checked)
+
+
+def failure_gate(records: list[RequestRecord], max_rate: float) -> GateOutcome:
+    """Requests that failed (after retries), by kind; above max_rate the configuration is not comparable:
+    its figures would rest on the requests that happened to succeed."""
+    failed = [r for r in records if r.status != "ok"]
+    rate = len(failed) / len(records) if records else 0.0
+    kinds = Counter(r.error_kind or "other" for r in failed)
+    detail = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+    summary = f"{len(failed)}/{len(records)} requests failed ({rate:.1%}: {detail})"
+    passed = rate <= max_rate
+    reason = f"{summary}, {'within' if passed else 'above'} the maximum {max_rate:.0%}"
+    return GateOutcome(name="failures", passed=passed, reason=reason,
+                       figures={"failed": len(failed), "requests": len(records), "rate": rate, "kinds": dict(kinds),
+                                "max_rate": max_rate})
 
 
 def _quantization(agreement: dict[str, Any], cfg: RunConfig) -> GateOutcome:
@@ -502,14 +525,16 @@ def _quantization(agreement: dict[str, Any], cfg: RunConfig) -> GateOutcome:
 
 
 def _pass_rate_sample(records: list[RequestRecord], bc: BenchConfig | None) -> list[RequestRecord]:
-    """Graded conversations. Greedy outputs repeat across load levels, so count each question once."""
+    """Graded conversations, and every failed request (each a failed attempt; a conversation stops at its
+    first failure). Greedy outputs repeat across load levels, so count each graded question once."""
     last = [r for r in records if r.turn == r.turns and r.status == "ok"]
+    failed = [r for r in records if r.status != "ok"]
     if bc is None or not bc.greedy:
-        return last
+        return last + failed
     seen: dict[str, RequestRecord] = {}
     for r in sorted(last, key=lambda r: (r.load, r.item)):
         seen.setdefault(r.question_id, r)
-    return list(seen.values())
+    return list(seen.values()) + failed
 
 
 def run_benchmark(config: RunConfig, *, run_dir: str | Path | None = None, console: Console | None = None,

@@ -6,7 +6,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from specledger.bench.results import Aggregate, ConfigResult, RunResult
+from specledger.bench.results import Aggregate, ConfigResult, RunResult, error_kinds
 
 
 def _ms(x: float | None) -> str:
@@ -89,8 +89,32 @@ def gates_text(run: RunResult) -> Text:
     return out
 
 
+def failures_text(run: RunResult) -> Text:
+    """Per configuration and load level with any: failed requests by kind, and transport retries (requests
+    re-sent because a stale or refused connection failed before any response; not failures)."""
+    out = Text()
+    for c in run.configs:
+        for lr in c.loads:
+            a = lr.aggregate
+            if not a.requests_failed and not a.transport_retries:
+                continue
+            out.append(f"{c.name} {lr.load}: ", style="bold")
+            if a.requests_failed:
+                n = a.requests_ok + a.requests_failed
+                kinds = error_kinds(a).replace("=", " ").replace(";", ", ")
+                out.append(f"{a.requests_failed}/{n} failed ({kinds})", style="red")
+            if a.transport_retries:
+                out.append("; " if a.requests_failed else "")
+                out.append(f"{a.transport_retries} transport retries (stale or refused connections, sent again)")
+            out.append("\n")
+    return out
+
+
 def render_run(run: RunResult, *, categories: bool = True) -> Group:
     parts = [Text(conditions_line(run), style="dim"), run_table(run)]
+    failures = failures_text(run)
+    if failures:
+        parts.append(failures)
     if categories and any(lr.by_category for c in run.configs for lr in c.loads):
         parts.append(category_table(run))
     parts.append(gates_text(run))

@@ -53,6 +53,7 @@ class ConfigMeasurement(BaseModel):
     rate: float | None = None
     requests_completed: int
     requests_failed: int = 0
+    errors: dict[str, int] = Field(default_factory=dict)  # failed requests by kind ("dropped", "http_500", ...)
     wall_s: float  # measurement phase
     device_count: int = 1
     output_tokens: int
@@ -66,7 +67,7 @@ class ConfigMeasurement(BaseModel):
     requests: list[RequestPoint] = Field(default_factory=list)
     tau: float | None = None
     passes: int = 0
-    graded: int = 0
+    graded: int = 0  # graded answers + failed requests (each a failed attempt), when anything was graded
     comparable: bool = True
     comparable_reason: str = ""
     energy_j: float | None = None  # measurement phase, all devices
@@ -119,6 +120,12 @@ def precision_label(dtype: str | None, quant: str | None, group_size: int | None
     return f"{label}-g{group_size}" if bits == 4 and group_size else label
 
 
+def _attempts_judged(graded: int, failed: int) -> int:
+    """The pass rate's denominator: graded answers plus failed requests (a failed request is a failed
+    attempt, so failing never makes a configuration cheaper). Nothing graded: no measured pass rate."""
+    return graded + failed if graded else 0
+
+
 def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
     """One ConfigMeasurement per configuration x load level of a harness results directory."""
     from specledger.bench.results import RUN_FILE, load_run, read_requests
@@ -161,6 +168,7 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
                     rate=lr.rate,
                     requests_completed=a.requests_ok,
                     requests_failed=a.requests_failed,
+                    errors=a.errors,
                     wall_s=a.wall_s,
                     device_count=device_count,
                     output_tokens=a.output_tokens,
@@ -174,13 +182,13 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
                     requests=reqs,
                     tau=a.tau,
                     passes=a.passed,
-                    graded=a.graded,
+                    graded=_attempts_judged(a.graded, a.requests_failed),
                     comparable=c.comparable,
                     comparable_reason=c.comparable_reason,
                     energy_j=a.energy_j,
                     by_kind={
                         k: KindMeasurement(requests=g.requests_ok, tok_s=g.output_tok_s, tau=g.tau,
-                                           passes=g.passed, graded=g.graded)
+                                           passes=g.passed, graded=_attempts_judged(g.graded, g.requests_failed))
                         for k, g in lr.by_kind.items()
                     },
                     verify_curve=curve,

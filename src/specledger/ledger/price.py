@@ -39,6 +39,9 @@ class ConfigCost(BaseModel):
     speedup: float | None = None  # tok/s over autoregressive on the same model and precision, same load
     pass_rate: float | None = None
     pass_rate_source: str = ""
+    requests: int = 0  # sent at this level: completed + failed
+    failed: int = 0  # failed after retries (each priced as a failed attempt)
+    errors: dict[str, int] = Field(default_factory=dict)  # failed by kind
     device_seconds_per_call: float | None = None  # None: nothing measured to price
     replicas: float | None = None  # devices provisioned for the demand rate, when one is given
     cost_per_call: float | None = None
@@ -100,7 +103,8 @@ def _cost_row(m: ConfigMeasurement, case: Case, b: Breakdown, misses: list[str],
         name=m.name, strategy=m.strategy, model=m.model, precision=m.precision, load=m.load,
         concurrency=m.concurrency, tok_s=m.tok_s, ttft_p50=m.ttft_p50, ttft_p95=m.ttft_p95,
         tpot_p95=m.tpot_p95, e2e_p95=m.e2e_p95, tau=m.tau, pass_rate=float(b.pass_rate),
-        pass_rate_source=source, device_seconds_per_call=case.op.device_seconds_per_call,
+        pass_rate_source=source, requests=m.requests_completed + m.requests_failed, failed=m.requests_failed,
+        errors=m.errors, device_seconds_per_call=case.op.device_seconds_per_call,
         replicas=None if demand is None else float(replicas_needed(demand, case.op.requests_per_s, case.op.device_count)),
         cost_per_call=float(b.cost_per_call), per_million_tokens=_finite(b.per_million_tokens),
         attempts=float(b.attempts), escalation=float(b.escalation), compute=float(b.compute), tools=float(b.tools),
@@ -116,7 +120,7 @@ def _case(m: ConfigMeasurement, res: Resolved, inputs: CostInputs, sweep: list[t
     if x["acceptance"]["pass_rate"] is not None:
         source = "cost file"
     elif m.graded:
-        source = f"measured {m.passes}/{m.graded}"
+        source = f"measured {m.passes}/{m.graded}" + (f", {m.requests_failed} failed" if m.requests_failed else "")
     else:
         raise BadInput(
             f"{m.name}: no graded requests, so no measured pass rate; set configs.{m.name}.acceptance.pass_rate "
@@ -197,7 +201,8 @@ def choose_levels(ms: list[ConfigMeasurement], inputs: CostInputs):
             m = by_name[name][0]
             failed = sum(x.requests_failed for x in by_name[name])
             row = ConfigCost(name=name, strategy=m.strategy, model=m.model, precision=m.precision, load=m.load,
-                             concurrency=m.concurrency, feasible=False, comparable=m.comparable,
+                             concurrency=m.concurrency, requests=failed, failed=failed, errors=m.errors,
+                             feasible=False, comparable=m.comparable,
                              comparable_reason=m.comparable_reason,
                              misses=[f"no completed requests ({failed} failed)"])
             levels.append(row)

@@ -11,7 +11,7 @@ from markupsafe import escape
 
 from specledger.ledger.price import ConfigCost, LedgerResult
 from specledger.report import charts
-from specledger.report.terminal import money
+from specledger.report.terminal import failed_cell, money
 
 ASSETS = Path(__file__).with_name("assets")
 CHART_SECTIONS = [
@@ -34,6 +34,7 @@ def _row(r: ConfigCost) -> dict:
         "name": r.name, "precision": r.precision, "load": r.load, "tok_s": _f(r.tok_s, ".1f"),
         "speedup": _f(r.speedup, ".2f", "×"), "ttft": f"{_f(r.ttft_p50, '.2f')} / {_f(r.ttft_p95, '.2f')}",
         "tau": _f(r.tau, ".2f"), "pass_rate": f"{_f(r.pass_rate, '.0%')} ({r.pass_rate_source})",
+        "failed": failed_cell(r),
         "per_m": money(r.per_million_tokens), "total": "∞" if r.infinite else money(r.total),
         "total_raw": "inf" if r.infinite else ("" if r.total is None else repr(r.total)),
         "interval": "–" if r.p5 is None else f"{money(r.mean)} [{money(r.p5)}–{money(r.p95)}]",
@@ -137,7 +138,8 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
         for r in ledger.levels:
             levels.append({"name": r.name, "load": r.load, "tok_s": _f(r.tok_s, ".1f"), "speedup": _f(r.speedup, ".2f", "×"),
                            "ttft_p95": _f(r.ttft_p95, ".2f"), "tpot_p95": _f(r.tpot_p95, ".3f"),
-                           "dsec": _f(r.device_seconds_per_call, ".3g"), "total": "∞" if r.infinite else money(r.total),
+                           "dsec": _f(r.device_seconds_per_call, ".3g"), "failed": failed_cell(r),
+                           "total": "∞" if r.infinite else money(r.total),
                            "objectives": "met" if r.feasible else "; ".join(r.misses)})
     break_even = [{"config_a": b.config_a, "config_b": b.config_b, "field": b.field, "current": _f(b.current, ".4g"),
                    "value": _f(b.value, ".4g"), "note": b.note} for b in ledger.break_even]

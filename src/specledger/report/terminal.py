@@ -25,6 +25,14 @@ def _num(v: float | None, fmt: str) -> str:
     return "–" if v is None else format(v, fmt)
 
 
+def failed_cell(r: ConfigCost) -> str:
+    """"0/12", or "2/12 (dropped 2)": failed requests of the priced level, each a failed attempt."""
+    if not r.requests:
+        return "–"
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(r.errors.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"{r.failed}/{r.requests}" + (f" ({kinds})" if kinds else "")
+
+
 def _interval(r: ConfigCost) -> str:
     if r.p5 is None or r.p95 is None:
         return ""
@@ -36,7 +44,7 @@ def render_cost_table(ledger: LedgerResult) -> Table:
     t = Table(title=f"Cost per accepted task — {ledger.run_dir or 'measurements'} (inputs: {ledger.inputs_source})",
               title_justify="left", header_style="bold")
     for col, just in (("configuration", "left"), ("tok/s", "right"), ("TTFT p50/p95 s", "right"), ("τ", "right"),
-                      ("pass", "right"), ("$/1M tok", "right"), ("$/task", "right"), ("mean [90%]", "right"),
+                      ("pass", "right"), ("failed", "right"), ("$/1M tok", "right"), ("$/task", "right"), ("mean [90%]", "right"),
                       ("P(cheapest)", "right"), ("compute/labour/maint", "right"), ("verdict", "left")):
         t.add_column(col, justify=just)
     for r in ledger.configs:
@@ -49,6 +57,7 @@ def render_cost_table(ledger: LedgerResult) -> Table:
             f"{_num(r.ttft_p50, '.2f')}/{_num(r.ttft_p95, '.2f')}",
             _num(r.tau, ".2f"),
             f"{_num(r.pass_rate, '.0%')}",
+            failed_cell(r),
             money(r.per_million_tokens),
             "∞" if r.infinite else money(r.total),
             f"{money(r.mean)} [{_interval(r)}]" if r.mean is not None or r.p5 is not None else "–",

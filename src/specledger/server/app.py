@@ -21,7 +21,8 @@ Errors are OpenAI-style bodies {"error": {"message", "type", "param", "code"}}: 
 fields (param names the field, e.g. "messages[0].role") and context overflow (code
 "context_length_exceeded"), 404 for an unknown model, 503 with Retry-After when the queue is
 full (code "queue_full") or the server is shutting down, 500 for an internal error (the server
-keeps serving). A stream that fails after it started ends with a `data: {"error": ...}` event.
+keeps serving), 401 for /v1/* without a valid key when the server has API keys (server/auth.py;
+/health stays open, /metrics too unless closed). A stream that fails after it started ends with a `data: {"error": ...}` event.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.strategy import Strategy
 from specledger.engine.loader import LoadedModel
 from specledger.errors import SpecLedgerError
+from specledger.server.auth import ApiKeyMiddleware
 from specledger.server.engine_worker import Delta, Done, Draining, EngineWorker, Failed, Job, QueueFull
 from specledger.server.metrics import ServerMetrics
 from specledger.server.schemas import ApiError, ChatCompletionRequest, CompletionRequest, error_body
@@ -317,8 +319,11 @@ async def _disconnected(request: Request) -> None:
 
 
 def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None = None,
-               max_queue: int = 16, stop_timeout_s: float = 10.0) -> FastAPI:
-    """The FastAPI application for one loaded model and strategy (the worker starts with the app)."""
+               max_queue: int = 16, stop_timeout_s: float = 10.0, api_keys: list[str] | None = None,
+               metrics_require_key: bool = False) -> FastAPI:
+    """The FastAPI application for one loaded model and strategy (the worker starts with the app).
+
+    With api_keys, /v1/* (and /metrics with metrics_require_key) answer 401 without one of them."""
     state = ServerState(lm, strategy, served_name or lm.name, max_queue)
 
     @asynccontextmanager
@@ -329,6 +334,15 @@ def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None =
 
     app = FastAPI(title="specledger", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
+    if api_keys:
+        def refused(path: str) -> None:
+            if path in (CHAT, COMPLETIONS):
+                state.metrics.request(path, 401)
+
+        app.add_middleware(ApiKeyMiddleware, keys=list(api_keys), protect_metrics=metrics_require_key,
+                           on_refused=refused)
+    elif metrics_require_key:
+        raise SpecLedgerError("closing /metrics to requests without a key needs a key (--api-key)")
 
     def counted(request: Request, err: ApiError) -> Response:
         if request.url.path in (CHAT, COMPLETIONS):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -51,11 +52,17 @@ def serve(
     max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait behind the running one."),
     shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help="Seconds in-flight requests get."),
     log_level: str = typer.Option("info", "--log-level"),
+    api_key: list[str] = typer.Option([], "--api-key", help="Require this key on /v1/* (Authorization: Bearer); "
+                                      "repeatable. Also: --api-key-file, SPECLEDGER_API_KEY."),
+    api_key_file: Path = typer.Option(None, "--api-key-file", help="A file of accepted keys, one per line."),
+    metrics_require_key: bool = typer.Option(False, "--metrics-require-key",
+                                             help="Close /metrics to requests without a key too."),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (chat and completions, streaming, /metrics)."""
     from specledger.decoding.factory import STRATEGIES, make_strategy
     from specledger.engine.loader import load_model
     from specledger.server.app import Server, bind, create_app
+    from specledger.server.auth import collect_keys, exposure_warning
 
     # Everything that can be checked cheaply is checked before seconds go into loading models.
     if max_queue < 0:
@@ -68,6 +75,9 @@ def serve(
         raise BadInput("--draft-model/--draft-quant/--draft-dtype only apply to --strategy draft")
     if strategy == "draft" and not with_draft and "draft" not in params:
         raise BadInput("--strategy draft needs --draft-model (or --draft-quant for a quantized copy of the target)")
+    keys = collect_keys(api_key, api_key_file)
+    if metrics_require_key and not keys:
+        raise BadInput("--metrics-require-key needs a key (--api-key, --api-key-file or SPECLEDGER_API_KEY)")
     sock = bind(host, port)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(message)s")
     lm = load_model(model, dtype=dtype, quant=quant, group_size=group_size, device=device, max_seq_len=max_seq_len)
@@ -75,10 +85,15 @@ def serve(
         params["draft"] = load_model(draft_model or model, dtype=draft_dtype, quant=draft_quant or "none",
                                      group_size=group_size, device=device, max_seq_len=max_seq_len)
     strat = make_strategy(strategy, target=lm, **params)
-    app = create_app(lm, strat, served_name=served_model_name, max_queue=max_queue)
+    app = create_app(lm, strat, served_name=served_model_name, max_queue=max_queue, api_keys=keys,
+                     metrics_require_key=metrics_require_key)
     name = served_model_name or lm.name
+    door = f", {len(keys)} API key{'s' if len(keys) != 1 else ''} accepted" if keys else ""
     typer.echo(f"serving {name} ({lm.label}, strategy {strat.name} {strat.params()}) "
-               f"on http://{host}:{sock.getsockname()[1]}/v1", err=True)
+               f"on http://{host}:{sock.getsockname()[1]}/v1{door}", err=True)
+    warning = exposure_warning(host, keys)
+    if warning:
+        typer.echo(warning, err=True)
     Server(app, shutdown_timeout_s=shutdown_timeout, log_level=log_level).run(sockets=[sock])
 
 

@@ -64,6 +64,13 @@ class _Sampling(BaseModel):
             return []
         return [v] if isinstance(v, str) else v
 
+    @field_validator("stop")
+    @classmethod
+    def _stop_text(cls, v: list[str]) -> list[str]:
+        for x in v:
+            _unicode(x)
+        return v
+
     @field_validator("n")
     @classmethod
     def _n(cls, v: int) -> int:
@@ -104,6 +111,16 @@ class _Sampling(BaseModel):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
+def _unicode(v: str) -> str:
+    """Text the tokenizer can encode: a lone surrogate (JSON "\\ud800") is not text."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"not valid Unicode text: a lone surrogate {v[exc.start]!r} at character {exc.start}") \
+            from None
+    return v
+
+
 def _text_content(v: Any) -> Any:
     """Message content: a string, or a list of {"type": "text", "text": ...} parts joined."""
     if v is None or isinstance(v, str):
@@ -128,6 +145,11 @@ class ChatMessage(BaseModel):
     @classmethod
     def _content(cls, v: Any) -> Any:
         return _text_content(v)
+
+    @field_validator("content")
+    @classmethod
+    def _content_text(cls, v: str) -> str:
+        return _unicode(v)
 
     def as_dict(self) -> dict[str, str]:
         return {"role": "system" if self.role == "developer" else self.role, "content": self.content}
@@ -167,7 +189,7 @@ class CompletionRequest(_Sampling):
         ids = isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
         if not isinstance(v, str) and not ids:
             raise ValueError("a prompt must be a string or a list of token ids")
-        return v
+        return _unicode(v) if isinstance(v, str) else v
 
     @field_validator("echo")
     @classmethod

@@ -18,7 +18,10 @@ class Completion(EngineTelemetry):
     end: float
     text: str = ""
     error: str | None = None
+    error_kind: str | None = None  # short class of the failure: "dropped", "http_500", "timeout", ...
     attempts: int = 1
+    transport_retries: int = 0  # re-sent on a fresh connection: the old one failed before any response byte
+    transport_errors: list[str] = Field(default_factory=list)
     chunks: list[tuple[float, int]] = Field(default_factory=list)  # (arrival, tokens) per chunk/step
     first_token: float | None = None
     prompt_tokens: int | None = None

@@ -111,10 +111,11 @@ class InProcessBackend(Backend):
             result = generate(self.strategy, prompt_ids, params, on_tokens=on_tokens)
         except SpecLedgerError as exc:  # e.g. the prompt does not fit the context: this request fails
             return Completion(ok=False, start=start, end=time.perf_counter(), error=str(exc),
-                              prompt_tokens=len(prompt_ids))
+                              error_kind="rejected", prompt_tokens=len(prompt_ids))
         except Exception as exc:  # noqa: BLE001 - recorded per request, the run continues
             return Completion(ok=False, start=start, end=time.perf_counter(),
-                              error=f"{type(exc).__name__}: {exc}", prompt_tokens=len(prompt_ids))
+                              error=f"{type(exc).__name__}: {exc}", error_kind="exception",
+                              prompt_tokens=len(prompt_ids))
         end = time.perf_counter()
         e1 = self.meter.read() if self.meter else None
         times = list(getattr(result, "token_times", None) or [])

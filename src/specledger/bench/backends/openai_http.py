@@ -27,9 +27,23 @@ _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 
 
 class _Failure(Exception):
-    def __init__(self, message: str, retry: bool):
+    def __init__(self, message: str, retry: bool, kind: str):
         super().__init__(message)
-        self.retry = retry
+        self.retry, self.kind = retry, kind
+
+
+# The connection failed before any byte of a response arrived: the server never answered this request.
+_UNANSWERED = (httpcore.ConnectError, httpcore.ReadError, httpcore.WriteError)
+_NO_RESPONSE = "Server disconnected without sending a response"  # httpcore: EOF before the status line
+
+
+class Unauthorized(SpecLedgerError):
+    """HTTP 401: the key is missing or wrong. Every further request would fail the same way."""
+
+
+def transport_backoff_s(retry: int) -> float:
+    """The first transport retry goes at once (a stale connection); later ones wait 50, 200, 800 ms."""
+    return 0.0 if retry <= 1 else min(1.0, 0.05 * 4 ** (retry - 2))
 
 
 class OpenAIBackend(Backend):
@@ -52,6 +66,8 @@ class OpenAIBackend(Backend):
         self._tokenizer: Any = None
         self._server: str = ""
         self._metrics_ok = self.s.scrape_metrics
+        self._status = 0
+        self._unauthorized_message = ""
 
     # ---- lifecycle ----
 
@@ -67,6 +83,10 @@ class OpenAIBackend(Backend):
         self._host = httpx.URL(self.base_url).netloc
         self._client = self._new_client()
         await self._wait_reachable()
+        if self._status == 401:
+            msg = self._unauthorized_message
+            await self.close()
+            raise Unauthorized(msg)
         if self.s.tokenizer:
             self._tokenizer = await asyncio.to_thread(load_counting_tokenizer, self.s.tokenizer)
 
@@ -77,6 +97,9 @@ class OpenAIBackend(Backend):
         while True:
             try:
                 r = await self._client.get("/v1/models", timeout=self.s.connect_timeout_s)
+                self._status = r.status_code
+                if r.status_code == 401:
+                    self._unauthorized_message = self._auth_error(_error_message(r.text))
                 if r.status_code == 200:
                     try:
                         ids = [m.get("id") for m in r.json().get("data", [])]
@@ -103,7 +126,21 @@ class OpenAIBackend(Backend):
         return httpx.AsyncClient(
             base_url=self.base_url, headers=self._headers, verify=self._ssl_context(),
             timeout=httpx.Timeout(self.s.timeout_s, connect=self.s.connect_timeout_s),
+            limits=httpx.Limits(keepalive_expiry=self.s.keepalive_expiry_s),
         )
+
+    def _new_pool(self) -> httpcore.AsyncConnectionPool:
+        pool = httpcore.AsyncConnectionPool(ssl_context=self._ssl_context(), max_connections=1,
+                                            keepalive_expiry=self.s.keepalive_expiry_s)
+        self._all.append(pool)
+        return pool
+
+    def _auth_error(self, detail: str) -> str:
+        where = f"configuration {self.config.name!r}: {self.base_url} answered HTTP 401 ({detail})"
+        if self.s.api_key_env:
+            return f"{where}: the key in the environment variable {self.s.api_key_env} (api_key_env) was refused"
+        return (f"{where}: the server wants an API key; put it in an environment variable and name that "
+                "variable in openai.api_key_env (or --api-key-env)")
 
     async def close(self) -> None:
         for pool in self._all:
@@ -114,16 +151,23 @@ class OpenAIBackend(Backend):
             self._client = None
 
     def describe(self) -> str:
-        return f"openai-http {self.base_url} api={self.s.api} {self._server}".strip()
+        pooling = (f"keep-alive expiry {self.s.keepalive_expiry_s:g} s, transport retries {self.s.transport_retries}, "
+                   f"retries {self.s.retries}")
+        return f"openai-http {self.base_url} api={self.s.api} {self._server} ({pooling})".replace("  ", " ")
 
     async def scrape_metrics(self) -> str | None:
         if not self._metrics_ok or self._client is None:
             return None
         url = self.s.metrics_url or "/metrics"
-        try:
-            r = await self._client.get(url, timeout=self.s.connect_timeout_s)
-        except httpx.HTTPError:
-            return None
+        for attempt in range(2):  # once more on a fresh connection when a pooled one had gone stale
+            try:
+                r = await self._client.get(url, timeout=self.s.connect_timeout_s)
+                break
+            except httpx.TransportError:
+                if attempt:
+                    return None
+            except httpx.HTTPError:
+                return None
         if r.status_code != 200:
             self._metrics_ok = False  # no metrics endpoint: stop asking
             return None
@@ -169,39 +213,69 @@ class OpenAIBackend(Backend):
         path = "/v1/chat/completions" if self.s.api == "chat" else "/v1/completions"
         start = time.perf_counter()
         attempts = 0
-        error = ""
+        transport: list[str] = []  # connections that failed before any response byte: sent again, fresh
+        fresh = False
         while True:
             attempts += 1
             state = _Stream()
             try:
                 async with asyncio.timeout(self.s.timeout_s):
-                    await self._stream(path, body, state)
+                    await self._stream(path, body, state, fresh=fresh)
                 c = self._finish(state, start, attempts)
+                c.transport_retries, c.transport_errors = len(transport), transport
                 return c
             except _Failure as exc:
-                error, retry = str(exc), exc.retry
+                error, retry, kind, fresh = str(exc), exc.retry, exc.kind, False
             except TimeoutError:
-                error, retry = f"timed out after {self.s.timeout_s:g} s", True
+                error, retry, kind, fresh = f"timed out after {self.s.timeout_s:g} s", True, "timeout", True
             except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError) as exc:
-                error, retry = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, True
-                if isinstance(exc, httpcore.ConnectError):
-                    error = f"cannot connect to {self.base_url}: {exc}"
-                elif state.pieces or isinstance(exc, (httpcore.RemoteProtocolError, httpcore.ReadError)):
-                    error = f"connection dropped mid-stream after {len(state.pieces)} chunks ({error})"
+                error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                retry, fresh = True, True
+                if self._unanswered(exc, state) and len(transport) < self.s.transport_retries:
+                    transport.append(error)
+                    attempts -= 1  # the server never saw it: not an attempt of this request
+                    await asyncio.sleep(transport_backoff_s(len(transport)))
+                    continue
+                if isinstance(exc, (httpcore.ConnectError, httpcore.ConnectTimeout)):
+                    error, kind = f"cannot connect to {self.base_url}: {error}", "connect"
+                elif isinstance(exc, httpcore.TimeoutException):
+                    kind = "timeout"
+                elif state.headers:
+                    error, kind = f"connection dropped mid-stream after {len(state.pieces)} chunks ({error})", "dropped"
+                elif self._unanswered(exc, state):
+                    error, kind = f"connection closed before any response, {len(transport) + 1} times ({error})", \
+                        "disconnected"
+                else:
+                    kind = "protocol"
             if not retry or attempts > self.s.retries:
-                return Completion(ok=False, start=start, end=time.perf_counter(), error=error,
-                                  attempts=attempts, text=state.text(), first_token=state.first)
+                return Completion(ok=False, start=start, end=time.perf_counter(), error=error, error_kind=kind,
+                                  attempts=attempts, text=state.text(), first_token=state.first,
+                                  transport_retries=len(transport), transport_errors=transport)
 
-    async def _stream(self, path: str, body: dict, st: "_Stream") -> None:
-        if self._free:
-            pool = self._free.pop()
-        else:
-            pool = httpcore.AsyncConnectionPool(ssl_context=self._ssl_context(), max_connections=1)
-            self._all.append(pool)
+    @staticmethod
+    def _unanswered(exc: Exception, st: "_Stream") -> bool:
+        """The connection failed before the response's status line: stale, reset or refused."""
+        if st.headers:
+            return False
+        if isinstance(exc, _UNANSWERED):
+            return True
+        return isinstance(exc, httpcore.RemoteProtocolError) and str(exc).startswith(_NO_RESPONSE)
+
+    async def _stream(self, path: str, body: dict, st: "_Stream", *, fresh: bool = False) -> None:
+        """One streamed request on a pooled connection (`fresh`: a new one, never an idle one)."""
+        pool = self._new_pool() if fresh or not self._free else self._free.pop()
+        keep = True
         try:
             await self._stream_on(pool, path, body, st)
+        except (httpcore.NetworkError, httpcore.ProtocolError):
+            keep = st.headers  # its connection failed before a response: the retry's fresh pool replaces it
+            raise
         finally:
-            self._free.append(pool)
+            if keep:
+                self._free.append(pool)  # a connection that failed is closed: the pool opens a new one
+            else:
+                self._all.remove(pool)
+                await pool.aclose()
 
     async def _stream_on(self, pool: httpcore.AsyncConnectionPool, path: str, body: dict, st: "_Stream") -> None:
         content = json.dumps(body).encode()
@@ -212,14 +286,18 @@ class OpenAIBackend(Backend):
                    "pool": self.s.timeout_s}
         async with pool.stream("POST", self.base_url + path, headers=headers, content=content,
                                extensions={"timeout": timeout}) as resp:
+            st.headers = True
             if resp.status >= 400:
                 raw = b""
                 async for data in resp.aiter_stream():
                     raw += data
                     if len(raw) > 2000:
                         break
-                raise _Failure(f"HTTP {resp.status}: {_error_message(raw[:2000].decode('utf-8', 'replace'))}",
-                               retry=resp.status in _RETRY_STATUS)
+                detail = _error_message(raw[:2000].decode('utf-8', 'replace'))
+                if resp.status == 401:
+                    raise Unauthorized(self._auth_error(detail))
+                raise _Failure(f"HTTP {resp.status}: {detail}", retry=resp.status in _RETRY_STATUS,
+                               kind=f"http_{resp.status}")
             chat = self.s.api == "chat"
             buf = b""
             async for data in resp.aiter_stream():  # server-sent events, split into lines by hand
@@ -232,7 +310,7 @@ class OpenAIBackend(Backend):
             if buf.startswith(b"data:"):
                 self._event(buf[5:].strip(), time.perf_counter(), st, chat)
         if not st.done:
-            raise _Failure("stream ended before [DONE] (connection dropped)", retry=True)
+            raise _Failure("stream ended before [DONE] (connection dropped)", retry=True, kind="dropped")
 
     @staticmethod
     def _event(payload: bytes, t: float, st: "_Stream", chat: bool) -> None:
@@ -242,9 +320,10 @@ class OpenAIBackend(Backend):
         try:
             chunk = json.loads(payload)
         except ValueError:
-            raise _Failure(f"malformed stream chunk: {payload[:80]!r}", retry=False) from None
+            raise _Failure(f"malformed stream chunk: {payload[:80]!r}", retry=False, kind="malformed") from None
         if "error" in chunk:
-            raise _Failure(f"server error mid-stream: {_error_message(json.dumps(chunk))}", retry=False)
+            raise _Failure(f"server error mid-stream: {_error_message(json.dumps(chunk))}", retry=False,
+                           kind="stream_error")
         st.take(chunk, t, chat=chat)
 
     def _finish(self, st: "_Stream", start: float, attempts: int) -> Completion:
@@ -282,7 +361,7 @@ class OpenAIBackend(Backend):
 class _Stream:
     """Accumulates a stream: content pieces with arrival times, usage, finish reason, extensions."""
 
-    __slots__ = ("pieces", "first", "usage", "finish_reason", "extension", "done")
+    __slots__ = ("pieces", "first", "usage", "finish_reason", "extension", "done", "headers")
 
     def __init__(self) -> None:
         self.pieces: list[tuple[float, str]] = []
@@ -291,6 +370,7 @@ class _Stream:
         self.finish_reason: str | None = None
         self.extension: dict = {}
         self.done = False
+        self.headers = False  # the response's status line and headers arrived
 
     def take(self, chunk: dict, t: float, *, chat: bool) -> None:
         for choice in chunk.get("choices") or ():
