@@ -89,11 +89,33 @@ def gates_text(run: RunResult) -> Text:
     return out
 
 
+def workload_text(run: RunResult) -> Text:
+    """What was read, chosen and skipped (per kind), and how each kind is graded."""
+    out = Text()
+    w = run.workload
+    if w is None:
+        return out
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(w.by_kind.items()))
+    out.append("workload ", style="bold")
+    out.append(f"{w.spec}: {w.format} ({w.chosen}); {w.questions} questions ({kinds}); selection: {w.selection}; "
+               f"read {w.read} record(s){'' if w.complete else ' (stopped at the limit)'}\n")
+    skipped = sum(w.skipped.values())
+    out.append(f"skipped lines: {skipped}" + (" (" + ", ".join(f"{k} {n}" for k, n in sorted(w.skipped.items()))
+                                              + ")" if skipped else "") + "\n",
+               style="yellow" if skipped else "")
+    for k in sorted(w.grading):
+        refs = w.with_reference.get(k, 0)
+        out.append(f"graded {k}: ", style="dim")
+        out.append(f"{w.grading[k]} [{refs} of {w.by_kind.get(k, 0)} questions have a reference]\n", style="dim")
+    return out
+
+
 def render_run(run: RunResult, *, categories: bool = True) -> Group:
     parts = [Text(conditions_line(run), style="dim"), run_table(run)]
     if categories and any(lr.by_category for c in run.configs for lr in c.loads):
         parts.append(category_table(run))
     parts.append(gates_text(run))
+    parts.append(workload_text(run))
     return Group(*parts)
 
 
