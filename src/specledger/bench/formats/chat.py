@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
 
-from specledger.bench.formats.conversation import explicit_reference, kind_hint, max_tokens, record_id, to_question
+from specledger.bench.formats.conversation import kind_hint, max_tokens, record_id, to_question
 from specledger.bench.formats.lines import BadLines, first_record, json_array_records, jsonl_records, read_questions_from
 from specledger.bench.workload import Question, ReadOptions
 
@@ -50,10 +50,9 @@ def parse_record(obj: Any, lineno: int, opts: ReadOptions) -> Question:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ValueError(f"field 'messages.{i}': expected {{\"role\": str, \"content\": ...}}")
         messages.append((m["role"], _content(m.get("content"), f"field 'messages.{i}'")))
-    turns = sum(1 for role, _ in messages if role.strip().lower() in ("user", "human"))
     return to_question(record_id(obj, lineno, "id", "custom_id", "question_id"), messages,
                        category=obj.get("category"), explicit_kind=obj.get("kind"), opts=opts,
-                       default_category="chat", reference=explicit_reference(obj, turns) if turns else None,
+                       default_category="chat", record=obj,
                        max_new_tokens=max_tokens(body))
 
 

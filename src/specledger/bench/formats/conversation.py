@@ -61,8 +61,9 @@ def explicit_reference(obj: dict, turns: int) -> tuple | None:
 
 
 def to_question(qid: str, messages: list[tuple[str, str]], *, category: str | None, explicit_kind: Any,
-                opts: ReadOptions, default_category: str, reference: tuple | None = None,
+                opts: ReadOptions, default_category: str, record: dict | None = None,
                 max_new_tokens: int | None = None) -> Question:
+    """`record`: where an explicit reference/answer field is looked for (else the recorded replies)."""
     system: list[str] = []
     turns: list[str] = []
     answers: list[str] = []
@@ -93,7 +94,8 @@ def to_question(qid: str, messages: list[tuple[str, str]], *, category: str | No
     if category is not None and not (isinstance(category, str) and category.strip()):
         raise ValueError("field 'category': must be a non-empty string")
     kind = opts.kind_for(category, explicit_kind if isinstance(explicit_kind, str) else None)
-    refs = reference if reference is not None else tuple(answers)
+    explicit = explicit_reference(record, len(turns)) if record is not None else None
+    refs = explicit if explicit is not None else tuple(answers)
     return Question(
         question_id=qid, category=(category or default_category).strip(), kind=kind, turns=tuple(turns),
         reference=refs if any(refs) else None, max_new_tokens=max_new_tokens,

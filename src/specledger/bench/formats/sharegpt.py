@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
 
-from specledger.bench.formats.conversation import explicit_reference, kind_hint, record_id, to_question
+from specledger.bench.formats.conversation import kind_hint, record_id, to_question
 from specledger.bench.formats.lines import BadLines, first_record, json_array_records, jsonl_records, read_questions_from
 from specledger.bench.workload import Question, ReadOptions
 
@@ -28,10 +28,9 @@ def parse_record(obj: Any, lineno: int, opts: ReadOptions) -> Question:
         if not isinstance(m, dict) or not isinstance(m.get("from"), str) or not isinstance(m.get("value"), str):
             raise ValueError(f"field 'conversations.{i}': expected {{\"from\": str, \"value\": str}}")
         messages.append((m["from"], m["value"]))
-    turns = sum(1 for role, _ in messages if role.strip().lower() in ("human", "user"))
     return to_question(record_id(obj, lineno, "id", "question_id"), messages, category=obj.get("category"),
                        explicit_kind=obj.get("kind"), opts=opts, default_category="sharegpt",
-                       reference=explicit_reference(obj, turns) if turns else None)
+                       record=obj)
 
 
 def read(path: Path, bad: BadLines, opts: ReadOptions) -> Iterator[Question]:
