@@ -211,7 +211,7 @@ def test_per_category_on_a_format_without_categories_and_with_them(tmp_path):
 
 TRACE = [
     {"timestamp": 0, "input_length": 40, "output_length": 3, "hash_ids": [7]},
-    {"timestamp": 600, "input_length": BLOCK_TOKENS + 30, "output_length": 2, "hash_ids": [7, 8]},
+    {"timestamp": 600, "input_length": BLOCK_TOKENS + 30, "output_length": 5, "hash_ids": [7, 8]},
     {"timestamp": 200, "input_length": 20, "output_length": 2},
     {"timestamp": 900, "input_length": 12, "output_length": 1, "prompt": "Say hello."},
 ]
@@ -224,7 +224,7 @@ def test_trace_records_lengths_arrivals_and_shared_prefixes(tmp_path):
     assert w.info.format == "trace" and w.info.timed and w.info.skipped == {"summarization": 2}
     a, b, c, d = w.questions
     assert [q.arrival_s for q in w.questions] == [0.0, 0.6, 0.2, 0.9]
-    assert [q.max_new_tokens for q in w.questions] == [3, 2, 2, 1] == [q.min_new_tokens for q in w.questions]
+    assert [q.max_new_tokens for q in w.questions] == [3, 5, 2, 1] == [q.min_new_tokens for q in w.questions]
     assert [estimate_tokens(q.turns[0]) for q in (a, b, c)] == [40, BLOCK_TOKENS + 30, 20]
     assert b.turns[0].startswith(a.turns[0])  # hash id 7 shared: the same first block
     assert d.turns == ("Say hello.",)
@@ -262,7 +262,7 @@ def test_replay_follows_the_trace_order_and_spacing(tmp_path):
     assert gaps == pytest.approx([0.1, 0.2, 0.15], abs=1e-6)  # (200, 400, 300 ms) / speed 2
     assert all(0 <= r.queue_s < 0.25 for r in recs)  # each request started at its time, not before
     starts = [s for s, _, _ in Instant.started]
-    assert starts == sorted(starts) and [m for _, _, m in Instant.started] == [3, 2, 2, 1]
+    assert starts == sorted(starts) and [m for _, _, m in Instant.started] == [3, 2, 5, 1]  # issued in time order
     lr = result.configs[0].loads[0]
     assert lr.load == "replay=2x" and lr.replay == 2.0 and lr.aggregate.requests_ok == 4
 
@@ -353,3 +353,18 @@ def test_bench_and_compare_read_each_format_unchanged(tmp_path):
             assert "Workload and grading" in html
     bad = runner.invoke(app, ["bench", "--workload", f"csv:{csv_path}", "--prompt-column", "nope", "--no-progress"])
     assert isinstance(bad.exception, BadInput) and "no column 'nope'" in str(bad.exception)  # the CLI: one line
+
+
+def test_per_category_streams_the_same_picks_as_sampling_the_list(tmp_path):
+    """Two passes holding only counts pick what random.Random(f"{seed}/{category}").sample(list, k) picks."""
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"}], "category": f"c{i % 3}"} for i in range(40)]
+    path = jsonl(tmp_path, rows)
+    every = load_workload(str(path))
+    for seed in (0, 5):
+        expected = set()
+        for cat in ("c0", "c1", "c2"):
+            ids = [q.question_id for q in every if q.category == cat]
+            expected |= set(random.Random(f"{seed}/{cat}").sample(ids, 4))
+        got = load_workload(str(path), per_category=4, seed=seed)
+        assert {q.question_id for q in got} == expected
+        assert got == [q for q in every if q.question_id in expected]  # file order
