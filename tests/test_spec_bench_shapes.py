@@ -5,6 +5,7 @@ description (no copy of the file)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -166,3 +167,4 @@ def test_six_kinds_end_to_end_on_the_embedded_model(tmp_path):
     assert set(by_kind) == set(w.by_kind)
     report = write_report(run_dir, price_run(run_dir, None, samples=50), run_dir / "report.html").read_text()
     assert "Workload and grading" in report and "0 line(s) skipped" in report and "acceptable answers" in report
+    assert re.search(r"<td>ar [01]/1</td>", report)  # per-kind pass counts (each graded kind has one question)

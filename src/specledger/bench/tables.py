@@ -89,6 +89,16 @@ def gates_text(run: RunResult) -> Text:
     return out
 
 
+def kind_passes(run: RunResult, kind: str) -> str:
+    """"config passed/graded" for one task kind at each configuration's first load level (graded kinds only)."""
+    parts = []
+    for c in run.configs:
+        a = c.loads[0].by_kind.get(kind) if c.loads else None
+        if a is not None and a.graded:
+            parts.append(f"{c.name} {a.passed}/{a.graded}")
+    return ", ".join(parts)
+
+
 def workload_text(run: RunResult) -> Text:
     """What was read, chosen and skipped (per kind), and how each kind is graded."""
     out = Text()
@@ -106,7 +116,9 @@ def workload_text(run: RunResult) -> Text:
     for k in sorted(w.grading):
         refs = w.with_reference.get(k, 0)
         out.append(f"graded {k}: ", style="dim")
-        out.append(f"{w.grading[k]} [{refs} of {w.by_kind.get(k, 0)} questions have a reference]\n", style="dim")
+        passes = kind_passes(run, k)
+        out.append(f"{w.grading[k]} [{refs} of {w.by_kind.get(k, 0)} questions have a reference]"
+                   + (f"; passed: {passes}" if passes else "") + "\n", style="dim")
     return out
 
 

@@ -105,16 +105,19 @@ def _workload(run_dir: str | Path) -> dict | None:
     """The run's workload: format, what was read and skipped per kind, how each kind is graded."""
     try:
         from specledger.bench.results import load_run
+        from specledger.bench.tables import kind_passes
 
-        w = load_run(run_dir).workload
+        run = load_run(run_dir)
     except Exception:  # the report still renders from the ledger alone
         return None
+    w = run.workload
     if w is None:
         return None
     kinds = sorted(set(w.by_kind) | set(w.skipped) | set(w.grading))
     return {"info": w, "skipped_total": sum(w.skipped.values()),
             "rows": [{"kind": k, "questions": w.by_kind.get(k, 0), "with_reference": w.with_reference.get(k, 0),
-                      "skipped": w.skipped.get(k, 0), "grading": w.grading.get(k, "–")} for k in kinds]}
+                      "skipped": w.skipped.get(k, 0), "grading": w.grading.get(k, "–"),
+                      "passes": kind_passes(run, k) or "–"} for k in kinds]}
 
 
 def _json_for_script(obj: object) -> str:
