@@ -63,7 +63,7 @@ class BadLines:
 def _open(path: Path):
     if not path.is_file():
         raise BadInput(f"workload file not found: {path}")
-    return path.open(encoding="utf-8", errors="replace", newline="")
+    return path.open(encoding="utf-8-sig", errors="replace", newline="")  # a BOM is not content
 
 
 def jsonl_records(path: Path) -> Iterator[Record]:
