@@ -107,7 +107,7 @@ def test_acceptable_answers_for_other_kinds_take_the_best():
 def test_grading_rules_say_how_each_kind_is_graded():
     rules = grading_rules({"rag", "math", "multi_turn"})
     assert list(rules) == ["math", "multi_turn", "rag"]
-    assert "contains" in rules["rag"] and "any of them" in rules["rag"]
+    assert "contains" in rules["rag"] and "normalised" in rules["rag"]
     assert "final number" in rules["math"] and "explicit rules" in rules["multi_turn"]
     assert grading_rules({"qa"}, "mod:fn") == {"qa": "user grader mod:fn"}
 

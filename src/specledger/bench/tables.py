@@ -113,6 +113,10 @@ def workload_text(run: RunResult) -> Text:
     out.append(f"skipped lines: {skipped}" + (" (" + ", ".join(f"{k} {n}" for k, n in sorted(w.skipped.items()))
                                               + ")" if skipped else "") + "\n",
                style="yellow" if skipped else "")
+    from specledger.quality.graders import GRADING_NOTE
+
+    if any(not g.startswith("user grader") for g in w.grading.values()):
+        out.append(f"grading, {GRADING_NOTE}\n", style="dim")
     for k in sorted(w.grading):
         refs = w.with_reference.get(k, 0)
         out.append(f"graded {k}: ", style="dim")

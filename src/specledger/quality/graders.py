@@ -346,12 +346,12 @@ _RULES = {
     "rag": "the answer contains the reference, normalised (lower case; punctuation and articles dropped; whole words)",
     "multi_turn": "only by explicit rules in the reference (contains:A|B, number:X); other references are not checked",
 }
-_SHARED = ("; a list of acceptable answers passes on any of them (best score); "
-           "rules (contains:/number:) apply to any kind; turns without a reference are not graded")
+GRADING_NOTE = ("every kind: a list of acceptable answers passes on any of them (best score); rules (contains:/number:) "
+                "apply to any kind; turns without a reference are not graded; a question passes when all graded turns do")
 
 
 def grading_rules(kinds: list[str] | set[str], user_grader: str | None = None) -> dict[str, str]:
-    """How each kind is graded, in words (the run summary and the report print it)."""
+    """How each kind is graded, in words (the run summary and the report print it, with GRADING_NOTE)."""
     if user_grader:
         return {k: f"user grader {user_grader.strip()}" for k in sorted(kinds)}
-    return {k: _RULES.get(k, "no grader") + _SHARED for k in sorted(kinds)}
+    return {k: _RULES.get(k, "no grader") for k in sorted(kinds)}

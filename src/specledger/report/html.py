@@ -114,7 +114,10 @@ def _workload(run_dir: str | Path) -> dict | None:
     if w is None:
         return None
     kinds = sorted(set(w.by_kind) | set(w.skipped) | set(w.grading))
-    return {"info": w, "skipped_total": sum(w.skipped.values()),
+    from specledger.quality.graders import GRADING_NOTE
+
+    user = all(g.startswith("user grader") for g in w.grading.values())
+    return {"info": w, "skipped_total": sum(w.skipped.values()), "note": "" if user else GRADING_NOTE,
             "rows": [{"kind": k, "questions": w.by_kind.get(k, 0), "with_reference": w.with_reference.get(k, 0),
                       "skipped": w.skipped.get(k, 0), "grading": w.grading.get(k, "–"),
                       "passes": kind_passes(run, k) or "–"} for k in kinds]}
