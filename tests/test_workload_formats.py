@@ -307,6 +307,7 @@ def test_bench_and_compare_read_each_format_unchanged(tmp_path):
 
     sys.path.insert(0, os.path.dirname(__file__))
     from fake_openai_server import FakeOpenAIServer, FakeSettings
+
     from specledger.bench.results import load_run
     from specledger.cli import app
 

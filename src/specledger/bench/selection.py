@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 from specledger.bench.formats.lines import BadLines
 from specledger.bench.workload import Question

@@ -10,12 +10,24 @@ else multi_turn. Ids (`id`, `custom_id`) that repeat get "~2", "~3" appended; wi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from specledger.bench.formats.conversation import kind_hint, max_tokens, record_id, to_question
-from specledger.bench.formats.lines import BadLines, first_record, json_array_records, jsonl_records, read_questions_from
+from specledger.bench.formats.conversation import (
+    kind_hint,
+    max_tokens,
+    record_id,
+    to_question,
+)
+from specledger.bench.formats.lines import (
+    BadLines,
+    first_record,
+    json_array_records,
+    jsonl_records,
+    read_questions_from,
+)
 from specledger.bench.workload import Question, ReadOptions
 
 

@@ -7,11 +7,17 @@ only column. Optional columns: a reference (REFERENCE_COLUMNS; "a|b" = acceptabl
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from specledger.bench.formats.lines import BadLines, csv_header, csv_rows, read_questions_from
+from specledger.bench.formats.lines import (
+    BadLines,
+    csv_header,
+    csv_rows,
+    read_questions_from,
+)
 from specledger.bench.workload import Question, ReadOptions
 from specledger.errors import BadInput
 
@@ -28,10 +34,10 @@ def columns(path: Path, opts: ReadOptions, delimiter: str) -> dict[str, str | No
     header = csv_header(path, delimiter)
     if not header:
         raise BadInput(f"{path}: empty CSV (the first line must name the columns)")
-    if opts.prompt_column is not None:
-        if opts.prompt_column not in header:
-            raise BadInput(f"{path}: no column {opts.prompt_column!r} (columns: {', '.join(header)})")
-        prompt = opts.prompt_column
+    prompt: str | None = opts.prompt_column
+    if prompt is not None:
+        if prompt not in header:
+            raise BadInput(f"{path}: no column {prompt!r} (columns: {', '.join(header)})")
     else:
         prompt = _find(header, PROMPT_COLUMNS) or (header[0] if len(header) == 1 else None)
         if prompt is None:

@@ -8,8 +8,9 @@ The choice and its reason are returned so the run can say which was chosen.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from specledger.bench.formats.lines import BadLines, Unreadable, first_record
 from specledger.bench.workload import Question, ReadOptions
@@ -23,7 +24,14 @@ Reader = Callable[[Path, BadLines, ReadOptions], Iterator[Question]]
 
 
 def reader(fmt: str) -> Reader:
-    from specledger.bench.formats import chat, csv_prompts, sharegpt, spec_bench, text, trace
+    from specledger.bench.formats import (
+        chat,
+        csv_prompts,
+        sharegpt,
+        spec_bench,
+        text,
+        trace,
+    )
 
     return {"spec-bench": spec_bench.read, "sharegpt": sharegpt.read, "chat": chat.read, "csv": csv_prompts.read,
             "text": text.read, "trace": trace.read}[fmt]

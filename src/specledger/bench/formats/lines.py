@@ -13,9 +13,10 @@ import csv
 import json
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from specledger.errors import BadInput
 

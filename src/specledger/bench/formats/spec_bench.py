@@ -9,10 +9,18 @@ one string, and becomes a tuple of acceptable answers when it gives a list; grad
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from specledger.bench.formats.lines import BadLines, jsonl_records, read_questions_from
 from specledger.bench.workload import KINDS, Question, ReadOptions, Reference, kind_of

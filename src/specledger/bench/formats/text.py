@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from specledger.bench.formats.lines import BadLines, read_questions_from, text_lines
 from specledger.bench.workload import Question, ReadOptions

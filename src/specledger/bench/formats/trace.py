@@ -11,12 +11,18 @@ summary); traces carry no references.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from specledger.bench.formats.lines import BadLines, jsonl_records, read_questions_from
-from specledger.bench.workload import Question, ReadOptions, synthetic_prompt, truncate_tokens
+from specledger.bench.workload import (
+    Question,
+    ReadOptions,
+    synthetic_prompt,
+    truncate_tokens,
+)
 
 BLOCK_TOKENS = 512
 
