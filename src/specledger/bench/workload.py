@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from specledger.bench.results import WorkloadInfo
 from specledger.errors import BadInput
