@@ -32,10 +32,10 @@ import random
 import re
 import sys
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from collections.abc import Callable, Iterator
 
 from specledger.bench.results import WorkloadInfo
 from specledger.errors import BadInput
