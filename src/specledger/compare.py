@@ -95,10 +95,22 @@ def with_max_new_tokens(config: RunConfig, max_new_tokens: int | None) -> RunCon
     return parse_run_config(data, source="--max-new-tokens")
 
 
-def build_config(config_file: Path | None, *, quick: bool, max_new_tokens: int | None) -> RunConfig:
-    if config_file is None:
-        return default_matrix(quick=quick, max_new_tokens=max_new_tokens)
-    return with_max_new_tokens(load_run_config(config_file), max_new_tokens)
+def build_config(config_file: Path | None, *, quick: bool, max_new_tokens: int | None,
+                 workload: dict[str, Any] | None = None, load: dict[str, Any] | None = None) -> RunConfig:
+    """The default matrix or the file's, with --max-new-tokens and any workload / load settings given."""
+    config = default_matrix(quick=quick) if config_file is None else load_run_config(config_file)
+    workload = {k: v for k, v in (workload or {}).items() if v is not None}
+    load = {k: v for k, v in (load or {}).items() if v is not None}
+    if workload or load:
+        data = config.model_dump(mode="json", exclude_unset=True)
+        if workload.get("spec"):  # a new workload: the default matrix's selection was for the built-in set
+            data["workload"] = {"spec": workload["spec"]}
+        data.setdefault("workload", {}).update(workload)
+        if load:
+            data["load"] = {k: v for k, v in data.get("load", {}).items()
+                            if k not in ("concurrency", "rate", "replay")} | load
+        config = parse_run_config(data, source="command line")
+    return with_max_new_tokens(config, max_new_tokens)
 
 
 def default_run_dir(config: RunConfig) -> Path:
@@ -135,8 +147,7 @@ def run_compare(config: RunConfig, *, run_dir: Path | None = None, inputs: Path 
                 show_progress: bool = True) -> Outcome:
     """Measure (with gates), price, print the cost table, write the report."""
     from specledger.bench.runner import run_benchmark
-    from specledger.bench.tables import gates_text
-    from specledger.bench.workload import load_workload
+    from specledger.bench.tables import gates_text, workload_text
     from specledger.ledger.inputs import load_inputs
     from specledger.ledger.price import price_run
     from specledger.report.html import write_report
@@ -146,8 +157,7 @@ def run_compare(config: RunConfig, *, run_dir: Path | None = None, inputs: Path 
     t0 = time.perf_counter()
     costs = load_inputs(inputs)  # a bad cost file fails now, not after the measurements
     w = config.workload
-    questions = load_workload(w.spec, categories=w.categories, per_category=w.per_category, limit=w.limit,
-                              seed=w.seed, on_bad_line=w.on_bad_line)
+    questions = w.open().questions
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
     if (run_dir / REQUESTS_FILE).exists():
         raise BadInput(f"{run_dir} already holds a run; choose another --out directory")
@@ -171,6 +181,7 @@ def run_compare(config: RunConfig, *, run_dir: Path | None = None, inputs: Path 
     (run_dir / "ledger.json").write_text(ledger.model_dump_json(indent=2), encoding="utf-8")
     console.print("[bold]Quality gates[/bold]")
     console.print(gates_text(run))  # every gate's figures, divergences included, and the run's notes
+    console.print(workload_text(run))  # what was read and skipped, and how each kind is graded
     print_ledger(ledger, console)
     inter = render_interaction(ledger)
     if inter is not None:

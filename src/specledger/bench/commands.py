@@ -76,10 +76,10 @@ def build_config(
         for p in path:
             node = node.setdefault(p, {})
         node[last] = value
-    if overrides.get("load.rate"):
-        data.setdefault("load", {}).pop("concurrency", None)
-    elif overrides.get("load.concurrency"):
-        data.setdefault("load", {}).pop("rate", None)
+    chosen = [k for k in ("concurrency", "rate", "replay") if overrides.get(f"load.{k}")]
+    for k in ("concurrency", "rate", "replay"):
+        if chosen and k not in chosen:
+            data.setdefault("load", {}).pop(k, None)
     return parse_run_config(data, source=source)
 
 
@@ -97,14 +97,20 @@ def register(app: typer.Typer) -> None:
         max_new_tokens: int = typer.Option(128, help="per answer (a workload's own limit wins)"),
         temperature: float = typer.Option(0.0, help="0 = greedy"),
         seed: int = typer.Option(0),
-        workload: Optional[str] = typer.Option(None, help="builtin | builtin-quick | FILE.jsonl | synthetic:in=..,out=..,n=.."),
+        workload: Optional[str] = typer.Option(
+            None, help="builtin | builtin-quick | synthetic:in=..,out=..,n=.. | PATH (format detected) | FORMAT:PATH "
+                       "with FORMAT spec-bench, sharegpt, chat, csv, text or trace"),
         category: list[str] = typer.Option([], "--category", help="only these categories (repeat)"),
         per_category: Optional[int] = typer.Option(None, help="sample this many questions per category"),
+        sample: Optional[int] = typer.Option(None, help="a seeded random sample of N questions (streams big files)"),
         limit: Optional[int] = typer.Option(None, help="first N questions"),
         on_bad_line: Optional[str] = typer.Option(None, help="stop | skip a malformed workload line"),
+        kind: Optional[str] = typer.Option(None, help="task kind of records without one (default multi_turn)"),
+        prompt_column: Optional[str] = typer.Option(None, help="CSV: the column holding the prompt"),
         grader: Optional[str] = typer.Option(None, help="user grader module:function"),
         concurrency: Optional[str] = typer.Option(None, help="closed loop, e.g. 1,4,16"),
         rate: Optional[str] = typer.Option(None, help="open loop Poisson arrivals (requests/s), e.g. 0.5,1"),
+        replay: Optional[str] = typer.Option(None, help="replay a trace's arrival times at these speeds, e.g. 1,4"),
         num_requests: Optional[int] = typer.Option(None, help="conversations per load level"),
         warmup: Optional[int] = typer.Option(None, help="warm-up conversations (not counted)"),
         slo_ttft: Optional[float] = typer.Option(None, help="TTFT objective (s) for goodput"),
@@ -135,10 +141,12 @@ def register(app: typer.Typer) -> None:
             slo = {k: v for k, v in (("ttft_s", slo_ttft), ("tpot_s", slo_tpot), ("e2e_s", slo_e2e)) if v is not None}
             overrides = {
                 "workload.spec": workload, "workload.categories": category or None,
-                "workload.per_category": per_category, "workload.limit": limit,
+                "workload.per_category": per_category, "workload.limit": limit, "workload.sample": sample,
+                "workload.kind": kind, "workload.prompt_column": prompt_column,
                 "workload.on_bad_line": on_bad_line, "workload.grader": grader,
                 "load.concurrency": [int(c) for c in _floats(concurrency, "concurrency") or []] or None,
-                "load.rate": _floats(rate, "rate"), "load.num_requests": num_requests, "load.warmup": warmup,
+                "load.rate": _floats(rate, "rate"), "load.replay": _floats(replay, "replay"),
+                "load.num_requests": num_requests, "load.warmup": warmup,
                 "slo": slo or None, "output_dir": output_dir, "run_id": run_id, "bootstrap": bootstrap,
             }
             cfg = build_config(config_file, strategies=strategy, backend=backend, model=model, dtype=dtype,

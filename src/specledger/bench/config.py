@@ -116,10 +116,22 @@ class WorkloadSettings(_Strict):
     spec: str = "builtin-quick"
     categories: list[str] | None = None
     per_category: int | None = Field(None, ge=1)
+    sample: int | None = Field(None, ge=1)  # a seeded random sample of this many (reservoir: streams)
     limit: int | None = Field(None, ge=1)
     seed: int = 0
     on_bad_line: Literal["stop", "skip"] = "stop"
     grader: str | None = None  # user grader "module:function"
+    kind: Literal["multi_turn", "translation", "summarization", "qa", "math", "rag"] | None = None  # for records
+    # that carry no task kind (ShareGPT, chat, CSV, text, traces); default multi_turn (traces: summarization)
+    prompt_column: str | None = None  # CSV: the column holding the prompt (default: detected from the header)
+
+    def open(self):
+        """The questions and what was read (bench/workload.py: open_workload)."""
+        from specledger.bench.workload import open_workload
+
+        return open_workload(self.spec, categories=self.categories, per_category=self.per_category,
+                             sample=self.sample, limit=self.limit, seed=self.seed, on_bad_line=self.on_bad_line,
+                             kind=self.kind, prompt_column=self.prompt_column)
 
 
 class SteadyStateSettings(_Strict):
@@ -131,6 +143,7 @@ class SteadyStateSettings(_Strict):
 class LoadSettings(_Strict):
     concurrency: list[int] | None = None  # closed loop: N in flight (a sweep when several)
     rate: list[float] | None = None  # open loop: Poisson arrivals, requests/s
+    replay: list[float] | None = None  # a timed trace at its own arrival times, sped up by each factor
     num_requests: int | None = Field(None, ge=1)  # conversations per level; default: the whole workload
     warmup: int = Field(1, ge=0)  # conversations run first and not counted
     warmup_max_new_tokens: int | None = Field(None, ge=1)  # shorter warm-up answers (they only prime the caches)
@@ -139,9 +152,9 @@ class LoadSettings(_Strict):
 
     @model_validator(mode="after")
     def _one(self) -> "LoadSettings":
-        if self.concurrency and self.rate:
-            raise ValueError("give either concurrency or rate, not both")
-        if not self.concurrency and not self.rate:
+        if sum(bool(x) for x in (self.concurrency, self.rate, self.replay)) > 1:
+            raise ValueError("give either concurrency or rate or replay (one load kind), not several")
+        if not self.concurrency and not self.rate and not self.replay:
             self.concurrency = [1]
         for c in self.concurrency or []:
             if c < 1:
@@ -149,13 +162,23 @@ class LoadSettings(_Strict):
         for r in self.rate or []:
             if r <= 0:
                 raise ValueError(f"rate must be > 0 requests/s (got {r})")
+        for r in self.replay or []:
+            if r <= 0:
+                raise ValueError(f"replay speed must be > 0 (got {r}; 1 = the trace's own times)")
         return self
 
     def levels(self) -> list[tuple[str, int | None, float | None]]:
-        """(label, concurrency, rate) per load level, in sweep order."""
+        """(label, concurrency, rate) per load level, in sweep order (replay levels: (label, None, None); their
+        speed is `replay_speed(label)`)."""
+        if self.replay:
+            return [(f"replay={r:g}x", None, None) for r in self.replay]
         if self.rate:
             return [(f"r={r:g}", None, r) for r in self.rate]
         return [(f"c={c}", c, None) for c in self.concurrency or [1]]
+
+
+    def replay_speed(self, label: str) -> float | None:
+        return next((r for r in self.replay or [] if label == f"replay={r:g}x"), None)
 
 
 class SLO(_Strict):

@@ -179,6 +179,7 @@ class LoadResult(_Model):
     load: str
     concurrency: int | None = None
     rate: float | None = None
+    replay: float | None = None  # trace replay at this speed factor
     started: datetime | None = None
     aggregate: Aggregate
     by_category: dict[str, Aggregate] = Field(default_factory=dict)
@@ -239,6 +240,26 @@ class Conditions(_Model):
     config: dict[str, Any] = Field(default_factory=dict)  # the run configuration as resolved
 
 
+class WorkloadInfo(_Model):
+    """What the workload was: its format and how it was chosen, what was read, selected and skipped (per task
+    kind), and how each kind is graded (the runner fills `grading`)."""
+
+    spec: str
+    format: str
+    chosen: str = ""  # "named" or what the detection looked at
+    source: str | None = None
+    read: int = 0  # valid records read before selection
+    complete: bool = True  # the whole file was read (False: --limit stopped the read early)
+    selection: str = "all"
+    questions: int = 0
+    by_kind: dict[str, int] = Field(default_factory=dict)
+    with_reference: dict[str, int] = Field(default_factory=dict)  # questions that carry a reference, per kind
+    skipped: dict[str, int] = Field(default_factory=dict)  # kind ("unreadable": not a record at all) -> lines
+    skipped_examples: list[str] = Field(default_factory=list)
+    timed: bool = False  # questions carry arrival times (a trace): replayable
+    grading: dict[str, str] = Field(default_factory=dict)  # kind -> how it is graded
+
+
 class RunResult(_Model):
     schema_version: int = SCHEMA_VERSION
     run_id: str
@@ -248,6 +269,7 @@ class RunResult(_Model):
     conditions: Conditions
     configs: list[ConfigResult] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    workload: WorkloadInfo | None = None
 
     def config(self, name: str) -> ConfigResult | None:
         return next((c for c in self.configs if c.name == name), None)

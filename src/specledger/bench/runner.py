@@ -22,7 +22,7 @@ from specledger.bench.backends.base import Backend, Completion, make_backend
 from specledger.bench.config import BenchConfig, RunConfig, parse_run_config
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.env import collect_conditions
-from specledger.bench.load import SteadyStateCheck, closed_loop, open_loop
+from specledger.bench.load import SteadyStateCheck, closed_loop, open_loop, replay
 from specledger.bench.probes import UNQUANTIZED, measure_agreement, needs_agreement
 from specledger.bench.metrics import aggregate, group_by, spread_itl, tpot
 from specledger.bench.results import (
@@ -30,10 +30,10 @@ from specledger.bench.results import (
     load_run, now, read_requests, write_run, write_summary, REQUESTS_FILE,
 )
 from specledger.bench.telemetry import telemetry_delta
-from specledger.bench.workload import Question, load_workload
+from specledger.bench.workload import Question
 from specledger.errors import BadInput, SpecLedgerError
 from specledger.quality.gates import GateResult, comparable, lossless_gate, pass_rate_gate, quantization_gate
-from specledger.quality.graders import grade
+from specledger.quality.graders import grade, grading_rules
 
 BackendFactory = Callable[[BenchConfig], Backend]
 ReferenceFactory = Callable[[BenchConfig], Any]  # the unquantized model a quantized target is compared with
@@ -49,6 +49,7 @@ class _Level:
     concurrency: int | None
     rate: float | None
     records: list[RequestRecord] = field(default_factory=list)
+    replay: float | None = None  # trace replay speed factor
 
 
 class Runner:
@@ -87,11 +88,21 @@ class Runner:
 
     async def run_async(self) -> RunResult:
         cfg = self.cfg
-        w = cfg.workload
-        questions = load_workload(w.spec, categories=w.categories, per_category=w.per_category, limit=w.limit,
-                                  seed=w.seed, on_bad_line=w.on_bad_line)
-        self.questions = questions
+        workload = cfg.workload.open()
+        self.questions = workload.questions
+        info = workload.info
+        info.grading = grading_rules({q.kind for q in self.questions}, cfg.workload.grader)
+        if cfg.load.replay and not info.timed:
+            raise BadInput(f"load replay needs a timed workload (trace:FILE with timestamps); {info.spec!r} has "
+                           "no arrival times")
+        self.console.print(f"workload {info.spec}: {info.format} ({info.chosen}); {info.questions} questions"
+                           + (f"; skipped {sum(info.skipped.values())} bad line(s)" if info.skipped else ""))
         self._prepare_dir()
+        self.run_result.workload = info
+        if info.timed and not cfg.load.replay:
+            note = "the workload's arrival times are not used at this load (replay them with load.replay / --replay)"
+            if note not in self.run_result.notes:
+                self.run_result.notes.append(note)
         self.log = RequestLog(self.run_dir)
         self.previous = read_requests(self.run_dir) if self.resume else []
         try:
@@ -263,7 +274,8 @@ class Runner:
             await self._probe(bc, backend, cr)
             await self._warmup(backend, bc)
             for label, conc, rate in levels:
-                await self._run_level(backend, bc, cr, _Level(label, conc, rate))
+                speed = self.cfg.load.replay_speed(label)
+                await self._run_level(backend, bc, cr, _Level(label, conc, rate, replay=speed))
         finally:
             await backend.close()
 
@@ -302,12 +314,13 @@ class Runner:
                     return i
             return None
 
-        total = sum(len(self.questions[i % len(self.questions)].turns) for i in range(n) if i not in done)
+        pick, arrival_s = self._order(level)
+        total = sum(len(pick(i).turns) for i in range(n) if i not in done)
         if self._progress is not None:
             self._task = self._progress.add_task(f"{bc.name} {level.label}", total=total)
 
         async def job(i: int, arrival: float) -> None:
-            q = self.questions[i % len(self.questions)]
+            q = pick(i)
             tokens = await self._conversation(backend, bc, q, item=i, arrival=arrival, level=level)
             nonlocal total
             if steady is not None:
@@ -324,7 +337,9 @@ class Runner:
         before = await backend.scrape_metrics()
         e0 = self.meter.read()
         started = now()
-        if level.rate is not None:
+        if level.replay is not None:
+            await replay(job, next_index, arrival_s, level.replay, max_in_flight=load.max_in_flight)
+        elif level.rate is not None:
             await open_loop(job, next_index, level.rate, seed=self.cfg.seed, max_in_flight=load.max_in_flight)
         else:
             await closed_loop(job, next_index, level.concurrency or 1)
@@ -350,6 +365,22 @@ class Runner:
         if self._progress is not None:
             self._progress.update(self._task, completed=total)
 
+    def _order(self, level: _Level) -> tuple[Callable[[int], Question], Callable[[int], float]]:
+        """Item -> question, and item -> arrival (s after the first) for a replay: the trace in time order,
+        repeated after its span (plus its mean gap) when the level issues more items than the trace holds."""
+        qs = self.questions
+        if level.replay is None:
+            return (lambda i: qs[i % len(qs)]), (lambda i: 0.0)
+        order = sorted(range(len(qs)), key=lambda k: qs[k].arrival_s or 0.0)
+        first = qs[order[0]].arrival_s or 0.0
+        span = (qs[order[-1]].arrival_s or 0.0) - first
+        period = span + (span / (len(qs) - 1) if len(qs) > 1 else 1.0)
+
+        def arrival(i: int) -> float:
+            return (qs[order[i % len(qs)]].arrival_s or 0.0) - first + (i // len(qs)) * period
+
+        return (lambda i: qs[order[i % len(qs)]]), arrival
+
     def _load_result(self, bc: BenchConfig, level: _Level, *, energy: float | None, started: Any) -> LoadResult:
         merged: dict[str, RequestRecord] = {}
         for r in self.previous:
@@ -362,7 +393,7 @@ class Runner:
         wall = sum(max(r.end_t for r in rs) - min(r.arrival_t for r in rs) for rs in by_segment.values())
         b, seed, slo = self.cfg.bootstrap, self.cfg.seed, self.cfg.slo
         lr = LoadResult(
-            load=level.label, concurrency=level.concurrency, rate=level.rate, started=started,
+            load=level.label, concurrency=level.concurrency, rate=level.rate, replay=level.replay, started=started,
             aggregate=aggregate(records, wall_s=wall, energy_j=energy, slo=slo, resamples=b, seed=seed),
             segments=len(by_segment),
         )
@@ -377,7 +408,7 @@ class Runner:
     async def _conversation(self, backend: Backend, bc: BenchConfig, q: Question, *, item: int, arrival: float,
                             level: _Level | None) -> int:
         """Run every turn; turn k+1 sees the model's answer to turn k. Returns output tokens."""
-        messages: list[dict[str, str]] = []
+        messages: list[dict[str, str]] = [{"role": "system", "content": q.system}] if q.system else []
         answers: list[str] = []
         tokens = 0
         for turn, text in enumerate(q.turns, 1):

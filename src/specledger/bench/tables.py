@@ -110,6 +110,43 @@ def failures_text(run: RunResult) -> Text:
     return out
 
 
+def kind_passes(run: RunResult, kind: str) -> str:
+    """"config passed/graded" for one task kind at each configuration's first load level (graded kinds only)."""
+    parts = []
+    for c in run.configs:
+        a = c.loads[0].by_kind.get(kind) if c.loads else None
+        if a is not None and a.graded:
+            parts.append(f"{c.name} {a.passed}/{a.graded}")
+    return ", ".join(parts)
+
+
+def workload_text(run: RunResult) -> Text:
+    """What was read, chosen and skipped (per kind), and how each kind is graded."""
+    out = Text()
+    w = run.workload
+    if w is None:
+        return out
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(w.by_kind.items()))
+    out.append("workload ", style="bold")
+    out.append(f"{w.spec}: {w.format} ({w.chosen}); {w.questions} questions ({kinds}); selection: {w.selection}; "
+               f"read {w.read} record(s){'' if w.complete else ' (stopped at the limit)'}\n")
+    skipped = sum(w.skipped.values())
+    out.append(f"skipped lines: {skipped}" + (" (" + ", ".join(f"{k} {n}" for k, n in sorted(w.skipped.items()))
+                                              + ")" if skipped else "") + "\n",
+               style="yellow" if skipped else "")
+    from specledger.quality.graders import GRADING_NOTE
+
+    if any(not g.startswith("user grader") for g in w.grading.values()):
+        out.append(f"grading, {GRADING_NOTE}\n", style="dim")
+    for k in sorted(w.grading):
+        refs = w.with_reference.get(k, 0)
+        out.append(f"graded {k}: ", style="dim")
+        passes = kind_passes(run, k)
+        out.append(f"{w.grading[k]} [{refs} of {w.by_kind.get(k, 0)} questions have a reference]"
+                   + (f"; passed: {passes}" if passes else "") + "\n", style="dim")
+    return out
+
+
 def render_run(run: RunResult, *, categories: bool = True) -> Group:
     parts = [Text(conditions_line(run), style="dim"), run_table(run)]
     failures = failures_text(run)
@@ -118,6 +155,7 @@ def render_run(run: RunResult, *, categories: bool = True) -> Group:
     if categories and any(lr.by_category for c in run.configs for lr in c.loads):
         parts.append(category_table(run))
     parts.append(gates_text(run))
+    parts.append(workload_text(run))
     return Group(*parts)
 
 

@@ -1,4 +1,9 @@
-"""Workloads: Spec-Bench question files, the built-in set, and synthetic prompts of controlled length.
+"""Workloads: the question record every reader produces, and the dispatcher that picks the reader.
+
+Readers (one module per format, bench/formats/): Spec-Bench question files (the built-in set uses it), ShareGPT,
+OpenAI chat JSONL, CSV, plain text and timed traces; plus synthetic prompts of controlled length (below).
+A spec is "builtin", "builtin-quick", "synthetic:in=..,out=..,n=..", "FORMAT:PATH" or a PATH whose format is
+detected from its first record (the run says which was chosen). Selection streams (bench/selection.py).
 
 Every question carries one of six task kinds (KINDS) so graders and per-kind reports need not guess from
 free-form category names. Category -> kind:
@@ -8,10 +13,12 @@ free-form category names. Category -> kind:
   "math_reasoning" (kind math), as in Spec-Bench.
 - translation, summarization, qa, math_reasoning, rag (Spec-Bench's names) and a few common aliases
   (_ALIASES) -> their kind.
-- A record's own "kind" field, when it names one of KINDS, overrides the mapping.
+- A record's own "kind" field, when it names one of KINDS, overrides the mapping; formats without categories
+  take the kind given to the reader (--kind), else multi_turn.
 - Any other category -> multi_turn: an open-ended chat question, graded only by explicit rules.
 
-`reference` entries align with turns (Spec-Bench's convention); see quality/graders.py for how they are read.
+`reference` entries align with turns (Spec-Bench's convention): a string, or a tuple of acceptable answers;
+see quality/graders.py for how they are read.
 
 Synthetic questions (category "synthetic", kind summarization: "summarise these notes", no reference) have a
 prompt of exactly `in` tokens for SmolLM2's Llama-family BPE tokenizer (tested; other Llama-family BPEs:
@@ -21,16 +28,16 @@ whose template inserts a default system prompt). `min_new_tokens` = `max_new_tok
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
-
+from specledger.bench.results import WorkloadInfo
 from specledger.errors import BadInput
 
 KINDS = ("multi_turn", "translation", "summarization", "qa", "math", "rag")
@@ -56,6 +63,10 @@ _ALIASES = {
 
 BUILTIN_FILE = "builtin.jsonl"
 
+# One entry per turn: "" (none), a string (rules and "|"-separated alternatives allowed), or a tuple of
+# acceptable answers taken literally (Spec-Bench's RAG lines).
+Reference = tuple[str | tuple[str, ...], ...]
+
 
 @dataclass(frozen=True)
 class Question:
@@ -63,9 +74,26 @@ class Question:
     category: str
     kind: str
     turns: tuple[str, ...]
-    reference: tuple[str, ...] | None = None
+    reference: Reference | None = None
     max_new_tokens: int | None = None
     min_new_tokens: int | None = None
+    system: str | None = None  # a system message sent before the first turn (chat and ShareGPT records)
+    arrival_s: float | None = None  # timed traces: seconds after the trace's first request
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """What a reader cannot learn from a record: the task kind of records without one, the CSV prompt column."""
+
+    kind: str | None = None
+    prompt_column: str | None = None
+
+    def kind_for(self, category: str | None = None, explicit: str | None = None) -> str:
+        if explicit in KINDS:
+            return explicit
+        if category:
+            return kind_of(category, self.kind)
+        return self.kind or "multi_turn"
 
 
 def kind_of(category: str, explicit: str | None = None) -> str:
@@ -78,93 +106,12 @@ def kind_of(category: str, explicit: str | None = None) -> str:
     return _ALIASES.get(name, "multi_turn")
 
 
-class _Record(BaseModel):
-    """One Spec-Bench line; unknown fields are tolerated."""
-
-    model_config = ConfigDict(extra="ignore")
-    question_id: StrictInt | StrictStr
-    category: StrictStr
-    turns: list[StrictStr]
-    reference: list[StrictStr] | StrictStr | None = None
-    kind: StrictStr | None = None
-
-
-_UNION_MESSAGES = {
-    "question_id": "must be an integer or a string",
-    "reference": "must be a string or a list of strings",
-}
-
-
-def _describe(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    name = str(err["loc"][0]) if err["loc"] else "line"
-    where = ".".join([name] + [str(p) for p in err["loc"][1:] if isinstance(p, int)])
-    if err["type"] != "missing" and name in _UNION_MESSAGES:
-        return f"field '{name}': {_UNION_MESSAGES[name]}"
-    return f"field '{where}': {err['msg']}"
-
-
-def _parse_line(text: str) -> Question:
-    """Raises ValueError with a short reason when the line is not a valid question."""
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"bad JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    try:
-        rec = _Record.model_validate(obj)
-    except ValidationError as exc:
-        raise ValueError(_describe(exc)) from None
-    qid = str(rec.question_id).strip()
-    if not qid:
-        raise ValueError("field 'question_id': empty")
-    if not rec.category.strip():
-        raise ValueError("field 'category': empty")
-    if not rec.turns:
-        raise ValueError("field 'turns': no turns")
-    for i, turn in enumerate(rec.turns):
-        if not turn.strip():
-            raise ValueError(f"field 'turns.{i}': empty turn")
-    if rec.kind is not None and rec.kind not in KINDS:
-        raise ValueError(f"field 'kind': {rec.kind!r} is not one of {', '.join(KINDS)}")
-    ref = rec.reference
-    if isinstance(ref, str):
-        ref = [ref]
-    return Question(
-        question_id=qid,
-        category=rec.category.strip(),
-        kind=kind_of(rec.category, rec.kind),
-        turns=tuple(rec.turns),
-        reference=tuple(ref) if ref else None,
-    )
-
-
 def read_questions(path: Path, *, on_bad_line: str = "stop") -> list[Question]:
-    """Read a Spec-Bench .jsonl file. Blank lines are ignored; a duplicate question_id is a bad line."""
-    if on_bad_line not in ("stop", "skip"):
-        raise BadInput(f"on_bad_line must be 'stop' or 'skip', got {on_bad_line!r}")
-    if not path.is_file():
-        raise BadInput(f"workload file not found: {path}")
-    questions: list[Question] = []
-    seen: set[str] = set()
-    with path.open(encoding="utf-8") as fh:
-        for lineno, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            try:
-                q = _parse_line(text)
-                if q.question_id in seen:
-                    raise ValueError(f"duplicate question_id {q.question_id!r}")
-            except ValueError as exc:
-                message = f"{path}:{lineno}: {exc}"
-                if on_bad_line == "stop":
-                    raise BadInput(message) from None
-                print(f"warning: skipped {message}", file=sys.stderr)
-                continue
-            seen.add(q.question_id)
-            questions.append(q)
-    return questions
+    """Every question of a Spec-Bench .jsonl file (see formats/spec_bench.py)."""
+    from specledger.bench.formats import spec_bench
+    from specledger.bench.formats.lines import BadLines
+
+    return list(spec_bench.read(Path(path), BadLines(on_bad_line), ReadOptions()))
 
 
 def builtin_path() -> Path:
@@ -203,6 +150,12 @@ def estimate_tokens(text: str) -> int:
     return len(_TOKEN_RE.findall(text))
 
 
+def truncate_tokens(text: str, n_tokens: int) -> str:
+    """The start of `text` holding its first `n_tokens` estimated tokens."""
+    marks = list(_TOKEN_RE.finditer(text))
+    return text if n_tokens >= len(marks) else text[: marks[n_tokens - 1].end()] if n_tokens > 0 else ""
+
+
 def _sentence(rng: random.Random, size: int) -> str:
     """Exactly `size` estimated tokens: words plus the final period."""
     if size < 4:  # only for prompts shorter than four tokens: no room for a period
@@ -220,12 +173,13 @@ def _sentence(rng: random.Random, size: int) -> str:
     return " ".join(words) + "."
 
 
-def synthetic_prompt(n_tokens: int, seed: int) -> str:
-    """Deterministic filler text of about `n_tokens` tokens, the instruction included when it fits."""
+def synthetic_prompt(n_tokens: int, seed: int, *, instruction: bool = True) -> str:
+    """Deterministic filler text of about `n_tokens` tokens, the instruction included when it fits (and wanted:
+    a trace's later prompt blocks are filler only)."""
     rng = random.Random(f"synthetic/{seed}")
     parts: list[str] = []
     budget = n_tokens
-    if n_tokens >= 2 * estimate_tokens(SYNTHETIC_INSTRUCTION):
+    if instruction and n_tokens >= 2 * estimate_tokens(SYNTHETIC_INSTRUCTION):
         parts.append(SYNTHETIC_INSTRUCTION)
         budget -= estimate_tokens(SYNTHETIC_INSTRUCTION)
     while budget > 0:
@@ -272,62 +226,90 @@ def _synthetic(spec: str) -> list[Question]:
     ]
 
 
-# --- selection -----------------------------------------------------------------------------------------
+# --- dispatcher ----------------------------------------------------------------------------------------
 
 
-def _select(
-    questions: list[Question], categories: list[str] | None, per_category: int | None, seed: int
-) -> list[Question]:
+@dataclass
+class Workload:
+    questions: list[Question]
+    info: WorkloadInfo
+
+
+def _selection_text(categories, per_category, sample, limit, seed) -> str:
+    parts = []
     if categories:
-        wanted = {c.strip().lower() for c in categories}
-        available = {q.category.lower() for q in questions} | {q.kind for q in questions}
-        unknown = sorted(wanted - available)
-        if unknown:
-            cats = sorted({q.category for q in questions})
-            kinds = sorted({q.kind for q in questions})
-            raise BadInput(
-                f"unknown workload categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
-                f"available categories: {', '.join(cats)}; kinds: {', '.join(kinds)}"
-            )
-        questions = [q for q in questions if q.category.lower() in wanted or q.kind in wanted]
-    if per_category is not None:
-        if per_category < 1:
-            raise BadInput(f"per_category must be >= 1, got {per_category}")
-        keep: set[str] = set()
-        for cat in sorted({q.category for q in questions}):
-            ids = [q.question_id for q in questions if q.category == cat]
-            # Seeded per category so filtering other categories does not change this one's sample.
-            keep.update(random.Random(f"{seed}/{cat}").sample(ids, min(per_category, len(ids))))
-        questions = [q for q in questions if q.question_id in keep]
-    return questions
+        parts.append(f"categories {', '.join(categories)}")
+    if per_category:
+        parts.append(f"{per_category} per category (seed {seed})")
+    if sample:
+        parts.append(f"random sample of {sample} (seed {seed})")
+    if limit:
+        parts.append(f"first {limit}")
+    return "; ".join(parts) or "all"
 
 
-def load_workload(
+def open_workload(
     spec: str,
     *,
     categories: list[str] | None = None,
     per_category: int | None = None,
+    sample: int | None = None,
     limit: int | None = None,
     seed: int = 0,
     on_bad_line: str = "stop",
-) -> list[Question]:
-    """Load a workload: "builtin", "builtin-quick", a Spec-Bench .jsonl path, or "synthetic:in=..,out=..,n=..".
+    kind: str | None = None,
+    prompt_column: str | None = None,
+) -> Workload:
+    """Read a workload (see the module docstring for specs) and say what was read, chosen and skipped.
 
-    Order is the file's order; filters, then the per-category sample, then `limit` (the first N) apply.
+    Order is the file's order; filters, then the per-category sample, then the random sample, then `limit`
+    (the first N) apply, all while streaming.
     """
+    from specledger.bench.formats import detect, spec_bench
+    from specledger.bench.formats.lines import BadLines
+    from specledger.bench.selection import select
+
+    if kind is not None and kind not in KINDS:
+        raise BadInput(f"--kind {kind!r} is not one of {', '.join(KINDS)}")
+    for name, value in (("limit", limit), ("sample", sample), ("per_category", per_category)):
+        if value is not None and value < 1:
+            raise BadInput(f"{name} must be >= 1, got {value}")
+    opts = ReadOptions(kind=kind, prompt_column=prompt_column)
+    bad = BadLines(on_bad_line)
+    source: str | None = None
     if spec == "builtin":
-        questions = read_questions(builtin_path(), on_bad_line=on_bad_line)
+        fmt, chosen, source = "spec-bench", "built-in set", str(builtin_path())
+        stream: Callable[[BadLines], Iterator[Question]] = lambda b: spec_bench.read(builtin_path(), b, opts)
     elif spec == "builtin-quick":
-        questions = _quick(read_questions(builtin_path(), on_bad_line=on_bad_line))
+        fmt, chosen, source = "spec-bench", "built-in set, first question of each kind", str(builtin_path())
+        stream = lambda b: iter(_quick(list(spec_bench.read(builtin_path(), b, opts))))
     elif spec.startswith("synthetic:"):
-        questions = _synthetic(spec)
+        fmt, chosen = "synthetic", "synthetic lengths"
+        stream = lambda b: iter(_synthetic(spec))
     else:
-        questions = read_questions(Path(spec).expanduser(), on_bad_line=on_bad_line)
-    questions = _select(questions, categories, per_category, seed)
-    if limit is not None:
-        if limit < 1:
-            raise BadInput(f"limit must be >= 1, got {limit}")
-        questions = questions[:limit]
+        fmt, path, chosen = detect.resolve(spec)
+        source = str(path)
+        read = detect.reader(fmt)
+        stream = lambda b: read(path, b, opts)
+    picked = select(stream, bad, categories=categories, per_category=per_category, sample=sample, limit=limit,
+                    seed=seed)
+    questions = picked.questions
+    if bad.total > len(bad.examples):
+        print(f"warning: skipped {bad.total - len(bad.examples)} more line(s) of {source}", file=sys.stderr)
     if not questions:
-        raise BadInput(f"workload {spec!r} is empty after filtering")
-    return questions
+        raise BadInput(f"workload {spec!r} is empty after filtering"
+                       + (f" ({bad.total} line(s) skipped)" if bad.total else ""))
+    info = WorkloadInfo(
+        spec=spec, format=fmt, chosen=chosen, source=source, read=picked.read, complete=picked.complete,
+        selection=_selection_text(categories, per_category, sample, limit, seed), questions=len(questions),
+        by_kind=dict(Counter(q.kind for q in questions)),
+        with_reference=dict(Counter(q.kind for q in questions if q.reference)),
+        skipped=dict(bad.skipped), skipped_examples=list(bad.examples),
+        timed=any(q.arrival_s is not None for q in questions),
+    )
+    return Workload(questions=questions, info=info)
+
+
+def load_workload(spec: str, **kwargs) -> list[Question]:
+    """The questions of `open_workload(spec, ...)`."""
+    return open_workload(spec, **kwargs).questions

@@ -9,7 +9,10 @@ Which grader applies to a question:
    math -> final-number match; summarization -> ROUGE-L F >= ROUGE_L_MIN; translation -> chrF >= CHRF_MIN;
    qa / rag -> the normalised reference (alternatives separated by "|") is contained in the answer.
    multi_turn without rules -> no grader (MT-Bench references are long model answers, not checkable).
+A turn's entry may also be a tuple of acceptable answers (Spec-Bench's RAG lines give a list per turn): the turn
+passes when any of them passes as above, and scores the best of them.
 A question passes when every graded turn passes; the score (0..1; chrF / 100) is the mean over graded turns.
+`grading_rules` says the same per kind, for run summaries and reports.
 """
 
 from __future__ import annotations
@@ -202,6 +205,32 @@ def _check_kind(kind: str, reference: str, answer: str) -> tuple[bool | None, fl
     return hit is not None, float(hit is not None), detail
 
 
+def _alternatives(entry: str | tuple[str, ...]) -> list[str]:
+    return [entry] if isinstance(entry, str) else [a for a in entry if a.strip()]
+
+
+def _entry_is_rule(entry: str | tuple[str, ...]) -> bool:
+    alts = _alternatives(entry)
+    return bool(alts) and all(_is_rule(a) for a in alts)
+
+
+def _check_entry(kind: str, entry: str | tuple[str, ...], answer: str) -> tuple[bool | None, float | None, str]:
+    """One turn against its reference entry: a string, or acceptable answers of which any may match."""
+    alts = _alternatives(entry)
+    if len(alts) > 1 and kind in ("qa", "rag") and not any(_is_rule(a) for a in alts):
+        hit = contains_any(answer, alts)
+        return (hit is not None, float(hit is not None),
+                f"contains {hit!r}" if hit else f"none of {len(alts)} acceptable answers found")
+    results = [_check_rule(a, answer) if _is_rule(a) else _check_kind(kind, a, answer) for a in alts]
+    graded = [r for r in results if r[0] is not None]
+    if not graded:
+        return results[0]
+    best = max(graded, key=lambda r: (bool(r[0]), r[1] or 0.0))
+    if len(alts) == 1:
+        return best
+    return best[0], best[1], f"{best[2]} (best of {len(alts)} acceptable answers)"
+
+
 _KIND_GRADER = {
     "math": "final-number",
     "summarization": f"rouge-l>={ROUGE_L_MIN:g}",
@@ -292,19 +321,37 @@ def grade(question: Question, answers: list[str], user_grader: str | None = None
     refs = [
         (i, r)
         for i, r in enumerate(question.reference or ())
-        if i < len(question.turns) and r.strip() and (_is_rule(r) or kind_grader)
+        if i < len(question.turns) and _alternatives(r) and any(a.strip() for a in _alternatives(r))
+        and (_entry_is_rule(r) or kind_grader)
     ]
     if not refs:
         reason = "no reference" if not question.reference else f"no grader for kind {question.kind} without rules"
         return GradeResult(passed=None, score=None, grader="none", detail=reason)
-    rules = [_is_rule(r) for _, r in refs]
+    rules = [_entry_is_rule(r) for _, r in refs]
     grader = "rules" if all(rules) else kind_grader if not any(rules) else f"{kind_grader}+rules"
     checks = []
     for i, ref in refs:
         if i >= len(answers) or answers[i] is None:
             checks.append((i, False, 0.0, "no answer"))
-        elif _is_rule(ref):
-            checks.append((i, *_check_rule(ref, answers[i])))
         else:
-            checks.append((i, *_check_kind(question.kind, ref, answers[i])))
+            checks.append((i, *_check_entry(question.kind, ref, answers[i])))
     return _combine(grader, checks)
+
+
+_RULES = {
+    "math": "the answer's final number equals the reference's",
+    "summarization": f"ROUGE-L F1 against the reference >= {ROUGE_L_MIN:g}",
+    "translation": f"chrF against the reference >= {CHRF_MIN:g}",
+    "qa": "the answer contains the reference, normalised (lower case; punctuation and articles dropped; whole words)",
+    "rag": "the answer contains the reference, normalised (lower case; punctuation and articles dropped; whole words)",
+    "multi_turn": "only by explicit rules in the reference (contains:A|B, number:X); other references are not checked",
+}
+GRADING_NOTE = ("every kind: a list of acceptable answers passes on any of them (best score); rules (contains:/number:) "
+                "apply to any kind; turns without a reference are not graded; a question passes when all graded turns do")
+
+
+def grading_rules(kinds: list[str] | set[str], user_grader: str | None = None) -> dict[str, str]:
+    """How each kind is graded, in words (the run summary and the report print it, with GRADING_NOTE)."""
+    if user_grader:
+        return {k: f"user grader {user_grader.strip()}" for k in sorted(kinds)}
+    return {k: _RULES.get(k, "no grader") for k in sorted(kinds)}

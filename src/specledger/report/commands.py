@@ -44,6 +44,17 @@ def register(app: typer.Typer) -> None:
                                                      help="per answer, every configuration"),
         config: Optional[Path] = typer.Option(None, "--config", "-c",
                                               help="run configuration (YAML/TOML) instead of the default matrix"),
+        workload: Optional[str] = typer.Option(None, "--workload", "-w",
+                                               help="your workload instead of the built-in set: PATH (format "
+                                                    "detected) or FORMAT:PATH (spec-bench, sharegpt, chat, csv, "
+                                                    "text, trace)"),
+        limit: Optional[int] = typer.Option(None, "--limit", min=1, help="first N questions"),
+        sample: Optional[int] = typer.Option(None, "--sample", min=1, help="a seeded random sample of N questions"),
+        per_category: Optional[int] = typer.Option(None, "--per-category", min=1, help="N questions per category"),
+        kind: Optional[str] = typer.Option(None, "--kind", help="task kind of records without one"),
+        prompt_column: Optional[str] = typer.Option(None, "--prompt-column", help="CSV: the prompt column"),
+        on_bad_line: Optional[str] = typer.Option(None, "--on-bad-line", help="stop | skip a malformed line"),
+        replay: Optional[str] = typer.Option(None, "--replay", help="replay a trace at these speeds, e.g. 1"),
         no_report: bool = typer.Option(False, "--no-report", help="skip the HTML report"),
         samples: int = typer.Option(2000, "--samples", min=0, help="Monte Carlo samples"),
         no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
@@ -52,6 +63,12 @@ def register(app: typer.Typer) -> None:
         quality gates, price each accepted task, print the table and write the report."""
         from specledger.compare import build_config, run_compare
 
-        run_config = build_config(config, quick=quick, max_new_tokens=max_new_tokens)
+        from specledger.bench.commands import _floats
+
+        run_config = build_config(
+            config, quick=quick, max_new_tokens=max_new_tokens,
+            workload={"spec": workload, "limit": limit, "sample": sample, "per_category": per_category,
+                      "kind": kind, "prompt_column": prompt_column, "on_bad_line": on_bad_line},
+            load={"replay": _floats(replay, "replay")})
         run_compare(run_config, run_dir=out, inputs=inputs, report=not no_report, samples=samples,
                     show_progress=not no_progress)

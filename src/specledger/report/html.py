@@ -102,6 +102,28 @@ def _conditions(run_dir: str | Path) -> tuple[str, str, str]:
     return run.run_id, run.created.strftime("%Y-%m-%d %H:%M UTC"), " · ".join(bits)
 
 
+def _workload(run_dir: str | Path) -> dict | None:
+    """The run's workload: format, what was read and skipped per kind, how each kind is graded."""
+    try:
+        from specledger.bench.results import load_run
+        from specledger.bench.tables import kind_passes
+
+        run = load_run(run_dir)
+    except Exception:  # the report still renders from the ledger alone
+        return None
+    w = run.workload
+    if w is None:
+        return None
+    kinds = sorted(set(w.by_kind) | set(w.skipped) | set(w.grading))
+    from specledger.quality.graders import GRADING_NOTE
+
+    user = all(g.startswith("user grader") for g in w.grading.values())
+    return {"info": w, "skipped_total": sum(w.skipped.values()), "note": "" if user else GRADING_NOTE,
+            "rows": [{"kind": k, "questions": w.by_kind.get(k, 0), "with_reference": w.with_reference.get(k, 0),
+                      "skipped": w.skipped.get(k, 0), "grading": w.grading.get(k, "–"),
+                      "passes": kind_passes(run, k) or "–"} for k in kinds]}
+
+
 def _json_for_script(obj: object) -> str:
     text = json.dumps(obj, allow_nan=False, default=lambda o: None)
     return text.replace("</", "<\\/").replace("<!--", "<\\!--")
@@ -148,6 +170,7 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
         title=Path(str(ledger.run_dir)).name or run_id, run_id=run_id, created=created, conditions=conditions,
         ledger=ledger, rows=[_row(r) for r in ledger.configs], levels=levels, break_even=break_even,
         charts=figs, tornado_config=tornado_config, chart_sections=CHART_SECTIONS,
+        workload=_workload(run_dir or ledger.run_dir),
         interaction_rows=inter, interaction_table=inter_table, precisions=precisions, reference=ledger.reference,
         data_json=_json_for_script(_clean({"calculator": ledger.calculator})),
         calculator_js=(ASSETS / "calculator.js").read_text(encoding="utf-8"),
