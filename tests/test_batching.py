@@ -205,11 +205,13 @@ def test_greedy_batch_equals_each_request_alone_with_joins_and_leaves(lm):
     for _ in range(6):  # the first requests run, some finish ...
         got |= {r.request_id: r for r in s.step()}
     ids += [s.submit(p, sp) for p, sp in zip(ps[5:], sps[5:])]  # ... and others join mid-run
-    batches = set()
+    batches, rows = set(), set()
     while s.has_work():
         got |= {r.request_id: r for r in s.step()}
         batches.add(s.last_batch)
+        rows.add(s.last_rows)
     assert max(batches) == 4 and min(batches) < 4  # the batch filled and drained
+    assert 7 < max(rows) <= 7 + 3  # prefill chunks of at most 7 rows share passes with decoding rows
     for rid, ref, k in zip(ids, refs, maxes):
         assert got[rid].token_ids == ref, rid
         assert got[rid].finish_reason == "length" and len(got[rid].token_ids) == k
@@ -239,10 +241,12 @@ def test_stops_in_a_batch_follow_generate():
     eos = base[0][5]
     lm_eos = untied_model(eos=[eos], tokenizer=CharTokenizer())
     text = CharTokenizer().decode(base[2])
-    sps = [SamplingParams(max_new_tokens=30), SamplingParams(max_new_tokens=30, min_new_tokens=8),
+    ps[1] = ps[0]  # eos first allowed exactly where it appears: min_new_tokens=5
+    sps = [SamplingParams(max_new_tokens=30), SamplingParams(max_new_tokens=30, min_new_tokens=5),
            SamplingParams(max_new_tokens=30, stop=[text[6:8]]), SamplingParams(max_new_tokens=30, ignore_eos=True)]
     refs = [alone(lm_eos, p, sp) for p, sp in zip(ps, sps)]
     assert refs[0].finish_reason == "stop" and len(refs[0].token_ids) <= 5
+    assert refs[1].finish_reason == "stop" and len(refs[1].token_ids) == 5
     assert refs[2].finish_reason == "stop" and refs[2].text == text[:6]
     s = Scheduler(lm_eos, max_batch=4, prefill_chunk=8)
     ids = [s.submit(p, sp) for p, sp in zip(ps, sps)]

@@ -97,6 +97,7 @@ class Scheduler:
         self._next_id = 0
         self.passes = 0
         self.last_batch = 0  # sequences in the latest pass (a gauge for /metrics)
+        self.last_rows = 0  # rows (tokens) in the latest pass
 
     # ---- any thread ---------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], sp: SamplingParams | None = None, *,
@@ -162,6 +163,7 @@ class Scheduler:
         self.last_batch = len(items)
         self.passes += 1
         fwds = self.runner.forward(items)
+        self.last_rows = sum(f.hidden.shape[0] for f in fwds)
         emitted: list[tuple[_Live, list[int]]] = []
         for lv, it, fwd in zip(live_in, items, fwds):
             if fwd.logits is None:  # a prefill chunk that did not reach the prompt's end
