@@ -36,10 +36,15 @@ def one_thread():
 
 
 class CharTokenizer:
-    """Enough of a tokenizer for stop strings: token i is one letter."""
+    """Enough of a tokenizer for stop strings and chat prompts: token i is one letter."""
+
+    eos_ids: set[int] = set()
 
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(97 + i % 26) for i in ids)
+
+    def chat(self, messages: list[dict]) -> list[int]:
+        return [ord(c) % VOCAB for c in "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"]
 
 
 def untied_model(seed: int = 3, eos: list[int] | None = None, tokenizer=None) -> LoadedModel:
@@ -288,6 +293,43 @@ def test_scheduler_rejects_bad_requests(lm):
         s.submit([1] * 256, SamplingParams())
     with pytest.raises(BadInput, match="max_batch"):
         Scheduler(lm, max_batch=0)
+
+
+def test_inprocess_backend_batches_ar_concurrency(tmp_path):
+    """Concurrency 4 on the in-process backend: 4 sequences at once for "ar" (requests overlap in time),
+    the same tokens as the one-at-a-time path (batching: false), which never overlaps."""
+    import json
+
+    from specledger.bench.backends.inprocess import InProcessBackend
+    from specledger.bench.config import parse_run_config
+    from specledger.bench.results import read_requests
+    from specledger.bench.runner import Runner as BenchRunner
+
+    lm = untied_model(tokenizer=CharTokenizer())
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]}) + "\n" for i, t in
+                          enumerate(["abc", "a longer question here", "xyz xyz", "q", "what now?"])))
+    cfg = parse_run_config({
+        "configs": [{"name": "batched", "strategy": "ar", "max_new_tokens": 10, "max_batch": 4},
+                    {"name": "serial", "strategy": "ar", "max_new_tokens": 10, "batching": False}],
+        "workload": {"spec": str(wl)}, "load": {"concurrency": [4], "warmup": 0}, "bootstrap": 20,
+    })
+    BenchRunner(cfg, tmp_path / "run", show_progress=False,
+                backend_factory=lambda bc: InProcessBackend(bc, models={"target": lm})).run()
+    recs = read_requests(tmp_path / "run")
+    by = {(r.config, r.question_id): r for r in recs}
+    assert len(by) == 10 and all(r.status == "ok" for r in recs)
+    for q in range(5):
+        assert by[("batched", str(q))].output_token_ids == by[("serial", str(q))].output_token_ids
+
+    def overlaps(name):
+        rs = sorted((r for r in recs if r.config == name), key=lambda r: r.start_t)
+        return any(b.start_t < a.end_t for a, b in zip(rs, rs[1:]))
+
+    assert overlaps("batched") and not overlaps("serial")
+    with pytest.raises(BadInput, match="batching is available for strategy 'ar' only"):
+        parse_run_config({"configs": [{"name": "lk", "strategy": "lookup", "batching": True}],
+                          "workload": {"spec": str(wl)}})
 
 
 @pytest.mark.slow

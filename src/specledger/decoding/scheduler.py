@@ -43,6 +43,7 @@ class ScheduledResult(GenerationResult):
     arrival: float = 0.0  # perf_counter time of submit()
     queue_s: float = 0.0  # arrival -> admitted into the batch
     mean_batch: float = 0.0  # mean number of sequences in the passes this request took part in
+    error: str | None = None  # finish_reason "error": the pass failed (every request in it fails alike)
 
 
 OnDone = Callable[[ScheduledResult], None]
@@ -71,6 +72,7 @@ class _Live:
     verify_s: float = 0.0
     passes: int = 0
     batch_sum: int = 0
+    error: str | None = None
 
     @property
     def prefilling(self) -> bool:
@@ -132,6 +134,9 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
+
+    def has_cancels(self) -> bool:
+        return bool(self._cancel)
 
     # ---- the stepping thread ------------------------------------------------------------------
     def run(self) -> list[ScheduledResult]:
@@ -199,6 +204,19 @@ class Scheduler:
         self._running = keep
         return finished
 
+    def abort(self, error: str) -> list[ScheduledResult]:
+        """Fail every waiting and running request (a pass raised): each finishes with reason "error"."""
+        now = time.perf_counter()
+        with self._lock:
+            victims, self._waiting = list(self._waiting), deque()
+        victims = self._running + victims
+        self._running = []
+        out = []
+        for lv in victims:
+            lv.finish, lv.error = "error", error
+            out.append(self._retire(lv, now))
+        return out
+
     def _admit_and_cancel(self) -> list[ScheduledResult]:
         finished: list[ScheduledResult] = []
         now = time.perf_counter()
@@ -258,7 +276,7 @@ class Scheduler:
             token_times=lv.times, steps=lv.steps, appended=lv.appended, levels=[], draft_s=0.0,
             verify_s=lv.verify_s, strategy="ar", params={"max_batch": self.max_batch},
             request_id=lv.rid, arrival=lv.arrival, queue_s=admitted - lv.arrival,
-            mean_batch=lv.batch_sum / lv.passes if lv.passes else 0.0,
+            mean_batch=lv.batch_sum / lv.passes if lv.passes else 0.0, error=lv.error,
         )
         if lv.on_done:
             lv.on_done(res)
