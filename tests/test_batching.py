@@ -47,7 +47,8 @@ class CharTokenizer:
         return [ord(c) % VOCAB for c in "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"]
 
 
-def untied_model(seed: int = 3, eos: list[int] | None = None, tokenizer=None) -> LoadedModel:
+def untied_model(seed: int = 3, eos: list[int] | None = None, tokenizer=None, dtype: str = "fp32",
+                 quant: str = "none") -> LoadedModel:
     cfg = ModelConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, n_layers=2, n_heads=4, n_kv_heads=2,
                       head_dim=16, max_seq_len=256, tie_embeddings=False, eos_ids=list(eos or []))
     g = torch.Generator().manual_seed(seed)
@@ -62,9 +63,9 @@ def untied_model(seed: int = 3, eos: list[int] | None = None, tokenizer=None) ->
         t |= {f"{p}.attn_norm": 1 + r(h, s=0.1), f"{p}.ffn_norm": 1 + r(h, s=0.1), f"{p}.q": r(h, h, s=0.3),
               f"{p}.k": r(32, h, s=0.3), f"{p}.v": r(32, h), f"{p}.o": r(h, h), f"{p}.gate": r(i, h),
               f"{p}.up": r(i, h), f"{p}.down": r(h, i)}
-    model = build_model(cfg, t)
+    model = build_model(cfg, t, dtype=dtype, quant=quant, group_size=32)
     return LoadedModel(model=model, tokenizer=tokenizer, config=cfg, name=f"untied{seed}", source="random",
-                       dtype="fp32", quant="none", group_size=None, device="cpu", weight_bytes=weight_bytes(model),
+                       dtype=dtype, quant=quant, group_size=32 if quant == "int4" else None, device="cpu", weight_bytes=weight_bytes(model),
                        load_s=0.0)
 
 
@@ -146,9 +147,11 @@ def test_ragged_pass_equals_each_sequence_run_alone(lm):
     assert [cache.lengths[s] for s in slots] == [len(seqs[0]), len(seqs[1]), len(seqs[2]) + len(tree)]
 
 
-def test_batched_decode_pass_equals_single_decode(lm):
-    """Every sequence adds one token (the one-call attention over padded slots), slots not contiguous."""
-    m = lm.model
+@pytest.mark.parametrize("dtype,quant,tol", [("fp32", "none", 1e-4), ("bf16", "none", 0.1), ("bf16", "int4", 0.1)])
+def test_batched_decode_pass_equals_single_decode(dtype, quant, tol):
+    """Every sequence adds one token (the one-call attention over padded slots), slots not contiguous;
+    in 16-bit and W4A16 too (against the single-sequence path at the same precision)."""
+    m = untied_model(dtype=dtype, quant=quant).model
     seqs = prompts(4, seed=2)
     cache = new_slot_cache(m, 6)
     slots = [cache.alloc() for _ in range(6)]
@@ -161,7 +164,7 @@ def test_batched_decode_pass_equals_single_decode(lm):
                       [Segment(s, 1) for s in used], cache)
     for row, seq in enumerate(seqs):
         ref = m(torch.tensor([seq]), m.new_cache(128))[0, -1]
-        torch.testing.assert_close(m.logits(h[row]), ref, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(m.logits(h[row]), ref, atol=tol, rtol=tol)
 
 
 def test_batch_runner_verifies_every_sequence_draft_like_runner(lm):

@@ -73,6 +73,7 @@ def ragged_hidden(
     decode_only = all(s.n == 1 and m is None for s, m in zip(segments, masks)) and len(segments) > 1
     if decode_only:
         slot_idx = torch.tensor(slots, device=dev)
+        start_idx = torch.tensor(starts, device=dev)
         valid = [1] * (max(slots) + 1)  # slots outside the pass: anything finite, the rows are dropped
         for s, st in zip(segments, starts):
             valid[s.slot] = st + 1
@@ -82,7 +83,8 @@ def ragged_hidden(
     for s in segments:
         offsets.append(offsets[-1] + s.n)
 
-    cos, sin = rope_at(model.rope_cos, model.rope_sin, positions, model.dtype)
+    compute = model.dtype
+    cos, sin = rope_at(model.rope_cos, model.rope_sin, positions, compute)
     x = model.tok_embeddings(tokens[None]).float()  # (1, N, hidden): the residual stream stays fp32
     for i, layer in enumerate(model.layers):
         a = layer.attention
@@ -92,13 +94,12 @@ def ragged_hidden(
         q = qk[:, : a.n_heads].transpose(0, 1)  # (H, N, D)
         k = qk[:, a.n_heads :].transpose(0, 1)  # (KV, N, D)
         v = qkv[0, :, qk_out:].view(n_rows, a.n_kv, a.hd).transpose(0, 1)
-        views = [
-            cache.write(i, s.slot, st, k[:, o : o + s.n], v[:, o : o + s.n])
-            for s, st, o in zip(segments, starts, offsets)
-        ]
         if decode_only:
-            # every sequence adds one token: one batched attention over slots [0, top), padded to the
-            # longest; views, no copies of the cache (slots in the range but not in the pass are discarded)
+            # every sequence adds one token: one scatter writes them all, then one batched attention
+            # over slots [0, top) padded to the longest; views, no copies of the cache (slots in the
+            # range but not in the pass are computed and dropped)
+            cache.k[i][slot_idx, :, start_idx] = k.transpose(0, 1).to(cache.k.dtype)
+            cache.v[i][slot_idx, :, start_idx] = v.transpose(0, 1).to(cache.v.dtype)
             keys = cache.k[i].narrow(0, 0, top).narrow(2, 0, longest)
             values = cache.v[i].narrow(0, 0, top).narrow(2, 0, longest)
             qb = q.new_zeros((top, a.n_heads, a.hd), dtype=keys.dtype)
@@ -107,7 +108,8 @@ def ragged_hidden(
             y = yb.index_select(0, slot_idx)
         else:
             ys = []
-            for (keys, values), s, o, m in zip(views, segments, offsets, masks):
+            for s, st, o, m in zip(segments, starts, offsets, masks):
+                keys, values = cache.write(i, s.slot, st, k[:, o : o + s.n], v[:, o : o + s.n])
                 qs = q[:, o : o + s.n][None].to(keys.dtype)
                 if m is None:
                     ys.append(decode_attention(qs, keys[None], values[None])[0])
@@ -115,7 +117,7 @@ def ragged_hidden(
                     ys.append(F.scaled_dot_product_attention(
                         qs, keys[None], values[None], attn_mask=m, enable_gqa=a.n_kv != a.n_heads)[0])
             y = torch.cat(ys, dim=1).transpose(0, 1)  # (N, H, D)
-        x = x + a.wo(y.reshape(1, n_rows, -1).to(x.dtype))
+        x = x + a.wo(y.reshape(1, n_rows, -1).to(compute))
         x = x + layer.feed_forward(layer.ffn_norm(x))
     for s, st in zip(segments, starts):
         cache.lengths[s.slot] = st + s.n
