@@ -8,6 +8,8 @@ mid-run; prefill is chunked so prompts are fed across several passes.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -37,8 +39,6 @@ def one_thread():
 
 class CharTokenizer:
     """Enough of a tokenizer for stop strings and chat prompts: token i is one letter."""
-
-    eos_ids: set[int] = set()
 
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(97 + i % 26) for i in ids)
@@ -327,7 +327,7 @@ def test_inprocess_backend_batches_ar_concurrency(tmp_path):
 
     def overlaps(name):
         rs = sorted((r for r in recs if r.config == name), key=lambda r: r.start_t)
-        return any(b.start_t < a.end_t for a, b in zip(rs, rs[1:]))
+        return any(b.start_t < a.end_t for a, b in itertools.pairwise(rs))
 
     assert overlaps("batched") and not overlaps("serial")
     with pytest.raises(BadInput, match="batching is available for strategy 'ar' only"):

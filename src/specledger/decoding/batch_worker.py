@@ -25,7 +25,7 @@ class BatchWorker:
         self._thread.start()
 
     def submit(self, prompt_ids: list[int], sp: SamplingParams | None = None, *,
-               on_tokens: OnTokens | None = None) -> tuple[int, "Future[ScheduledResult]"]:
+               on_tokens: OnTokens | None = None) -> tuple[int, Future[ScheduledResult]]:
         """Queue a request; (its id, a future of its result). Bad prompts raise BadInput here.
 
         on_tokens runs on the worker thread (an asyncio caller hands it on with call_soon_threadsafe).

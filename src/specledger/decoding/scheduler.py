@@ -22,8 +22,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from specledger.decoding.batch_runner import BatchItem, BatchRunner, Sequence
 from specledger.decoding.generate import GenerationResult, OnTokens, _stop_cut
