@@ -5,7 +5,7 @@ precision is the one-request-at-a-time path (generate()), so the scheduler's bat
 the batching gain are both read off one table.
 
     python benchmarks/concurrency.py [--precisions fp32,bf16,int4] [--concurrency 1,2,4,8]
-        [--new-tokens 64] [--requests 16] [--threads N] [--json out.json]
+        [--new-tokens 64] [--requests 16] [--prefill-chunk 256] [--threads N] [--json out.json]
 
 Every request generates exactly --new-tokens tokens (eos ignored) from a ~100-300-token prompt.
 Not yet here (issue 11): speculation methods, and llama-server driven through
@@ -61,8 +61,8 @@ def run_serial(lm, prompts: list[list[int]], sp: SamplingParams, n_requests: int
     return summarize("generate() one at a time", 1, results, time.perf_counter() - t0)
 
 
-def run_batched(lm, prompts: list[list[int]], sp: SamplingParams, n: int, n_requests: int) -> dict:
-    s = Scheduler(lm, max_batch=n)
+def run_batched(lm, prompts: list[list[int]], sp: SamplingParams, n: int, n_requests: int, chunk: int = 256) -> dict:
+    s = Scheduler(lm, max_batch=n, prefill_chunk=chunk)
     submitted = 0
     results = []
     t0 = time.perf_counter()
@@ -89,6 +89,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,2,4,8")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=16, help="requests per level (at least the concurrency)")
+    ap.add_argument("--prefill-chunk", type=int, default=256, help="prompt rows per pass at most")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -105,10 +106,10 @@ def main() -> None:
         run_batched(lm, prompts, SamplingParams(max_new_tokens=4, ignore_eos=True), 2, 2)  # warm-up
         rows = [run_serial(lm, prompts, sp, max(4, a.requests // 2))]
         for n in levels:
-            rows.append(run_batched(lm, prompts, sp, n, max(n, a.requests)))
+            rows.append(run_batched(lm, prompts, sp, n, max(n, a.requests), a.prefill_chunk))
         base = rows[1]["tok_s"] if len(rows) > 1 else rows[0]["tok_s"]
         t = Table(title=f"AR under concurrency: {lm.label}")
-        for col in ("level", "mean batch", "tok/s", "x c=1", "ITL p50 ms", "ITL p95 ms", "TTFT p50 ms"):
+        for col in ("level", "mean batch", "tok/s", f"x c={levels[0]}", "ITL p50 ms", "ITL p95 ms", "TTFT p50 ms"):
             t.add_column(col, justify="right")
         for r in rows:
             t.add_row(r["level"], f"{r.get('mean_batch', 1.0):.2f}", f"{r['tok_s']:.1f}", f"{r['tok_s'] / base:.2f}",
