@@ -298,6 +298,28 @@ def test_scheduler_rejects_bad_requests(lm):
         Scheduler(lm, max_batch=0)
 
 
+def test_worker_thread_serves_futures_and_survives_a_failed_pass(lm):
+    from specledger.decoding.batch_worker import BatchWorker
+
+    ps = prompts(3, seed=7)
+    sp = SamplingParams(max_new_tokens=6)
+    refs = [alone(lm, p, sp).token_ids for p in ps]
+    sched = Scheduler(lm, max_batch=2)
+    worker = BatchWorker(sched)
+    try:
+        futs = [worker.submit(p, sp)[1] for p in ps]
+        assert [f.result(timeout=60).token_ids for f in futs] == refs
+        real = sched.runner.forward
+        sched.runner.forward = lambda items: (_ for _ in ()).throw(RuntimeError("boom"))
+        failed = worker.submit(ps[0], sp)[1].result(timeout=60)
+        assert failed.finish_reason == "error" and failed.error == "RuntimeError: boom"
+        sched.runner.forward = real
+        assert worker.submit(ps[1], sp)[1].result(timeout=60).token_ids == refs[1]
+        assert sched.runner.cache.free_slots == 2
+    finally:
+        worker.close()
+
+
 def test_inprocess_backend_batches_ar_concurrency(tmp_path):
     """Concurrency 4 on the in-process backend: 4 sequences at once for "ar" (requests overlap in time),
     the same tokens as the one-at-a-time path (batching: false), which never overlaps."""
