@@ -91,6 +91,9 @@ class BenchConfig(_Strict):
     max_new_tokens: int = Field(128, ge=1)
     openai: OpenAISettings | None = None
     optional: bool = False  # cannot start (e.g. a strategy not in this build): skip it with a note, run the rest
+    # in-process: continuous batching (concurrency N = N sequences in one pass); None = on for "ar" only
+    batching: bool | None = None
+    max_batch: int = Field(16, ge=1)  # in-process batching: sequences in one pass at most (more wait)
 
     @model_validator(mode="after")
     def _check(self) -> "BenchConfig":
@@ -100,7 +103,19 @@ class BenchConfig(_Strict):
             self.openai = OpenAISettings()
         if self.backend == "inprocess" and self.openai is not None:
             raise ValueError("'openai' settings given for an inprocess backend")
+        if self.batching and self.strategy != "ar":
+            raise ValueError(f"batching is available for strategy 'ar' only so far (got {self.strategy!r}); "
+                             "set batching: false")
+        if self.batching and self.backend != "inprocess":
+            raise ValueError("batching is an in-process setting (the server batches on its own)")
         return self
+
+    @property
+    def batched(self) -> bool:
+        """Whether the in-process backend runs this configuration continuously batched."""
+        if self.backend != "inprocess":
+            return False
+        return self.strategy == "ar" if self.batching is None else self.batching
 
     @property
     def greedy(self) -> bool:

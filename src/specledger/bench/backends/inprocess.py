@@ -1,7 +1,11 @@
-"""The native engine in this process. One request at a time: concurrency > 1 means a queue.
+"""The native engine in this process.
 
-Requests wait on a lock (their queueing time is reported, and TTFT counts from arrival);
-generation runs in a worker thread so open-loop arrivals keep their schedule meanwhile.
+Batched configurations (config.batched: "ar" by default) run on a continuous-batching
+scheduler in a worker thread: concurrency N means N sequences in one pass (up to
+max_batch; more wait in its queue). The others serve one request at a time: concurrency
+> 1 means a queue, requests wait on a lock (their queueing time is reported, and TTFT
+counts from arrival); generation runs in a worker thread so open-loop arrivals keep their
+schedule meanwhile.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ class InProcessBackend(Backend):
         self.strategy: Any = None
         self._lock = asyncio.Lock()
         self._cuda = config.device.startswith("cuda")
+        self.worker: Any = None  # BatchWorker when the configuration is batched
+        self.serial = not config.batched
 
     async def start(self) -> None:
         await asyncio.to_thread(self._load)
@@ -63,6 +69,16 @@ class InProcessBackend(Backend):
         except ImportError as exc:  # a strategy whose module is not in this build
             raise SpecLedgerError(f"configuration {c.name!r}: strategy {c.strategy!r} is not available "
                                   f"in this build ({exc})") from None
+        if c.batched:
+            from specledger.decoding.batch_worker import BatchWorker
+            from specledger.decoding.scheduler import Scheduler
+
+            self.worker = BatchWorker(Scheduler(self.models["target"], max_batch=c.max_batch))
+
+    async def close(self) -> None:
+        if self.worker is not None:
+            await asyncio.to_thread(self.worker.close)
+            self.worker = None
 
     async def verify_curve(self) -> list[dict[str, float]]:
         from specledger.bench.probes import measure_verify_curve
@@ -81,6 +97,8 @@ class InProcessBackend(Backend):
 
     async def complete(self, messages: list[dict[str, str]], *, max_new_tokens: int,
                        min_new_tokens: int | None = None) -> Completion:
+        if self.worker is not None:
+            return await self._run_batched(messages, max_new_tokens, min_new_tokens)
         async with self._lock:
             return await asyncio.to_thread(self._run, messages, max_new_tokens, min_new_tokens)
 
@@ -133,4 +151,37 @@ class InProcessBackend(Backend):
             peak_rss_bytes=peak_rss_bytes(),
             cuda_max_allocated_bytes=cuda_max_allocated() if self._cuda else None,
             energy_j=(e1 - e0) if e0 is not None and e1 is not None else None,
+        )
+
+    async def _run_batched(self, messages: list[dict[str, str]], max_new_tokens: int,
+                           min_new_tokens: int | None) -> Completion:
+        """Submit to the scheduler and await the result; times come from the scheduler (arrival = submit)."""
+        lm = self.models["target"]
+        prompt_ids = lm.tokenizer.chat(messages)
+        params = self._sampling(max_new_tokens, min_new_tokens)
+        arrival = time.perf_counter()
+        try:
+            rid, fut = self.worker.submit(prompt_ids, params)
+        except SpecLedgerError as exc:  # e.g. the prompt does not fit the context: this request fails
+            return Completion(ok=False, start=arrival, end=time.perf_counter(), error=str(exc),
+                              prompt_tokens=len(prompt_ids))
+        try:
+            result = await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            self.worker.cancel(rid)
+            raise
+        start = result.arrival + result.queue_s
+        end = result.arrival + result.total_s
+        if result.error is not None:
+            return Completion(ok=False, start=start, end=end, error=result.error, prompt_tokens=len(prompt_ids))
+        times = list(result.token_times)
+        chunks = chunks_from_token_times(times)
+        return Completion(
+            ok=True, start=start, end=end, text=result.text, chunks=chunks,
+            first_token=times[0] if times else None, prompt_tokens=len(prompt_ids),
+            output_tokens=len(result.token_ids), token_ids=list(result.token_ids),
+            finish_reason=result.finish_reason, steps=result.steps, tau=result.tau, levels=[],
+            draft_s=0.0, verify_s=result.verify_s, prefill_s=result.prefill_s, draft_prefill_s=0.0,
+            peak_rss_bytes=peak_rss_bytes(),
+            cuda_max_allocated_bytes=cuda_max_allocated() if self._cuda else None,
         )

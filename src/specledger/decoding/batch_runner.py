@@ -1,0 +1,146 @@
+"""Many sequences following their tokens in one slot cache: Runner, for a batch.
+
+Same invariant as Runner, per sequence: its slot caches the first `cached` tokens of
+`tokens`; the rest is fed with the next pass. One `forward` carries, for every sequence
+in it, its uncached run (one pending token when decoding, a chunk of the prompt when
+prefilling) and optionally a draft tree (a chain is a tree; an empty tree is a plain
+decode step), so a verification pass holds every sequence's drafted rows at once and each
+sequence is verified and accepted on its own afterwards (`accept`, like Runner.accept).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specledger.decoding.runner import Forward
+from specledger.decoding.tree import Tree
+from specledger.engine.loader import LoadedModel
+from specledger.engine.ragged import Segment, new_slot_cache, ragged_hidden
+from specledger.errors import BadInput
+
+
+@dataclass
+class Sequence:
+    slot: int
+    tokens: list[int]
+
+
+@dataclass
+class BatchItem:
+    """One sequence's part of a pass.
+
+    max_run: feed at most this many uncached tokens (a prefill chunk). The tree hangs off
+    the last token of the run, so it is only fed with the chunk that completes the run;
+    a pass that leaves part of the run uncached gives that sequence no logits.
+    """
+
+    seq: Sequence
+    tree: Tree | None = None
+    max_run: int | None = None
+
+
+def tree_rows(start: int, n_run: int, tree: Tree, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions (n,) and mask (n, start + n) of a run followed by a tree hanging off its last token."""
+    depths = torch.tensor(tree.depths())
+    positions = torch.cat([torch.arange(start, start + n_run), start + n_run - 1 + depths])
+    n = n_run + len(tree)
+    mask = torch.zeros(n, start + n, dtype=torch.bool)
+    mask[:, :start] = True
+    mask[:n_run, start : start + n_run] = torch.ones(n_run, n_run, dtype=torch.bool).tril()
+    mask[n_run:, start : start + n_run] = True
+    mask[n_run:, start + n_run :] = tree.ancestor_mask()
+    return positions.to(device), mask.to(device)
+
+
+class BatchRunner:
+    def __init__(self, lm: LoadedModel, n_slots: int, max_len: int | None = None) -> None:
+        self.lm = lm
+        self.model = lm.model
+        self.max_len = min(max_len or lm.config.max_seq_len, lm.config.max_seq_len)
+        self.cache = new_slot_cache(lm.model, n_slots, self.max_len)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def open(self, tokens: list[int]) -> Sequence:
+        """A new sequence in a free slot, nothing cached yet (its first pass is its prefill)."""
+        if len(tokens) > self.max_len:
+            raise BadInput(f"prompt of {len(tokens)} tokens exceeds the context of {self.max_len} tokens")
+        return Sequence(self.cache.alloc(), list(tokens))
+
+    def close(self, seq: Sequence) -> None:
+        self.cache.release(seq.slot)
+
+    def cached(self, seq: Sequence) -> int:
+        return self.cache.lengths[seq.slot]
+
+    def room(self, seq: Sequence) -> int:
+        """Tokens that can still be drafted on top of the sequence."""
+        return self.max_len - len(seq.tokens)
+
+    def forward(self, items: list[BatchItem], *, all_logits: bool = False) -> list[Forward]:
+        """One pass over every item; per item a Forward whose logits are at the run's last token and
+        every tree node (None when the item fed only part of its run), and hidden of every row fed."""
+        toks: list[int] = []
+        pos: list[torch.Tensor] = []
+        segs: list[Segment] = []
+        plan: list[tuple[int, int, bool]] = []  # (n_run, n_tree, run complete) per item
+        dev = self.device
+        for it in items:
+            seq, start = it.seq, self.cached(it.seq)
+            pending = len(seq.tokens) - start
+            n_run = pending if it.max_run is None else min(pending, it.max_run)
+            done = n_run == pending
+            tree = it.tree if done and it.tree else None
+            n_tree = len(tree) if tree else 0
+            if n_run < 1:
+                raise ValueError(f"slot {seq.slot}: nothing to feed (every token is cached)")
+            if start + n_run + n_tree > self.max_len:
+                raise BadInput(f"draft of {n_tree} tokens does not fit the remaining context "
+                               f"({self.max_len - start - n_run})")
+            toks.extend(seq.tokens[start : start + n_run])
+            if tree is None or tree.is_chain():
+                if tree:
+                    toks.extend(tree.tokens)
+                pos.append(torch.arange(start, start + n_run + n_tree, device=dev))
+                segs.append(Segment(seq.slot, n_run + n_tree))
+            else:
+                toks.extend(tree.tokens)
+                p, m = tree_rows(start, n_run, tree, dev)
+                pos.append(p)
+                segs.append(Segment(seq.slot, n_run + n_tree, m))
+            plan.append((n_run, n_tree, done))
+        h = ragged_hidden(self.model, torch.tensor(toks, device=dev), torch.cat(pos), segs, self.cache)
+        # the LM head once, over the rows whose logits someone needs
+        rows: list[int] = []
+        off = 0
+        for n_run, n_tree, done in plan:
+            if all_logits:
+                rows.extend(range(off, off + n_run + n_tree))
+            elif done:
+                rows.extend(range(off + n_run - 1, off + n_run + n_tree))
+            off += n_run + n_tree
+        logits = self.model.logits(h[torch.tensor(rows, device=dev)]) if rows else None
+        out: list[Forward] = []
+        off = r = 0
+        for n_run, n_tree, done in plan:
+            n = n_run + n_tree
+            k = n if all_logits else (1 + n_tree if done else 0)
+            out.append(Forward(logits[r : r + k] if k else None, h[off : off + n], n_run))
+            off += n
+            r += k
+        return out
+
+    def accept(self, seq: Sequence, fwd: Forward, path: list[int], new_tokens: list[int]) -> torch.Tensor:
+        """Keep the run and the accepted path in the slot; append the emitted tokens.
+
+        Returns the features of the tokens now newly cached (the run, then the path).
+        """
+        tree_start = self.cached(seq) - (fwd.hidden.shape[0] - fwd.n_run)
+        self.cache.keep(seq.slot, tree_start, [tree_start + i for i in path])
+        seq.tokens.extend(new_tokens)
+        rows = list(range(fwd.n_run)) + [fwd.n_run + i for i in path]
+        return fwd.hidden[rows]

@@ -1,0 +1,59 @@
+"""A Scheduler stepped by its own thread, so async callers (a server, the bench backend) await futures.
+
+submit() hands back a concurrent.futures.Future of the request's ScheduledResult (wrap it
+with asyncio.wrap_future); the thread steps while anything is waiting or running and sleeps
+otherwise. A pass that raises fails the requests in the batch (finish_reason "error") and
+the worker carries on with new ones.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+
+from specledger.decoding.generate import OnTokens
+from specledger.decoding.sampling import SamplingParams
+from specledger.decoding.scheduler import ScheduledResult, Scheduler
+
+
+class BatchWorker:
+    def __init__(self, scheduler: Scheduler, *, name: str = "specledger-batch") -> None:
+        self.scheduler = scheduler
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, prompt_ids: list[int], sp: SamplingParams | None = None, *,
+               on_tokens: OnTokens | None = None) -> tuple[int, Future[ScheduledResult]]:
+        """Queue a request; (its id, a future of its result). Bad prompts raise BadInput here.
+
+        on_tokens runs on the worker thread (an asyncio caller hands it on with call_soon_threadsafe).
+        """
+        fut: Future[ScheduledResult] = Future()
+        rid = self.scheduler.submit(prompt_ids, sp, on_tokens=on_tokens, on_done=fut.set_result)
+        self._wake.set()
+        return rid, fut
+
+    def cancel(self, rid: int) -> None:
+        self.scheduler.cancel(rid)
+        self._wake.set()
+
+    def close(self) -> None:
+        """Stop the thread after its current pass; requests still queued fail with reason "error"."""
+        self._stop = True
+        self._wake.set()
+        self._thread.join()
+        self.scheduler.abort("the batch worker was closed")
+
+    def _loop(self) -> None:
+        s = self.scheduler
+        while not self._stop:
+            if not s.has_work() and not s.has_cancels():
+                self._wake.wait(timeout=1.0)
+                self._wake.clear()
+                continue
+            try:
+                s.step()
+            except Exception as exc:  # noqa: BLE001 - the batch's requests fail; the worker carries on
+                s.abort(f"{type(exc).__name__}: {exc}")

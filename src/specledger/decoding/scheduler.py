@@ -1,0 +1,283 @@
+"""Continuous batching: many requests decoded together, joining and leaving at every step.
+
+Each `step()` admits waiting requests into free cache slots (up to max_batch running),
+then runs ONE pass of the target over every running sequence: one row per decoding
+sequence (its pending token, plus its draft tree once speculation is batched) and a chunk
+of the prompt for sequences still prefilling (at most `prefill_chunk` prompt rows per
+pass in all, so a long prompt does not stall the others for long). Finished and cancelled
+requests leave at the end of the step and free their slot.
+
+Every request keeps its own sampling parameters and random generator, so its tokens are
+those it would get alone (the same verifier, the same sequence of draws); stops (eos,
+stop strings, max tokens) follow generate() exactly. Timing is per request: queue time,
+TTFT from arrival (queue and every prefill chunk included), and the time each token
+became available.
+
+Thread safety: submit() and cancel() may be called from any thread; step() from one.
+Callbacks (on_tokens, on_done) run on the stepping thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from specledger.decoding.batch_runner import BatchItem, BatchRunner, Sequence
+from specledger.decoding.generate import GenerationResult, OnTokens, _stop_cut
+from specledger.decoding.sampling import SamplingParams, probs_from_logits, sample
+from specledger.decoding.strategy import clock
+from specledger.decoding.tree import Tree
+from specledger.decoding.verify import verify
+from specledger.engine.loader import LoadedModel
+from specledger.errors import BadInput
+
+
+@dataclass
+class ScheduledResult(GenerationResult):
+    """A GenerationResult with the queue: ttft_s and total_s count from arrival."""
+
+    request_id: int = 0
+    arrival: float = 0.0  # perf_counter time of submit()
+    queue_s: float = 0.0  # arrival -> admitted into the batch
+    mean_batch: float = 0.0  # mean number of sequences in the passes this request took part in
+    error: str | None = None  # finish_reason "error": the pass failed (every request in it fails alike)
+
+
+OnDone = Callable[[ScheduledResult], None]
+
+
+@dataclass
+class _Live:
+    rid: int
+    prompt: list[int]
+    sp: SamplingParams
+    on_tokens: OnTokens | None
+    on_done: OnDone | None
+    arrival: float
+    max_new: int
+    eos: set[int]
+    gen: object = None
+    seq: Sequence | None = None
+    admitted: float = 0.0
+    first_at: float | None = None
+    out: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    text: str | None = None
+    finish: str | None = None
+    steps: int = 0
+    appended: int = 0
+    verify_s: float = 0.0
+    passes: int = 0
+    batch_sum: int = 0
+    error: str | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.first_at is None
+
+
+class Scheduler:
+    """Autoregressive continuous batching over one target model (see the module docstring)."""
+
+    def __init__(self, lm: LoadedModel, *, max_batch: int = 8, prefill_chunk: int = 256,
+                 max_len: int | None = None) -> None:
+        if max_batch < 1:
+            raise BadInput(f"max_batch must be >= 1 (got {max_batch})")
+        if prefill_chunk < 1:
+            raise BadInput(f"prefill_chunk must be >= 1 (got {prefill_chunk})")
+        self.lm = lm
+        self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
+        self.runner = BatchRunner(lm, max_batch, max_len)
+        self._lock = threading.Lock()
+        self._waiting: deque[_Live] = deque()
+        self._cancel: set[int] = set()
+        self._running: list[_Live] = []
+        self._next_id = 0
+        self.passes = 0
+        self.last_batch = 0  # sequences in the latest pass (a gauge for /metrics)
+        self.last_rows = 0  # rows (tokens) in the latest pass
+
+    # ---- any thread ---------------------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], sp: SamplingParams | None = None, *,
+               on_tokens: OnTokens | None = None, on_done: OnDone | None = None) -> int:
+        """Queue a request; returns its id. A prompt that cannot run raises BadInput here."""
+        sp = sp or SamplingParams()
+        ctx_len = min(self.lm.config.max_seq_len, self.runner.max_len)
+        if not prompt_ids:
+            raise BadInput("empty prompt")
+        if len(prompt_ids) >= ctx_len:
+            raise BadInput(f"prompt of {len(prompt_ids)} tokens does not fit the context of {ctx_len} tokens")
+        eos = set() if sp.ignore_eos else set(self.lm.config.eos_ids)
+        with self._lock:
+            rid = self._next_id
+            self._next_id += 1
+            self._waiting.append(_Live(rid, list(prompt_ids), sp, on_tokens, on_done, time.perf_counter(),
+                                       min(sp.max_new_tokens, ctx_len - len(prompt_ids)), eos))
+        return rid
+
+    def cancel(self, rid: int) -> None:
+        """Stop a request at the next step; it finishes with finish_reason "cancelled" and what it has."""
+        with self._lock:
+            self._cancel.add(rid)
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def n_running(self) -> int:
+        return len(self._running)
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def has_cancels(self) -> bool:
+        return bool(self._cancel)
+
+    # ---- the stepping thread ------------------------------------------------------------------
+    def run(self) -> list[ScheduledResult]:
+        """Step until nothing is waiting or running; the results in the order they finished."""
+        done: list[ScheduledResult] = []
+        while self.has_work():
+            done.extend(self.step())
+        return done
+
+    def step(self) -> list[ScheduledResult]:
+        """Admit, run one pass over every running sequence, retire; the requests finished."""
+        finished = self._admit_and_cancel()
+        t0 = time.perf_counter()
+        items: list[BatchItem] = []
+        live_in: list[_Live] = []
+        budget = self.prefill_chunk
+        for lv in self._running:
+            if lv.prefilling:
+                if budget <= 0:
+                    continue
+                n = min(len(lv.seq.tokens) - self.runner.cached(lv.seq), budget)
+                budget -= n
+                items.append(BatchItem(lv.seq, max_run=n))
+            else:
+                items.append(BatchItem(lv.seq, Tree()))  # batched speculation: this sequence's draft tree
+            live_in.append(lv)
+        if not items:
+            return finished
+        self.last_batch = len(items)
+        self.passes += 1
+        fwds = self.runner.forward(items)
+        self.last_rows = sum(f.hidden.shape[0] for f in fwds)
+        emitted: list[tuple[_Live, list[int]]] = []
+        for lv, it, fwd in zip(live_in, items, fwds):
+            if fwd.logits is None:  # a prefill chunk that did not reach the prompt's end
+                continue
+            if lv.prefilling:
+                logits = fwd.logits[0]
+                first = int(logits.argmax()) if lv.sp.greedy else sample(probs_from_logits(logits, lv.sp), lv.gen)
+                lv.seq.tokens.append(first)
+                emitted.append((lv, [first]))
+            else:
+                verdict = verify(fwd.logits, it.tree, lv.sp, lv.gen)
+                new = verdict.tokens(it.tree)
+                self.runner.accept(lv.seq, fwd, verdict.path, new)
+                lv.steps += 1
+                lv.appended += len(new)
+                emitted.append((lv, new))
+        now = clock(self.runner.device)
+        for lv in live_in:
+            lv.passes += 1
+            lv.batch_sum += len(items)
+            if not lv.prefilling:
+                lv.verify_s += now - t0
+        for lv, new in emitted:
+            if lv.first_at is None:
+                lv.first_at = now
+            self._emit(lv, new, now)
+        keep: list[_Live] = []
+        for lv in self._running:
+            if lv.finish is not None:
+                finished.append(self._retire(lv, now))
+            else:
+                keep.append(lv)
+        self._running = keep
+        return finished
+
+    def abort(self, error: str) -> list[ScheduledResult]:
+        """Fail every waiting and running request (a pass raised): each finishes with reason "error"."""
+        now = time.perf_counter()
+        with self._lock:
+            victims, self._waiting = list(self._waiting), deque()
+        victims = self._running + victims
+        self._running = []
+        out = []
+        for lv in victims:
+            lv.finish, lv.error = "error", error
+            out.append(self._retire(lv, now))
+        return out
+
+    def _admit_and_cancel(self) -> list[ScheduledResult]:
+        finished: list[ScheduledResult] = []
+        now = time.perf_counter()
+        with self._lock:
+            cancel, self._cancel = self._cancel, set()
+            if cancel:
+                for lv in [w for w in self._waiting if w.rid in cancel]:
+                    self._waiting.remove(lv)
+                    lv.finish = "cancelled"
+                    finished.append(self._retire(lv, now))
+            admit: list[_Live] = []
+            while self._waiting and len(self._running) + len(admit) < self.max_batch:
+                admit.append(self._waiting.popleft())
+        keep: list[_Live] = []
+        for lv in self._running:
+            if lv.rid in cancel:
+                lv.finish = "cancelled"
+                finished.append(self._retire(lv, now))
+            else:
+                keep.append(lv)
+        self._running = keep
+        for lv in admit:
+            lv.seq = self.runner.open(lv.prompt)
+            lv.gen = None if lv.sp.greedy else lv.sp.generator()
+            lv.admitted = now
+            self._running.append(lv)
+        return finished
+
+    def _emit(self, lv: _Live, new: list[int], now: float) -> None:
+        """Append a step's tokens with generate()'s stop rules (eos after min tokens, max tokens, stop strings)."""
+        sp, tok = lv.sp, self.lm.tokenizer
+        stop_at = next((i for i, t in enumerate(new) if t in lv.eos and len(lv.out) + i >= sp.min_new_tokens), None)
+        if stop_at is not None:
+            new, lv.finish = new[:stop_at], "stop"
+        new = new[: lv.max_new - len(lv.out)]
+        lv.out.extend(new)
+        lv.times.extend([now] * len(new))
+        if lv.on_tokens and new:
+            lv.on_tokens(new, now)
+        if sp.stop and tok is not None and (cut := _stop_cut(tok, lv.out, sp.stop)) is not None:
+            lv.out, lv.text, lv.finish = cut[0], cut[1], "stop"
+            lv.times = lv.times[: len(lv.out)]
+        elif lv.finish is None and len(lv.out) >= lv.max_new:
+            lv.finish = "length"
+
+    def _retire(self, lv: _Live, now: float) -> ScheduledResult:
+        if lv.seq is not None:
+            self.runner.close(lv.seq)
+            lv.seq = None
+        tok = self.lm.tokenizer
+        text = lv.text if lv.text is not None else (tok.decode(lv.out) if tok is not None else "")
+        admitted = lv.admitted or now
+        first = lv.first_at if lv.first_at is not None else now
+        res = ScheduledResult(
+            token_ids=lv.out, text=text, finish_reason=lv.finish or "cancelled", prompt_tokens=len(lv.prompt),
+            ttft_s=first - lv.arrival, prefill_s=first - admitted, draft_prefill_s=0.0, total_s=now - lv.arrival,
+            token_times=lv.times, steps=lv.steps, appended=lv.appended, levels=[], draft_s=0.0,
+            verify_s=lv.verify_s, strategy="ar", params={"max_batch": self.max_batch},
+            request_id=lv.rid, arrival=lv.arrival, queue_s=admitted - lv.arrival,
+            mean_batch=lv.batch_sum / lv.passes if lv.passes else 0.0, error=lv.error,
+        )
+        if lv.on_done:
+            lv.on_done(res)
+        return res

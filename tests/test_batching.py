@@ -1,0 +1,370 @@
+"""Continuous batching is lossless: every request's tokens in a batch equal the same request run alone.
+
+The model here is this file's own: small, random weights, UNTIED embeddings (a tied random
+model tends to echo its input), so greedy outputs vary and a mixed-up row, position or
+cache slot shows. Requests differ in prompt length and max tokens and join and leave
+mid-run; prefill is chunked so prompts are fed across several passes.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from specledger.decoding.batch_runner import BatchItem, BatchRunner
+from specledger.decoding.factory import make_strategy
+from specledger.decoding.generate import generate
+from specledger.decoding.runner import Runner
+from specledger.decoding.sampling import SamplingParams
+from specledger.decoding.scheduler import Scheduler
+from specledger.decoding.tree import Tree
+from specledger.engine.config import ModelConfig
+from specledger.engine.loader import LoadedModel, build_model, weight_bytes
+from specledger.engine.ragged import Segment, new_slot_cache, ragged_hidden
+from specledger.engine.slot_cache import SlotCache
+from specledger.errors import BadInput
+
+VOCAB = 97
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class CharTokenizer:
+    """Enough of a tokenizer for stop strings and chat prompts: token i is one letter."""
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(97 + i % 26) for i in ids)
+
+    def chat(self, messages: list[dict]) -> list[int]:
+        return [ord(c) % VOCAB for c in "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"]
+
+
+def untied_model(seed: int = 3, eos: list[int] | None = None, tokenizer=None, dtype: str = "fp32",
+                 quant: str = "none") -> LoadedModel:
+    cfg = ModelConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, n_layers=2, n_heads=4, n_kv_heads=2,
+                      head_dim=16, max_seq_len=256, tie_embeddings=False, eos_ids=list(eos or []))
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, s=0.08):
+        return torch.randn(*shape, generator=g) * s
+
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    t = {"embed": r(VOCAB, h, s=1.0), "output": r(VOCAB, h, s=0.3), "norm": 1 + r(h, s=0.1)}
+    for n in range(cfg.n_layers):
+        p = f"layers.{n}"
+        t |= {f"{p}.attn_norm": 1 + r(h, s=0.1), f"{p}.ffn_norm": 1 + r(h, s=0.1), f"{p}.q": r(h, h, s=0.3),
+              f"{p}.k": r(32, h, s=0.3), f"{p}.v": r(32, h), f"{p}.o": r(h, h), f"{p}.gate": r(i, h),
+              f"{p}.up": r(i, h), f"{p}.down": r(h, i)}
+    model = build_model(cfg, t, dtype=dtype, quant=quant, group_size=32)
+    return LoadedModel(model=model, tokenizer=tokenizer, config=cfg, name=f"untied{seed}", source="random",
+                       dtype=dtype, quant=quant, group_size=32 if quant == "int4" else None, device="cpu", weight_bytes=weight_bytes(model),
+                       load_s=0.0)
+
+
+@pytest.fixture(scope="module")
+def lm() -> LoadedModel:
+    return untied_model()
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = [3, 41, 1, 17, 29, 8, 60, 5][:n]
+    return [torch.randint(0, VOCAB, (k,), generator=g).tolist() for k in lengths]
+
+
+def alone(lm, prompt, sp):
+    return generate(make_strategy("ar", target=lm), prompt, sp)
+
+
+# ---- the slot cache -------------------------------------------------------------------------------
+
+
+def test_slot_cache_rollback_compaction_and_growth_stay_in_their_slot():
+    c = SlotCache(1, 1, 2, n_slots=3, max_len=64, initial_len=4)
+    a, b = c.alloc(), c.alloc()
+    assert (a, b) == (0, 1) and c.free_slots == 1
+    c.write(0, a, 0, torch.arange(8.0).view(1, 4, 2), torch.zeros(1, 4, 2))
+    c.lengths[a] = 4
+    c.write(0, b, 0, torch.full((1, 3, 2), -1.0), torch.zeros(1, 3, 2))
+    c.lengths[b] = 3
+    c.reserve(9)  # grows: contents kept
+    assert c.capacity >= 9 and c.k[0, a, 0, :4].flatten().tolist() == list(range(8))
+    c.keep(a, 1, [1, 3])  # compact entries 1 and 3 to 1, 2 in slot a only
+    assert c.lengths[a] == 3 and c.k[0, a, 0, :3, 0].tolist() == [0.0, 2.0, 6.0]
+    assert c.lengths[b] == 3 and c.k[0, b, 0, :3].eq(-1).all()
+    c.rollback(b, 1)
+    assert c.lengths == [3, 1, 0]
+    with pytest.raises(ValueError):
+        c.rollback(b, 2)
+    c.release(a)
+    assert c.alloc() == 0 and c.lengths[0] == 0
+    with pytest.raises(BadInput):
+        c.reserve(65)
+
+
+# ---- one ragged pass ------------------------------------------------------------------------------
+
+
+def test_ragged_pass_equals_each_sequence_run_alone(lm):
+    """Decode rows, a prefill chunk and a tree, in one pass, each against its own slot."""
+    m = lm.model
+    seqs = prompts(3, seed=1)
+    cache = new_slot_cache(m, 4)
+    slots = [cache.alloc() for _ in seqs]
+    slots = [slots[2], slots[0], slots[1]]  # slot order differs from row order
+    # prefill each sequence but its last 1, 5 and 0 tokens (ragged lengths)
+    held = [1, 5, 0]  # (the third, one token long, has no prefill: its root is its only token)
+    for s, seq, k in zip(slots, seqs, held):
+        n = len(seq) - k - (1 if k == 0 else 0)
+        if n:
+            ragged_hidden(m, torch.tensor(seq[:n]), torch.arange(n), [Segment(s, n)], cache)
+    tree = Tree(tokens=[5, 6, 8, 2], parents=[-1, -1, 0, 1])
+    from specledger.decoding.batch_runner import tree_rows
+
+    start2 = len(seqs[2]) - 1
+    p2, m2 = tree_rows(start2, 1, tree, "cpu")
+    toks = seqs[0][-1:] + seqs[1][-5:] + seqs[2][-1:] + tree.tokens
+    pos = torch.cat([torch.tensor([len(seqs[0]) - 1]), torch.arange(len(seqs[1]) - 5, len(seqs[1])), p2])
+    h = ragged_hidden(m, torch.tensor(toks), pos, [Segment(slots[0], 1), Segment(slots[1], 5),
+                                                   Segment(slots[2], 1 + len(tree), m2)], cache)
+    logits = m.logits(h)
+
+    def ref(ids):
+        return m(torch.tensor([ids]), m.new_cache(128))[0]
+
+    torch.testing.assert_close(logits[0], ref(seqs[0])[-1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits[1:6], ref(seqs[1])[-5:], atol=1e-4, rtol=1e-4)
+    for node, path in {-1: [], 2: [5, 8], 3: [6, 2]}.items():
+        torch.testing.assert_close(logits[7 + node], ref(seqs[2] + path)[-1], atol=1e-4, rtol=1e-4)
+    assert [cache.lengths[s] for s in slots] == [len(seqs[0]), len(seqs[1]), len(seqs[2]) + len(tree)]
+
+
+@pytest.mark.parametrize("dtype,quant,tol", [("fp32", "none", 1e-4), ("bf16", "none", 0.1), ("bf16", "int4", 0.1)])
+def test_batched_decode_pass_equals_single_decode(dtype, quant, tol):
+    """Every sequence adds one token (the one-call attention over padded slots), slots not contiguous;
+    in 16-bit and W4A16 too (against the single-sequence path at the same precision)."""
+    m = untied_model(dtype=dtype, quant=quant).model
+    seqs = prompts(4, seed=2)
+    cache = new_slot_cache(m, 6)
+    slots = [cache.alloc() for _ in range(6)]
+    used = [slots[5], slots[1], slots[3], slots[0]]
+    for s, seq in zip(used, seqs):
+        n = len(seq) - 1
+        if n:
+            ragged_hidden(m, torch.tensor(seq[:n]), torch.arange(n), [Segment(s, n)], cache)
+    h = ragged_hidden(m, torch.tensor([q[-1] for q in seqs]), torch.tensor([len(q) - 1 for q in seqs]),
+                      [Segment(s, 1) for s in used], cache)
+    for row, seq in enumerate(seqs):
+        ref = m(torch.tensor([seq]), m.new_cache(128))[0, -1]
+        torch.testing.assert_close(m.logits(h[row]), ref, atol=tol, rtol=tol)
+
+
+def test_batch_runner_verifies_every_sequence_draft_like_runner(lm):
+    """The batched verification API: per sequence a chain, a tree or nothing; logits and accepted cache as alone."""
+    seqs = prompts(3, seed=3)
+    drafts = [Tree.chain([4, 9, 1]), Tree(tokens=[5, 6, 8], parents=[-1, -1, 0]), Tree()]
+    br = BatchRunner(lm, 3)
+    opened = [br.open(s) for s in seqs]
+    first = br.forward([BatchItem(q) for q in opened])
+    assert all(f.logits.shape[0] == 1 for f in first)
+    for q, f in zip(opened, first):
+        br.accept(q, f, [], [int(f.logits[0].argmax())])
+    fwds = br.forward([BatchItem(q, t) for q, t in zip(opened, drafts)])
+    paths = [[0, 1], [1], []]
+    for seq, q, t, f, path in zip(seqs, opened, drafts, fwds, paths):
+        r = Runner(lm, 128)
+        r.prefill(seq)
+        r.tokens.append(q.tokens[-1])
+        ref = r.forward(t)
+        torch.testing.assert_close(f.logits, ref.logits, atol=1e-4, rtol=1e-4)
+        new = [t.tokens[i] for i in path] + [7]
+        br.accept(q, f, path, new)
+        r.accept(ref, path, new)
+    nxt = br.forward([BatchItem(q) for q in opened])
+    for seq, q, f in zip(seqs, opened, nxt):
+        ref = lm.model(torch.tensor([q.tokens]), lm.model.new_cache(128))[0, -1]
+        torch.testing.assert_close(f.logits[0], ref, atol=1e-4, rtol=1e-4)
+
+
+# ---- the scheduler --------------------------------------------------------------------------------
+
+
+def _distinct(ids):
+    return len(set(ids))
+
+
+def test_greedy_batch_equals_each_request_alone_with_joins_and_leaves(lm):
+    ps = prompts(8)
+    maxes = [24, 9, 30, 3, 17, 12, 20, 1]
+    sps = [SamplingParams(max_new_tokens=k) for k in maxes]
+    refs = [alone(lm, p, sp).token_ids for p, sp in zip(ps, sps)]
+    assert sum(_distinct(r) for r in refs) > 40  # the model's greedy outputs vary
+    s = Scheduler(lm, max_batch=4, prefill_chunk=7)
+    ids = [s.submit(p, sp) for p, sp in zip(ps[:5], sps[:5])]
+    got = {}
+    for _ in range(6):  # the first requests run, some finish ...
+        got |= {r.request_id: r for r in s.step()}
+    ids += [s.submit(p, sp) for p, sp in zip(ps[5:], sps[5:])]  # ... and others join mid-run
+    batches, rows = set(), set()
+    while s.has_work():
+        got |= {r.request_id: r for r in s.step()}
+        batches.add(s.last_batch)
+        rows.add(s.last_rows)
+    assert max(batches) == 4 and min(batches) < 4  # the batch filled and drained
+    assert 7 < max(rows) <= 7 + 3  # prefill chunks of at most 7 rows share passes with decoding rows
+    for rid, ref, k in zip(ids, refs, maxes):
+        assert got[rid].token_ids == ref, rid
+        assert got[rid].finish_reason == "length" and len(got[rid].token_ids) == k
+    assert s.runner.cache.free_slots == 4
+
+
+def test_seeded_sampling_in_a_batch_equals_alone(lm):
+    ps = prompts(5, seed=4)
+    sps = [SamplingParams(max_new_tokens=n, temperature=t, top_k=k, top_p=tp, seed=seed)
+           for n, t, k, tp, seed in [(15, 0.9, 0, 1.0, 1), (11, 1.3, 20, 1.0, 2), (19, 0.7, 0, 0.9, 3),
+                                     (8, 0.0, 0, 1.0, 0), (13, 1.0, 0, 1.0, 1)]]
+    refs = [alone(lm, p, sp).token_ids for p, sp in zip(ps, sps)]
+    s = Scheduler(lm, max_batch=3, prefill_chunk=16)
+    ids = [s.submit(p, sp) for p, sp in zip(ps, sps)]
+    got = {r.request_id: r.token_ids for r in s.run()}
+    assert [got[i] for i in ids] == refs
+    # a different seed gives a different sequence (the seed is really per request)
+    s.submit(ps[0], SamplingParams(max_new_tokens=15, temperature=0.9, seed=99))
+    assert s.run()[0].token_ids != refs[0]
+
+
+def test_stops_in_a_batch_follow_generate():
+    """eos after min tokens, and stop strings, cut each request exactly where generate() does."""
+    lm = untied_model(tokenizer=CharTokenizer())
+    ps = prompts(4, seed=5)
+    base = [alone(lm, p, SamplingParams(max_new_tokens=30)).token_ids for p in ps]
+    eos = base[0][5]
+    lm_eos = untied_model(eos=[eos], tokenizer=CharTokenizer())
+    text = CharTokenizer().decode(base[2])
+    ps[1] = ps[0]  # eos first allowed exactly where it appears: min_new_tokens=5
+    sps = [SamplingParams(max_new_tokens=30), SamplingParams(max_new_tokens=30, min_new_tokens=5),
+           SamplingParams(max_new_tokens=30, stop=[text[6:8]]), SamplingParams(max_new_tokens=30, ignore_eos=True)]
+    refs = [alone(lm_eos, p, sp) for p, sp in zip(ps, sps)]
+    assert refs[0].finish_reason == "stop" and len(refs[0].token_ids) <= 5
+    assert refs[1].finish_reason == "stop" and len(refs[1].token_ids) == 5
+    assert refs[2].finish_reason == "stop" and refs[2].text == text[:6]
+    s = Scheduler(lm_eos, max_batch=4, prefill_chunk=8)
+    ids = [s.submit(p, sp) for p, sp in zip(ps, sps)]
+    got = {r.request_id: r for r in s.run()}
+    for rid, ref in zip(ids, refs):
+        assert (got[rid].token_ids, got[rid].text, got[rid].finish_reason) == (ref.token_ids, ref.text,
+                                                                                ref.finish_reason)
+        assert len(got[rid].token_times) == len(got[rid].token_ids)
+
+
+def test_cancel_frees_the_slot_and_leaves_the_others_untouched(lm):
+    ps = prompts(3, seed=6)
+    sps = [SamplingParams(max_new_tokens=20)] * 3
+    refs = [alone(lm, p, sp).token_ids for p, sp in zip(ps, sps)]
+    streamed: list[int] = []
+    s = Scheduler(lm, max_batch=2, prefill_chunk=64)
+    a = s.submit(ps[0], sps[0], on_tokens=lambda ids, t: streamed.extend(ids))
+    b = s.submit(ps[1], sps[1])
+    c = s.submit(ps[2], sps[2])  # waits: the batch is full
+    done = {}
+    for _ in range(4):
+        done |= {r.request_id: r for r in s.step()}
+    s.cancel(a)
+    done |= {r.request_id: r for r in s.run()}
+    assert done[a].finish_reason == "cancelled" and 0 < len(done[a].token_ids) < 20
+    assert done[a].token_ids == refs[0][: len(done[a].token_ids)] == streamed
+    assert done[b].token_ids == refs[1] and done[c].token_ids == refs[2]
+    assert done[c].queue_s > 0 and done[c].ttft_s >= done[c].queue_s + done[c].prefill_s - 1e-9
+    times = done[b].token_times
+    assert times == sorted(times) and done[b].ttft_s > 0 and done[b].steps == 19
+    assert s.runner.cache.free_slots == 2
+
+
+def test_scheduler_rejects_bad_requests(lm):
+    s = Scheduler(lm, max_batch=2)
+    with pytest.raises(BadInput, match="empty prompt"):
+        s.submit([], SamplingParams())
+    with pytest.raises(BadInput, match="does not fit the context"):
+        s.submit([1] * 256, SamplingParams())
+    with pytest.raises(BadInput, match="max_batch"):
+        Scheduler(lm, max_batch=0)
+
+
+def test_worker_thread_serves_futures_and_survives_a_failed_pass(lm):
+    from specledger.decoding.batch_worker import BatchWorker
+
+    ps = prompts(3, seed=7)
+    sp = SamplingParams(max_new_tokens=6)
+    refs = [alone(lm, p, sp).token_ids for p in ps]
+    sched = Scheduler(lm, max_batch=2)
+    worker = BatchWorker(sched)
+    try:
+        futs = [worker.submit(p, sp)[1] for p in ps]
+        assert [f.result(timeout=60).token_ids for f in futs] == refs
+        real = sched.runner.forward
+        sched.runner.forward = lambda items: (_ for _ in ()).throw(RuntimeError("boom"))
+        failed = worker.submit(ps[0], sp)[1].result(timeout=60)
+        assert failed.finish_reason == "error" and failed.error == "RuntimeError: boom"
+        sched.runner.forward = real
+        assert worker.submit(ps[1], sp)[1].result(timeout=60).token_ids == refs[1]
+        assert sched.runner.cache.free_slots == 2
+    finally:
+        worker.close()
+
+
+def test_inprocess_backend_batches_ar_concurrency(tmp_path):
+    """Concurrency 4 on the in-process backend: 4 sequences at once for "ar" (requests overlap in time),
+    the same tokens as the one-at-a-time path (batching: false), which never overlaps."""
+    import json
+
+    from specledger.bench.backends.inprocess import InProcessBackend
+    from specledger.bench.config import parse_run_config
+    from specledger.bench.results import read_requests
+    from specledger.bench.runner import Runner as BenchRunner
+
+    lm = untied_model(tokenizer=CharTokenizer())
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]}) + "\n" for i, t in
+                          enumerate(["abc", "a longer question here", "xyz xyz", "q", "what now?"])))
+    cfg = parse_run_config({
+        "configs": [{"name": "batched", "strategy": "ar", "max_new_tokens": 10, "max_batch": 4},
+                    {"name": "serial", "strategy": "ar", "max_new_tokens": 10, "batching": False}],
+        "workload": {"spec": str(wl)}, "load": {"concurrency": [4], "warmup": 0}, "bootstrap": 20,
+    })
+    BenchRunner(cfg, tmp_path / "run", show_progress=False,
+                backend_factory=lambda bc: InProcessBackend(bc, models={"target": lm})).run()
+    recs = read_requests(tmp_path / "run")
+    by = {(r.config, r.question_id): r for r in recs}
+    assert len(by) == 10 and all(r.status == "ok" for r in recs)
+    for q in range(5):
+        assert by[("batched", str(q))].output_token_ids == by[("serial", str(q))].output_token_ids
+
+    def overlaps(name):
+        rs = sorted((r for r in recs if r.config == name), key=lambda r: r.start_t)
+        return any(b.start_t < a.end_t for a, b in itertools.pairwise(rs))
+
+    assert overlaps("batched") and not overlaps("serial")
+    with pytest.raises(BadInput, match="batching is available for strategy 'ar' only"):
+        parse_run_config({"configs": [{"name": "lk", "strategy": "lookup", "batching": True}],
+                          "workload": {"spec": str(wl)}})
+
+
+@pytest.mark.slow
+def test_embedded_model_batch_equals_alone(smollm):
+    texts = ["Explain why the sky is blue in two sentences.", "Write a Python function that checks for primes.",
+             "Translate into French: The library opens at eight in the morning."]
+    ps = [smollm.tokenizer.chat([{"role": "user", "content": t}]) for t in texts]
+    sps = [SamplingParams(max_new_tokens=k) for k in (8, 5, 10)]
+    refs = [alone(smollm, p, sp).token_ids for p, sp in zip(ps, sps)]
+    s = Scheduler(smollm, max_batch=3, prefill_chunk=24)
+    ids = [s.submit(p, sp) for p, sp in zip(ps, sps)]
+    got = {r.request_id: r.token_ids for r in s.run()}
+    assert [got[i] for i in ids] == refs
