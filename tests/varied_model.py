@@ -87,3 +87,15 @@ def assert_lossless_and_mixed(make, target: LoadedModel, prompts: list[list[int]
     for name, (proposed, accepted) in totals.items():
         assert 0 < accepted < proposed, f"level {name}: {accepted} of {proposed} accepted; want some of each"
     return totals
+
+
+def untied_tiny_model(seed: int = 0, dtype: str = "fp32", quant: str = "none", **cfg_kw) -> LoadedModel:
+    """conftest's tiny model with its own output layer. With tied random embeddings every position's argmax is its
+    input token whatever the other weights are, so agreement between two such models says nothing."""
+    cfg = dataclasses.replace(tiny_config(**cfg_kw), tie_embeddings=False)
+    g = torch.Generator().manual_seed(seed + 1000)
+    tensors = tiny_tensors(cfg, seed) | {"output": torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g)}
+    model = build_model(cfg, tensors, dtype=dtype, quant=quant, group_size=32)
+    return LoadedModel(model=model, tokenizer=None, config=cfg, name=f"untied{seed}", source="random", dtype=dtype,
+                       quant=quant, group_size=32 if quant == "int4" else None, device="cpu",
+                       weight_bytes=weight_bytes(model), load_s=0.0)
