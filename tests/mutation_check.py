@@ -9,6 +9,7 @@ target is no longer in the source (update the mutant: the code moved).
     python tests/mutation_check.py                 # every mutant (a few minutes on 2 cores)
     python tests/mutation_check.py --list
     python tests/mutation_check.py verify-accepts-one-too-many tree-mask-sees-sibling
+    python tests/mutation_check.py kv-keep-one-extra --tests tests/test_decoding.py   # another test selection
 
 Run it from the repository root with the project's Python (the copy is put first on PYTHONPATH).
 """
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +64,12 @@ MUTANTS = [
     Mutant("eagle-head-keeps-tree-entry", "the EAGLE head's cache keeps one tree entry after drafting",
            "src/specledger/decoding/eagle.py", "        self.cache.rollback(committed)\n",
            "        self.cache.rollback(min(committed + 1, self.cache.length))\n", ["tests/test_eagle.py"]),
+    Mutant("eagle-draft-mask-no-ancestors", "EAGLE tree drafting: a node sees only itself, not its ancestors",
+           "src/specledger/decoding/eagle.py", "                    anc[s] = anc[slot_of[p]]\n",
+           "                    pass\n", ["tests/test_eagle.py::test_tree_drafting_equals_each_path_run_alone"]),
+    Mutant("eagle-draft-position-off-by-one", "EAGLE tree drafting feeds nodes one position too far",
+           "src/specledger/decoding/eagle.py", "(f,), pos0 + d - 1,", "(f,), pos0 + d,",
+           ["tests/test_eagle.py::test_tree_drafting_equals_each_path_run_alone"]),
     Mutant("cost-attempts-r-not-r-plus-1", "expected attempts with R tries instead of R + 1",
            "src/specledger/ledger/model.py", "    n = retries + 1\n", "    n = retries\n",
            ["tests/test_ledger_model.py"]),
@@ -112,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     ap.add_argument("--no-baseline", action="store_true", help="skip running the selected tests unmutated first")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per pytest run")
+    ap.add_argument("--tests", nargs="+", metavar="TEST",
+                    help="run these tests against every chosen mutant instead of each mutant's own selection")
     args = ap.parse_args(argv)
     if args.list:
         for m in MUTANTS:
@@ -123,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown mutant(s) {', '.join(unknown)} (see --list)", file=sys.stderr)
         return 2
     chosen = [known[n] for n in args.names] or MUTANTS
+    if args.tests:
+        chosen = [replace(m, tests=args.tests) for m in chosen]
     for m in chosen:  # every patch target must still be there before anything runs
         text = (ROOT / m.path).read_text()
         if text.count(m.old) != 1:
