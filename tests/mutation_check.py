@@ -79,6 +79,10 @@ MUTANTS = [
     Mutant("percentile-nearest-rank", "latency percentiles by nearest rank instead of interpolation",
            "src/specledger/bench/metrics.py", "np.percentile(x, 100 * q)", "np.percentile(x, 100 * q, method='nearest')",
            ["tests/test_harness_metrics.py"]),
+    Mutant("agreement-reference-vs-itself", "the quantization gate's top-1 agreement compares the reference with itself",
+           "src/specledger/quality/agreement.py", "(lp_r.argmax(-1) == lp_c.argmax(-1))",
+           "(lp_r.argmax(-1) == lp_r.argmax(-1))",
+           ["tests/test_compare.py::test_quantization_gate_and_verify_curve_are_in_the_run"]),
     Mutant("int4-zero-point-one-step", "the int4 zero point is off by one quantization step",
            "src/specledger/engine/quant.py", "lo + 8 * scale", "lo + 7 * scale", ["tests/test_engine.py"]),
 ]
