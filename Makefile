@@ -24,6 +24,8 @@ demo: install
 
 test: install
 	bash scripts/test-setup.sh
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 bench: install

@@ -127,9 +127,9 @@ def main() -> None:
         dec_t = sum(x["total"] - x["ttft"] for x in rs)
         lv = defaultdict(lambda: [0, 0])
         for x in rs:
-            for l in x["levels"]:
-                lv[l["name"]][0] += l["proposed"]
-                lv[l["name"]][1] += l["accepted"]
+            for lvl in x["levels"]:
+                lv[lvl["name"]][0] += lvl["proposed"]
+                lv[lvl["name"]][1] += lvl["accepted"]
         return {"decode_tok_s": tok_ / dec_t if dec_t else 0, "e2e_tok_s": sum(x["tokens"] for x in rs) / sum(x["total"] for x in rs),
                 "tau": sum(x["appended"] for x in rs) / max(1, sum(x["steps"] for x in rs)),
                 "ttft_ms": median([x["ttft"] * 1000 for x in rs]), "draft_prefill_ms": median([x["draft_prefill"] * 1000 for x in rs]),

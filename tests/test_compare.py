@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 from conftest import tiny_config, tiny_model, tiny_tensors
 from specledger.bench.backends.inprocess import InProcessBackend
 from specledger.bench.config import parse_run_config
-from specledger.bench.probes import CURVE_TOKENS
 from specledger.bench.results import load_run
 from specledger.bench.runner import Runner
 from specledger.engine.loader import LoadedModel, build_model, weight_bytes
+from specledger.engine.timing import CURVE_SIZES
 from specledger.compare import build_config, default_matrix
 from specledger.errors import BadInput, SpecLedgerError
 from specledger.ledger.measurements import measurements_from_run, precision_label
@@ -127,18 +127,29 @@ def test_quantization_gate_and_verify_curve_are_in_the_run(tmp_path):
     fp32, w4 = _untied(5), _untied(5, dtype="bf16", quant="int4")
     configs = [{"name": "ar-w4", "strategy": "ar", "dtype": "bf16", "quant": "int4", "max_new_tokens": 6},
                {"name": "lookup-w4", "strategy": "lookup", "dtype": "bf16", "quant": "int4", "max_new_tokens": 6}]
-    run = _run(tmp_path, configs, w4, reference=fp32, gates={"min_agreement": 0.0})
+    run = _run(tmp_path, configs, w4, reference=fp32, gates={"min_agreement": 0.8})
+    # the figure the gate judges, computed here: argmax agreement over the quality text, teacher-forced
+    import torch
+
+    from specledger.quality.agreement import default_text
+
+    ids = CharTokenizer(64).encode(default_text())[: fp32.config.max_seq_len]
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        a, b = (m.model(x, m.model.new_cache(len(ids)))[0].argmax(-1) for m in (fp32, w4))
+    want = (a == b).double().mean().item()
+    assert 0.8 < want < 0.95  # W4 of a tiny random model: well above chance (1/64), below the default gate
     for c in run.configs:
         gate = next(g for g in c.gates if g.name == "quantization")
         assert gate.passed and c.comparable
         f = gate.figures
-        assert 0.0 <= f["top1_agreement"] <= 1.0 and f["mean_kl"] >= 0 and f["reference"] == "untied5:fp32"
-        assert f["tokens"] > 100 and f["min_agreement"] == 0.0
+        assert f["top1_agreement"] == pytest.approx(want) and f["mean_kl"] > 0 and f["reference"] == "untied5:fp32"
+        assert f["tokens"] == len(ids) and f["min_agreement"] == 0.8
         assert c.agreement["top1_agreement"] == f["top1_agreement"]
-        assert [p.tokens for p in c.verify_curve] == list(CURVE_TOKENS) and all(p.ms > 0 for p in c.verify_curve)
+        assert [p.tokens for p in c.verify_curve] == list(CURVE_SIZES) and all(p.ms > 0 for p in c.verify_curve)
     # the ledger (and so the report) reads the curve back
     ms = measurements_from_run(tmp_path / "run")
-    assert all([p.tokens for p in m.verify_curve] == list(CURVE_TOKENS) for m in ms)
+    assert all([p.tokens for p in m.verify_curve] == list(CURVE_SIZES) for m in ms)
 
 
 def test_quantization_gate_failure_marks_not_comparable(tmp_path):
@@ -200,6 +211,6 @@ def test_compare_quick_end_to_end(tmp_path):
     assert gate.figures["reference"] == "smollm2-135m:fp32" and 0.5 < gate.figures["top1_agreement"] <= 1.0
     assert not any(g.name == "quantization" for g in by["ar-fp32"].gates)
     assert next(g for g in by["lookup-fp32"].gates if g.name == "lossless").passed
-    assert all(len(c.verify_curve) == len(CURVE_TOKENS) for c in run.configs)
+    assert all(len(c.verify_curve) == len(CURVE_SIZES) for c in run.configs)
     html = (out / "report.html").read_text()
     assert "recorded no verification-cost curve" not in html and "lookup-w4" in html

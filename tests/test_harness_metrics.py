@@ -42,12 +42,17 @@ def test_tpot():
     assert tpot(1.0, 0.2, 1) is None
 
 
-def test_percentiles_match_numpy():
-    x = list(range(1, 101))
+def test_percentiles_hand_computed():
+    """Linear interpolation between order statistics: rank q(n - 1), counted from 0."""
+    x = list(range(100, 0, -1))  # 1..100, unsorted
     p = percentiles(x)
     assert p["mean"] == pytest.approx(50.5)
-    assert p["p50"] == pytest.approx(np.percentile(x, 50))
-    assert p["p99"] == pytest.approx(np.percentile(x, 99))
+    assert p["p50"] == pytest.approx(50.5)  # rank 49.5: between 50 and 51
+    assert p["p90"] == pytest.approx(90.1)  # rank 89.1
+    assert p["p99"] == pytest.approx(99.01)  # rank 98.01
+    assert percentiles([30.0, 0.0, 20.0, 10.0]) == pytest.approx(
+        {"mean": 15.0, "p50": 15.0, "p90": 27.0, "p95": 28.5, "p99": 29.7})
+    assert percentiles([7.0])["p99"] == 7.0
     assert percentiles([])["p90"] is None
 
 

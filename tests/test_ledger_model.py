@@ -152,5 +152,9 @@ def test_latency_objectives():
 
 def test_case_cost_uses_its_inputs():
     c = Case("a", x_of(), op())
-    assert c.cost().total == task_cost(x_of(), op()).total
-    assert c.with_op(pass_rate=1.0).cost().escalation == 0.0
+    # as test_cost_per_accepted_task_hand_computed, without retraining: maintenance 600 / 1000
+    assert c.cost().total == pytest.approx(0.021 + 2.0 + 0.6)
+    # pass rate 1: one attempt (2 x 0.002 + 0.01), review only (1 min at $1), no escalation
+    done = c.with_op(pass_rate=1.0).cost()
+    assert done.escalation == 0.0 and done.total == pytest.approx(0.014 + 1.0 + 0.6)
+    assert c.op.pass_rate == 0.5  # with_op copies

@@ -40,7 +40,7 @@ def test_rows_levels_and_verdicts(run_dir):
     # c=4 queues requests past the 5 s TTFT objective; the cheaper of the feasible levels is kept
     ar_levels = {r.load: r for r in ledger.levels if r.name == "ar-fp32"}
     assert not ar_levels["c=4"].feasible and ar_levels["c=1"].feasible and ar_levels["c=2"].feasible
-    assert rows["ar-fp32"].load == min(("c=1", "c=2"), key=lambda l: ar_levels[l].total)
+    assert rows["ar-fp32"].load == min(("c=1", "c=2"), key=lambda load: ar_levels[load].total)
     assert rows["broken"].verdict == "infinite cost" and rows["broken"].total is None and "pass rate 0" in rows["broken"].verdict_detail
     assert rows["odd"].verdict == "not comparable" and "3/20" in rows["odd"].verdict_detail
     assert rows["slow-start"].verdict == "infeasible" and "p95 TTFT" in rows["slow-start"].verdict_detail
@@ -55,7 +55,7 @@ def test_rows_levels_and_verdicts(run_dir):
     assert sum(r.p_cheapest or 0 for r in ledger.configs) == pytest.approx(1.0)
     # speed-up over ar on the same precision, from the run itself
     assert rows["eagle-fp32"].speedup == pytest.approx(rows["eagle-fp32"].tok_s / next(
-        l.tok_s for l in ledger.levels if l.name == "ar-fp32" and l.load == "c=1"))
+        lv.tok_s for lv in ledger.levels if lv.name == "ar-fp32" and lv.load == "c=1"))
     assert ledger.reference == "ar-fp32"
     assert any(b.field == "pass_rate" and b.config_a == "ar-w4" for b in ledger.break_even)
     assert ledger.sensitivity["eagle-fp32"][0]["swing"] >= ledger.sensitivity["eagle-fp32"][-1]["swing"]
@@ -64,7 +64,7 @@ def test_rows_levels_and_verdicts(run_dir):
 def test_demand_rate_prices_the_devices_needed(run_dir):
     inputs = parse_inputs(INPUTS.replace("tasks_per_month: 10000", "tasks_per_month: 10000, demand_rps: 1.0"))
     ledger = price_run(run_dir, inputs, samples=0)
-    r = next(l for l in ledger.levels if l.name == "eagle-fp32")
+    r = next(lv for lv in ledger.levels if lv.name == "eagle-fp32")
     m = next(m for m in ledger.measurements if m.name == "eagle-fp32")
     replicas = -(-1.0 // m.requests_per_s)
     assert r.replicas == replicas

@@ -6,7 +6,6 @@ chains, EAGLE trees and hierarchies are measured and compared the same way.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -14,6 +13,7 @@ import torch
 from specledger.decoding.runner import Runner
 from specledger.decoding.sampling import SamplingParams
 from specledger.engine.loader import LoadedModel
+from specledger.engine.timing import clock as clock  # re-exported: the strategies time their levels with it
 
 
 @dataclass
@@ -55,12 +55,6 @@ class Context:
         """How many draft tokens are worth proposing now (room in the cache, tokens still wanted)."""
         generated = len(self.target.tokens) - len(self.prompt)
         return max(0, min(self.target.room(), self.sp.max_new_tokens - generated - 1))
-
-
-def clock(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 class Strategy:

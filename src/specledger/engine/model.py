@@ -75,7 +75,7 @@ def direct_call(cls: type[nn.Module]) -> type[nn.Module]:
     cost ~3% of a W4A16 decode step here (benchmarks/decode_step.py). Apply to leaf classes only:
     the alias is the class's own `forward`.
     """
-    cls.__call__ = cls.forward
+    cls.__call__ = cls.forward  # type: ignore[method-assign]
     return cls
 
 
@@ -187,6 +187,9 @@ def causal_mask(start: int, n: int, device) -> torch.Tensor:
 
 
 class Transformer(nn.Module):
+    rope_cos: torch.Tensor  # buffers, set by init_rope
+    rope_sin: torch.Tensor
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg

@@ -17,9 +17,12 @@ from specledger.engine.loader import LoadedModel
 CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def _sync(device: torch.device) -> None:
+def clock(device: torch.device) -> float:
+    """The one clock for engine and decoding timings: perf_counter after the device's queued work is done
+    (CUDA kernels run asynchronously; without the synchronisation a step would look almost free)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 @torch.inference_mode()
@@ -48,11 +51,10 @@ def forward_time_curve(
     for rep in range(reps + 1):
         for n in sizes:
             cache.rollback(context)
-            _sync(dev)
-            t0 = time.perf_counter()
+            t0 = clock(dev)
             m.logits(m.hidden(xs[n], cache))
-            _sync(dev)
+            t1 = clock(dev)
             if rep:
-                times[n].append(time.perf_counter() - t0)
+                times[n].append(t1 - t0)
     pick = statistics.median if stat == "median" else min
     return {n: pick(times[n]) for n in sizes}

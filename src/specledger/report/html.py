@@ -9,6 +9,7 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import escape
 
+from specledger.ledger.measurements import ConfigMeasurement
 from specledger.ledger.price import ConfigCost, LedgerResult
 from specledger.report import charts
 from specledger.report.terminal import failed_cell, money
@@ -46,7 +47,7 @@ def _row(r: ConfigCost) -> dict:
 
 def interaction_rows(ledger: LedgerResult) -> list[dict]:
     """Per configuration at its lowest load: speed-up over ar on its own precision and over the reference."""
-    first: dict[str, object] = {}
+    first: dict[str, ConfigMeasurement] = {}
     for m in ledger.measurements:
         cur = first.get(m.name)
         if cur is None or (m.concurrency or 0) < (cur.concurrency or 0):

@@ -1,0 +1,176 @@
+"""Mutation check: does the fast test suite notice when the code it covers is wrong?
+
+Each mutant is one deliberate bug, made by an exact text replacement in a temporary copy of `src/` and
+`tests/`; the relevant fast tests (`pytest -m "not slow" -x`) then run against the copy. A mutant is
+*killed* when they fail, and *survives* when they pass: a survivor is a bug the tests cannot see.
+The script exits 1 if any mutant survives (or the unmutated copy fails its tests), 2 if a patch
+target is no longer in the source (update the mutant: the code moved).
+
+    python tests/mutation_check.py                 # every mutant (a few minutes on 2 cores)
+    python tests/mutation_check.py --list
+    python tests/mutation_check.py verify-accepts-one-too-many tree-mask-sees-sibling
+    python tests/mutation_check.py kv-keep-one-extra --tests tests/test_decoding.py   # another test selection
+
+Run it from the repository root with the project's Python (the copy is put first on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOSSLESS = ["tests/test_decoding.py::test_greedy_strategies_equal_autoregressive_on_tiny",
+            "tests/test_eagle.py::test_greedy_eagle_equals_autoregressive_on_tiny"]
+
+
+@dataclass
+class Mutant:
+    name: str
+    why: str  # the bug, in words
+    path: str  # relative to the repository root
+    old: str  # must occur exactly once
+    new: str
+    tests: list[str]  # pytest node ids or files, relative to the root
+
+
+MUTANTS = [
+    Mutant("kv-keep-one-extra", "after verification the cache keeps one rejected tree entry (length off by one)",
+           "src/specledger/engine/kv_cache.py", "        self.length = start + n\n",
+           "        self.length = start + n + 1\n", ["tests/test_engine.py", *LOSSLESS]),
+    Mutant("sync-rollback-one-short", "resynchronising keeps one cached entry past the common prefix",
+           "src/specledger/decoding/runner.py", "        self.cache.rollback(common)\n",
+           "        self.cache.rollback(min(common + 1, self.cache.length))\n", ["tests/test_engine.py", *LOSSLESS]),
+    Mutant("tree-mask-sees-sibling", "a tree node attends to its siblings as well as its ancestors",
+           "src/specledger/decoding/tree.py", "            m[i, i] = True\n",
+           "            m[i, i] = True\n            m[i, [j for j, q in enumerate(self.parents) if q == p]] = True\n",
+           ["tests/test_engine.py", *LOSSLESS]),
+    Mutant("verify-accepts-one-too-many", "greedy verification accepts the first child after a mismatch",
+           "src/specledger/decoding/verify.py", "                return Verdict(path, t)\n",
+           "                return Verdict(path + children[cur + 1][:1], t)\n",
+           ["tests/test_decoding.py::test_greedy_tree_verifier_follows_argmax_path", *LOSSLESS]),
+    Mutant("sampling-accepts-too-often", "stochastic acceptance uses 1.5 p/q instead of p/q",
+           "src/specledger/decoding/verify.py", "u < min(1.0, float(p[x]) / float(q[x]))",
+           "u < min(1.0, 1.5 * float(p[x]) / float(q[x]))",
+           ["tests/test_decoding.py::test_tree_verifier_with_several_children_is_exact",
+            "tests/test_decoding.py::test_sampling_follows_target_distribution[draft]"]),
+    Mutant("eagle-head-keeps-tree-entry", "the EAGLE head's cache keeps one tree entry after drafting",
+           "src/specledger/decoding/eagle.py", "        self.cache.rollback(committed)\n",
+           "        self.cache.rollback(min(committed + 1, self.cache.length))\n", ["tests/test_eagle.py"]),
+    Mutant("eagle-draft-mask-no-ancestors", "EAGLE tree drafting: a node sees only itself, not its ancestors",
+           "src/specledger/decoding/eagle.py", "                    anc[s] = anc[slot_of[p]]\n",
+           "                    pass\n", ["tests/test_eagle.py::test_tree_drafting_equals_each_path_run_alone"]),
+    Mutant("eagle-draft-position-off-by-one", "EAGLE tree drafting feeds nodes one position too far",
+           "src/specledger/decoding/eagle.py", "(f,), pos0 + d - 1,", "(f,), pos0 + d,",
+           ["tests/test_eagle.py::test_tree_drafting_equals_each_path_run_alone"]),
+    Mutant("cost-attempts-r-not-r-plus-1", "expected attempts with R tries instead of R + 1",
+           "src/specledger/ledger/model.py", "    n = retries + 1\n", "    n = retries\n",
+           ["tests/test_ledger_model.py"]),
+    Mutant("p-cheapest-argmax", "P(cheapest) counts the dearest configuration",
+           "src/specledger/ledger/montecarlo.py", "np.argmin(stack, axis=0)", "np.argmax(stack, axis=0)",
+           ["tests/test_ledger_uncertainty.py"]),
+    Mutant("percentile-nearest-rank", "latency percentiles by nearest rank instead of interpolation",
+           "src/specledger/bench/metrics.py", "np.percentile(x, 100 * q)", "np.percentile(x, 100 * q, method='nearest')",
+           ["tests/test_harness_metrics.py"]),
+    Mutant("agreement-reference-vs-itself", "the quantization gate's top-1 agreement compares the reference with itself",
+           "src/specledger/quality/agreement.py", "(lp_r.argmax(-1) == lp_c.argmax(-1))",
+           "(lp_r.argmax(-1) == lp_r.argmax(-1))",
+           ["tests/test_compare.py::test_quantization_gate_and_verify_curve_are_in_the_run"]),
+    Mutant("int4-zero-point-one-step", "the int4 zero point is off by one quantization step",
+           "src/specledger/engine/quant.py", "lo + 8 * scale", "lo + 7 * scale", ["tests/test_engine.py"]),
+]
+
+
+def copy_tree(dst: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    for part in ("src", "tests"):
+        shutil.copytree(ROOT / part, dst / part, ignore=ignore)
+    shutil.copy(ROOT / "pyproject.toml", dst / "pyproject.toml")
+
+
+def apply(m: Mutant, tree: Path) -> None:
+    f = tree / m.path
+    text = f.read_text()
+    count = text.count(m.old)
+    if count != 1:
+        raise LookupError(f"mutant {m.name}: {m.old!r} occurs {count} times in {m.path} (want exactly once)")
+    f.write_text(text.replace(m.old, m.new))
+
+
+def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[bool, str]:
+    """True when the tests pass. The copy's src comes first on the path."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "src"), str(tree / "tests")]),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-m", "not slow", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    try:
+        p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, "timed out"
+    lines = (p.stdout + p.stderr).strip().splitlines()
+    return p.returncode == 0, lines[-1] if lines else f"exit {p.returncode}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help="mutants to run (default: all)")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--no-baseline", action="store_true", help="skip running the selected tests unmutated first")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per pytest run")
+    ap.add_argument("--tests", nargs="+", metavar="TEST",
+                    help="run these tests against every chosen mutant instead of each mutant's own selection")
+    args = ap.parse_args(argv)
+    if args.list:
+        for m in MUTANTS:
+            print(f"{m.name:32} {m.why}")
+        return 0
+    known = {m.name: m for m in MUTANTS}
+    unknown = [n for n in args.names if n not in known]
+    if unknown:
+        print(f"error: unknown mutant(s) {', '.join(unknown)} (see --list)", file=sys.stderr)
+        return 2
+    chosen = [known[n] for n in args.names] or MUTANTS
+    if args.tests:
+        chosen = [replace(m, tests=args.tests) for m in chosen]
+    for m in chosen:  # every patch target must still be there before anything runs
+        text = (ROOT / m.path).read_text()
+        if text.count(m.old) != 1:
+            print(f"error: mutant {m.name}: {m.old!r} occurs {text.count(m.old)} times in {m.path} "
+                  "(want exactly once; update the mutant)", file=sys.stderr)
+            return 2
+    survivors: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="specledger-mutants-") as tmp:
+        if not args.no_baseline:
+            base = Path(tmp) / "baseline"
+            copy_tree(base)
+            tests = sorted({t for m in chosen for t in m.tests})
+            t0 = time.perf_counter()
+            ok, last = run_tests(base, tests, args.timeout)
+            print(f"{'baseline':32} {'passes' if ok else 'FAILS'} ({time.perf_counter() - t0:.0f} s): {last}", flush=True)
+            if not ok:
+                print("error: the unmutated tests fail; a mutation check means nothing", file=sys.stderr)
+                return 1
+        for m in chosen:
+            tree = Path(tmp) / m.name
+            copy_tree(tree)
+            apply(m, tree)
+            t0 = time.perf_counter()
+            passed, last = run_tests(tree, m.tests, args.timeout)
+            verdict = "SURVIVED" if passed else "killed"
+            print(f"{m.name:32} {verdict:8} ({time.perf_counter() - t0:.0f} s): {last}", flush=True)
+            if passed:
+                survivors.append(m.name)
+            shutil.rmtree(tree)
+    print(f"{len(chosen) - len(survivors)}/{len(chosen)} mutants killed"
+          + (f"; survived: {', '.join(survivors)}" if survivors else ""))
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""An untied tiny random model whose greedy output varies, for lossless tests that can fail.
+
+The tied tiny model of conftest.py keeps the residual stream close to the input token's
+embedding, so its greedy continuation soon repeats one token: a speculative strategy then has
+every proposal accepted (lookup, draft) or none (a random EAGLE head), and rejection and
+cache rollback are never exercised. Here the layers are ~3x stronger than conftest's and the
+output matrix is separate, so greedy continuations wander over the vocabulary with some
+repetition: prompt lookup, a perturbed draft model and a random EAGLE head are each right
+sometimes and wrong sometimes (test_lossless.py asserts both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from conftest import tiny_config, tiny_tensors
+from specledger.engine.loader import LoadedModel, build_model, weight_bytes
+
+LAYER_SCALE = 3.0  # layer weights relative to conftest's (embeddings and norms kept)
+
+
+def varied_tensors(vocab: int, seed: int = 0, noise: float = 0.0, noise_seed: int = 1) -> dict[str, torch.Tensor]:
+    """Tensors of the varied model; noise > 0 perturbs every tensor by that fraction of its spread
+    (a cheap stand-in for a smaller or quantized draft model that mostly agrees with the target)."""
+    cfg = varied_config(vocab)
+    t = tiny_tensors(cfg, seed, LAYER_SCALE)
+    for k in t:
+        if k == "embed":
+            t[k] = t[k] / LAYER_SCALE
+        elif k.endswith("norm"):
+            t[k] = 1 + (t[k] - 1) / LAYER_SCALE
+    t["output"] = torch.randn(vocab, cfg.hidden_size, generator=torch.Generator().manual_seed(seed + 1000)) * 0.3
+    if noise:
+        g = torch.Generator().manual_seed(noise_seed)
+        t = {k: v + torch.randn(v.shape, generator=g) * noise * v.std() for k, v in t.items()}
+    return t
+
+
+def varied_config(vocab: int):
+    return dataclasses.replace(tiny_config(vocab=vocab), tie_embeddings=False)
+
+
+def varied_model(vocab: int = 16, seed: int = 0, noise: float = 0.0, noise_seed: int = 1, dtype: str = "fp32",
+                 quant: str = "none") -> LoadedModel:
+    cfg = varied_config(vocab)
+    model = build_model(cfg, varied_tensors(vocab, seed, noise, noise_seed), dtype=dtype, quant=quant)
+    return LoadedModel(model=model, tokenizer=None, config=cfg, name=f"varied{seed}" + (f"~{noise}" if noise else ""),
+                       source="random", dtype=dtype, quant=quant, group_size=32 if quant == "int4" else None,
+                       device="cpu", weight_bytes=weight_bytes(model), load_s=0.0)
+
+
+def varied_prompts(vocab: int = 16, n: int = 3, length: int = 8, seed: int = 0) -> list[list[int]]:
+    """Random prompts, each repeated once so that prompt lookup finds matches."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (length,), generator=g).tolist() * 2 for _ in range(n)]
+
+
+def assert_lossless_and_mixed(make, target: LoadedModel, prompts: list[list[int]], max_new_tokens: int = 40) -> dict:
+    """Greedy output of make() equals autoregressive decoding on every prompt, and at every level some
+    proposals were accepted and some rejected (so both verification paths and cache rollback ran).
+
+    Returns {level name: [proposed, accepted]} summed over the prompts."""
+    from specledger.decoding.autoregressive import Autoregressive
+    from specledger.decoding.generate import generate
+    from specledger.decoding.sampling import SamplingParams
+
+    sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+    totals: dict[str, list[int]] = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: OpenMP hand-offs would dominate
+    try:
+        for prompt in prompts:
+            want = generate(Autoregressive(target), prompt, sp).token_ids
+            assert len(set(want)) >= 4, "the target's greedy output should vary"
+            r = generate(make(), prompt, sp)
+            assert r.token_ids == want
+            assert r.appended == r.steps + r.levels[-1].accepted  # each target step: its accepted tokens + 1
+            for lv in r.levels:
+                assert 0 <= lv.accepted <= lv.proposed
+                t = totals.setdefault(lv.name, [0, 0])
+                t[0] += lv.proposed
+                t[1] += lv.accepted
+    finally:
+        torch.set_num_threads(threads)
+    for name, (proposed, accepted) in totals.items():
+        assert 0 < accepted < proposed, f"level {name}: {accepted} of {proposed} accepted; want some of each"
+    return totals
+
+
+def untied_tiny_model(seed: int = 0, dtype: str = "fp32", quant: str = "none", **cfg_kw) -> LoadedModel:
+    """conftest's tiny model with its own output layer. With tied random embeddings every position's argmax is its
+    input token whatever the other weights are, so agreement between two such models says nothing."""
+    cfg = dataclasses.replace(tiny_config(**cfg_kw), tie_embeddings=False)
+    g = torch.Generator().manual_seed(seed + 1000)
+    tensors = tiny_tensors(cfg, seed) | {"output": torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g)}
+    model = build_model(cfg, tensors, dtype=dtype, quant=quant, group_size=32)
+    return LoadedModel(model=model, tokenizer=None, config=cfg, name=f"untied{seed}", source="random", dtype=dtype,
+                       quant=quant, group_size=32 if quant == "int4" else None, device="cpu",
+                       weight_bytes=weight_bytes(model), load_s=0.0)
