@@ -189,7 +189,7 @@ def test_batch_runner_verifies_every_sequence_draft_like_runner(lm):
         br.accept(q, f, path, new)
         r.accept(ref, path, new)
     nxt = br.forward([BatchItem(q) for q in opened])
-    for seq, q, f in zip(seqs, opened, nxt):
+    for q, f in zip(opened, nxt):
         ref = lm.model(torch.tensor([q.tokens]), lm.model.new_cache(128))[0, -1]
         torch.testing.assert_close(f.logits[0], ref, atol=1e-4, rtol=1e-4)
 
