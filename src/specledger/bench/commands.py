@@ -43,7 +43,7 @@ def build_config(
     config_file: Path | None, *, strategies: list[str], backend: str, model: str | None, dtype: str, quant: str,
     group_size: int, params: list[str], max_new_tokens: int, temperature: float, seed: int, base_url: str | None,
     api: str, tokenizer: str | None, retries: int | None, timeout: float | None, connect_timeout: float | None,
-    overrides: dict[str, Any],
+    overrides: dict[str, Any], server: str | None = None,
 ) -> RunConfig:
     if config_file is not None:
         data = load_run_config(config_file).model_dump(mode="json", exclude_unset=True)
@@ -63,6 +63,8 @@ def build_config(
                              ("timeout_s", timeout), ("connect_timeout_s", connect_timeout)):
                     if v is not None:
                         o[k] = v
+                if server:
+                    o["server"] = {"command": server}
                 c["openai"] = o
             configs.append(c)
         data = {"configs": configs, "seed": seed}
@@ -110,6 +112,10 @@ def register(app: typer.Typer) -> None:
         slo_tpot: Optional[float] = typer.Option(None, help="TPOT objective (s)"),
         slo_e2e: Optional[float] = typer.Option(None, help="end-to-end objective (s)"),
         base_url: Optional[str] = typer.Option(None, help="openai backend: server URL"),
+        server: Optional[str] = typer.Option(None, help="openai backend: a server command to start on a free port and "
+                                             "stop afterwards, e.g. '{llama_server} -m {model_path} --port {port} "
+                                             "--metrics' (placeholders: host port model model_path python run_dir "
+                                             "llama_server)"),
         api: str = typer.Option("chat", help="openai backend: chat | completions"),
         tokenizer: Optional[str] = typer.Option(None, help="openai backend: tokenizer to count tokens"),
         retries: Optional[int] = typer.Option(None, help="openai backend: retries per request"),
@@ -141,7 +147,8 @@ def register(app: typer.Typer) -> None:
             cfg = build_config(config_file, strategies=strategy, backend=backend, model=model, dtype=dtype,
                                quant=quant, group_size=group_size, params=param, max_new_tokens=max_new_tokens,
                                temperature=temperature, seed=seed, base_url=base_url, api=api, tokenizer=tokenizer,
-                               retries=retries, timeout=timeout, connect_timeout=connect_timeout, overrides=overrides)
+                               retries=retries, timeout=timeout, connect_timeout=connect_timeout, overrides=overrides,
+                               server=server)
             run, path = run_benchmark(cfg, console=Console(stderr=True), show_progress=not no_progress)
         print_run(run, console)
         console.print(f"results: {path}")
