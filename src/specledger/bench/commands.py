@@ -85,6 +85,8 @@ def build_config(
 
 
 def register(app: typer.Typer) -> None:
+    register_import(app)
+
     @app.command("bench")
     def bench(
         config_file: Optional[Path] = typer.Argument(None, help="run configuration (YAML or TOML); else the flags"),
@@ -170,3 +172,27 @@ def register(app: typer.Typer) -> None:
 
         Console().print(diff_table(load_run(run_a), load_run(run_b)))
 
+
+
+IMPORT_FORMATS = ("vllm-bench",)
+
+
+def register_import(app: typer.Typer) -> None:
+    @app.command("import")
+    def import_results(
+        fmt: str = typer.Argument(..., metavar="FORMAT", help="vllm-bench (a `vllm bench serve --save-result` JSON)"),
+        file: Path = typer.Argument(..., help="the tool's result file"),
+        run_dir: Optional[Path] = typer.Option(None, help="run directory to create (default: runs/<file name>)"),
+        name: Optional[str] = typer.Option(None, help="configuration name (default: label/backend + model)"),
+    ) -> None:
+        """Turn another tool's benchmark results into a run directory the ledger and report read."""
+        from specledger.bench.importers import import_vllm_bench
+        from specledger.bench.tables import print_run
+
+        if fmt not in IMPORT_FORMATS:
+            raise BadInput(f"import: unknown format {fmt!r} (known: {', '.join(IMPORT_FORMATS)}; GuideLLM and "
+                           "AIPerf exports are not supported yet)")
+        target = run_dir or Path("runs") / file.stem
+        run = import_vllm_bench(file, target, name=name)
+        print_run(run)
+        Console().print(f"results: {target}")
