@@ -179,3 +179,49 @@ def test_bench_run_starts_the_configured_server_and_keeps_its_log(tmp_path):
     port = int(first.split("--port ")[1].split()[0])
     assert port_is_free(port)  # stopped after the run
     assert "managed" in result.conditions.backends["fake srv"]
+
+
+@pytest.mark.slow
+def test_bench_on_a_managed_specledger_serve(tmp_path):
+    """The project's own server as a managed contender: started, measured, its counters read, stopped."""
+    wl = tmp_path / "w.jsonl"
+    wl.write_text(json.dumps({"question_id": "q", "category": "copy",
+                              "turns": ["Repeat exactly: one two three, one two three, one two three."]}) + "\n")
+    server = {"command": "{python} -m specledger.cli serve --model {model} --host {host} --port {port} "
+                         "--strategy lookup --max-seq-len 512 --log-level warning", "startup_timeout_s": 400}
+    cfg = parse_run_config({
+        "configs": [{"name": "serve-lookup", "backend": "openai", "model": "smollm2-135m", "strategy": "lookup",
+                     "max_new_tokens": 16, "openai": {"server": server}}],
+        "workload": {"spec": str(wl)}, "load": {"concurrency": [1], "num_requests": 2, "warmup": 0},
+        "bootstrap": 0, "verify_curve": False,
+    })
+    result, path = run_benchmark(cfg, run_dir=tmp_path / "run", show_progress=False)
+    recs = read_requests(path)
+    assert len(recs) == 2 and all(r.status == "ok" for r in recs)
+    lr = result.config("serve-lookup").loads[0]
+    ours = {a.name: a for a in lr.aggregate.acceptance}
+    theirs = {a.name: a for a in lr.telemetry_levels}
+    assert theirs and set(theirs) <= set(ours)
+    for name, a in theirs.items():  # the server's counters over the window = the sum of its responses
+        assert (a.proposed, a.accepted) == (ours[name].proposed, ours[name].accepted)
+    port = int((path / "server-serve-lookup.log").read_text().splitlines()[0].split("--port ")[1].split()[0])
+    assert port_is_free(port)
+
+
+@pytest.mark.slow
+def test_twenty_start_stop_cycles_leave_nothing_behind(tmp_path):
+    """The issue's goal: 20 cycles (every fourth one abandoned mid-start by a failing health wait)."""
+    pids, ports = [], []
+    for i in range(20):
+        s = ManagedServer("{python} " + FAKE + " --port {port}", model="m", log_path=tmp_path / f"{i}.log",
+                          health="/health-that-404s" if i % 4 == 3 else None, startup_timeout_s=1.0 if i % 4 == 3 else 30)
+        try:
+            s.start()
+            pids.append(s.proc.pid)
+            ports.append(s.port)
+        except SpecLedgerError:
+            pass
+        finally:
+            s.stop()
+    assert len(pids) == 15
+    assert all(gone(p) for p in pids) and all(eventually(lambda p=p: port_is_free(p)) for p in ports)
