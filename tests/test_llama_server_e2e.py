@@ -38,12 +38,15 @@ def _bench(tmp_path: Path) -> Path:
     wl.write_text("".join(json.dumps({"question_id": f"q{i}", "category": "copy", "turns": [p]}) + "\n"
                           for i, p in enumerate(PROMPTS)))
     common = {"backend": "openai", "model": "smollm2-135m", "max_new_tokens": 32}
+    # llama-server sometimes drops a reused keep-alive connection before answering ("Server disconnected without
+    # sending a response"; the request never reaches a slot, so its counters do not see it): retry those.
+    transport = {"retries": 2}
     cfg = {
         "configs": [
             {"name": "llama-ar", "strategy": "ar", **common,
-             "openai": {"server": {"command": SERVER, "startup_timeout_s": 300}}},
+             "openai": {"server": {"command": SERVER, "startup_timeout_s": 300}, **transport}},
             {"name": "llama-ngram", "strategy": "ngram-simple", **common,
-             "openai": {"server": {"command": SERVER + NGRAM, "startup_timeout_s": 300}}},
+             "openai": {"server": {"command": SERVER + NGRAM, "startup_timeout_s": 300}, **transport}},
         ],
         "workload": {"spec": str(wl)},
         "load": {"concurrency": [1, 4], "num_requests": 8, "warmup": 1, "warmup_max_new_tokens": 4},
