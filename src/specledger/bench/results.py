@@ -133,6 +133,11 @@ class Acceptance(_Model):
     proposed: int
     accepted: int
     rate: float | None
+    # From a server's counters (window deltas): verification steps that carried a draft, and per draft position
+    # i the tokens accepted there (accepted_per_position[i] / drafts = how often position i was accepted).
+    drafts: int | None = None
+    accepted_per_position: list[int] = Field(default_factory=list)
+    position_rates: list[float] = Field(default_factory=list)
 
 
 class Aggregate(_Model):

@@ -177,6 +177,10 @@ class Runner:
             return self.backend_factory(bc)
         if bc.backend == "inprocess":
             return make_backend(bc, meter=self.meter, models=self._shared_models(bc))
+        if bc.openai is not None and bc.openai.server is not None:  # a server started and stopped for it
+            from specledger.bench.backends.managed_openai import ManagedOpenAIBackend
+
+            return ManagedOpenAIBackend(bc, log_dir=self.run_dir)
         return make_backend(bc)
 
     def _model_keys(self, bc: BenchConfig) -> dict[str, tuple]:

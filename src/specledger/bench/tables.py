@@ -75,6 +75,32 @@ def category_table(run: RunResult) -> Table:
     return t
 
 
+def _has_server_speculation(run: RunResult) -> bool:
+    return any(lr.telemetry_levels or (lr.telemetry or {}).get("gauges") for c in run.configs for lr in c.loads)
+
+
+def server_speculation_table(run: RunResult) -> Table:
+    """What the servers' own counters say over each load level's window: acceptance, tau per drafting step
+    and acceptance per draft position; gauges (SGLang) as read at the end, marked instantaneous."""
+    t = Table(title="Server speculation counters over each load level (acceptance at draft position 1, 2, ...)",
+              title_justify="left")
+    for col in ("config", "load", "source", "drafts", "proposed", "accepted", "rate", "tau", "per position"):
+        t.add_column(col, justify="left" if col in ("config", "load", "source", "per position") else "right")
+    for c in run.configs:
+        for lr in c.loads:
+            tele = lr.telemetry or {}
+            for a in lr.telemetry_levels:
+                pos = " ".join(f"{r:.0%}" for r in a.position_rates[:8]) or "-"
+                t.add_row(c.name, lr.load, a.name, _f(a.drafts, "{:d}"), str(a.proposed), str(a.accepted),
+                          _f(a.rate, "{:.0%}"), _f((tele.get("tau") or {}).get(a.name)), pos)
+            for source, g in (tele.get("gauges") or {}).items():
+                length = (g.get("spec_accept_length") or {}).get("mean")
+                rate = (g.get("spec_accept_rate") or {}).get("mean")
+                t.add_row(c.name, lr.load, f"{source} (instantaneous gauges)", "-", "-", "-", _f(rate, "{:.0%}"),
+                          _f(length), "-")
+    return t
+
+
 def gates_text(run: RunResult) -> Text:
     out = Text()
     for c in run.configs:
@@ -154,6 +180,8 @@ def render_run(run: RunResult, *, categories: bool = True) -> Group:
         parts.append(failures)
     if categories and any(lr.by_category for c in run.configs for lr in c.loads):
         parts.append(category_table(run))
+    if _has_server_speculation(run):
+        parts.append(server_speculation_table(run))
     parts.append(gates_text(run))
     parts.append(workload_text(run))
     return Group(*parts)

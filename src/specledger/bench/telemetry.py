@@ -1,9 +1,12 @@
 """What servers and the process report about themselves, normalised to per-level counts.
 
-Sources: Prometheus counters scraped before and after a load level (vLLM's
-`vllm:spec_decode_num_*`; the project's server uses the same names with a `specledger:` prefix
-and a `level` label), llama.cpp server's per-response `timings`, the `specledger` extension field
-of a response, and this process's peak memory.
+Sources: Prometheus counters scraped before and after a load level — vLLM v1's
+`vllm:spec_decode_num_*` (labelled per engine / data-parallel rank: summed), llama.cpp server's
+`llamacpp:spec_decode_*` (same schema), the project's server (`specledger:` prefix, a `level` label),
+each with `num_accepted_tokens_per_pos{position}` — and SGLang's `sglang:spec_accept_length` /
+`spec_accept_rate` gauges, which are instantaneous and so reported as read, never differenced; then
+llama.cpp server's per-response `timings`, the `specledger` extension field of a response, and this
+process's peak memory.
 """
 
 from __future__ import annotations
@@ -16,40 +19,67 @@ from prometheus_client.parser import text_string_to_metric_families
 from specledger.bench.results import Acceptance, LevelCounts
 
 _SPEC = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
-_PREFIXES = ("vllm:spec_decode_", "specledger:spec_decode_")
+_PER_POS = "num_accepted_tokens_per_pos"
+_PREFIXES = {"vllm:spec_decode_": "vllm", "llamacpp:spec_decode_": "llamacpp", "specledger:spec_decode_": "server"}
+_GAUGES = {"sglang:spec_accept_length": "sglang", "sglang:spec_accept_rate": "sglang"}
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def parse_prometheus(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def parse_prometheus(text: str) -> Samples:
     """Samples as {(name, sorted labels): value}; names keep their `_total` suffix."""
-    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    out: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
     return out
 
 
-def spec_counters(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[str, dict[str, float]]:
-    """{level name: {num_drafts, num_draft_tokens, num_accepted_tokens}} summed over other labels."""
-    out: dict[str, dict[str, float]] = defaultdict(lambda: {k: 0.0 for k in _SPEC})
+def _zero() -> dict[str, Any]:
+    return {**{k: 0.0 for k in _SPEC}, "per_pos": {}}
+
+
+def spec_counters(samples: Samples) -> dict[str, dict[str, Any]]:
+    """{level: {num_drafts, num_draft_tokens, num_accepted_tokens, per_pos: {position: accepted}}}, each summed
+    over every other label (engines, data-parallel ranks, model names)."""
+    out: dict[str, dict[str, Any]] = defaultdict(_zero)
     for (name, labels), value in samples.items():
-        for prefix in _PREFIXES:
+        for prefix, source in _PREFIXES.items():
             if not name.startswith(prefix):
                 continue
             key = name[len(prefix):].removesuffix("_total")
-            if key not in _SPEC:
-                continue
             lab = dict(labels)
-            level = lab.get("level") or ("vllm" if prefix.startswith("vllm") else "server")
-            out[level][key] += value
+            level = lab.get("level") or source
+            if key in _SPEC:
+                out[level][key] += value
+            elif key == _PER_POS and "position" in lab:
+                pos = int(lab["position"])
+                out[level]["per_pos"][pos] = out[level]["per_pos"].get(pos, 0.0) + value
     return dict(out)
 
 
-def server_counters(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[str, float]:
+def spec_gauges(samples: Samples) -> dict[str, dict[str, Any]]:
+    """Instantaneous speculation gauges (SGLang): every labelled value as read, and their mean."""
+    out: dict[str, dict[str, Any]] = {}
+    for (name, labels), value in sorted(samples.items()):
+        if name in _GAUGES:
+            g = out.setdefault(_GAUGES[name], {"instantaneous": True})
+            key = name.split(":", 1)[1]
+            g.setdefault(key, {"values": []})["values"].append({"labels": dict(labels), "value": value})
+    for g in out.values():
+        for key, v in g.items():
+            if isinstance(v, dict):
+                v["mean"] = sum(x["value"] for x in v["values"]) / len(v["values"])
+    return out
+
+
+def server_counters(samples: Samples) -> dict[str, float]:
     """A few generic totals worth a before/after delta (request and token counts, server memory)."""
     wanted = {
         "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
         "specledger:prompt_tokens_total", "specledger:generation_tokens_total",
         "specledger:requests_total", "specledger:request_success_total", "process_resident_memory_bytes",
+        "llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:n_decode_total",
     }
     out: dict[str, float] = defaultdict(float)
     for (name, _labels), value in samples.items():
@@ -58,22 +88,34 @@ def server_counters(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float
     return dict(out)
 
 
+def _acceptance(level: str, d: dict[str, Any]) -> Acceptance:
+    proposed, accepted, drafts = int(d["num_draft_tokens"]), int(d["num_accepted_tokens"]), int(d["num_drafts"])
+    n = max(d["per_pos"], default=-1) + 1
+    per_pos = [int(d["per_pos"].get(i, 0)) for i in range(n)]
+    return Acceptance(name=level, proposed=proposed, accepted=accepted,
+                      rate=accepted / proposed if proposed else None, drafts=drafts,
+                      accepted_per_position=per_pos,
+                      position_rates=[a / drafts for a in per_pos] if drafts else [])
+
+
 def telemetry_delta(before: str | None, after: str | None) -> tuple[dict[str, Any] | None, list[Acceptance]]:
-    """Compare two /metrics scrapes: raw deltas plus speculation counters as per-level acceptance."""
+    """Compare two /metrics scrapes: raw deltas plus speculation counters as per-level (and per-position)
+    acceptance. Gauges are reported as read after the window (flagged instantaneous)."""
     if before is None or after is None:
         return None, []
     b, a = parse_prometheus(before), parse_prometheus(after)
     sb, sa = spec_counters(b), spec_counters(a)
     levels: list[Acceptance] = []
-    spec: dict[str, dict[str, float]] = {}
+    spec: dict[str, dict[str, Any]] = {}
     for level, counts in sa.items():
-        prev = sb.get(level, {k: 0.0 for k in _SPEC})
-        d = {k: counts[k] - prev[k] for k in _SPEC}
-        spec[level] = d
+        prev = sb.get(level, _zero())
+        d: dict[str, Any] = {k: counts[k] - prev[k] for k in _SPEC}
+        d["per_pos"] = {p: v - prev["per_pos"].get(p, 0.0) for p, v in counts["per_pos"].items()}
+        spec[level] = {k: d[k] for k in _SPEC}
+        if d["per_pos"]:
+            spec[level]["accepted_per_pos"] = [d["per_pos"][p] for p in sorted(d["per_pos"])]
         if d["num_draft_tokens"] > 0 or d["num_drafts"] > 0:
-            proposed, accepted = int(d["num_draft_tokens"]), int(d["num_accepted_tokens"])
-            levels.append(Acceptance(name=level, proposed=proposed, accepted=accepted,
-                                     rate=accepted / proposed if proposed else None))
+            levels.append(_acceptance(level, d))
     cb, ca = server_counters(b), server_counters(a)
     deltas = {k: ca[k] - cb.get(k, 0.0) for k in ca if k != "process_resident_memory_bytes"}
     info: dict[str, Any] = {"spec_decode": spec, "counters": deltas}
@@ -82,6 +124,9 @@ def telemetry_delta(before: str | None, after: str | None) -> tuple[dict[str, An
     for level, d in spec.items():
         if d["num_drafts"] > 0:  # each draft step appends its accepted tokens plus one bonus token
             info.setdefault("tau", {})[level] = 1.0 + d["num_accepted_tokens"] / d["num_drafts"]
+    gauges = spec_gauges(a)
+    if gauges:
+        info["gauges"] = gauges
     return info, levels
 
 
@@ -99,11 +144,16 @@ def response_levels(body: dict[str, Any]) -> tuple[list[LevelCounts], int | None
     timings = body.get("timings")
     if isinstance(timings, dict):
         raw = {"timings": timings}
+        accepted = int(timings.get("draft_n_accepted", 0))
+        steps, tau = None, None
+        if isinstance(timings.get("predicted_n"), int) and timings["predicted_n"] > 1:
+            # The first token comes from the prompt pass; every later step appends its accepted drafts + 1.
+            steps = max(1, timings["predicted_n"] - 1 - accepted)
+            tau = (timings["predicted_n"] - 1) / steps
         if "draft_n" in timings:
-            lv = LevelCounts(name="draft", proposed=int(timings["draft_n"]),
-                             accepted=int(timings.get("draft_n_accepted", 0)))
-            return [lv], None, None, raw
-        return [], None, None, raw
+            lv = LevelCounts(name="draft", proposed=int(timings["draft_n"]), accepted=accepted, steps=steps)
+            return [lv], steps, tau, raw
+        return [], steps, tau, raw
     return [], None, None, {}
 
 
