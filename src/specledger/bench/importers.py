@@ -118,11 +118,12 @@ def import_vllm_bench(path: str | Path, run_dir: str | Path, *, name: str | None
         agg = aggregate(records, wall_s=duration, resamples=200)
         notes.append("per request: end-to-end = TTFT + the sum of its inter-token gaps (vLLM saves no end times)")
     else:
+        dists: dict[str, Any] = {ours: _summary_dist(data, theirs, completed) for theirs, ours in _METRICS.items()}
         agg = Aggregate(
             requests_ok=completed, requests_failed=failed, prompt_tokens=int(data.get("total_input_tokens") or 0),
             output_tokens=int(data["total_output_tokens"]), wall_s=duration,
             output_tok_s=data.get("output_throughput"), requests_s=data.get("request_throughput"),
-            **{ours: _summary_dist(data, theirs, completed) for theirs, ours in _METRICS.items()},
+            **dists,
         )
         notes.append("summary only (saved without --save-detailed): no per-request latencies, so no bootstrap "
                      "intervals; percentiles are those vLLM was asked for")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import os
 import shlex
 import shutil
@@ -138,7 +139,11 @@ def _install_hooks() -> None:
         previous = signal.getsignal(sig)
         if previous is signal.SIG_IGN:
             continue
-        signal.signal(sig, lambda n, f, p=previous: _on_signal(n, f, p))
+        signal.signal(sig, functools.partial(_chain_signal, previous))
+
+
+def _chain_signal(previous: Any, signum: int, frame: Any) -> None:
+    _on_signal(signum, frame, previous)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

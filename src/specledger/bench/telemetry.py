@@ -67,7 +67,7 @@ def spec_gauges(samples: Samples) -> dict[str, dict[str, Any]]:
             key = name.split(":", 1)[1]
             g.setdefault(key, {"values": []})["values"].append({"labels": dict(labels), "value": value})
     for g in out.values():
-        for key, v in g.items():
+        for v in g.values():
             if isinstance(v, dict):
                 v["mean"] = sum(x["value"] for x in v["values"]) / len(v["values"])
     return out
