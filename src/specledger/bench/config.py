@@ -181,6 +181,13 @@ class RunConfig(_Strict):
     seed: int = 0
     bootstrap: int = Field(1000, ge=0)  # resamples for confidence intervals (0: none)
     verify_curve: bool = True  # measure each in-process target's forward time for 1..64 new tokens (seconds)
+    # Interleaving: every configuration is started at once (in-process ones share loaded weights) and one-at-a-time
+    # levels (concurrency 1) run request by request, each block (one item under every configuration) in a seeded
+    # random order, so drift in machine load hits all configurations alike. Other levels run configuration by
+    # configuration in a seeded random order. false: one configuration after another, as listed.
+    interleave: bool = True
+    repeats: int = Field(1, ge=1)  # passes over the workload per load level (paired statistics pool them)
+    calibration: bool = True  # time a fixed matrix product before, during and after the run (bench/calibration.py)
 
     @model_validator(mode="after")
     def _unique(self) -> "RunConfig":

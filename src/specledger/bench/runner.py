@@ -8,6 +8,7 @@ rewritten after every load level, so an interrupted run keeps everything measure
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import uuid
 from collections import defaultdict
@@ -19,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specledger.bench.backends.base import Backend, Completion, make_backend
+from specledger.bench.calibration import assess, take_probe, thread_settings
 from specledger.bench.config import BenchConfig, RunConfig, parse_run_config
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.env import collect_conditions
@@ -26,7 +28,8 @@ from specledger.bench.load import SteadyStateCheck, closed_loop, open_loop
 from specledger.bench.probes import UNQUANTIZED, measure_agreement, needs_agreement
 from specledger.bench.metrics import aggregate, group_by, spread_itl, tpot
 from specledger.bench.results import (
-    ConfigResult, CurvePoint, EngineTelemetry, GateOutcome, LoadResult, RequestGrade, RequestLog, RequestRecord, RunResult, SteadyState,
+    ConfigResult, CurvePoint, EngineTelemetry, GateOutcome, LoadResult, Noise, RequestGrade, RequestLog, RequestRecord, RunResult,
+    SteadyState,
     load_run, now, read_requests, write_run, write_summary, REQUESTS_FILE,
 )
 from specledger.bench.telemetry import telemetry_delta
@@ -96,8 +99,15 @@ class Runner:
         self.previous = read_requests(self.run_dir) if self.resume else []
         try:
             with self._progress_bar():
-                for bc in cfg.configs:
-                    await self._run_config(bc)
+                self._noise_probe("before")
+                if self.interleaving:
+                    await self._run_interleaved()
+                else:
+                    for i, bc in enumerate(cfg.configs):
+                        if i == len(cfg.configs) // 2 and i > 0:
+                            self._noise_probe("during")
+                        await self._run_config(bc)
+                self._noise_probe("after")
             self.run_result.status = "complete"
         except (KeyboardInterrupt, asyncio.CancelledError):
             self.run_result.status = "interrupted"
@@ -116,6 +126,26 @@ class Runner:
             self._save()
         return self.run_result
 
+    @property
+    def interleaving(self) -> bool:
+        return self.cfg.interleave and len(self.cfg.configs) > 1
+
+    @property
+    def items_per_pass(self) -> int:
+        return self.cfg.load.num_requests or len(self.questions)
+
+    def _noise_probe(self, when: str) -> None:
+        """Time the calibration probe; the run keeps every probe and the drift between them."""
+        if not self.cfg.calibration:
+            return
+        try:
+            p = take_probe(when)
+        except ImportError:  # no torch: an HTTP-only install
+            return
+        noise = self.run_result.noise or Noise(threads=thread_settings())
+        noise.probes.append(p)
+        self.run_result.noise = assess(noise)
+
     # ---- setup ----
 
     def _prepare_dir(self) -> None:
@@ -131,6 +161,7 @@ class Runner:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         conditions = collect_conditions(resolved, seed=cfg.seed, backends={}, energy=self.meter.source,
                                         local_engine=any(c.backend == "inprocess" for c in cfg.configs))
+        conditions.interleaved, conditions.order_seed = self.interleaving, cfg.seed if self.interleaving else None
         self.run_result = RunResult(run_id=self.run_dir.name, created=now(), conditions=conditions)
         if not self.meter.available:
             self.run_result.notes.append("energy: unavailable (no RAPL powercap counters or NVML on this machine)")
@@ -267,6 +298,96 @@ class Runner:
         finally:
             await backend.close()
 
+    async def _run_interleaved(self) -> None:
+        """Every configuration up at once (shared weights), a warm-up each, then each load level: one at a time
+        (concurrency 1) request by request in seeded random block order; other levels configuration by
+        configuration in seeded random order."""
+        cfg = self.cfg
+        rng = random.Random(cfg.seed)
+        backends: dict[str, Backend] = {}
+        all_levels = [lv[0] for lv in cfg.load.levels()]
+        try:
+            for bc in cfg.configs:
+                cr = self._config_result(bc)
+                if all(lv in {lr.load for lr in cr.loads if lr.complete} for lv in all_levels):
+                    continue
+                backend = self._make_backend(bc)
+                try:
+                    await backend.start()
+                except SpecLedgerError as exc:
+                    await backend.close()
+                    if not bc.optional or cr.loads:
+                        raise
+                    self._skip(bc, exc)
+                    continue
+                backends[bc.name] = backend
+                self._keep_models(bc, backend)
+                self.run_result.conditions.backends[bc.name] = backend.describe()
+                await self._probe(bc, backend, cr)
+            live = [bc for bc in cfg.configs if bc.name in backends]
+            for bc in rng.sample(live, len(live)):
+                await self._warmup(backends[bc.name], bc)
+            for label, conc, rate in cfg.load.levels():
+                todo = [bc for bc in live
+                        if label not in {lr.load for lr in self._config_result(bc).loads if lr.complete}]
+                if not todo:
+                    continue
+                if conc == 1 and not cfg.load.steady_state:
+                    await self._interleaved_level(backends, todo, label, rng)
+                else:
+                    for bc in rng.sample(todo, len(todo)):
+                        await self._run_level(backends[bc.name], bc, self._config_result(bc), _Level(label, conc, rate))
+        finally:
+            for b in backends.values():
+                await b.close()
+
+    async def _interleaved_level(self, backends: dict[str, Backend], todo: list[BenchConfig], label: str,
+                                 rng: random.Random) -> None:
+        n = self.items_per_pass * self.cfg.repeats
+        levels = {bc.name: _Level(label, 1, None) for bc in todo}
+        done = {bc.name: self._done_items(bc, label) for bc in todo}
+        total = sum(len(self.questions[i % len(self.questions)].turns)
+                    for bc in todo for i in range(n) if i not in done[bc.name])
+        if self._progress is not None:
+            self._task = self._progress.add_task(f"{len(todo)} configurations interleaved {label}", total=total)
+        urls = [bc.openai.base_url for bc in todo if bc.openai is not None]
+        energy: dict[str, float | None] = {bc.name: 0.0 for bc in todo}
+        before = {bc.name: await backends[bc.name].scrape_metrics() for bc in todo}
+        started = now()
+        for i in range(n):
+            order = rng.sample(todo, len(todo))
+            for slot, bc in enumerate(order):
+                if i in done[bc.name]:
+                    continue
+                q = self.questions[i % len(self.questions)]
+                e0 = self.meter.read()
+                await self._conversation(backends[bc.name], bc, q, item=i, arrival=time.perf_counter(),
+                                         level=levels[bc.name], block=i, slot=slot)
+                e1 = self.meter.read()
+                energy[bc.name] = None if e0 is None or e1 is None or energy[bc.name] is None \
+                    else energy[bc.name] + (e1 - e0)
+            if i == n // 2 and n > 1:
+                self._noise_probe("during")
+        after = {bc.name: await backends[bc.name].scrape_metrics() for bc in todo}
+        self.log.sync()
+        for bc in todo:
+            single_segment = not done[bc.name] and not any(
+                r.config == bc.name and r.load == label for r in self.previous)
+            lr = self._load_result(bc, levels[bc.name], energy=energy[bc.name] if single_segment else None,
+                                   started=started, interleaved=True)
+            # a server shared by several configurations mixes their counters: no per-configuration delta
+            if single_segment and (bc.openai is None or urls.count(bc.openai.base_url) == 1):
+                lr.telemetry, lr.telemetry_levels = telemetry_delta(before[bc.name], after[bc.name])
+            lr.complete = True
+            cr = self._config_result(bc)
+            cr.loads = [x for x in cr.loads if x.load != label] + [lr]
+            order_ = [lv[0] for lv in self.cfg.load.levels()]
+            cr.loads.sort(key=lambda x: order_.index(x.load) if x.load in order_ else len(order_))
+        self._apply_gates()
+        self._save()
+        if self._progress is not None:
+            self._progress.update(self._task, completed=total)
+
     async def _warmup(self, backend: Backend, bc: BenchConfig) -> None:
         n = min(self.cfg.load.warmup, len(self.questions))
         if n and self._progress is not None:
@@ -288,7 +409,7 @@ class Runner:
 
     async def _run_level(self, backend: Backend, bc: BenchConfig, cr: ConfigResult, level: _Level) -> None:
         load = self.cfg.load
-        n = load.num_requests or len(self.questions)
+        n = self.items_per_pass * self.cfg.repeats
         done = self._done_items(bc, level.label)
         steady = SteadyStateCheck(load.steady_state.window, load.steady_state.tolerance) if load.steady_state else None
         limit = max(n, load.steady_state.max_requests) if load.steady_state else n
@@ -350,7 +471,10 @@ class Runner:
         if self._progress is not None:
             self._progress.update(self._task, completed=total)
 
-    def _load_result(self, bc: BenchConfig, level: _Level, *, energy: float | None, started: Any) -> LoadResult:
+    def _load_result(self, bc: BenchConfig, level: _Level, *, energy: float | None, started: Any,
+                     interleaved: bool = False) -> LoadResult:
+        """Aggregates of one configuration at one level. Interleaved: its device time is the time its own
+        requests were in service (the other configurations' requests ran in between)."""
         merged: dict[str, RequestRecord] = {}
         for r in self.previous:
             if r.config == bc.name and r.load == level.label:
@@ -359,7 +483,8 @@ class Runner:
             merged[r.request_id] = r
         records = list(merged.values())
         by_segment = group_by(records, "segment")
-        wall = sum(max(r.end_t for r in rs) - min(r.arrival_t for r in rs) for rs in by_segment.values())
+        wall = None if interleaved else sum(max(r.end_t for r in rs) - min(r.arrival_t for r in rs)
+                                            for rs in by_segment.values())
         b, seed, slo = self.cfg.bootstrap, self.cfg.seed, self.cfg.slo
         lr = LoadResult(
             load=level.label, concurrency=level.concurrency, rate=level.rate, started=started,
@@ -375,7 +500,7 @@ class Runner:
     # ---- one conversation ----
 
     async def _conversation(self, backend: Backend, bc: BenchConfig, q: Question, *, item: int, arrival: float,
-                            level: _Level | None) -> int:
+                            level: _Level | None, block: int | None = None, slot: int | None = None) -> int:
         """Run every turn; turn k+1 sees the model's answer to turn k. Returns output tokens."""
         messages: list[dict[str, str]] = []
         answers: list[str] = []
@@ -390,6 +515,7 @@ class Runner:
             tokens += c.output_tokens if c.ok else 0
             if level is not None:
                 rec = self._record(bc, q, c, item=item, turn=turn, arrival=arrival, level=level)
+                rec.repeat, rec.block, rec.slot = item // self.items_per_pass, block, slot
                 if c.ok and turn == len(q.turns):
                     g = grade(q, answers + [c.text], self.cfg.workload.grader)
                     rec.grade = RequestGrade(passed=g.passed, score=g.score, grader=g.grader, detail=g.detail)

@@ -47,11 +47,14 @@ def register(app: typer.Typer) -> None:
         no_report: bool = typer.Option(False, "--no-report", help="skip the HTML report"),
         samples: int = typer.Option(2000, "--samples", min=0, help="Monte Carlo samples"),
         no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+        repeats: int = typer.Option(1, "--repeats", min=1, help="passes over the workload (interleaved)"),
     ) -> None:
         """The main job: run the configurations side by side (default: the embedded model's matrix), apply the
         quality gates, price each accepted task, print the table and write the report."""
         from specledger.compare import build_config, run_compare
 
         run_config = build_config(config, quick=quick, max_new_tokens=max_new_tokens)
+        if repeats > 1:
+            run_config = run_config.model_copy(update={"repeats": repeats})
         run_compare(run_config, run_dir=out, inputs=inputs, report=not no_report, samples=samples,
                     show_progress=not no_progress)
