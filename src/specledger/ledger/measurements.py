@@ -6,6 +6,7 @@ works on ConfigMeasurement, so the ledger can also price measurements from elsew
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -23,6 +24,7 @@ class RequestPoint(BaseModel):
     e2e_s: float | None = None
     service_s: float | None = None  # e2e minus queueing: the time it occupied the device
     output_tokens: int = 0
+    key: str = ""  # the prompt (question|turn|repeat): pairs it with the same prompt under another configuration
 
 
 class KindMeasurement(BaseModel):
@@ -72,6 +74,8 @@ class ConfigMeasurement(BaseModel):
     energy_j: float | None = None  # measurement phase, all devices
     by_kind: dict[str, KindMeasurement] = Field(default_factory=dict)
     verify_curve: list[CurvePoint] = Field(default_factory=list)
+    grades: dict[str, bool] = Field(default_factory=dict)  # graded item (question|repeat) -> passed
+    outputs: str | None = None  # digest of every output: equal digests, equal outputs (and equal quality)
 
     @property
     def device_seconds(self) -> float:
@@ -138,6 +142,7 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
             where = f"{run_dir / RUN_FILE}: configs[{ci}] ({c.name}).loads[{li}] ({lr.load}).aggregate"
             if a.requests_ok > 0 and a.wall_s <= 0:
                 raise BadInput(f"{where}.wall_s: missing or 0; the ledger needs the device time of the measurement phase")
+            mine = [r for r in records if r.config == c.name and r.load == lr.load]
             reqs = [
                 RequestPoint(
                     ttft_s=r.ttft_s,
@@ -145,9 +150,9 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
                     e2e_s=r.e2e_s,
                     service_s=None if r.e2e_s is None else max(r.e2e_s - r.queue_s, 0.0),
                     output_tokens=r.output_tokens,
+                    key=f"{r.question_id}|t{r.turn}|r{r.repeat}",
                 )
-                for r in records
-                if r.config == c.name and r.load == lr.load
+                for r in mine
             ]
             out.append(
                 ConfigMeasurement(
@@ -184,8 +189,23 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
                         for k, g in lr.by_kind.items()
                     },
                     verify_curve=curve,
+                    grades={f"{r.question_id}|r{r.repeat}": bool(r.grade.passed) for r in mine
+                            if r.grade is not None and r.grade.passed is not None},
+                    outputs=_digest(mine),
                 )
             )
     if not out:
         raise BadInput(f"{run_dir / RUN_FILE}: no configuration with a measured load level")
     return out
+
+
+def _digest(records) -> str | None:
+    """Hash of every output (token ids where known, else text) and its grade, by prompt."""
+    if not records:
+        return None
+    h = hashlib.sha256()
+    for r in sorted(records, key=lambda r: (r.question_id, r.turn, r.repeat)):
+        out = r.output_token_ids if r.output_token_ids is not None else r.output_text
+        passed = None if r.grade is None else r.grade.passed
+        h.update(f"{r.question_id}|{r.turn}|{r.repeat}|{passed}|{out}\n".encode())
+    return h.hexdigest()[:16]
