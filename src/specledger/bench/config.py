@@ -170,6 +170,19 @@ class GateSettings(_Strict):
     max_kl: float | None = Field(None, ge=0.0)  # mean KL(reference || candidate), nats
 
 
+class QualitySettings(_Strict):
+    """A graded workload run once per target and precision (label "quality", concurrency 1): the pass rate
+    with power (n items: a 95% interval of about +-1/sqrt(n)). Speculative configurations are lossless, so
+    they share the pass rate of the greedy autoregressive configuration of their target."""
+
+    spec: str = "builtin-graded"
+    limit: int | None = Field(None, ge=1)
+    seed: int = 0
+
+
+QUALITY_LEVEL = "quality"
+
+
 class RunConfig(_Strict):
     configs: list[BenchConfig] = Field(min_length=1)
     workload: WorkloadSettings = Field(default_factory=WorkloadSettings)
@@ -187,7 +200,19 @@ class RunConfig(_Strict):
     # configuration in a seeded random order. false: one configuration after another, as listed.
     interleave: bool = True
     repeats: int = Field(1, ge=1)  # passes over the workload per load level (paired statistics pool them)
+    quality: QualitySettings | None = None
     calibration: bool = True  # time a fixed matrix product before, during and after the run (bench/calibration.py)
+
+    def quality_source(self, bc: BenchConfig) -> str | None:
+        """Which configuration's quality level stands for bc's (None: no quality level in this run)."""
+        if self.quality is None:
+            return None
+        if bc.greedy and bc.strategy != "ar":
+            ref = next((o for o in self.configs if o.strategy == "ar" and o.greedy
+                        and o.target_key() == bc.target_key()), None)
+            if ref is not None:
+                return ref.name
+        return bc.name
 
     @model_validator(mode="after")
     def _unique(self) -> "RunConfig":

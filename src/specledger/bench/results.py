@@ -212,6 +212,9 @@ class ConfigResult(_Model):
     loads: list[LoadResult] = Field(default_factory=list)
     gates: list[GateOutcome] = Field(default_factory=list)
     pass_rate: float | None = None
+    # the configuration whose graded "quality" level stands for this one's quality: itself, or the greedy
+    # autoregressive configuration of the same target and precision (lossless speculation: the same outputs)
+    quality_source: str | None = None
     pass_ci: tuple[float, float] | None = None
     comparable: bool = True
     comparable_reason: str = ""

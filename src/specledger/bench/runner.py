@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from specledger.bench.backends.base import Backend, Completion, make_backend
 from specledger.bench.calibration import assess, take_probe, thread_settings
-from specledger.bench.config import BenchConfig, RunConfig, parse_run_config
+from specledger.bench.config import QUALITY_LEVEL, BenchConfig, RunConfig, parse_run_config
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.env import collect_conditions
 from specledger.bench.load import SteadyStateCheck, closed_loop, open_loop
@@ -52,6 +52,7 @@ class _Level:
     concurrency: int | None
     rate: float | None
     records: list[RequestRecord] = field(default_factory=list)
+    questions: list[Question] | None = None  # the quality level's own workload (else the run's)
 
 
 class Runner:
@@ -94,6 +95,8 @@ class Runner:
         questions = load_workload(w.spec, categories=w.categories, per_category=w.per_category, limit=w.limit,
                                   seed=w.seed, on_bad_line=w.on_bad_line)
         self.questions = questions
+        q = cfg.quality
+        self.quality_questions = load_workload(q.spec, limit=q.limit, seed=q.seed) if q is not None else []
         self._prepare_dir()
         self.log = RequestLog(self.run_dir)
         self.previous = read_requests(self.run_dir) if self.resume else []
@@ -188,7 +191,7 @@ class Runner:
             return existing
         cr = ConfigResult(name=bc.name, backend=bc.backend, model=bc.model, strategy=bc.strategy, dtype=bc.dtype,
                           quant=bc.quant, group_size=bc.group_size if bc.quant == "int4" else None,
-                          spec=bc.model_dump(mode="json"))
+                          spec=bc.model_dump(mode="json"), quality_source=self.cfg.quality_source(bc))
         self.run_result.configs.append(cr)
         return cr
 
@@ -278,7 +281,8 @@ class Runner:
         cr = self._config_result(bc)
         done_levels = {lr.load for lr in cr.loads if lr.complete}
         levels = [lv for lv in self.cfg.load.levels() if lv[0] not in done_levels]
-        if not levels:
+        quality = self._needs_quality(bc)
+        if not levels and not quality:
             return
         backend = self._make_backend(bc)
         try:
@@ -295,8 +299,15 @@ class Runner:
             await self._warmup(backend, bc)
             for label, conc, rate in levels:
                 await self._run_level(backend, bc, cr, _Level(label, conc, rate))
+            if quality:
+                await self._run_level(backend, bc, cr, _Level(QUALITY_LEVEL, 1, None, questions=self.quality_questions))
         finally:
             await backend.close()
+
+    def _needs_quality(self, bc: BenchConfig) -> bool:
+        cr = self.run_result.config(bc.name)
+        return (self.cfg.quality is not None and self.cfg.quality_source(bc) == bc.name
+                and not (cr is not None and any(lr.load == QUALITY_LEVEL and lr.complete for lr in cr.loads)))
 
     async def _run_interleaved(self) -> None:
         """Every configuration up at once (shared weights), a warm-up each, then each load level: one at a time
@@ -309,7 +320,8 @@ class Runner:
         try:
             for bc in cfg.configs:
                 cr = self._config_result(bc)
-                if all(lv in {lr.load for lr in cr.loads if lr.complete} for lv in all_levels):
+                if all(lv in {lr.load for lr in cr.loads if lr.complete} for lv in all_levels) \
+                        and not self._needs_quality(bc):
                     continue
                 backend = self._make_backend(bc)
                 try:
@@ -337,16 +349,20 @@ class Runner:
                 else:
                     for bc in rng.sample(todo, len(todo)):
                         await self._run_level(backends[bc.name], bc, self._config_result(bc), _Level(label, conc, rate))
+            todo = [bc for bc in live if self._needs_quality(bc)]
+            if todo:
+                await self._interleaved_level(backends, todo, QUALITY_LEVEL, rng, questions=self.quality_questions)
         finally:
             for b in backends.values():
                 await b.close()
 
     async def _interleaved_level(self, backends: dict[str, Backend], todo: list[BenchConfig], label: str,
-                                 rng: random.Random) -> None:
-        n = self.items_per_pass * self.cfg.repeats
-        levels = {bc.name: _Level(label, 1, None) for bc in todo}
+                                 rng: random.Random, questions: list[Question] | None = None) -> None:
+        qs = questions or self.questions
+        n = len(qs) if questions else self.items_per_pass * self.cfg.repeats
+        levels = {bc.name: _Level(label, 1, None, questions=questions) for bc in todo}
         done = {bc.name: self._done_items(bc, label) for bc in todo}
-        total = sum(len(self.questions[i % len(self.questions)].turns)
+        total = sum(len(qs[i % len(qs)].turns)
                     for bc in todo for i in range(n) if i not in done[bc.name])
         if self._progress is not None:
             self._task = self._progress.add_task(f"{len(todo)} configurations interleaved {label}", total=total)
@@ -359,7 +375,7 @@ class Runner:
             for slot, bc in enumerate(order):
                 if i in done[bc.name]:
                     continue
-                q = self.questions[i % len(self.questions)]
+                q = qs[i % len(qs)]
                 e0 = self.meter.read()
                 await self._conversation(backends[bc.name], bc, q, item=i, arrival=time.perf_counter(),
                                          level=levels[bc.name], block=i, slot=slot)
@@ -409,10 +425,12 @@ class Runner:
 
     async def _run_level(self, backend: Backend, bc: BenchConfig, cr: ConfigResult, level: _Level) -> None:
         load = self.cfg.load
-        n = self.items_per_pass * self.cfg.repeats
+        qs = level.questions or self.questions
+        n = len(qs) if level.questions else self.items_per_pass * self.cfg.repeats
         done = self._done_items(bc, level.label)
-        steady = SteadyStateCheck(load.steady_state.window, load.steady_state.tolerance) if load.steady_state else None
-        limit = max(n, load.steady_state.max_requests) if load.steady_state else n
+        check = load.steady_state if level.questions is None else None
+        steady = SteadyStateCheck(check.window, check.tolerance) if check else None
+        limit = max(n, check.max_requests) if check else n
         counter = iter(range(limit))
 
         def next_index() -> int | None:
@@ -423,12 +441,12 @@ class Runner:
                     return i
             return None
 
-        total = sum(len(self.questions[i % len(self.questions)].turns) for i in range(n) if i not in done)
+        total = sum(len(qs[i % len(qs)].turns) for i in range(n) if i not in done)
         if self._progress is not None:
             self._task = self._progress.add_task(f"{bc.name} {level.label}", total=total)
 
         async def job(i: int, arrival: float) -> None:
-            q = self.questions[i % len(self.questions)]
+            q = qs[i % len(qs)]
             tokens = await self._conversation(backend, bc, q, item=i, arrival=arrival, level=level)
             nonlocal total
             if steady is not None:
@@ -515,7 +533,8 @@ class Runner:
             tokens += c.output_tokens if c.ok else 0
             if level is not None:
                 rec = self._record(bc, q, c, item=item, turn=turn, arrival=arrival, level=level)
-                rec.repeat, rec.block, rec.slot = item // self.items_per_pass, block, slot
+                rec.repeat = 0 if level.questions else item // self.items_per_pass
+                rec.block, rec.slot = block, slot
                 if c.ok and turn == len(q.turns):
                     g = grade(q, answers + [c.text], self.cfg.workload.grader)
                     rec.grade = RequestGrade(passed=g.passed, score=g.score, grader=g.grader, detail=g.detail)
@@ -597,8 +616,8 @@ def apply_gates(run: RunResult, records: list[RequestRecord], cfg: RunConfig) ->
                 gates.append(GateOutcome(name="lossless", passed=None, reason="not checked: no greedy 'ar' "
                                          "configuration of the same target and precision in this run"))
             elif ref.name in by_config and recs:
-                ref_out, ref_ids = _outputs(by_config[ref.name])
-                cand_out, cand_ids = _outputs(recs)
+                ref_out, ref_ids = _outputs([r for r in by_config[ref.name] if r.load != QUALITY_LEVEL])
+                cand_out, cand_ids = _outputs([r for r in recs if r.load != QUALITY_LEVEL])
                 sixteen = bc.dtype in ("bf16", "fp16")
                 min_share = cfg.gates.lossless_min_share_16bit if sixteen else cfg.gates.lossless_min_share
                 g = _gate(lossless_gate(ref_out, cand_out, min_share=min_share))
@@ -609,7 +628,12 @@ def apply_gates(run: RunResult, records: list[RequestRecord], cfg: RunConfig) ->
                 gates.append(g)
         if cr.agreement is not None and cfg.gates.quantization:
             gates.append(_quantization(cr.agreement, cfg))
-        graded = _pass_rate_sample(recs, bc)
+        source = cfg.quality_source(bc) if bc is not None else None
+        if source is not None:  # the graded quality level (of this configuration or its lossless reference)
+            graded = _pass_rate_sample([r for r in by_config.get(source, []) if r.load == QUALITY_LEVEL], bc)
+            graded = graded or _pass_rate_sample(recs, bc)
+        else:
+            graded = _pass_rate_sample(recs, bc)
         pr = pass_rate_gate([r.grade.passed if r.grade else None for r in graded], min_rate=cfg.gates.min_pass_rate)
         gates.append(_gate(pr))
         cr.pass_rate = pr.figures.get("rate")

@@ -311,7 +311,8 @@ def load_workload(
     seed: int = 0,
     on_bad_line: str = "stop",
 ) -> list[Question]:
-    """Load a workload: "builtin", "builtin-quick", a Spec-Bench .jsonl path, or "synthetic:in=..,out=..,n=..".
+    """Load a workload: "builtin", "builtin-quick", "builtin-graded" (bench/graded.py), a Spec-Bench .jsonl path,
+    or "synthetic:in=..,out=..,n=..".
 
     Order is the file's order; filters, then the per-category sample, then `limit` (the first N) apply.
     """
@@ -319,6 +320,10 @@ def load_workload(
         questions = read_questions(builtin_path(), on_bad_line=on_bad_line)
     elif spec == "builtin-quick":
         questions = _quick(read_questions(builtin_path(), on_bad_line=on_bad_line))
+    elif spec == "builtin-graded":
+        from specledger.bench.graded import graded_questions
+
+        questions = graded_questions(seed=seed)
     elif spec.startswith("synthetic:"):
         questions = _synthetic(spec)
     else:

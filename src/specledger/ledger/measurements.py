@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specledger.bench.config import QUALITY_LEVEL
 from specledger.errors import BadInput
 from specledger.ledger.model import TRAINED_DRAFTERS, OperatingPoint
 
@@ -132,12 +133,16 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
     raw = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
     raw_configs = {c.get("name"): c for c in raw.get("configs", []) if isinstance(c, dict)}
     records = [r for r in read_requests(run_dir) if r.status == "ok"]
+    quality = _quality_grades(records)
     out: list[ConfigMeasurement] = []
     for ci, c in enumerate(run.configs):
         extra = raw_configs.get(c.name, {})
         curve = [CurvePoint(**p) for p in (extra.get("verify_curve") or c.spec.get("verify_curve") or [])]
         device_count = int(extra.get("device_count") or c.spec.get("device_count") or 1)
+        graded = quality.get(c.quality_source or "")  # the graded quality level stands for its pass rate
         for li, lr in enumerate(c.loads):
+            if lr.load == QUALITY_LEVEL:
+                continue
             a = lr.aggregate
             where = f"{run_dir / RUN_FILE}: configs[{ci}] ({c.name}).loads[{li}] ({lr.load}).aggregate"
             if a.requests_ok > 0 and a.wall_s <= 0:
@@ -178,8 +183,8 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
                     e2e_p95=a.e2e.p95,
                     requests=reqs,
                     tau=a.tau,
-                    passes=a.passed,
-                    graded=a.graded,
+                    passes=a.passed if graded is None else sum(graded.values()),
+                    graded=a.graded if graded is None else len(graded),
                     comparable=c.comparable,
                     comparable_reason=c.comparable_reason,
                     energy_j=a.energy_j,
@@ -189,13 +194,26 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
                         for k, g in lr.by_kind.items()
                     },
                     verify_curve=curve,
-                    grades={f"{r.question_id}|r{r.repeat}": bool(r.grade.passed) for r in mine
-                            if r.grade is not None and r.grade.passed is not None},
+                    grades=graded if graded is not None else _grades(mine),
                     outputs=_digest(mine),
                 )
             )
     if not out:
         raise BadInput(f"{run_dir / RUN_FILE}: no configuration with a measured load level")
+    return out
+
+
+def _grades(records) -> dict[str, bool]:
+    return {f"{r.question_id}|r{r.repeat}": bool(r.grade.passed) for r in records
+            if r.grade is not None and r.grade.passed is not None}
+
+
+def _quality_grades(records) -> dict[str, dict[str, bool]]:
+    """Configuration -> its graded quality level (question -> passed)."""
+    out: dict[str, dict[str, bool]] = {}
+    for r in records:
+        if r.load == QUALITY_LEVEL and r.turn == r.turns and r.grade is not None and r.grade.passed is not None:
+            out.setdefault(r.config, {})[f"{r.question_id}|r{r.repeat}"] = bool(r.grade.passed)
     return out
 
 
