@@ -81,9 +81,12 @@ class Hardware(_Section):
     kind: Literal["rented", "owned"] = "rented"
     device_count: Annotated[int, Field(ge=1)] | None = None  # devices per replica; None: as the run recorded (else 1)
     price_per_device_hour: NonNeg | None = None
+    # rented: always_on (paid every hour, busy or not: a busy second costs price / utilisation) or
+    # per_busy_second (serverless: only the seconds of work are paid; utilisation does not apply)
+    billing: Literal["always_on", "per_busy_second"] = "always_on"
     purchase_price: NonNeg | None = None
     lifetime_years: Positive | None = None
-    utilisation: Fraction | None = None
+    utilisation: Fraction | None = None  # share of the time the device is busy; rented always_on: default 1
     power_watts: NonNeg | None = None
     energy_price_per_kwh: NonNeg | None = None
     pue: Annotated[Number, _bounds(1.0, what=" (PUE is at least 1)")] | None = None

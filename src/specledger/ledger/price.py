@@ -246,7 +246,10 @@ def price_measurements(
             {"name": r.name, "load": r.load, "strategy": r.strategy, "precision": r.precision,
              "comparable": r.comparable, "comparable_reason": r.comparable_reason,
              "tok_s": r.tok_s, "tau": r.tau,
-             "op": asdict(case.op)}
+             "op": asdict(case.op),
+             # every measured level at the run's device count: the page re-chooses the level on each edit
+             "levels": [{"load": lm.load, "concurrency": lm.concurrency, "op": asdict(lm.operating_point())}
+                        for lm in ms if lm.name == r.name and lm.requests_completed > 0]}
             for r, case, _, _ in chosen
         ],
     }
