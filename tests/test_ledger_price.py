@@ -97,7 +97,8 @@ def test_cost_command_prints_the_table_and_writes_json(tmp_path, run_dir):
     result = CliRunner().invoke(app, ["cost", str(run_dir), "--inputs", str(cost), "--json", str(out), "--samples", "200"],
                                 env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
-    assert "eagle-fp32" in result.output and "cheapest" in result.output and "infinite cost" in result.output
+    assert "eagle-fp32" in result.output and "infinite cost" in result.output
+    assert "cheapest" in result.output or "indistinguishable" in result.output
     ledger = LedgerResult.model_validate_json(out.read_text())
     assert {r.name for r in ledger.configs} >= {"ar-fp32", "broken"}
     assert json.loads(out.read_text())["configs"][5]["total"] is None  # infinite is stated, not a number

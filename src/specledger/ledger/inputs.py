@@ -173,6 +173,14 @@ class CostInputs(BaseModel):
     base: Resolved
     overrides: dict[str, dict] = Field(default_factory=dict)
     source: str = "<inputs>"
+    # named variants of the whole file (`scenarios: {name: {section: {...}}}`), e.g. human-reviewed and fully
+    # automated; the report prices each. The first is the headline.
+    scenarios: dict[str, dict] = Field(default_factory=dict)
+
+    def scenario(self, name: str) -> "CostInputs":
+        """These inputs with one scenario's changes applied to the base (and no scenarios of their own)."""
+        base = Resolved.model_validate(_merge(self.base.model_dump(exclude_none=True), self.scenarios[name]))
+        return CostInputs(base=base, overrides=self.overrides, source=f"{self.source} [{name}]")
 
     def resolve(self, config: str) -> Resolved:
         over = self.overrides.get(config)
@@ -266,13 +274,23 @@ def parse_inputs(text: str, source: str = "<inputs>") -> CostInputs:
         raise BadInput(f"{source}: expected a mapping of sections (hardware, task, acceptance, ...)")
     lines = _line_index(text)
     overrides = raw.pop("configs", None) or {}
+    scenarios = raw.pop("scenarios", None) or {}
+    if not isinstance(scenarios, dict) or not all(isinstance(v, dict) or v is None for v in scenarios.values()):
+        raise BadInput(f"{source}:{lines.get(('scenarios',), '?')}: scenarios: expected {{name: {{section: "
+                       "{field: value}}}} (an empty mapping {} for the inputs as written)")
+    scenarios = {str(k): v or {} for k, v in scenarios.items()}
     if not isinstance(overrides, dict) or not all(isinstance(v, dict) for v in overrides.values()):
         raise BadInput(f"{source}:{lines.get(('configs',), '?')}: configs: expected {{name: {{section: {{field: value}}}}}}")
     try:
         base = Resolved.model_validate(raw)
     except ValidationError as exc:
         raise _bad(source, lines, exc) from None
-    inputs = CostInputs(base=base, overrides=overrides, source=source)
+    inputs = CostInputs(base=base, overrides=overrides, source=source, scenarios=scenarios)
+    for name in scenarios:
+        try:
+            inputs.scenario(name)
+        except ValidationError as exc:
+            raise _bad(source, lines, exc, ("scenarios", name)) from None
     for name, over in overrides.items():
         try:
             inputs.resolve(name)

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pydantic import BaseModel, Field
+from scipy.stats import beta
 
 from specledger.errors import BadInput
 from specledger.ledger.breakeven import BreakEven, break_even
@@ -43,6 +44,8 @@ class ConfigCost(BaseModel):
     speedup_high: float | None = None
     speedup_base: str | None = None  # the autoregressive configuration it is measured against
     pass_rate: float | None = None
+    pass_low: float | None = None  # 95% interval of a measured pass rate (Jeffreys)
+    pass_high: float | None = None
     pass_rate_source: str = ""
     device_seconds_per_call: float | None = None  # None: nothing measured to price
     replicas: float | None = None  # devices provisioned for the demand rate, when one is given
@@ -86,6 +89,8 @@ class LedgerResult(BaseModel):
     levels: list[ConfigCost]  # every configuration x load level
     break_even: list[BreakEven] = Field(default_factory=list)
     quality: list[dict] = Field(default_factory=list)  # paired (McNemar) tests against the reference
+    scenario: str | None = None  # the headline scenario these rows price (when the cost file names scenarios)
+    scenarios: dict[str, list[dict]] = Field(default_factory=dict)  # the other scenarios, one summary per row
     sensitivity: dict[str, list[dict]] = Field(default_factory=dict)
     samples: int = 0
     seed: int = 0
@@ -102,7 +107,10 @@ def _finite(v: float) -> float | None:
 
 def _cost_row(m: ConfigMeasurement, case: Case, b: Breakdown, misses: list[str], source: str) -> ConfigCost:
     demand = case.x["volume"]["demand_rps"]
-    return ConfigCost(
+    low = high = None
+    if source.startswith("measured") and m.graded:
+        low, high = (float(v) for v in beta.ppf([0.025, 0.975], m.passes + 0.5, m.graded - m.passes + 0.5))
+    return ConfigCost(pass_low=low, pass_high=high,
         name=m.name, strategy=m.strategy, model=m.model, precision=m.precision, load=m.load,
         concurrency=m.concurrency, tok_s=m.tok_s, ttft_p50=m.ttft_p50, ttft_p95=m.ttft_p95,
         tpot_p95=m.tpot_p95, e2e_p95=m.e2e_p95, tau=m.tau, pass_rate=float(b.pass_rate),
@@ -201,6 +209,8 @@ def cases_for(run_dir: str | Path, inputs: CostInputs | str | Path | None = None
     """The priced Case of every configuration of a run (for break-even questions)."""
     if not isinstance(inputs, CostInputs):
         inputs = load_inputs(inputs)
+    if inputs.scenarios:  # the headline scenario
+        inputs = inputs.scenario(next(iter(inputs.scenarios)))
     _, chosen = choose_levels(measurements_from_run(run_dir), inputs)
     return {row.name: case for row, case, _, _ in chosen if case is not None}
 
@@ -213,7 +223,16 @@ def price_measurements(
     seed: int = 0,
     run_dir: str = "",
 ) -> LedgerResult:
-    """Point costs, verdicts, Monte Carlo intervals, break-evens and sensitivity for a set of measurements."""
+    """Point costs, verdicts, Monte Carlo intervals, break-evens and sensitivity for a set of measurements.
+    With scenarios in the cost file, the first is priced in full and the others summarised."""
+    if inputs.scenarios:
+        names = list(inputs.scenarios)
+        out = price_measurements(ms, inputs.scenario(names[0]), samples=samples, seed=seed, run_dir=run_dir)
+        out.scenario, out.inputs_source = names[0], inputs.source
+        for name in names[1:]:
+            other = price_measurements(ms, inputs.scenario(name), samples=min(samples, 1000), seed=seed)
+            out.scenarios[name] = [_summary(r) for r in other.configs]
+        return out
     levels, chosen = choose_levels(ms, inputs)
     rows = [c[0] for c in chosen]
     point_verdicts(rows)
@@ -257,6 +276,12 @@ def price_measurements(
         run_dir=str(run_dir), inputs_source=inputs.source, reference=ref, configs=rows, levels=levels,
         break_even=bes, quality=quality, sensitivity=sens, samples=samples, seed=seed, measurements=ms, calculator=calculator,
     )
+
+
+def _summary(r: ConfigCost) -> dict:
+    return {"name": r.name, "load": r.load, "total": r.total, "p5": r.p5, "p95": r.p95, "verdict": r.verdict,
+            "verdict_detail": r.verdict_detail, "compute_share": r.shares.get("compute"),
+            "labour_share": r.shares.get("labour")}
 
 
 def _paired_speedups(rows: list[ConfigCost], priced: list[ConfigMeasurement], ms: list[ConfigMeasurement], *,
