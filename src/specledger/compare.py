@@ -180,6 +180,8 @@ def run_compare(config: RunConfig, *, run_dir: Path | None = None, inputs: Path 
     (run_dir / "ledger.json").write_text(ledger.model_dump_json(indent=2), encoding="utf-8")
     console.print("[bold]Quality gates[/bold]")
     console.print(gates_text(run))  # every gate's figures, divergences included, and the run's notes
+    if run.noise is not None and run.noise.warning:
+        console.print(f"[yellow]warning: noisy machine: {run.noise.warning}.[/yellow]")
     print_ledger(ledger, console)
     inter = render_interaction(ledger)
     if inter is not None:

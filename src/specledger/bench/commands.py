@@ -149,6 +149,8 @@ def register(app: typer.Typer) -> None:
                                retries=retries, timeout=timeout, connect_timeout=connect_timeout, overrides=overrides)
             run, path = run_benchmark(cfg, console=Console(stderr=True), show_progress=not no_progress)
         print_run(run, console)
+        if run.noise is not None and run.noise.warning:
+            console.print(f"[yellow]warning: noisy machine: {run.noise.warning}.[/yellow]")
         console.print(f"results: {path}")
 
     @app.command("show")
