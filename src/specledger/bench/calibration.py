@@ -15,23 +15,30 @@ from typing import Any
 from specledger.bench.results import Noise, NoiseProbe
 
 DRIFT_WARN = 0.10  # probes 10% apart: speed-ups of that size between configurations are suspect
-PROBE_SIZE = 192  # fp32 matrix side: ~1-3 ms per product on one CPU core
-PROBE_REPEATS = 15
+PROBE_SIZE = 256  # fp32 matrix side: ~0.3-1 ms per product on one CPU core
+PROBE_REPEATS = 21
 
 
 def probe_ms(size: int = PROBE_SIZE, repeats: int = PROBE_REPEATS) -> float:
-    """Median time (ms) of one fixed fp32 matrix product, on the threads torch uses for the engine."""
+    """Median time (ms) of one fixed fp32 matrix product on one thread: the speed of a core. (With several
+    threads a product this small mostly times the thread pool's wake-ups, which on some machines are a
+    constant scheduler quantum, not work; the load average and thread settings cover contention.)"""
     import torch
 
     g = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, generator=g)
     b = torch.randn(size, size, generator=g)
-    times = []
-    for _ in range(repeats + 2):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        times.append(time.perf_counter() - t0)
-    times = sorted(times[2:])  # the first products warm caches and thread pools
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times = []
+        for _ in range(repeats + 2):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    times = sorted(times[2:])  # the first products warm the caches
     return 1000.0 * times[len(times) // 2]
 
 
