@@ -43,7 +43,10 @@ def test_default_matrix_measures_every_combination():
     mid = by["hier-w4"].intermediate
     assert (mid.dtype, mid.quant) == ("bf16", "none")  # the flattest verification curve verifies the tree
     assert {n for n, c in by.items() if c.optional} == {"eagle-fp32", "eagle-w4", "hier-w4"}
-    assert cfg.workload.spec == "builtin" and cfg.workload.per_category == 2
+    assert cfg.workload.spec == "builtin" and cfg.workload.per_category == 1
+    # quality with power: >= 270 graded items (95% interval <= +-6 points) once per target precision
+    assert cfg.quality.spec == "builtin-graded" and cfg.quality.limit >= 270
+    assert {cfg.quality_source(c) for c in cfg.configs} == {"ar-fp32", "ar-w8", "ar-w4"}
     assert all(c.sampling.temperature == 0.0 for c in cfg.configs)  # greedy: the lossless gate applies
 
 

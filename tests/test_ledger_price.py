@@ -44,10 +44,15 @@ def test_rows_levels_and_verdicts(run_dir):
     assert rows["broken"].verdict == "infinite cost" and rows["broken"].total is None and "pass rate 0" in rows["broken"].verdict_detail
     assert rows["odd"].verdict == "not comparable" and "3/20" in rows["odd"].verdict_detail
     assert rows["slow-start"].verdict == "infeasible" and "p95 TTFT" in rows["slow-start"].verdict_detail
-    assert [r.name for r in ledger.configs if r.verdict == "cheapest"] == [min(
-        (r for r in ledger.configs if r.verdict in ("cheapest", "dominated", "trade-off")), key=lambda r: r.total).name]
+    # the lowest point estimate is "cheapest" only when its difference with every other excludes zero:
+    # here ar-fp32 at c=2 and eagle-fp32 at c=1 both take ~3 s of device time per call
+    candidates = [r for r in ledger.configs if r.verdict in ("cheapest", "indistinguishable", "dominated", "trade-off")]
+    best = min(candidates, key=lambda r: r.total)
+    assert best.verdict == "indistinguishable" and not any(r.verdict == "cheapest" for r in ledger.configs)
+    assert {r.name for r in candidates if r.verdict == "indistinguishable"} == {"eagle-fp32", "ar-fp32"}
+    assert rows["ar-w4"].verdict == "dominated" and "by eagle-fp32" in rows["ar-w4"].verdict_detail
     for r in ledger.configs:
-        if r.verdict in ("cheapest", "dominated", "trade-off"):
+        if r in candidates:
             assert r.p5 <= r.mean <= r.p95 and 0 <= r.p_cheapest <= 1
             assert sum(r.shares.values()) == pytest.approx(1.0)
         else:
@@ -92,7 +97,8 @@ def test_cost_command_prints_the_table_and_writes_json(tmp_path, run_dir):
     result = CliRunner().invoke(app, ["cost", str(run_dir), "--inputs", str(cost), "--json", str(out), "--samples", "200"],
                                 env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
-    assert "eagle-fp32" in result.output and "cheapest" in result.output and "infinite cost" in result.output
+    assert "eagle-fp32" in result.output and "infinite cost" in result.output
+    assert "cheapest" in result.output or "indistinguishable" in result.output
     ledger = LedgerResult.model_validate_json(out.read_text())
     assert {r.name for r in ledger.configs} >= {"ar-fp32", "broken"}
     assert json.loads(out.read_text())["configs"][5]["total"] is None  # infinite is stated, not a number

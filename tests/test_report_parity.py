@@ -51,7 +51,8 @@ def run_js(cases: list[dict], tmp_path) -> list:
 @pytest.fixture(scope="module")
 def measurements(tmp_path_factory):
     specs = DEFAULT_SPECS + [Spec("broken", "eagle", passes=0, tau=2.0),
-                             Spec("odd", "lookup", comparable=False, reason="differs")]
+                             Spec("odd", "lookup", comparable=False, reason="differs"),
+                             Spec("ar-sweep", "ar", concurrency=(1, 2, 4))]  # the page re-chooses its level
     return measurements_from_run(make_run(tmp_path_factory.mktemp("parity"), specs, n=12))
 
 
@@ -62,7 +63,12 @@ def random_inputs(rng: np.random.Generator, i: int) -> dict:
     hw = ({"kind": "owned", "purchase_price": r(5e3, 5e4), "lifetime_years": r(2, 6), "utilisation": r(0.2, 1.0),
            "power_watts": r(100, 900), "energy_price_per_kwh": r(0.05, 0.4), "pue": r(1.0, 1.8),
            "use_measured_energy": bool(i % 2)}
-          if owned else {"kind": "rented", "price_per_device_hour": {"low": 0.5, "mode": r(1, 3), "high": 6}})
+          if owned else {"kind": "rented", "price_per_device_hour": {"low": 0.5, "mode": r(1, 3), "high": 6},
+                         # always on at a utilisation, or billed per busy second (utilisation then ignored)
+                         "billing": "per_busy_second" if i % 4 == 2 else "always_on",
+                         **({"utilisation": r(0.2, 1.0)} if i % 2 else {})})
+    if i % 6 == 5:  # several devices per replica, and a concurrency sweep choice that depends on the objective
+        hw["device_count"] = int(rng.integers(2, 5))
     doc = {
         "hardware": hw,
         "task": {"calls_per_task": r(1, 5), "tools": [{"name": "search", "calls": r(0, 3), "price": r(0, 0.01),

@@ -34,18 +34,22 @@ W4A16: dict[str, Any] = {"dtype": "bf16", "quant": "int4", "group_size": 32}
 
 @dataclass(frozen=True)
 class Size:
-    """How much to measure: sized so the default run takes ~10 minutes on 2 CPU cores, --quick ~2."""
+    """How much to measure: sized so the default run takes ~10 minutes on 2 CPU cores, --quick ~3."""
 
     workload: dict[str, Any]
     max_new_tokens: int
     quick: bool
+    quality_items: int  # graded items (bench/graded.py) per target precision: the pass rate's power
 
 
-# One MT-Bench category keeps the multi-turn kind (its first turn's answer is the second turn's context);
-# two questions of each other kind give per-kind τ and speed-up something to stand on.
+# Speed: one MT-Bench category keeps the multi-turn kind (its first turn's answer is the second turn's
+# context), one question of each other kind; every configuration runs them, interleaved.
+# Quality: 272 graded short-answer items per target precision (fp32, W8A16, W4A16; speculation is lossless, so
+# it shares its target's pass rate): a 95% interval of at most +-6 points, at ~16 tokens per answer.
 FULL = Size({"spec": "builtin", "categories": ["writing", "translation", "summarization", "qa", "math_reasoning",
-                                               "rag"], "per_category": 2}, max_new_tokens=96, quick=False)
-QUICK = Size({"spec": "builtin-quick"}, max_new_tokens=32, quick=True)
+                                               "rag"], "per_category": 1}, max_new_tokens=64, quick=False,
+            quality_items=272)
+QUICK = Size({"spec": "builtin-quick"}, max_new_tokens=32, quick=True, quality_items=40)
 
 
 def default_configs(size: Size, model: str = EMBEDDED) -> list[dict[str, Any]]:
@@ -80,7 +84,8 @@ def default_configs(size: Size, model: str = EMBEDDED) -> list[dict[str, Any]]:
 def default_matrix(*, quick: bool = False, max_new_tokens: int | None = None, model: str = EMBEDDED) -> RunConfig:
     size = QUICK if quick else FULL
     data = {"configs": default_configs(size, model), "workload": size.workload, "output_dir": "runs",
-            "load": {"concurrency": [1], "warmup_max_new_tokens": 16}}
+            "load": {"concurrency": [1], "warmup_max_new_tokens": 16},
+            "quality": {"spec": "builtin-graded", "limit": size.quality_items}}
     config = parse_run_config(data, source="default matrix")
     return with_max_new_tokens(config, max_new_tokens)
 
@@ -166,6 +171,10 @@ def run_compare(config: RunConfig, *, run_dir: Path | None = None, inputs: Path 
     console.print(f"workload {w.spec}: {len(questions)} questions, {sum(len(q.turns) for q in questions)} turns "
                   f"(+{config.load.warmup} warm-up per configuration{f', ≤{cap} tokens' if cap else ''}); "
                   f"results in {run_dir}")
+    if config.quality is not None:
+        reps = sorted({config.quality_source(c) for c in config.configs})
+        console.print(f"quality: {config.quality.spec}, {config.quality.limit or 'all'} graded items for "
+                      f"{', '.join(reps)} (the others are lossless on one of these targets)")
     try:
         run, run_dir = run_benchmark(config, run_dir=run_dir, console=console, show_progress=show_progress)
     except SpecLedgerError as exc:
@@ -182,6 +191,8 @@ def run_compare(config: RunConfig, *, run_dir: Path | None = None, inputs: Path 
     console.print("[bold]Quality gates[/bold]")
     console.print(gates_text(run))  # every gate's figures, divergences included, and the run's notes
     console.print(workload_text(run))  # what was read and skipped, and how each kind is graded
+    if run.noise is not None and run.noise.warning:
+        console.print(f"[yellow]warning: noisy machine: {run.noise.warning}.[/yellow]")
     print_ledger(ledger, console)
     inter = render_interaction(ledger)
     if inter is not None:

@@ -137,6 +137,10 @@ def register(app: typer.Typer) -> None:
         bootstrap: Optional[int] = typer.Option(None, help="bootstrap resamples for CIs"),
         resume: Optional[Path] = typer.Option(None, help="continue the interrupted run in this directory"),
         no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+        repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="passes over the workload per load level"),
+        interleave: Optional[bool] = typer.Option(None, "--interleave/--no-interleave",
+                                                  help="run configurations request by request in random block "
+                                                       "order (default) or one after another"),
     ) -> None:
         """Measure configurations over a workload and load levels; results go to a run directory."""
         from specledger.bench.runner import resume_benchmark, run_benchmark
@@ -156,6 +160,7 @@ def register(app: typer.Typer) -> None:
                 "load.rate": _floats(rate, "rate"), "load.replay": _floats(replay, "replay"),
                 "load.num_requests": num_requests, "load.warmup": warmup,
                 "slo": slo or None, "output_dir": output_dir, "run_id": run_id, "bootstrap": bootstrap,
+                "repeats": repeats, "interleave": interleave,
             }
             cfg = build_config(config_file, strategies=strategy, backend=backend, model=model, dtype=dtype,
                                quant=quant, group_size=group_size, params=param, max_new_tokens=max_new_tokens,
@@ -164,6 +169,8 @@ def register(app: typer.Typer) -> None:
                                api_key_env=api_key_env, server=server)
             run, path = run_benchmark(cfg, console=Console(stderr=True), show_progress=not no_progress)
         print_run(run, console)
+        if run.noise is not None and run.noise.warning:
+            console.print(f"[yellow]warning: noisy machine: {run.noise.warning}.[/yellow]")
         console.print(f"results: {path}")
 
     @app.command("show")

@@ -259,6 +259,19 @@ class GateSettings(_Strict):
     max_failure_rate: float = Field(0.05, ge=0.0, le=1.0)
 
 
+class QualitySettings(_Strict):
+    """A graded workload run once per target and precision (label "quality", concurrency 1): the pass rate
+    with power (n items: a 95% interval of about +-1/sqrt(n)). Speculative configurations are lossless, so
+    they share the pass rate of the greedy autoregressive configuration of their target."""
+
+    spec: str = "builtin-graded"
+    limit: int | None = Field(None, ge=1)
+    seed: int = 0
+
+
+QUALITY_LEVEL = "quality"
+
+
 class RunConfig(_Strict):
     configs: list[BenchConfig] = Field(min_length=1)
     workload: WorkloadSettings = Field(default_factory=WorkloadSettings)
@@ -270,6 +283,25 @@ class RunConfig(_Strict):
     seed: int = 0
     bootstrap: int = Field(1000, ge=0)  # resamples for confidence intervals (0: none)
     verify_curve: bool = True  # measure each in-process target's forward time for 1..64 new tokens (seconds)
+    # Interleaving: every configuration is started at once (in-process ones share loaded weights) and one-at-a-time
+    # levels (concurrency 1) run request by request, each block (one item under every configuration) in a seeded
+    # random order, so drift in machine load hits all configurations alike. Other levels run configuration by
+    # configuration in a seeded random order. false: one configuration after another, as listed.
+    interleave: bool = True
+    repeats: int = Field(1, ge=1)  # passes over the workload per load level (paired statistics pool them)
+    quality: QualitySettings | None = None
+    calibration: bool = True  # time a fixed matrix product before, during and after the run (bench/calibration.py)
+
+    def quality_source(self, bc: BenchConfig) -> str | None:
+        """Which configuration's quality level stands for bc's (None: no quality level in this run)."""
+        if self.quality is None:
+            return None
+        if bc.greedy and bc.strategy != "ar":
+            ref = next((o for o in self.configs if o.strategy == "ar" and o.greedy
+                        and o.target_key() == bc.target_key()), None)
+            if ref is not None:
+                return ref.name
+        return bc.name
 
     @model_validator(mode="after")
     def _unique(self) -> "RunConfig":

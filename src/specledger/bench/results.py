@@ -85,6 +85,9 @@ class RequestRecord(EngineTelemetry):
     concurrency: int | None = None
     rate: float | None = None
     segment: str = ""  # the process that measured it (a resumed run has several)
+    repeat: int = 0  # pass over the workload (RunConfig.repeats); item = repeat x items per pass + position
+    block: int | None = None  # interleaved runs: the block (one item under every configuration) it ran in
+    slot: int | None = None  # its position within that block's seeded random order
     status: Literal["ok", "failed"]
     error: str | None = None
     error_kind: str | None = None  # failed requests: "dropped", "http_500", "timeout", ... (counted per level)
@@ -222,6 +225,9 @@ class ConfigResult(_Model):
     loads: list[LoadResult] = Field(default_factory=list)
     gates: list[GateOutcome] = Field(default_factory=list)
     pass_rate: float | None = None
+    # the configuration whose graded "quality" level stands for this one's quality: itself, or the greedy
+    # autoregressive configuration of the same target and precision (lossless speculation: the same outputs)
+    quality_source: str | None = None
     pass_ci: tuple[float, float] | None = None
     comparable: bool = True
     comparable_reason: str = ""
@@ -243,6 +249,25 @@ class Conditions(_Model):
     backends: dict[str, str] = Field(default_factory=dict)  # backend name -> version/description
     energy: str = "unavailable"  # "rapl", "nvml", "rapl+nvml" or "unavailable"
     config: dict[str, Any] = Field(default_factory=dict)  # the run configuration as resolved
+    interleaved: bool = False  # configurations ran request by request in seeded random block order
+    order_seed: int | None = None  # the seed of that order
+
+
+class NoiseProbe(_Model):
+    """One calibration probe: a fixed matrix product, timed, and the machine's load at that moment."""
+
+    when: str  # "before", "during", "after"
+    ms: float  # median time of the fixed product
+    load_avg: list[float] | None = None  # os.getloadavg(): 1, 5, 15 minutes
+
+
+class Noise(_Model):
+    """How steady the machine was during the run (bench/calibration.py)."""
+
+    probes: list[NoiseProbe] = Field(default_factory=list)
+    threads: dict[str, Any] = Field(default_factory=dict)  # torch threads, *_NUM_THREADS variables, cpu count
+    drift: float | None = None  # (slowest - fastest probe) / fastest
+    warning: str | None = None  # set when drift or load passes the thresholds, naming the cause
 
 
 class WorkloadInfo(_Model):
@@ -275,6 +300,7 @@ class RunResult(_Model):
     configs: list[ConfigResult] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     workload: WorkloadInfo | None = None
+    noise: Noise | None = None
 
     def config(self, name: str) -> ConfigResult | None:
         return next((c for c in self.configs if c.name == name), None)

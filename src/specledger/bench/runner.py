@@ -8,6 +8,7 @@ rewritten after every load level, so an interrupted run keeps everything measure
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -19,18 +20,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specledger.bench.backends.base import Backend, Completion, make_backend
-from specledger.bench.config import BenchConfig, RunConfig, parse_run_config
+from specledger.bench.calibration import assess, take_probe, thread_settings
+from specledger.bench.config import QUALITY_LEVEL, BenchConfig, RunConfig, parse_run_config
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.env import collect_conditions
 from specledger.bench.load import SteadyStateCheck, closed_loop, open_loop, replay
 from specledger.bench.probes import UNQUANTIZED, measure_agreement, needs_agreement
 from specledger.bench.metrics import aggregate, group_by, spread_itl, tpot
 from specledger.bench.results import (
-    ConfigResult, CurvePoint, EngineTelemetry, GateOutcome, LoadResult, RequestGrade, RequestLog, RequestRecord, RunResult, SteadyState,
+    ConfigResult, CurvePoint, EngineTelemetry, GateOutcome, LoadResult, Noise, RequestGrade, RequestLog, RequestRecord, RunResult,
+    SteadyState,
     load_run, now, read_requests, write_run, write_summary, REQUESTS_FILE,
 )
 from specledger.bench.telemetry import telemetry_delta
-from specledger.bench.workload import Question
+from specledger.bench.workload import Question, load_workload
 from specledger.errors import BadInput, SpecLedgerError
 from specledger.quality.gates import GateResult, comparable, lossless_gate, pass_rate_gate, quantization_gate
 from specledger.quality.graders import grade, grading_rules
@@ -50,6 +53,7 @@ class _Level:
     rate: float | None
     records: list[RequestRecord] = field(default_factory=list)
     replay: float | None = None  # trace replay speed factor
+    questions: list[Question] | None = None  # the quality level's own workload (else the run's)
 
 
 class Runner:
@@ -97,6 +101,8 @@ class Runner:
                            "no arrival times")
         self.console.print(f"workload {info.spec}: {info.format} ({info.chosen}); {info.questions} questions"
                            + (f"; skipped {sum(info.skipped.values())} bad line(s)" if info.skipped else ""))
+        q = cfg.quality
+        self.quality_questions = load_workload(q.spec, limit=q.limit, seed=q.seed) if q is not None else []
         self._prepare_dir()
         self.run_result.workload = info
         if info.timed and not cfg.load.replay:
@@ -107,8 +113,15 @@ class Runner:
         self.previous = read_requests(self.run_dir) if self.resume else []
         try:
             with self._progress_bar():
-                for bc in cfg.configs:
-                    await self._run_config(bc)
+                self._noise_probe("before")
+                if self.interleaving:
+                    await self._run_interleaved()
+                else:
+                    for i, bc in enumerate(cfg.configs):
+                        if i == len(cfg.configs) // 2 and i > 0:
+                            self._noise_probe("during")
+                        await self._run_config(bc)
+                self._noise_probe("after")
             self.run_result.status = "complete"
         except (KeyboardInterrupt, asyncio.CancelledError):
             self.run_result.status = "interrupted"
@@ -127,6 +140,26 @@ class Runner:
             self._save()
         return self.run_result
 
+    @property
+    def interleaving(self) -> bool:
+        return self.cfg.interleave and len(self.cfg.configs) > 1
+
+    @property
+    def items_per_pass(self) -> int:
+        return self.cfg.load.num_requests or len(self.questions)
+
+    def _noise_probe(self, when: str) -> None:
+        """Time the calibration probe; the run keeps every probe and the drift between them."""
+        if not self.cfg.calibration:
+            return
+        try:
+            p = take_probe(when)
+        except ImportError:  # no torch: an HTTP-only install
+            return
+        noise = self.run_result.noise or Noise(threads=thread_settings())
+        noise.probes.append(p)
+        self.run_result.noise = assess(noise)
+
     # ---- setup ----
 
     def _prepare_dir(self) -> None:
@@ -142,6 +175,7 @@ class Runner:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         conditions = collect_conditions(resolved, seed=cfg.seed, backends={}, energy=self.meter.source,
                                         local_engine=any(c.backend == "inprocess" for c in cfg.configs))
+        conditions.interleaved, conditions.order_seed = self.interleaving, cfg.seed if self.interleaving else None
         self.run_result = RunResult(run_id=self.run_dir.name, created=now(), conditions=conditions)
         if not self.meter.available:
             self.run_result.notes.append("energy: unavailable (no RAPL powercap counters or NVML on this machine)")
@@ -168,7 +202,7 @@ class Runner:
             return existing
         cr = ConfigResult(name=bc.name, backend=bc.backend, model=bc.model, strategy=bc.strategy, dtype=bc.dtype,
                           quant=bc.quant, group_size=bc.group_size if bc.quant == "int4" else None,
-                          spec=bc.model_dump(mode="json"))
+                          spec=bc.model_dump(mode="json"), quality_source=self.cfg.quality_source(bc))
         self.run_result.configs.append(cr)
         return cr
 
@@ -262,7 +296,8 @@ class Runner:
         cr = self._config_result(bc)
         done_levels = {lr.load for lr in cr.loads if lr.complete}
         levels = [lv for lv in self.cfg.load.levels() if lv[0] not in done_levels]
-        if not levels:
+        quality = self._needs_quality(bc)
+        if not levels and not quality:
             return
         backend = self._make_backend(bc)
         try:
@@ -280,8 +315,112 @@ class Runner:
             for label, conc, rate in levels:
                 speed = self.cfg.load.replay_speed(label)
                 await self._run_level(backend, bc, cr, _Level(label, conc, rate, replay=speed))
+            if quality:
+                await self._run_level(backend, bc, cr, _Level(QUALITY_LEVEL, 1, None, questions=self.quality_questions))
         finally:
             await backend.close()
+
+    def _needs_quality(self, bc: BenchConfig) -> bool:
+        cr = self.run_result.config(bc.name)
+        return (self.cfg.quality is not None and self.cfg.quality_source(bc) == bc.name
+                and not (cr is not None and any(lr.load == QUALITY_LEVEL and lr.complete for lr in cr.loads)))
+
+    async def _run_interleaved(self) -> None:
+        """Every configuration up at once (shared weights), a warm-up each, then each load level: one at a time
+        (concurrency 1) request by request in seeded random block order; other levels configuration by
+        configuration in seeded random order."""
+        cfg = self.cfg
+        rng = random.Random(cfg.seed)
+        backends: dict[str, Backend] = {}
+        all_levels = [lv[0] for lv in cfg.load.levels()]
+        try:
+            for bc in cfg.configs:
+                cr = self._config_result(bc)
+                if all(lv in {lr.load for lr in cr.loads if lr.complete} for lv in all_levels) \
+                        and not self._needs_quality(bc):
+                    continue
+                backend = self._make_backend(bc)
+                try:
+                    await backend.start()
+                except SpecLedgerError as exc:
+                    await backend.close()
+                    if not bc.optional or cr.loads:
+                        raise
+                    self._skip(bc, exc)
+                    continue
+                backends[bc.name] = backend
+                self._keep_models(bc, backend)
+                self.run_result.conditions.backends[bc.name] = backend.describe()
+                await self._probe(bc, backend, cr)
+            live = [bc for bc in cfg.configs if bc.name in backends]
+            for bc in rng.sample(live, len(live)):
+                await self._warmup(backends[bc.name], bc)
+            for label, conc, rate in cfg.load.levels():
+                todo = [bc for bc in live
+                        if label not in {lr.load for lr in self._config_result(bc).loads if lr.complete}]
+                if not todo:
+                    continue
+                speed = cfg.load.replay_speed(label)
+                if conc == 1 and not cfg.load.steady_state and speed is None:
+                    await self._interleaved_level(backends, todo, label, rng)
+                else:
+                    for bc in rng.sample(todo, len(todo)):
+                        await self._run_level(backends[bc.name], bc, self._config_result(bc),
+                                              _Level(label, conc, rate, replay=speed))
+            todo = [bc for bc in live if self._needs_quality(bc)]
+            if todo:
+                await self._interleaved_level(backends, todo, QUALITY_LEVEL, rng, questions=self.quality_questions)
+        finally:
+            for b in backends.values():
+                await b.close()
+
+    async def _interleaved_level(self, backends: dict[str, Backend], todo: list[BenchConfig], label: str,
+                                 rng: random.Random, questions: list[Question] | None = None) -> None:
+        qs = questions or self.questions
+        n = len(qs) if questions else self.items_per_pass * self.cfg.repeats
+        levels = {bc.name: _Level(label, 1, None, questions=questions) for bc in todo}
+        done = {bc.name: self._done_items(bc, label) for bc in todo}
+        total = sum(len(qs[i % len(qs)].turns)
+                    for bc in todo for i in range(n) if i not in done[bc.name])
+        if self._progress is not None:
+            self._task = self._progress.add_task(f"{len(todo)} configurations interleaved {label}", total=total)
+        urls = [bc.openai.base_url for bc in todo if bc.openai is not None]
+        energy: dict[str, float | None] = {bc.name: 0.0 for bc in todo}
+        before = {bc.name: await backends[bc.name].scrape_metrics() for bc in todo}
+        started = now()
+        for i in range(n):
+            order = rng.sample(todo, len(todo))
+            for slot, bc in enumerate(order):
+                if i in done[bc.name]:
+                    continue
+                q = qs[i % len(qs)]
+                e0 = self.meter.read()
+                await self._conversation(backends[bc.name], bc, q, item=i, arrival=time.perf_counter(),
+                                         level=levels[bc.name], block=i, slot=slot)
+                e1 = self.meter.read()
+                energy[bc.name] = None if e0 is None or e1 is None or energy[bc.name] is None \
+                    else energy[bc.name] + (e1 - e0)
+            if i == n // 2 and n > 1:
+                self._noise_probe("during")
+        after = {bc.name: await backends[bc.name].scrape_metrics() for bc in todo}
+        self.log.sync()
+        for bc in todo:
+            single_segment = not done[bc.name] and not any(
+                r.config == bc.name and r.load == label for r in self.previous)
+            lr = self._load_result(bc, levels[bc.name], energy=energy[bc.name] if single_segment else None,
+                                   started=started, interleaved=True)
+            # a server shared by several configurations mixes their counters: no per-configuration delta
+            if single_segment and (bc.openai is None or urls.count(bc.openai.base_url) == 1):
+                lr.telemetry, lr.telemetry_levels = telemetry_delta(before[bc.name], after[bc.name])
+            lr.complete = True
+            cr = self._config_result(bc)
+            cr.loads = [x for x in cr.loads if x.load != label] + [lr]
+            order_ = [lv[0] for lv in self.cfg.load.levels()]
+            cr.loads.sort(key=lambda x: order_.index(x.load) if x.load in order_ else len(order_))
+        self._apply_gates()
+        self._save()
+        if self._progress is not None:
+            self._progress.update(self._task, completed=total)
 
     async def _warmup(self, backend: Backend, bc: BenchConfig) -> None:
         n = min(self.cfg.load.warmup, len(self.questions))
@@ -304,10 +443,12 @@ class Runner:
 
     async def _run_level(self, backend: Backend, bc: BenchConfig, cr: ConfigResult, level: _Level) -> None:
         load = self.cfg.load
-        n = load.num_requests or len(self.questions)
+        qs = level.questions or self.questions
+        n = len(qs) if level.questions else self.items_per_pass * self.cfg.repeats
         done = self._done_items(bc, level.label)
-        steady = SteadyStateCheck(load.steady_state.window, load.steady_state.tolerance) if load.steady_state else None
-        limit = max(n, load.steady_state.max_requests) if load.steady_state else n
+        check = load.steady_state if level.questions is None else None
+        steady = SteadyStateCheck(check.window, check.tolerance) if check else None
+        limit = max(n, check.max_requests) if check else n
         counter = iter(range(limit))
 
         def next_index() -> int | None:
@@ -318,7 +459,7 @@ class Runner:
                     return i
             return None
 
-        pick, arrival_s = self._order(level)
+        pick, arrival_s = self._order(level, qs)
         total = sum(len(pick(i).turns) for i in range(n) if i not in done)
         if self._progress is not None:
             self._task = self._progress.add_task(f"{bc.name} {level.label}", total=total)
@@ -369,10 +510,9 @@ class Runner:
         if self._progress is not None:
             self._progress.update(self._task, completed=total)
 
-    def _order(self, level: _Level) -> tuple[Callable[[int], Question], Callable[[int], float]]:
+    def _order(self, level: _Level, qs: list[Question]) -> tuple[Callable[[int], Question], Callable[[int], float]]:
         """Item -> question, and item -> arrival (s after the first) for a replay: the trace in time order,
         repeated after its span (plus its mean gap) when the level issues more items than the trace holds."""
-        qs = self.questions
         if level.replay is None:
             return (lambda i: qs[i % len(qs)]), (lambda i: 0.0)
         order = sorted(range(len(qs)), key=lambda k: qs[k].arrival_s or 0.0)
@@ -385,7 +525,10 @@ class Runner:
 
         return (lambda i: qs[order[i % len(qs)]]), arrival
 
-    def _load_result(self, bc: BenchConfig, level: _Level, *, energy: float | None, started: Any) -> LoadResult:
+    def _load_result(self, bc: BenchConfig, level: _Level, *, energy: float | None, started: Any,
+                     interleaved: bool = False) -> LoadResult:
+        """Aggregates of one configuration at one level. Interleaved: its device time is the time its own
+        requests were in service (the other configurations' requests ran in between)."""
         merged: dict[str, RequestRecord] = {}
         for r in self.previous:
             if r.config == bc.name and r.load == level.label:
@@ -394,7 +537,8 @@ class Runner:
             merged[r.request_id] = r
         records = list(merged.values())
         by_segment = group_by(records, "segment")
-        wall = sum(max(r.end_t for r in rs) - min(r.arrival_t for r in rs) for rs in by_segment.values())
+        wall = None if interleaved else sum(max(r.end_t for r in rs) - min(r.arrival_t for r in rs)
+                                            for rs in by_segment.values())
         b, seed, slo = self.cfg.bootstrap, self.cfg.seed, self.cfg.slo
         lr = LoadResult(
             load=level.label, concurrency=level.concurrency, rate=level.rate, replay=level.replay, started=started,
@@ -410,7 +554,7 @@ class Runner:
     # ---- one conversation ----
 
     async def _conversation(self, backend: Backend, bc: BenchConfig, q: Question, *, item: int, arrival: float,
-                            level: _Level | None) -> int:
+                            level: _Level | None, block: int | None = None, slot: int | None = None) -> int:
         """Run every turn; turn k+1 sees the model's answer to turn k. Returns output tokens."""
         messages: list[dict[str, str]] = [{"role": "system", "content": q.system}] if q.system else []
         answers: list[str] = []
@@ -425,6 +569,8 @@ class Runner:
             tokens += c.output_tokens if c.ok else 0
             if level is not None:
                 rec = self._record(bc, q, c, item=item, turn=turn, arrival=arrival, level=level)
+                rec.repeat = 0 if level.questions else item // self.items_per_pass
+                rec.block, rec.slot = block, slot
                 if c.ok and turn == len(q.turns):
                     g = grade(q, answers + [c.text], self.cfg.workload.grader)
                     rec.grade = RequestGrade(passed=g.passed, score=g.score, grader=g.grader, detail=g.detail)
@@ -508,8 +654,8 @@ def apply_gates(run: RunResult, records: list[RequestRecord], cfg: RunConfig) ->
                 gates.append(GateOutcome(name="lossless", passed=None, reason="not checked: no greedy 'ar' "
                                          "configuration of the same target and precision in this run"))
             elif ref.name in by_config and recs:
-                ref_out, ref_ids = _outputs(by_config[ref.name])
-                cand_out, cand_ids = _outputs(recs)
+                ref_out, ref_ids = _outputs([r for r in by_config[ref.name] if r.load != QUALITY_LEVEL])
+                cand_out, cand_ids = _outputs([r for r in recs if r.load != QUALITY_LEVEL])
                 sixteen = bc.dtype in ("bf16", "fp16")
                 min_share = cfg.gates.lossless_min_share_16bit if sixteen else cfg.gates.lossless_min_share
                 g = _gate(lossless_gate(ref_out, cand_out, min_share=min_share))
@@ -520,7 +666,12 @@ def apply_gates(run: RunResult, records: list[RequestRecord], cfg: RunConfig) ->
                 gates.append(g)
         if cr.agreement is not None and cfg.gates.quantization:
             gates.append(_quantization(cr.agreement, cfg))
-        graded = _pass_rate_sample(recs, bc)
+        source = cfg.quality_source(bc) if bc is not None else None
+        if source is not None:  # the graded quality level (of this configuration or its lossless reference)
+            graded = _pass_rate_sample([r for r in by_config.get(source, []) if r.load == QUALITY_LEVEL], bc)
+            graded = graded or _pass_rate_sample(recs, bc)
+        else:
+            graded = _pass_rate_sample(recs, bc)
         # a failed request is a failed attempt: not accepted, in the denominator (when anything was graded)
         outcomes = [r.grade.passed if r.grade else None for r in graded if r.status == "ok"]
         if any(o is not None for o in outcomes):

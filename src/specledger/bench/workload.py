@@ -260,7 +260,8 @@ def open_workload(
     kind: str | None = None,
     prompt_column: str | None = None,
 ) -> Workload:
-    """Read a workload (see the module docstring for specs) and say what was read, chosen and skipped.
+    """Read a workload (see the module docstring for specs; "builtin-graded" is bench/graded.py) and say what
+    was read, chosen and skipped.
 
     Order is the file's order; filters, then the per-category sample, then the random sample, then `limit`
     (the first N) apply, all while streaming.
@@ -283,6 +284,11 @@ def open_workload(
     elif spec == "builtin-quick":
         fmt, chosen, source = "spec-bench", "built-in set, first question of each kind", str(builtin_path())
         stream = lambda b: iter(_quick(list(spec_bench.read(builtin_path(), b, opts))))
+    elif spec == "builtin-graded":
+        from specledger.bench.graded import graded_questions
+
+        fmt, chosen = "graded", f"built-in graded items (seed {seed})"
+        stream = lambda b: iter(graded_questions(seed=seed))
     elif spec.startswith("synthetic:"):
         fmt, chosen = "synthetic", "synthetic lengths"
         stream = lambda b: iter(_synthetic(spec))

@@ -81,9 +81,12 @@ class Hardware(_Section):
     kind: Literal["rented", "owned"] = "rented"
     device_count: Annotated[int, Field(ge=1)] | None = None  # devices per replica; None: as the run recorded (else 1)
     price_per_device_hour: NonNeg | None = None
+    # rented: always_on (paid every hour, busy or not: a busy second costs price / utilisation) or
+    # per_busy_second (serverless: only the seconds of work are paid; utilisation does not apply)
+    billing: Literal["always_on", "per_busy_second"] = "always_on"
     purchase_price: NonNeg | None = None
     lifetime_years: Positive | None = None
-    utilisation: Fraction | None = None
+    utilisation: Fraction | None = None  # share of the time the device is busy; rented always_on: default 1
     power_watts: NonNeg | None = None
     energy_price_per_kwh: NonNeg | None = None
     pue: Annotated[Number, _bounds(1.0, what=" (PUE is at least 1)")] | None = None
@@ -170,6 +173,14 @@ class CostInputs(BaseModel):
     base: Resolved
     overrides: dict[str, dict] = Field(default_factory=dict)
     source: str = "<inputs>"
+    # named variants of the whole file (`scenarios: {name: {section: {...}}}`), e.g. human-reviewed and fully
+    # automated; the report prices each. The first is the headline.
+    scenarios: dict[str, dict] = Field(default_factory=dict)
+
+    def scenario(self, name: str) -> "CostInputs":
+        """These inputs with one scenario's changes applied to the base (and no scenarios of their own)."""
+        base = Resolved.model_validate(_merge(self.base.model_dump(exclude_none=True), self.scenarios[name]))
+        return CostInputs(base=base, overrides=self.overrides, source=f"{self.source} [{name}]")
 
     def resolve(self, config: str) -> Resolved:
         over = self.overrides.get(config)
@@ -263,13 +274,23 @@ def parse_inputs(text: str, source: str = "<inputs>") -> CostInputs:
         raise BadInput(f"{source}: expected a mapping of sections (hardware, task, acceptance, ...)")
     lines = _line_index(text)
     overrides = raw.pop("configs", None) or {}
+    scenarios = raw.pop("scenarios", None) or {}
+    if not isinstance(scenarios, dict) or not all(isinstance(v, dict) or v is None for v in scenarios.values()):
+        raise BadInput(f"{source}:{lines.get(('scenarios',), '?')}: scenarios: expected {{name: {{section: "
+                       "{field: value}}}} (an empty mapping {} for the inputs as written)")
+    scenarios = {str(k): v or {} for k, v in scenarios.items()}
     if not isinstance(overrides, dict) or not all(isinstance(v, dict) for v in overrides.values()):
         raise BadInput(f"{source}:{lines.get(('configs',), '?')}: configs: expected {{name: {{section: {{field: value}}}}}}")
     try:
         base = Resolved.model_validate(raw)
     except ValidationError as exc:
         raise _bad(source, lines, exc) from None
-    inputs = CostInputs(base=base, overrides=overrides, source=source)
+    inputs = CostInputs(base=base, overrides=overrides, source=source, scenarios=scenarios)
+    for name in scenarios:
+        try:
+            inputs.scenario(name)
+        except ValidationError as exc:
+            raise _bad(source, lines, exc, ("scenarios", name)) from None
     for name, over in overrides.items():
         try:
             inputs.resolve(name)

@@ -6,11 +6,13 @@ works on ConfigMeasurement, so the ledger can also price measurements from elsew
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specledger.bench.config import QUALITY_LEVEL
 from specledger.errors import BadInput
 from specledger.ledger.model import TRAINED_DRAFTERS, OperatingPoint
 
@@ -23,6 +25,7 @@ class RequestPoint(BaseModel):
     e2e_s: float | None = None
     service_s: float | None = None  # e2e minus queueing: the time it occupied the device
     output_tokens: int = 0
+    key: str = ""  # the prompt (question|turn|repeat): pairs it with the same prompt under another configuration
 
 
 class KindMeasurement(BaseModel):
@@ -73,6 +76,8 @@ class ConfigMeasurement(BaseModel):
     energy_j: float | None = None  # measurement phase, all devices
     by_kind: dict[str, KindMeasurement] = Field(default_factory=dict)
     verify_curve: list[CurvePoint] = Field(default_factory=list)
+    grades: dict[str, bool] = Field(default_factory=dict)  # graded item (question|repeat) -> passed
+    outputs: str | None = None  # digest of every output: equal digests, equal outputs (and equal quality)
 
     @property
     def device_seconds(self) -> float:
@@ -135,16 +140,21 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
     raw = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
     raw_configs = {c.get("name"): c for c in raw.get("configs", []) if isinstance(c, dict)}
     records = [r for r in read_requests(run_dir) if r.status == "ok"]
+    quality = _quality_grades(records)
     out: list[ConfigMeasurement] = []
     for ci, c in enumerate(run.configs):
         extra = raw_configs.get(c.name, {})
         curve = [CurvePoint(**p) for p in (extra.get("verify_curve") or c.spec.get("verify_curve") or [])]
         device_count = int(extra.get("device_count") or c.spec.get("device_count") or 1)
+        graded = quality.get(c.quality_source or "")  # the graded quality level stands for its pass rate
         for li, lr in enumerate(c.loads):
+            if lr.load == QUALITY_LEVEL:
+                continue
             a = lr.aggregate
             where = f"{run_dir / RUN_FILE}: configs[{ci}] ({c.name}).loads[{li}] ({lr.load}).aggregate"
             if a.requests_ok > 0 and a.wall_s <= 0:
                 raise BadInput(f"{where}.wall_s: missing or 0; the ledger needs the device time of the measurement phase")
+            mine = [r for r in records if r.config == c.name and r.load == lr.load]
             reqs = [
                 RequestPoint(
                     ttft_s=r.ttft_s,
@@ -152,9 +162,9 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
                     e2e_s=r.e2e_s,
                     service_s=None if r.e2e_s is None else max(r.e2e_s - r.queue_s, 0.0),
                     output_tokens=r.output_tokens,
+                    key=f"{r.question_id}|t{r.turn}|r{r.repeat}",
                 )
-                for r in records
-                if r.config == c.name and r.load == lr.load
+                for r in mine
             ]
             out.append(
                 ConfigMeasurement(
@@ -181,8 +191,8 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
                     e2e_p95=a.e2e.p95,
                     requests=reqs,
                     tau=a.tau,
-                    passes=a.passed,
-                    graded=_attempts_judged(a.graded, a.requests_failed),
+                    passes=a.passed if graded is None else sum(graded.values()),
+                    graded=_attempts_judged(a.graded if graded is None else len(graded), a.requests_failed),
                     comparable=c.comparable,
                     comparable_reason=c.comparable_reason,
                     energy_j=a.energy_j,
@@ -192,8 +202,36 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
                         for k, g in lr.by_kind.items()
                     },
                     verify_curve=curve,
+                    grades=graded if graded is not None else _grades(mine),
+                    outputs=_digest(mine),
                 )
             )
     if not out:
         raise BadInput(f"{run_dir / RUN_FILE}: no configuration with a measured load level")
     return out
+
+
+def _grades(records) -> dict[str, bool]:
+    return {f"{r.question_id}|r{r.repeat}": bool(r.grade.passed) for r in records
+            if r.grade is not None and r.grade.passed is not None}
+
+
+def _quality_grades(records) -> dict[str, dict[str, bool]]:
+    """Configuration -> its graded quality level (question -> passed)."""
+    out: dict[str, dict[str, bool]] = {}
+    for r in records:
+        if r.load == QUALITY_LEVEL and r.turn == r.turns and r.grade is not None and r.grade.passed is not None:
+            out.setdefault(r.config, {})[f"{r.question_id}|r{r.repeat}"] = bool(r.grade.passed)
+    return out
+
+
+def _digest(records) -> str | None:
+    """Hash of every output (token ids where known, else text) and its grade, by prompt."""
+    if not records:
+        return None
+    h = hashlib.sha256()
+    for r in sorted(records, key=lambda r: (r.question_id, r.turn, r.repeat)):
+        out = r.output_token_ids if r.output_token_ids is not None else r.output_text
+        passed = None if r.grade is None else r.grade.passed
+        h.update(f"{r.question_id}|{r.turn}|{r.repeat}|{passed}|{out}\n".encode())
+    return h.hexdigest()[:16]

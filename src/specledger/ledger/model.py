@@ -35,11 +35,26 @@ def escalation_probability(q, retries: int):
     return out if out.ndim else float(out)
 
 
-def device_rate_per_s(hw: dict):
-    """What one device-second of use costs, before energy: rent, or capital spread over busy time."""
+def per_busy_second(hw: dict) -> bool:
+    """Rented and billed only for the seconds it works (serverless): idle time costs nothing."""
+    return hw["kind"] == "rented" and hw.get("billing", "always_on") == "per_busy_second"
+
+
+def device_rate_per_s(hw: dict, provisioned: bool = False):
+    """What one device-second costs, before energy. Rent (always on) and capital are paid for every hour, so
+    a busy second carries the idle time around it: divided by the utilisation (the share of time busy; the
+    same meaning for rented and owned). `provisioned`: the price of one provisioned second instead (when a
+    demand rate sets the devices, idle seconds are already among the seconds paid: counted once)."""
     if hw["kind"] == "rented":
-        return hw["price_per_device_hour"] / 3600.0
-    return hw["purchase_price"] / (hw["lifetime_years"] * SECONDS_PER_YEAR * hw["utilisation"])
+        base = hw["price_per_device_hour"] / 3600.0
+        if per_busy_second(hw):
+            return base
+    else:
+        base = hw["purchase_price"] / (hw["lifetime_years"] * SECONDS_PER_YEAR)
+    if provisioned:
+        return base
+    u = hw.get("utilisation")
+    return base / (1.0 if u is None else u)
 
 
 def energy_cost(hw: dict, energy_j):
@@ -50,8 +65,8 @@ def energy_cost(hw: dict, energy_j):
 
 
 def device_hour_cost(hw: dict):
-    """One device-hour at full draw: for retraining compute."""
-    cost = device_rate_per_s(hw) * 3600.0
+    """One device-hour at full draw: for retraining compute (a rented one is rented for that hour)."""
+    cost = device_rate_per_s(hw, provisioned=hw["kind"] == "rented") * 3600.0
     if hw["kind"] == "owned":
         cost = cost + energy_cost(hw, hw["power_watts"] * 3600.0)
     return cost
@@ -80,16 +95,18 @@ def replicas_needed(demand_rps, requests_per_s, device_count: int = 1):
 
 
 def compute_cost_per_call(hw: dict, op: OperatingPoint, demand_rps=None):
-    """Price x device-seconds per call; with a demand rate, every provisioned device-second is paid."""
+    """Price x device-seconds per call. With a demand rate, every provisioned device-second is paid (unless
+    billed per busy second), at the provisioned rate. Energy is drawn only while busy: busy seconds."""
     seconds = op.device_seconds_per_call
-    if demand_rps is not None:
+    provisioned = demand_rps is not None and not per_busy_second(hw)
+    if provisioned:
         seconds = replicas_needed(demand_rps, op.requests_per_s, op.device_count) / demand_rps
     if op.energy_j_per_call is not None and hw.get("use_measured_energy", True):
         energy_j = op.energy_j_per_call
     else:
         watts = hw.get("power_watts")
         energy_j = (0.0 if watts is None else watts) * op.device_seconds_per_call
-    return device_rate_per_s(hw) * seconds + energy_cost(hw, energy_j)
+    return device_rate_per_s(hw, provisioned) * seconds + energy_cost(hw, energy_j)
 
 
 def tool_cost(task: dict):

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pydantic import BaseModel, Field
+from scipy.stats import beta
 
 from specledger.errors import BadInput
 from specledger.ledger.breakeven import BreakEven, break_even
@@ -15,7 +16,9 @@ from specledger.ledger.inputs import CostInputs, Range, Resolved, _is_range, _ma
 from specledger.ledger.measurements import ConfigMeasurement, measurements_from_run
 from specledger.ledger.model import Breakdown, Case, objective_misses, replicas_needed
 from specledger.ledger.montecarlo import simulate
+from specledger.ledger.paired import mcnemar, paired_speedup
 from specledger.ledger.sensitivity import sensitivity
+from specledger.ledger.verdicts import point_verdicts, tested_verdicts
 
 SCHEMA_VERSION = 1
 UNQUANTIZED = ("fp32", "bf16", "fp16")
@@ -37,7 +40,12 @@ class ConfigCost(BaseModel):
     e2e_p95: float | None = None
     tau: float | None = None
     speedup: float | None = None  # tok/s over autoregressive on the same model and precision, same load
+    speedup_low: float | None = None  # paired bootstrap 95% interval (same prompts under both)
+    speedup_high: float | None = None
+    speedup_base: str | None = None  # the autoregressive configuration it is measured against
     pass_rate: float | None = None
+    pass_low: float | None = None  # 95% interval of a measured pass rate (Jeffreys)
+    pass_high: float | None = None
     pass_rate_source: str = ""
     requests: int = 0  # sent at this level: completed + failed
     failed: int = 0  # failed after retries (each priced as a failed attempt)
@@ -83,6 +91,9 @@ class LedgerResult(BaseModel):
     configs: list[ConfigCost]  # one row per configuration: its priced load level
     levels: list[ConfigCost]  # every configuration x load level
     break_even: list[BreakEven] = Field(default_factory=list)
+    quality: list[dict] = Field(default_factory=list)  # paired (McNemar) tests against the reference
+    scenario: str | None = None  # the headline scenario these rows price (when the cost file names scenarios)
+    scenarios: dict[str, list[dict]] = Field(default_factory=dict)  # the other scenarios, one summary per row
     sensitivity: dict[str, list[dict]] = Field(default_factory=dict)
     samples: int = 0
     seed: int = 0
@@ -99,7 +110,10 @@ def _finite(v: float) -> float | None:
 
 def _cost_row(m: ConfigMeasurement, case: Case, b: Breakdown, misses: list[str], source: str) -> ConfigCost:
     demand = case.x["volume"]["demand_rps"]
-    return ConfigCost(
+    low = high = None
+    if source.startswith("measured") and m.graded:
+        low, high = (float(v) for v in beta.ppf([0.025, 0.975], m.passes + 0.5, m.graded - m.passes + 0.5))
+    return ConfigCost(pass_low=low, pass_high=high,
         name=m.name, strategy=m.strategy, model=m.model, precision=m.precision, load=m.load,
         concurrency=m.concurrency, tok_s=m.tok_s, ttft_p50=m.ttft_p50, ttft_p95=m.ttft_p95,
         tpot_p95=m.tpot_p95, e2e_p95=m.e2e_p95, tau=m.tau, pass_rate=float(b.pass_rate),
@@ -147,34 +161,6 @@ def speedups(ms: list[ConfigMeasurement]) -> dict[tuple[str, str], float]:
         if b and m.tok_s:
             out[(m.name, m.load)] = m.tok_s / b
     return out
-
-
-def _verdicts(rows: list[ConfigCost]) -> None:
-    eligible = [r for r in rows if r.comparable and r.feasible and not r.infinite and r.total is not None]
-    cheapest = min(eligible, key=lambda r: r.total, default=None)
-    for r in rows:
-        if not r.comparable:
-            r.verdict, r.verdict_detail = "not comparable", r.comparable_reason
-        elif r.infinite:
-            r.verdict, r.verdict_detail = "infinite cost", "pass rate 0: no attempt is ever accepted"
-        elif not r.feasible:
-            r.verdict, r.verdict_detail = "infeasible", "; ".join(r.misses)
-        elif r is cheapest:
-            r.verdict = "cheapest"
-        else:
-            better = [o for o in eligible if o is not r and _dominates(o, r)]
-            if better:
-                r.verdict, r.verdict_detail = "dominated", f"by {better[0].name}: cheaper and no slower"
-            else:
-                pct = 100 * (r.total / cheapest.total - 1)
-                r.verdict, r.verdict_detail = "trade-off", f"+{pct:.1f}% vs {cheapest.name}, but faster"
-
-
-def _dominates(o: ConfigCost, r: ConfigCost) -> bool:
-    def no_worse(a, b):
-        return a is not None and b is not None and a <= b
-
-    return o.total <= r.total and no_worse(o.ttft_p95, r.ttft_p95) and no_worse(o.e2e_p95, r.e2e_p95)
 
 
 def _override_central(inputs: CostInputs) -> dict:
@@ -228,6 +214,8 @@ def cases_for(run_dir: str | Path, inputs: CostInputs | str | Path | None = None
     """The priced Case of every configuration of a run (for break-even questions)."""
     if not isinstance(inputs, CostInputs):
         inputs = load_inputs(inputs)
+    if inputs.scenarios:  # the headline scenario
+        inputs = inputs.scenario(next(iter(inputs.scenarios)))
     _, chosen = choose_levels(measurements_from_run(run_dir), inputs)
     return {row.name: case for row, case, _, _ in chosen if case is not None}
 
@@ -240,10 +228,19 @@ def price_measurements(
     seed: int = 0,
     run_dir: str = "",
 ) -> LedgerResult:
-    """Point costs, verdicts, Monte Carlo intervals, break-evens and sensitivity for a set of measurements."""
+    """Point costs, verdicts, Monte Carlo intervals, break-evens and sensitivity for a set of measurements.
+    With scenarios in the cost file, the first is priced in full and the others summarised."""
+    if inputs.scenarios:
+        names = list(inputs.scenarios)
+        out = price_measurements(ms, inputs.scenario(names[0]), samples=samples, seed=seed, run_dir=run_dir)
+        out.scenario, out.inputs_source = names[0], inputs.source
+        for name in names[1:]:
+            other = price_measurements(ms, inputs.scenario(name), samples=min(samples, 1000), seed=seed)
+            out.scenarios[name] = [_summary(r) for r in other.configs]
+        return out
     levels, chosen = choose_levels(ms, inputs)
     rows = [c[0] for c in chosen]
-    _verdicts(rows)
+    point_verdicts(rows)
     chosen = [c for c in chosen if c[1] is not None]
     eligible = {r.name for r in rows if r.verdict in ("cheapest", "dominated", "trade-off")}
     if samples > 0:
@@ -253,6 +250,8 @@ def price_measurements(
             r.mean, r.p5, r.p95 = _finite(i.mean), _finite(i.p5), _finite(i.p95)
             r.p_feasible = i.p_feasible
             r.p_cheapest = i.p_cheapest if r.name in eligible else None
+        tested_verdicts(rows, {n: i.costs for n, i in mc.items() if i.costs is not None})
+    _paired_speedups(rows, [c[3] for c in chosen], ms, seed=seed)
 
     ref = _reference([c[3] for c in chosen])
     sens = {}
@@ -260,6 +259,9 @@ def price_measurements(
         if row.total is not None:
             sens[row.name] = [asdict(s) | {"swing": s.swing} for s in sensitivity(case, res, m, seed=seed)]
     bes = _default_break_evens(chosen, ref)
+    by_name = {c[3].name: c[3] for c in chosen}
+    quality = [asdict(mcnemar(ref, by_name[ref].grades, n, m.grades)) for n, m in by_name.items()
+               if ref in by_name and n != ref and m.grades and by_name[ref].grades]
 
     calculator = {
         "base": inputs.base.central(),
@@ -268,19 +270,58 @@ def price_measurements(
             {"name": r.name, "load": r.load, "strategy": r.strategy, "precision": r.precision,
              "comparable": r.comparable, "comparable_reason": r.comparable_reason,
              "tok_s": r.tok_s, "tau": r.tau,
-             "op": asdict(case.op)}
+             "op": asdict(case.op),
+             # every measured level at the run's device count: the page re-chooses the level on each edit
+             "levels": [{"load": lm.load, "concurrency": lm.concurrency, "op": asdict(lm.operating_point())}
+                        for lm in ms if lm.name == r.name and lm.requests_completed > 0]}
             for r, case, _, _ in chosen
         ],
     }
     return LedgerResult(
         run_dir=str(run_dir), inputs_source=inputs.source, reference=ref, configs=rows, levels=levels,
-        break_even=bes, sensitivity=sens, samples=samples, seed=seed, measurements=ms, calculator=calculator,
+        break_even=bes, quality=quality, sensitivity=sens, samples=samples, seed=seed, measurements=ms, calculator=calculator,
     )
 
 
+def _summary(r: ConfigCost) -> dict:
+    return {"name": r.name, "load": r.load, "total": r.total, "p5": r.p5, "p95": r.p95, "verdict": r.verdict,
+            "verdict_detail": r.verdict_detail, "compute_share": r.shares.get("compute"),
+            "labour_share": r.shares.get("labour")}
+
+
+def _paired_speedups(rows: list[ConfigCost], priced: list[ConfigMeasurement], ms: list[ConfigMeasurement], *,
+                     seed: int) -> None:
+    """Each speed-up's paired interval: the same prompts under the configuration and its autoregressive base."""
+    row_of = {r.name: r for r in rows}
+    for m in priced:
+        r = row_of[m.name]
+        base = next((b for b in ms if b.strategy == "ar" and b.model == m.model and b.precision == m.precision
+                     and b.load == m.load and b.tok_s and b.name != m.name), None)
+        if base is None or r.speedup is None:
+            continue
+        pr = paired_speedup({q.key: (q.service_s, q.output_tokens) for q in m.requests if q.key and q.service_s},
+                            {q.key: (q.service_s, q.output_tokens) for q in base.requests if q.key and q.service_s},
+                            seed=seed)
+        if pr.ratio is not None:
+            r.speedup, r.speedup_low, r.speedup_high, r.speedup_base = pr.ratio, pr.low, pr.high, base.name
+
+
+def _plausible(b: BreakEven) -> bool:
+    """A crossing inside the range where the input could really be: a pass rate of at least 5%, a price,
+    wage or time within 10x of today's (break_even's default bounds already stop at 10x)."""
+    if b.value is None:
+        return False
+    if b.field == "pass_rate":
+        return 0.05 <= b.value <= 1.0
+    return b.current is None or b.current == 0 or b.current / 10 <= b.value <= b.current * 10
+
+
 def _default_break_evens(chosen, ref: str | None) -> list[BreakEven]:
-    """Against the reference: how far may each configuration's pass rate drop (or prices, wages move)."""
+    """Against the reference: how far may each configuration's pass rate drop (or prices, wages move).
+    Only crossings in a plausible range; none on the pass rate for identical outputs (their quality is the
+    same by construction, so a crossing there only restates the noise in the cost)."""
     cases = {row.name: (row, case) for row, case, _, _ in chosen}
+    ms_of = {m.name: m for _, _, _, m in chosen}
     if ref not in cases:
         return []
     ref_row, ref_case = cases[ref]
@@ -291,14 +332,18 @@ def _default_break_evens(chosen, ref: str | None) -> list[BreakEven]:
     for name, (row, case) in cases.items():
         if name == ref or row.total is None or not row.comparable:
             continue
-        fields = ["pass_rate", price_field, "acceptance.wage_per_hour", "acceptance.fix_minutes"]
+        same_outputs = ms_of[name].outputs is not None and ms_of[name].outputs == ms_of[ref].outputs
+        fields = ([] if same_outputs else ["pass_rate"]) + [price_field, "acceptance.wage_per_hour",
+                                                            "acceptance.fix_minutes"]
         if len(case.sweep) >= 2:
             fields.append("concurrency")
         for f in fields:
             try:
-                out.append(break_even(case, ref_case, f))
+                b = break_even(case, ref_case, f)
             except BadInput:
                 continue
+            if _plausible(b):
+                out.append(b)
     return out
 
 

@@ -3,7 +3,8 @@
 Which grader applies to a question:
 1. `user_grader` ("module:function" or "path/to/file.py:function", optionally suffixed ">=0.7"), when given.
 2. Rules, for reference entries written as one: "contains:A|B" (the normalised answer contains A or B as
-   whole words) or "number:X" (the answer's final number equals X). The built-in multi-turn questions use
+   whole words), "number:X" (the answer's final number equals X), "word:A|B" (the answer's first word is A
+   or B, any case) or "caps:A" (the first word is exactly A, capitals included). The built-in multi-turn questions use
    them; any workload file may.
 3. Other entries by kind, comparing answers[i] with reference[i] (references align with turns; "" = none):
    math -> final-number match; summarization -> ROUGE-L F >= ROUGE_L_MIN; translation -> chrF >= CHRF_MIN;
@@ -163,7 +164,14 @@ def chrf(candidate: str, reference: str, order: int = CHRF_ORDER, beta: float = 
 
 # --- per-turn checks --------------------------------------------------------------------------------------
 
-_RULE_RE = re.compile(r"^(contains|number):(.*)$", re.DOTALL)
+_RULE_RE = re.compile(r"^(contains|number|word|caps):(.*)$", re.DOTALL)
+_FIRST_WORD_RE = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+def first_word(answer: str) -> str | None:
+    """The answer's first word, punctuation and markup around it dropped."""
+    m = _FIRST_WORD_RE.search(answer)
+    return m.group(0) if m else None
 
 
 def _is_rule(ref: str) -> bool:
@@ -176,6 +184,12 @@ def _check_rule(rule: str, answer: str) -> tuple[bool | None, float | None, str]
         alternatives = [a.strip() for a in arg.split("|")]
         hit = contains_any(answer, alternatives)
         return hit is not None, float(hit is not None), f"contains {hit!r}" if hit else f"missing {arg!r}"
+    if name in ("word", "caps"):  # the first word is one of the alternatives (caps: exactly, case included)
+        alternatives = [a.strip() for a in arg.split("|")]
+        got = first_word(answer)
+        ok = got is not None and (got in alternatives if name == "caps"
+                                  else got.lower() in {a.lower() for a in alternatives})
+        return ok, float(ok), f"first word {got!r} vs {arg!r}"
     want = final_number(arg)
     if want is None:
         return None, None, f"rule {rule!r} holds no number"

@@ -58,6 +58,7 @@ def register(app: typer.Typer) -> None:
         no_report: bool = typer.Option(False, "--no-report", help="skip the HTML report"),
         samples: int = typer.Option(2000, "--samples", min=0, help="Monte Carlo samples"),
         no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+        repeats: int = typer.Option(1, "--repeats", min=1, help="passes over the workload (interleaved)"),
     ) -> None:
         """The main job: run the configurations side by side (default: the embedded model's matrix), apply the
         quality gates, price each accepted task, print the table and write the report."""
@@ -70,5 +71,7 @@ def register(app: typer.Typer) -> None:
             workload={"spec": workload, "limit": limit, "sample": sample, "per_category": per_category,
                       "kind": kind, "prompt_column": prompt_column, "on_bad_line": on_bad_line},
             load={"replay": _floats(replay, "replay")})
+        if repeats > 1:
+            run_config = run_config.model_copy(update={"repeats": repeats})
         run_compare(run_config, run_dir=out, inputs=inputs, report=not no_report, samples=samples,
                     show_progress=not no_progress)

@@ -33,8 +33,11 @@ def _row(r: ConfigCost) -> dict:
     s = r.shares
     return {
         "name": r.name, "precision": r.precision, "load": r.load, "tok_s": _f(r.tok_s, ".1f"),
-        "speedup": _f(r.speedup, ".2f", "×"), "ttft": f"{_f(r.ttft_p50, '.2f')} / {_f(r.ttft_p95, '.2f')}",
-        "tau": _f(r.tau, ".2f"), "pass_rate": f"{_f(r.pass_rate, '.0%')} ({r.pass_rate_source})",
+        "speedup": _f(r.speedup, ".2f", "×") + ("" if r.speedup_low is None else
+                                                 f" [{r.speedup_low:.2f}–{r.speedup_high:.2f}]"), "ttft": f"{_f(r.ttft_p50, '.2f')} / {_f(r.ttft_p95, '.2f')}",
+        "tau": _f(r.tau, ".2f"), "pass_rate": f"{_f(r.pass_rate, '.0%')}" + ("" if r.pass_low is None else
+                                                      f" [{r.pass_low:.0%}–{r.pass_high:.0%}]")
+        + f" ({r.pass_rate_source})",
         "failed": failed_cell(r),
         "per_m": money(r.per_million_tokens), "total": "∞" if r.infinite else money(r.total),
         "total_raw": "inf" if r.infinite else ("" if r.total is None else repr(r.total)),
@@ -87,6 +90,24 @@ def _interaction_table(rows: list[dict]) -> tuple[list[str], list[dict]]:
             cells.append("<br>".join(parts))
         table.append({"method": "autoregressive (quantization alone)" if s == "ar" else s, "cells": cells})
     return precisions, table
+
+
+def _noise(run_dir: str | Path) -> dict | None:
+    """The run's calibration probes and, past the threshold, the warning naming the cause."""
+    try:
+        from specledger.bench.results import load_run
+
+        run = load_run(run_dir)
+    except Exception:
+        return None
+    if run.noise is None:
+        return None
+    n = run.noise
+    probes = ", ".join(f"{p.when} {p.ms:.2f} ms" + (f" (load {p.load_avg[0]:g})" if p.load_avg else "")
+                       for p in n.probes)
+    return {"warning": n.warning, "probes": probes, "drift": _f(n.drift, ".0%"),
+            "threads": ", ".join(f"{k} {v}" for k, v in n.threads.items()),
+            "interleaved": run.conditions.interleaved}
 
 
 def _conditions(run_dir: str | Path) -> tuple[str, str, str]:
@@ -170,6 +191,12 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
     return env.get_template("report.html.j2").render(
         title=Path(str(ledger.run_dir)).name or run_id, run_id=run_id, created=created, conditions=conditions,
         ledger=ledger, rows=[_row(r) for r in ledger.configs], levels=levels, break_even=break_even,
+        noise=_noise(run_dir or ledger.run_dir),
+        scenarios={name: [{"name": r["name"], "total": money(r["total"]) if r["total"] is not None else "–",
+                           "interval": "–" if r["p5"] is None else f"{money(r['p5'])}–{money(r['p95'])}",
+                           "compute": _f(r["compute_share"], ".0%"), "verdict": r["verdict"],
+                           "verdict_detail": r["verdict_detail"]} for r in rows]
+                   for name, rows in ledger.scenarios.items()},
         charts=figs, tornado_config=tornado_config, chart_sections=CHART_SECTIONS,
         workload=_workload(run_dir or ledger.run_dir),
         interaction_rows=inter, interaction_table=inter_table, precisions=precisions, reference=ledger.reference,

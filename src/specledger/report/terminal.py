@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 from specledger.ledger.price import ConfigCost, LedgerResult
 
 VERDICT_STYLE = {"cheapest": "bold green", "dominated": "dim", "trade-off": "yellow", "infeasible": "red",
-                 "not comparable": "magenta", "infinite cost": "red"}
+                 "not comparable": "magenta", "infinite cost": "red", "indistinguishable": "cyan"}
 
 
 def money(v: float | None, digits: int = 3) -> str:
+    """Dollars to `digits` significant figures (cents above $1)."""
     if v is None:
         return "–"
     if v == 0:
@@ -39,58 +41,126 @@ def _interval(r: ConfigCost) -> str:
     return f"{money(r.p5)}–{money(r.p95)}"
 
 
-def render_cost_table(ledger: LedgerResult) -> Table:
-    """Rich table of the priced configurations (the same columns as the report's table)."""
-    t = Table(title=f"Cost per accepted task — {ledger.run_dir or 'measurements'} (inputs: {ledger.inputs_source})",
-              title_justify="left", header_style="bold")
-    for col, just in (("configuration", "left"), ("tok/s", "right"), ("TTFT p50/p95 s", "right"), ("τ", "right"),
-                      ("pass", "right"), ("failed", "right"), ("$/1M tok", "right"), ("$/task", "right"), ("mean [90%]", "right"),
-                      ("P(cheapest)", "right"), ("compute/labour/maint", "right"), ("verdict", "left")):
-        t.add_column(col, justify=just)
+def _speed(r: ConfigCost) -> str:
+    tok = _num(r.tok_s, ".1f")
+    return tok if r.speedup is None else f"{tok}\n[dim]{r.speedup:.2f}×[/dim]"
+
+
+def _short_interval(r: ConfigCost) -> str:
+    if r.p5 is None or r.p95 is None:
+        return ""
+    return f"{money(r.p5, 2)}–{money(r.p95, 2).lstrip('$')}"
+
+
+def _pass(r: ConfigCost) -> str:
+    """Pass rate, its 95% half-width, and failed requests (each a failed attempt) when there were any."""
+    failed = f"[red]{r.failed}/{r.requests} failed[/red]" if r.failed else ""
+    if r.pass_rate is None:
+        return "–" + (f"\n{failed}" if failed else "")
+    if r.pass_low is None or r.pass_high is None:
+        return f"{r.pass_rate:.0%}" + (f"\n{failed}" if failed else "")
+    half = f"±{100 * max(r.pass_rate - r.pass_low, r.pass_high - r.pass_rate):.0f}"
+    return f"{r.pass_rate:.0%}\n" + (failed if failed else f"[dim]{half}[/dim]")
+
+
+def render_cost_table(ledger: LedgerResult, scenario: str | None = None) -> Table:
+    """The priced configurations in 80 columns: whole names, two lines per row (the HTML report has the rest:
+    TTFT, τ, $/1M tokens, P(cheapest))."""
+    label = f" — {ledger.scenario}" if ledger.scenario else ""
+    t = Table(title=f"Cost per accepted task{label}", title_justify="left", header_style="bold",
+              caption=f"run {ledger.run_dir or 'measurements'}; inputs {ledger.inputs_source}", caption_justify="left")
+    t.add_column("configuration", no_wrap=True)
+    t.add_column("tok/s\n[dim]×ar[/dim]", justify="right", no_wrap=True)
+    t.add_column("pass", justify="right", no_wrap=True)
+    t.add_column("$/task\n[dim]90%[/dim]", justify="right", no_wrap=True)
+    t.add_column("verdict\n[dim]compute/labour/maint[/dim]", no_wrap=True)
     for r in ledger.configs:
         s = r.shares
         share = f"{s['compute']:.0%}/{s['labour']:.0%}/{s['maintenance']:.0%}" if s else "–"
-        verdict = r.verdict + (f" ({r.verdict_detail})" if r.verdict_detail else "")
+        verdict = f"[{VERDICT_STYLE[r.verdict]}]{r.verdict}[/]" if r.verdict in VERDICT_STYLE else r.verdict
         t.add_row(
-            f"{r.name} [dim]{r.precision} @{r.load}[/dim]",
-            _num(r.tok_s, ".1f"),
-            f"{_num(r.ttft_p50, '.2f')}/{_num(r.ttft_p95, '.2f')}",
-            _num(r.tau, ".2f"),
-            f"{_num(r.pass_rate, '.0%')}",
-            failed_cell(r),
-            money(r.per_million_tokens),
-            "∞" if r.infinite else money(r.total),
-            f"{money(r.mean)} [{_interval(r)}]" if r.mean is not None or r.p5 is not None else "–",
-            _num(r.p_cheapest, ".0%"),
-            share,
-            f"[{VERDICT_STYLE.get(r.verdict, '')}]{verdict}[/]" if r.verdict in VERDICT_STYLE else verdict,
+            f"{r.name}\n[dim]{r.precision} @{r.load}[/dim]",
+            _speed(r),
+            _pass(r),
+            ("∞" if r.infinite else money(r.total)) + (f"\n[dim]{_short_interval(r)}[/dim]" if r.p5 is not None else ""),
+            f"{verdict}\n[dim]{share}[/dim]",
         )
     return t
 
 
+def render_notes(ledger: LedgerResult) -> Text:
+    """What the table's verdict column cannot hold: each verdict's reason, and the paired quality tests."""
+    out = Text()
+    for r in ledger.configs:
+        if r.failed:
+            out.append(f"{r.name}", style="bold").append(f": failed requests {failed_cell(r)}, each priced as a "
+                                                         "failed attempt\n")
+    for r in ledger.configs:
+        if r.verdict_detail:
+            out.append(f"{r.name}", style="bold").append(f": {r.verdict}: {r.verdict_detail}\n")
+    for r in ledger.configs:
+        if r.speedup_low is not None:
+            out.append(f"{r.name}", style="bold").append(
+                f": {r.speedup:.2f}× {r.speedup_base} ({r.speedup_low:.2f}–{r.speedup_high:.2f}, 95%, paired "
+                "by prompt)\n")
+    for q in ledger.quality:
+        out.append(f"quality {q['config_b']} vs {q['config_a']}: ", style="bold").append(f"{q['note']}\n")
+    return out
+
+
+def render_scenario(ledger: LedgerResult, name: str) -> Table:
+    """Another scenario of the cost file, summarised (its full table: price the run with that scenario alone)."""
+    t = Table(title=f"Cost per accepted task — {name}", title_justify="left", header_style="bold")
+    t.add_column("configuration", no_wrap=True)
+    t.add_column("$/task\n[dim]90%[/dim]", justify="right", no_wrap=True)
+    t.add_column("compute\nshare", justify="right", no_wrap=True)
+    t.add_column("verdict", no_wrap=True)
+    for r in ledger.scenarios[name]:
+        verdict = r["verdict"]
+        span = f"\n[dim]{money(r['p5'], 2)}–{money(r['p95'], 2).lstrip('$')}[/dim]" if r["p5"] is not None else ""
+        t.add_row(r["name"], (money(r["total"]) if r["total"] is not None else "–") + span,
+                  _num(r["compute_share"], ".0%"),
+                  f"[{VERDICT_STYLE[verdict]}]{verdict}[/]" if verdict in VERDICT_STYLE else verdict)
+    return t
+
+
+_SHORT = {"pass_rate": "pass rate", "hardware.price_per_device_hour": "price/device-h",
+          "hardware.purchase_price": "purchase price", "acceptance.wage_per_hour": "wage/h",
+          "acceptance.fix_minutes": "fix minutes", "acceptance.review_minutes": "review minutes"}
+
+
 def render_break_even(ledger: LedgerResult) -> Table | None:
+    """Crossings only; the sentence for each is in the HTML report."""
     crossing = [b for b in ledger.break_even if b.value is not None]
     if not crossing:
         return None
     t = Table(title="Break-even (where two configurations cost the same)", title_justify="left", header_style="bold")
-    for col in ("configuration", "vs", "input", "now", "break-even", "meaning"):
-        t.add_column(col)
+    t.add_column("configuration", no_wrap=True)
+    t.add_column("input", no_wrap=True)
+    t.add_column("now", justify="right", no_wrap=True)
+    t.add_column("break-even", justify="right", no_wrap=True)
+    t.add_column("cheaper", no_wrap=True)
     for b in crossing:
-        t.add_row(b.config_a, b.config_b, b.field, _num(b.current, ".4g"), f"{b.value:.4g}", b.note)
+        side = "below" if f"{b.config_a} is cheaper below" in b.note else "above"
+        t.add_row(f"{b.config_a}\n[dim]vs {b.config_b}[/dim]", _SHORT.get(b.field, b.field), _num(b.current, ".4g"),
+                  f"{b.value:.4g}", side)
     return t
 
 
 def render_sensitivity(ledger: LedgerResult, config: str | None = None, top: int = 6) -> Table | None:
-    name = config or next((r.name for r in ledger.configs if r.verdict == "cheapest"), None)
+    priced = [r for r in ledger.configs if r.total is not None and r.verdict in VERDICT_STYLE]
+    name = config or next((r.name for r in ledger.configs if r.verdict == "cheapest"), None) or \
+        (min(priced, key=lambda r: r.total).name if priced else None)
     swings = ledger.sensitivity.get(name or "", [])
     if not swings:
         return None
     t = Table(title=f"What moves the cost of {name} most", title_justify="left", header_style="bold")
-    for col in ("input", "low → high", "cost at low", "cost at high", "swing", "basis"):
-        t.add_column(col)
+    t.add_column("input\n[dim]low → high (basis)[/dim]", no_wrap=True)
+    t.add_column("cost at low → high", justify="right", no_wrap=True)
+    t.add_column("swing", justify="right", no_wrap=True)
     for s in swings[:top]:
-        t.add_row(s["label"], f"{s['low']:.4g} → {s['high']:.4g}", money(s["cost_low"]), money(s["cost_high"]),
-                  money(s["swing"]), s["basis"])
+        t.add_row(f"{s['label']}\n[dim]{s['low']:.4g} → {s['high']:.4g} ({s['basis']})[/dim]",
+                  f"{money(s['cost_low'])} → {money(s['cost_high'])}", money(s["swing"]))
     return t
 
 
@@ -126,7 +196,8 @@ def render_interaction(ledger: LedgerResult) -> Table | None:
 
 def print_ledger(ledger: LedgerResult, console: Console | None = None) -> None:
     console = console or Console()
-    parts = [render_cost_table(ledger)]
+    parts = [render_cost_table(ledger), render_notes(ledger)]
+    parts += [render_scenario(ledger, name) for name in ledger.scenarios]
     for extra in (render_break_even(ledger), render_sensitivity(ledger)):
         if extra is not None:
             parts.append(extra)

@@ -16,9 +16,21 @@
     return Math.pow(1 - Math.min(q, 1), retries + 1);
   }
 
-  function deviceRatePerS(hw) {
-    if (hw.kind === "rented") return hw.price_per_device_hour / 3600;
-    return hw.purchase_price / (hw.lifetime_years * SECONDS_PER_YEAR * hw.utilisation);
+  function perBusySecond(hw) {
+    return hw.kind === "rented" && hw.billing === "per_busy_second";
+  }
+
+  function deviceRatePerS(hw, provisioned) {
+    var base;
+    if (hw.kind === "rented") {
+      base = hw.price_per_device_hour / 3600;
+      if (perBusySecond(hw)) return base;
+    } else {
+      base = hw.purchase_price / (hw.lifetime_years * SECONDS_PER_YEAR);
+    }
+    if (provisioned) return base;
+    var u = hw.utilisation === null || hw.utilisation === undefined ? 1 : hw.utilisation;
+    return base / u;
   }
 
   function energyCost(hw, energyJ) {
@@ -27,7 +39,7 @@
   }
 
   function deviceHourCost(hw) {
-    var cost = deviceRatePerS(hw) * 3600;
+    var cost = deviceRatePerS(hw, hw.kind === "rented") * 3600;
     if (hw.kind === "owned") cost += energyCost(hw, hw.power_watts * 3600);
     return cost;
   }
@@ -38,7 +50,8 @@
 
   function computeCostPerCall(hw, op, demand) {
     var seconds = op.device_seconds_per_call;
-    if (demand !== null && demand !== undefined) {
+    var provisioned = demand !== null && demand !== undefined && !perBusySecond(hw);
+    if (provisioned) {
       seconds = replicasNeeded(demand, op.requests_per_s, op.device_count) / demand;
     }
     var useMeasured = hw.use_measured_energy === undefined ? true : hw.use_measured_energy;
@@ -48,7 +61,7 @@
     } else {
       energyJ = (hw.power_watts === null || hw.power_watts === undefined ? 0 : hw.power_watts) * op.device_seconds_per_call;
     }
-    return deviceRatePerS(hw) * seconds + energyCost(hw, energyJ);
+    return deviceRatePerS(hw, provisioned) * seconds + energyCost(hw, energyJ);
   }
 
   function toolCost(task) {
@@ -149,19 +162,54 @@
     return o.total <= r.total && noWorse(o.ttft_p95, r.ttft_p95) && noWorse(o.e2e_p95, r.e2e_p95);
   }
 
+  // The operating point with the inputs' device count (devices per replica): the run's device-seconds are
+  // per device, so n devices occupy n times as many (ledger/measurements.py operating_point).
+  function withDevices(op, x) {
+    var n = x.hardware.device_count;
+    if (n === null || n === undefined) return op;
+    var out = clone(op);
+    out.device_seconds_per_call = op.device_seconds_per_call / (op.device_count || 1) * n;
+    out.device_count = n;
+    return out;
+  }
+
+  // Every measured load level priced; the cheapest one meeting the objectives is kept (else the one missing
+  // fewest, lowest concurrency first), as ledger/price.py choose_levels does: re-chosen on every edit.
+  function chooseLevel(c, x) {
+    var levels = c.levels && c.levels.length ? c.levels : [{ load: c.load, concurrency: null, op: c.op }];
+    var best = null;
+    levels.forEach(function (lv) {
+      var op = withDevices(lv.op, x);
+      var b = taskCost(x, op), misses = objectiveMisses(x, op);
+      var cand = { load: lv.load, concurrency: lv.concurrency, op: op, b: b, misses: misses };
+      if (best === null) { best = cand; return; }
+      var f1 = cand.misses.length === 0, f0 = best.misses.length === 0;
+      if (f1 !== f0) { if (f1) best = cand; return; }
+      if (f1) {
+        var t1 = cand.b.infinite ? Infinity : cand.b.total, t0 = best.b.infinite ? Infinity : best.b.total;
+        if (t1 < t0) best = cand;
+      } else if (cand.misses.length < best.misses.length ||
+                 (cand.misses.length === best.misses.length && (cand.concurrency || 0) < (best.concurrency || 0))) {
+        best = cand;
+      }
+    });
+    return best;
+  }
+
   // Price every configuration of the calculator data with `base` as the edited inputs.
   function priceAll(data, base) {
     var rows = data.configs.map(function (c) {
       var x = merge(base, (data.overrides || {})[c.name] || {});
-      var b = taskCost(x, c.op);
-      var misses = objectiveMisses(x, c.op);
+      var pick = chooseLevel(c, x);
+      var b = pick.b;
+      var misses = pick.misses;
       var total = b.total;
       var shares = b.infinite || !total ? null : {
         compute: (b.compute + b.tools) / total, labour: b.labour / total, maintenance: b.maintenance / total
       };
       return {
-        name: c.name, load: c.load, strategy: c.strategy, precision: c.precision, tok_s: c.tok_s, tau: c.tau,
-        ttft_p95: c.op.ttft_p95, e2e_p95: c.op.e2e_p95, comparable: c.comparable,
+        name: c.name, load: pick.load, strategy: c.strategy, precision: c.precision, tok_s: c.tok_s, tau: c.tau,
+        ttft_p95: pick.op.ttft_p95, e2e_p95: pick.op.e2e_p95, comparable: c.comparable,
         comparable_reason: c.comparable_reason, breakdown: b, total: b.infinite ? null : total, shares: shares,
         infinite: b.infinite, feasible: misses.length === 0, misses: misses, verdict: "", verdict_detail: ""
       };
@@ -191,7 +239,8 @@
     deviceRatePerS: deviceRatePerS, energyCost: energyCost, deviceHourCost: deviceHourCost,
     replicasNeeded: replicasNeeded, computeCostPerCall: computeCostPerCall, toolCost: toolCost,
     toolLatency: toolLatency, maintenancePerTask: maintenancePerTask, passRate: passRate,
-    taskCost: taskCost, objectiveMisses: objectiveMisses, merge: merge, priceAll: priceAll
+    taskCost: taskCost, objectiveMisses: objectiveMisses, merge: merge, priceAll: priceAll,
+    chooseLevel: chooseLevel, withDevices: withDevices
   };
   if (typeof module !== "undefined" && module.exports) module.exports = api;
   else root.SpecLedgerCalc = api;

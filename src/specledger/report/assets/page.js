@@ -9,14 +9,48 @@
   var SVGNS = "http://www.w3.org/2000/svg";
   var PARTS = [["compute", "#4C72B0"], ["tools", "#64B5CD"], ["labour", "#DD8452"], ["maintenance", "#55A868"]];
 
+  // Every input is editable: numbers (null = not set: leave the field empty), and the choices below.
+  var CHOICES = {
+    "hardware.kind": ["rented", "owned"],
+    "hardware.billing": ["always_on", "per_busy_second"],
+    "hardware.use_measured_energy": [true, false],
+    "maintenance.retraining": [null, true, false]
+  };
+
   function numericLeaves(obj, prefix, out) {
     Object.keys(obj).forEach(function (k) {
       var v = obj[k], p = prefix.concat([Array.isArray(obj) ? Number(k) : k]);
-      if (v !== null && typeof v === "object") numericLeaves(v, p, out);
-      else if (typeof v === "number") out.push(p);
+      if (CHOICES[p.join(".")]) out.push(p);
+      else if (v !== null && typeof v === "object") numericLeaves(v, p, out);
+      else if (typeof v === "number" || v === null) out.push(p);
     });
     return out;
   }
+
+  function choiceInput(path, id) {
+    var options = CHOICES[path.join(".")];
+    var select = document.createElement("select");
+    select.id = id;
+    options.forEach(function (o, i) {
+      var opt = document.createElement("option");
+      opt.value = String(i);
+      opt.textContent = o === null ? "default" : String(o);
+      select.appendChild(opt);
+    });
+    select.dataset.path = JSON.stringify(path);
+    select.dataset.choice = "1";
+    select.value = String(Math.max(0, options.indexOf(getPath(base, path) === undefined ? null : getPath(base, path))));
+    select.addEventListener("change", function () {
+      setPath(base, path, options[Number(select.value)]);
+      render();
+    });
+    return select;
+  }
+
+  // Fields the cost file may leave out (null: the run's value, the default, or no objective).
+  var NULLABLE = { pass_rate: 1, demand_rps: 1, device_count: 1, utilisation: 1, engineer_wage_per_hour: 1,
+    ttft_p95_s: 1, tpot_p95_s: 1, e2e_p95_s: 1, task_s: 1, power_watts: 1, price_per_device_hour: 1,
+    purchase_price: 1, lifetime_years: 1, energy_price_per_kwh: 1, pue: 1 };
 
   function getPath(obj, path) { return path.reduce(function (o, k) { return o[k]; }, obj); }
   function setPath(obj, path, v) { getPath(obj, path.slice(0, -1))[path[path.length - 1]] = v; }
@@ -54,16 +88,31 @@
       row.setAttribute("for", id);
       var span = document.createElement("span");
       span.textContent = label(path);
+      if (CHOICES[path.join(".")]) {
+        row.appendChild(span);
+        row.appendChild(choiceInput(path, id));
+        sections[sec].appendChild(row);
+        return;
+      }
       var input = document.createElement("input");
       input.type = "number";
       input.step = "any";
       input.min = "0";
       input.id = id;
-      input.value = String(getPath(base, path));
+      var initial = getPath(base, path);
+      input.value = initial === null || initial === undefined ? "" : String(initial);
+      input.placeholder = "not set";
       input.dataset.path = JSON.stringify(path);
       input.addEventListener("input", function () {
         var v = Number(input.value);
+        if (input.value.trim() === "" && NULLABLE[path[path.length - 1]]) {  // cleared: not set
+          input.classList.remove("invalid");
+          setPath(base, path, null);
+          render();
+          return;
+        }
         var bad = input.value.trim() === "" || !isFinite(v) || v < 0 ||
+          (path[1] === "device_count" && (v < 1 || v !== Math.trunc(v))) ||
           (path[1] === "pass_rate" && (v <= 0 || v > 1)) || (path[1] === "utilisation" && (v <= 0 || v > 1)) ||
           (path[1] === "tasks_per_month" && v <= 0);
         input.classList.toggle("invalid", bad);
@@ -77,8 +126,10 @@
     });
     document.getElementById("calc-reset").addEventListener("click", function () {
       base = JSON.parse(start);
-      form.querySelectorAll("input").forEach(function (input) {
-        input.value = String(getPath(base, JSON.parse(input.dataset.path)));
+      form.querySelectorAll("input, select").forEach(function (input) {
+        var path = JSON.parse(input.dataset.path), v = getPath(base, path);
+        if (input.dataset.choice) input.value = String(Math.max(0, CHOICES[path.join(".")].indexOf(v === undefined ? null : v)));
+        else input.value = v === null || v === undefined ? "" : String(v);
         input.classList.remove("invalid");
       });
       render();

@@ -1,0 +1,117 @@
+"""Verdicts: which configuration is cheapest, which are dominated, and which cannot be told apart.
+
+A configuration is "cheapest" only when the 95% interval of its cost difference with every other
+candidate excludes zero, and "dominated" only when some other configuration is cheaper with an
+interval that excludes zero and is no slower. Candidates whose difference with the cheapest
+straddles zero are "indistinguishable" (an A/A pair always is). The differences come from Monte
+Carlo samples drawn with common random numbers (ledger/montecarlo.py), so they are paired.
+
+Without samples (--samples 0, and the page's calculator) only point estimates exist: the point
+verdicts below say what the central values give, and nothing about noise.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from specledger.ledger.paired import difference
+
+
+class Row(Protocol):  # the fields of ledger.price.ConfigCost used here
+    name: str
+    comparable: bool
+    comparable_reason: str
+    infinite: bool
+    feasible: bool
+    misses: list[str]
+    total: float | None
+    ttft_p95: float | None
+    e2e_p95: float | None
+    verdict: str
+    verdict_detail: str
+
+
+def _status(r: Row) -> bool:
+    """Rows that are out of the running get their reason; returns whether r is a candidate."""
+    if not r.comparable:
+        r.verdict, r.verdict_detail = "not comparable", r.comparable_reason
+    elif r.infinite:
+        r.verdict, r.verdict_detail = "infinite cost", "pass rate 0: no attempt is ever accepted"
+    elif not r.feasible:
+        r.verdict, r.verdict_detail = "infeasible", "; ".join(r.misses)
+    else:
+        return r.total is not None
+    return False
+
+
+def _no_slower(o: Row, r: Row) -> bool:
+    def no_worse(a, b):
+        return a is not None and b is not None and a <= b
+
+    return no_worse(o.ttft_p95, r.ttft_p95) and no_worse(o.e2e_p95, r.e2e_p95)
+
+
+def point_verdicts(rows: list[Row]) -> None:
+    """From central values only (what calculator.js does on the page)."""
+    eligible = [r for r in rows if _status(r)]
+    cheapest = min(eligible, key=lambda r: r.total, default=None)
+    for r in eligible:
+        if r is cheapest:
+            r.verdict, r.verdict_detail = "cheapest", ""
+            continue
+        better = [o for o in eligible if o is not r and o.total <= r.total and _no_slower(o, r)]
+        if better:
+            r.verdict, r.verdict_detail = "dominated", f"by {better[0].name}: cheaper and no slower"
+        else:
+            pct = 100 * (r.total / cheapest.total - 1)
+            r.verdict, r.verdict_detail = "trade-off", f"+{pct:.1f}% vs {cheapest.name}, but faster"
+
+
+def _money(d: float) -> str:
+    return f"{'-' if d < 0 else '+'}${abs(d):.3g}"
+
+
+def tested_verdicts(rows: list[Row], costs: dict[str, np.ndarray]) -> None:
+    """Verdicts from paired cost samples (name -> samples, aligned across configurations)."""
+    eligible = [r for r in rows if _status(r)]
+    if not eligible:
+        return
+    missing = [r for r in eligible if r.name not in costs]
+    if missing:  # cannot test what was not sampled
+        point_verdicts(rows)
+        return
+    best = min(eligible, key=lambda r: r.total)
+    diffs = {r.name: difference(costs[r.name], costs[best.name]) for r in eligible if r is not best}
+    ties = [r for r in eligible if r is not best and (diffs[r.name] is None or not diffs[r.name].excludes_zero)]
+    if not ties:
+        best.verdict = "cheapest"
+        closest = min((diffs[r.name] for r in eligible if r is not best), key=lambda d: d.low, default=None)
+        best.verdict_detail = ("" if closest is None else
+                               f"every other costs more per task, by at least {_money(closest.low)[1:]} (95%)")
+    else:
+        group = [best] + ties
+        for r in group:
+            others = ", ".join(o.name for o in group if o is not r)
+            d = diffs.get(r.name) or diffs.get(ties[0].name)
+            span = "" if d is None else f"; cost difference {_money(d.low)} to {_money(d.high)} per task (95%)"
+            r.verdict, r.verdict_detail = "indistinguishable", f"from {others}{span}"
+    for r in eligible:
+        if r.verdict == "indistinguishable" or r is best:
+            continue
+        better = []
+        for o in eligible:
+            if o is r:
+                continue
+            d = difference(costs[r.name], costs[o.name])
+            if d is not None and d.low > 0 and _no_slower(o, r):
+                better.append((o, d))
+        if better:
+            o, d = min(better, key=lambda od: od[0].total)
+            r.verdict, r.verdict_detail = "dominated", (f"by {o.name}: {_money(d.low)[1:]} to {_money(d.high)[1:]} "
+                                                        "cheaper per task (95%) and no slower")
+        else:
+            d = diffs[r.name]
+            r.verdict = "trade-off"
+            r.verdict_detail = f"{_money(d.low)} to {_money(d.high)} per task vs {best.name} (95%), but faster"

@@ -1,0 +1,40 @@
+"""A backend that answers without a model: it sleeps for a chosen time and echoes the question, so
+timings are set by the test (e.g. a machine that slows down halfway) and outputs are identical across
+configurations (an A/A pair)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+from specledger.bench.backends.base import Backend, Completion
+from specledger.bench.config import BenchConfig
+
+
+class SleepBackend(Backend):
+    serial = True
+
+    def __init__(self, config: BenchConfig, calls: list[str], seconds: Callable[[int, BenchConfig], float],
+                 tokens: int = 8):
+        """`calls` is shared by every backend of a run (it records the order requests reached them);
+        `seconds(n, config)` is the service time of the n-th request overall."""
+        super().__init__(config)
+        self.calls, self.seconds, self.tokens = calls, seconds, tokens
+
+    async def start(self) -> None:
+        return None
+
+    async def complete(self, messages, *, max_new_tokens, min_new_tokens=None) -> Completion:
+        n = len(self.calls)
+        self.calls.append(self.config.name)
+        start = time.perf_counter()
+        await asyncio.sleep(self.seconds(n, self.config))
+        end = time.perf_counter()
+        k = min(self.tokens, max_new_tokens)
+        text = messages[-1]["content"].split()[0] if messages[-1]["content"].split() else "x"
+        ids = [ord(ch) % 50 for ch in (text * k)[:k]]
+        step = (end - start) / k
+        return Completion(ok=True, start=start, end=end, text=text, first_token=start + step,
+                          chunks=[(start + step * (j + 1), 1) for j in range(k)], output_tokens=k,
+                          token_ids=ids, finish_reason="length")
