@@ -25,7 +25,7 @@ from specledger.bench.results import read_requests  # noqa: E402
 from specledger.bench.runner import Runner  # noqa: E402
 from specledger.bench.tables import render_run  # noqa: E402
 from specledger.ledger.price import price_run  # noqa: E402
-from specledger.report.terminal import render_cost_table  # noqa: E402
+from specledger.report.terminal import render_cost_table, render_notes  # noqa: E402
 
 IDLE = 0.2  # the server drops a request that arrives on a connection idle this long
 
@@ -215,9 +215,11 @@ def test_mid_stream_drops_are_counted_and_priced_as_failed_attempts(server, tmp_
     assert d.verdict == "not comparable" and "failures" in d.verdict_detail
     assert (d.failed, d.requests, d.errors) == (1, 6, {"dropped": 1})
     assert d.pass_rate == pytest.approx(5 / 6) and d.pass_rate_source == "measured 5/6, 1 failed"
-    console = Console(width=250, record=True)
+    console = Console(width=80, record=True)
     console.print(render_cost_table(ledger))
-    assert "1/6 (dropped 1)" in console.export_text()
+    assert "1/6 failed" in console.export_text()  # in the pass column of the 80-column table
+    console.print(render_notes(ledger))
+    assert "droppy: failed requests 1/6 (dropped 1)" in console.export_text()
 
     # allowed to fail more, it is compared, and failing still never makes it cheaper
     run = measure("lenient", max_failure_rate=0.5)
