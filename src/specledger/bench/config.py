@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from specledger.engine.registry import TARGET_ALIASES
 from specledger.errors import BadInput
 
 
@@ -93,6 +94,9 @@ class BenchConfig(_Strict):
             self.openai = OpenAISettings()
         if self.backend == "inprocess" and self.openai is not None:
             raise ValueError("'openai' settings given for an inprocess backend")
+        for spec in (self.draft, self.intermediate):
+            if spec is not None and spec.model in TARGET_ALIASES:
+                spec.model = self.model  # resolved once: recorded and keyed as the model it is
         return self
 
     @property
