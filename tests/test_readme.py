@@ -43,7 +43,7 @@ PARSE_ONLY = {
     "compare": "runs the whole default matrix (minutes)",
     "serve": "serves until stopped",
 }
-NEEDS_RUN_DIR = {"show", "diff", "cost", "report"}  # those with runs/<...> placeholders
+RUN_PLACEHOLDERS = ("id", "a", "b")  # runs/<id>, runs/<a>, runs/<b>: the short bench run (and a copy)
 FAST = {"models", "cost"}  # no model loading: not marked slow (when they need no run directory)
 
 
@@ -216,7 +216,7 @@ def run_dirs(tmp_path_factory, shared_models) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("runs")
     invoke(argv(bench[0]) + RUN_EXTRA["bench"] + ["--output-dir", str(out), "--run-id", "a"])
     shutil.copytree(out / "a", out / "b")
-    return {"id": out / "a", "a": out / "a", "b": out / "b"}
+    return dict(zip(RUN_PLACEHOLDERS, (out / "a", out / "a", out / "b")))
 
 
 def substitute(args: list[str], run_dirs: dict[str, Path] | None) -> list[str]:
@@ -238,6 +238,7 @@ def substitute(args: list[str], run_dirs: dict[str, Path] | None) -> list[str]:
 def test_readme_command_runs(command, request, tmp_path, monkeypatch, shared_models):
     args = argv(command)
     sub = args[0]
+    substitute(args, {k: Path() for k in RUN_PLACEHOLDERS})  # an unknown placeholder fails before any run
     dirs = request.getfixturevalue("run_dirs") if "runs/<" in command else None
     monkeypatch.chdir(tmp_path)
     (tmp_path / "short.txt").write_text(SHORT_TEXT)
@@ -256,7 +257,7 @@ def test_readme_command_runs(command, request, tmp_path, monkeypatch, shared_mod
 
 @pytest.mark.parametrize("command", [c for c, how in PLAN if how == "parse"])
 def test_readme_long_command_parses(command):
-    args = substitute(argv(command), {"id": Path("runs/x"), "a": Path("runs/a"), "b": Path("runs/b")})
+    args = substitute(argv(command), {k: Path(f"runs/{k}") for k in RUN_PLACEHOLDERS})
     parse(args)
 
 
@@ -267,4 +268,4 @@ def test_readme_inline_command_parses(command):
         cli = typer.main.get_command(_app())
         assert cli.get_command(click.Context(cli), args[0]) is not None, f"no command `specledger {args[0]}`"
         return
-    parse(substitute(args, {"id": Path("runs/x"), "a": Path("runs/a"), "b": Path("runs/b")}))
+    parse(substitute(args, {k: Path(f"runs/{k}") for k in RUN_PLACEHOLDERS}))

@@ -49,6 +49,20 @@ def test_a_bug_inside_a_strategy_is_not_a_user_error(monkeypatch):
         make_strategy("lookup", tiny_model(), num_tokens=3)
 
 
+def test_parameters_are_checked_before_loading(monkeypatch):
+    from typer.testing import CliRunner
+
+    from specledger.cli import app
+    from specledger.engine import loader
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the parameters were checked")
+
+    monkeypatch.setattr(loader, "load_model", no_loading)
+    r = CliRunner().invoke(app, ["generate", "hi", "--strategy", "lookup", "-p", "num_tokns=3"])
+    assert isinstance(r.exception, BadInput) and "did you mean num_tokens?" in str(r.exception)
+
+
 def test_draft_strategy_message_at_the_command_line():
     import subprocess
     import sys
