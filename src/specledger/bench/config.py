@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from specledger.engine.registry import TARGET_ALIASES
 from specledger.errors import BadInput
 
 
@@ -148,6 +149,9 @@ class BenchConfig(_Strict):
                              "set batching: false")
         if self.batching and self.backend != "inprocess":
             raise ValueError("batching is an in-process setting (the server batches on its own)")
+        for spec in (self.draft, self.intermediate):
+            if spec is not None and spec.model in TARGET_ALIASES:
+                spec.model = self.model  # resolved once: recorded and keyed as the model it is
         return self
 
     @property

@@ -34,6 +34,7 @@ from specledger.bench.results import (
 )
 from specledger.bench.telemetry import telemetry_delta
 from specledger.bench.workload import Question, load_workload
+from specledger.engine.registry import model_key
 from specledger.errors import BadInput, SpecLedgerError
 from specledger.quality.gates import GateResult, comparable, lossless_gate, pass_rate_gate, quantization_gate
 from specledger.quality.graders import grade, grading_rules
@@ -221,7 +222,7 @@ class Runner:
         """Role -> the weights it uses (model, dtype, quant, group size, device); "reference": the fp32
         model the quantization gate compares the target with."""
         def key(model: str, dtype: str, quant: str, group_size: int) -> tuple:
-            return (model, dtype, quant, group_size if quant == "int4" else None, bc.device)
+            return (model_key(model), dtype, quant, group_size if quant == "int4" else None, bc.device)
 
         keys = {"target": key(bc.model, bc.dtype, bc.quant, bc.group_size)}
         for role in ("draft", "intermediate"):

@@ -37,9 +37,10 @@ def parse_params(items: list[str]) -> dict:
 
 
 def model_role(model: Optional[str], dtype: Optional[str], quant: str, group_size: int) -> Optional[dict]:
-    if model is None:
+    """A model parameter from its flags; a precision without a model means a copy of the target."""
+    if model is None and dtype is None and quant == "none":
         return None
-    return {"model": model, "dtype": dtype, "quant": quant, "group_size": group_size}
+    return {"model": model or "target", "dtype": dtype, "quant": quant, "group_size": group_size}
 
 
 def generate_cmd(
@@ -51,10 +52,10 @@ def generate_cmd(
     device: str = typer.Option("cpu", help="cpu | cuda"),
     strategy: str = typer.Option("ar", help="ar | lookup | draft | eagle | hier"),
     param: list[str] = typer.Option([], "--param", "-p", help="strategy parameter key=value (repeatable), e.g. -p num_tokens=6"),
-    draft_model: Optional[str] = typer.Option(None, help="draft strategy: the draft model (name/path; 'target' = the same file)"),
+    draft_model: Optional[str] = typer.Option(None, help="draft strategy: the draft model (name/path; 'target' = the same file, the default when --draft-quant/--draft-dtype is given)"),
     draft_dtype: Optional[str] = typer.Option(None),
     draft_quant: str = typer.Option("none", help="quantization of the draft model"),
-    intermediate_model: Optional[str] = typer.Option(None, help="hier strategy: the intermediate model ('target' = the same file)"),
+    intermediate_model: Optional[str] = typer.Option(None, help="hier strategy: the intermediate model ('target' = the same file, the default when --intermediate-quant/--intermediate-dtype is given)"),
     intermediate_dtype: Optional[str] = typer.Option(None),
     intermediate_quant: str = typer.Option("none", help="quantization of the intermediate model"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
@@ -67,7 +68,7 @@ def generate_cmd(
     stream: bool = typer.Option(True, help="stream tokens to the terminal"),
 ) -> None:
     """Generate text with the native engine and print tau, per-level acceptance and speed after it."""
-    from specledger.decoding.factory import make_strategy
+    from specledger.decoding.factory import check_params, make_strategy
     from specledger.decoding.generate import generate
     from specledger.decoding.sampling import SamplingParams
     from specledger.engine.loader import load_model
@@ -84,10 +85,11 @@ def generate_cmd(
             raise BadInput(f"unknown {what} {value!r} (choose from {', '.join(allowed)})")
     sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop)
     params = parse_params(param)
-    if draft_model:
-        params["draft"] = model_role(draft_model, draft_dtype, draft_quant, group_size)
-    if intermediate_model:
-        params["intermediate"] = model_role(intermediate_model, intermediate_dtype, intermediate_quant, group_size)
+    for role, spec in (("draft", model_role(draft_model, draft_dtype, draft_quant, group_size)),
+                       ("intermediate", model_role(intermediate_model, intermediate_dtype, intermediate_quant, group_size))):
+        if spec is not None:
+            params[role] = spec
+    params = check_params(strategy, params)  # before spending seconds on loading weights
     with console.status("loading model"):
         lm = load_model(model, dtype=dtype, quant=quant, group_size=group_size, device=device)
         strat = make_strategy(strategy, lm, **params)

@@ -204,16 +204,16 @@ class EagleDrafter:
 
 # --- the target's verification-cost curve --------------------------------------------------------
 
-_CURVES: dict[tuple[str, str], dict[int, float]] = {}
+_CURVES: dict[tuple[str, str, str], dict[int, float]] = {}
 
 
 def verify_cost_curve(lm: LoadedModel, context: int = 256, reps: int = 3) -> dict[int, float]:
     """Seconds of one target forward of n tokens on top of `context` cached tokens.
 
-    Measured once per model label and device per process: the fastest of `reps` rounds (other
+    Measured once per model (file and precision) and device per process: the fastest of `reps` rounds (other
     load only ever adds time), made non-decreasing in n.
     """
-    key = (lm.label, str(lm.model.device))
+    key = (lm.source, lm.label, str(lm.model.device))
     if key not in _CURVES:
         curve, prev = {}, 0.0
         for n, t in forward_time_curve(lm, context=context, sizes=CURVE_SIZES, reps=reps, stat="min").items():

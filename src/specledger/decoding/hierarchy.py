@@ -42,7 +42,7 @@ class Hierarchy(Strategy):
     def __init__(
         self,
         target: LoadedModel,
-        intermediate: LoadedModel | list[LoadedModel] | None = None,
+        intermediate: LoadedModel | list[LoadedModel],
         drafter: str = "eagle",
         head=None,
         top_k: int = 10,
@@ -53,8 +53,6 @@ class Hierarchy(Strategy):
         lookup_tokens: int = 10,
     ) -> None:
         super().__init__(target)
-        if intermediate is None:
-            raise BadInput("strategy 'hier' needs an intermediate model (e.g. --intermediate-model target --intermediate-quant int4)")
         self.mids = _as_list(intermediate)
         for m in self.mids:
             check_same_tokenizer(target, m)

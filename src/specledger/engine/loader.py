@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -13,7 +12,7 @@ from specledger.engine import gguf_loader, hf_loader
 from specledger.engine.config import ModelConfig
 from specledger.engine.model import Transformer
 from specledger.engine.quant import QUANTS, Int4Grid, Int4Linear, Int8Linear, check_group_size, int4_grid
-from specledger.engine.registry import resolve_model
+from specledger.engine.registry import identify_model
 from specledger.engine.tokenizer import Tokenizer
 from specledger.errors import BadInput
 
@@ -25,8 +24,8 @@ class LoadedModel:
     model: Transformer
     tokenizer: Tokenizer | None
     config: ModelConfig
-    name: str
-    source: str
+    name: str  # the model's identity (registry.identify_model): the registry name however it was given
+    source: str  # the file or directory, absolute
     dtype: str
     quant: str
     group_size: int | None
@@ -150,7 +149,8 @@ def load_model(
     if quant == "int4" and group_size not in (32, 64, 128, 256):
         check_group_size(0, group_size)
     t0 = time.perf_counter()
-    path = resolve_model(name_or_path)
+    ref = identify_model(name_or_path)
+    path = ref.path
     grids: dict[str, Int4Grid] = {}
     if path.is_dir():
         cfg = hf_loader.read_config(path)
@@ -171,12 +171,11 @@ def load_model(
     if max_seq_len:
         cfg.max_seq_len = min(cfg.max_seq_len, max_seq_len)
     model = build_model(cfg, tensors, grids, dtype=dtype, quant=quant, group_size=group_size, device=device)
-    name = name_or_path if not Path(name_or_path).exists() else path.stem
     return LoadedModel(
         model=model,
         tokenizer=tok,
         config=cfg,
-        name=name,
+        name=ref.name,
         source=str(path),
         dtype=dtype,
         quant=quant,

@@ -28,6 +28,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
     ),
 }
 DEFAULT_MODEL = "smollm2-135m"
+TARGET_ALIASES = ("target", "self")  # a model role (draft, intermediate) naming the target's own file
 
 
 def known_model_path(m: KnownModel) -> Path | None:
@@ -42,20 +43,49 @@ def known_model_path(m: KnownModel) -> Path | None:
     return None
 
 
-def resolve_model(name_or_path: str) -> Path:
-    """A registry name, a .gguf file, or a Hugging Face model directory -> an existing path."""
+@dataclass(frozen=True)
+class ModelRef:
+    """What a name or path denotes. Every way of naming one model (its registry name, a path to the registry's
+    own file) gives the same ModelRef, so shipped heads, labels and caches do not depend on how it was named."""
+
+    name: str  # the registry name; else the file's stem or the directory's name
+    path: Path  # the file or directory, absolute
+
+
+def identify_model(name_or_path: str) -> ModelRef:
+    """A registry name, a .gguf file, or a Hugging Face model directory -> its one identity."""
     if name_or_path in KNOWN_MODELS:
         m = KNOWN_MODELS[name_or_path]
         p = known_model_path(m)
         if p is None:
             raise ModelNotFound(f"model {m.name!r} is not installed; install it with: {m.install}")
-        return p
+        return ModelRef(m.name, p.resolve())
     p = Path(name_or_path).expanduser()
     if p.is_file():
-        return p
+        p = p.resolve()
+        for m in KNOWN_MODELS.values():
+            known = known_model_path(m)
+            if known is not None and known.resolve() == p:
+                return ModelRef(m.name, p)
+        return ModelRef(p.stem, p)
     if p.is_dir():
         if not (p / "config.json").exists():
             raise ModelNotFound(f"{p} is a directory without config.json (expected a Hugging Face model directory)")
-        return p
+        p = p.resolve()
+        return ModelRef(p.name, p)
     known = ", ".join(KNOWN_MODELS)
     raise ModelNotFound(f"no model {name_or_path!r}: not a known name ({known}), a .gguf file or a model directory")
+
+
+def resolve_model(name_or_path: str) -> Path:
+    """A registry name, a .gguf file, or a Hugging Face model directory -> an existing path."""
+    return identify_model(name_or_path).path
+
+
+def model_key(name_or_path: str) -> str:
+    """One string per model however it is named (for caches keyed before loading); a name that denotes
+    nothing is its own key (loading it reports the problem)."""
+    try:
+        return str(identify_model(name_or_path).path)
+    except ModelNotFound:
+        return name_or_path

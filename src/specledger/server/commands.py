@@ -45,6 +45,10 @@ def serve(
     draft_dtype: str = typer.Option(None, "--draft-dtype"),
     draft_quant: str = typer.Option(None, "--draft-quant",
                                     help="Quantization of the draft (alone: a quantized copy of the target)."),
+    intermediate_model: str = typer.Option(None, "--intermediate-model",
+                                           help="Intermediate model for --strategy hier ('target' = the same file)."),
+    intermediate_dtype: str = typer.Option(None, "--intermediate-dtype"),
+    intermediate_quant: str = typer.Option(None, "--intermediate-quant"),
     max_seq_len: int = typer.Option(None, "--max-seq-len", help="Cap the context length (KV cache size)."),
     served_model_name: str = typer.Option(None, "--served-model-name", help="The model id clients use."),
     host: str = typer.Option("127.0.0.1", "--host"),
@@ -59,7 +63,7 @@ def serve(
                                              help="Close /metrics to requests without a key too."),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (chat and completions, streaming, /metrics)."""
-    from specledger.decoding.factory import STRATEGIES, make_strategy
+    from specledger.decoding.factory import STRATEGIES, check_params, make_strategy
     from specledger.engine.loader import load_model
     from specledger.server.app import Server, bind, create_app
     from specledger.server.auth import collect_keys, exposure_warning
@@ -78,12 +82,17 @@ def serve(
     keys = collect_keys(api_key, api_key_file)
     if metrics_require_key and not keys:
         raise BadInput("--metrics-require-key needs a key (--api-key, --api-key-file or SPECLEDGER_API_KEY)")
+    # A model role given by its flags; 'target' (the default with only a precision) is the target's own file.
+    roles = {"draft": (draft_model, draft_dtype, draft_quant),
+             "intermediate": (intermediate_model, intermediate_dtype, intermediate_quant)}
+    for role, (m, d, q) in roles.items():
+        if m or d or q:
+            params[role] = {"model": m or "target", "dtype": d, "quant": q or "none", "group_size": group_size,
+                            "max_seq_len": max_seq_len}
+    params = check_params(strategy, params)
     sock = bind(host, port)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(message)s")
     lm = load_model(model, dtype=dtype, quant=quant, group_size=group_size, device=device, max_seq_len=max_seq_len)
-    if with_draft:
-        params["draft"] = load_model(draft_model or model, dtype=draft_dtype, quant=draft_quant or "none",
-                                     group_size=group_size, device=device, max_seq_len=max_seq_len)
     strat = make_strategy(strategy, target=lm, **params)
     app = create_app(lm, strat, served_name=served_model_name, max_queue=max_queue, api_keys=keys,
                      metrics_require_key=metrics_require_key)
