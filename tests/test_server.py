@@ -35,8 +35,9 @@ def server(smollm):
 
 @pytest.fixture(scope="module")
 def ar_server(smollm):
-    """Autoregressive (steady ~10+ tok/s here, unlike lookup on repetitive text): for queueing tests."""
-    with ServerThread(create_app(smollm, make_strategy("ar", target=smollm), max_queue=1)) as srv:
+    """Autoregressive (steady ~10+ tok/s here, unlike lookup on repetitive text): for queueing tests.
+    A batch of one, so a second request waits behind the first as before batching."""
+    with ServerThread(create_app(smollm, make_strategy("ar", target=smollm), max_queue=1, max_batch=1)) as srv:
         yield srv
 
 
