@@ -19,7 +19,14 @@ from concurrent.futures import Future
 from specledger.decoding.batch_worker import BatchWorker
 from specledger.decoding.scheduler import ScheduledResult, Scheduler
 from specledger.errors import SpecLedgerError
-from specledger.server.engine_worker import Delta, Done, Draining, Failed, Job, QueueFull
+from specledger.server.engine_worker import (
+    Delta,
+    Done,
+    Draining,
+    Failed,
+    Job,
+    QueueFull,
+)
 from specledger.server.metrics import ServerMetrics
 
 log = logging.getLogger("specledger.server")

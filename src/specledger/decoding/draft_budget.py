@@ -1,0 +1,162 @@
+"""How many tokens each sequence in a batch drafts this step, zero included.
+
+In a batch, one verification pass carries every sequence's drafted rows, so its time grows
+with the whole batch: T(rows), the verification-cost surface, measured once per model,
+precision and device by a short probe of ragged passes and kept for the process. Each
+sequence has a running estimate a of the chance that its next drafted token is accepted (an
+exponential moving average over the chain positions it has had verified); drafting k tokens
+is then worth E[accepted | k] = a + a^2 + ... + a^k tokens. The planner adds draft tokens one
+at a time, always the one with the largest expected gain anywhere in the batch, while the
+pass's expected tokens per second rises: (E + g) / T(rows + 1) > E / T(rows). Once the
+pass is compute-bound (T grows with every row), rejected rows cost real throughput and
+drafting turns itself down; when the batch drains, rows are cheap again and it comes back.
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specledger.engine.loader import LoadedModel
+
+SURFACE_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+@dataclass(frozen=True)
+class CostSurface:
+    """Seconds of one ragged pass as a function of its total rows (piecewise linear, never decreasing)."""
+
+    rows: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.rows or len(self.rows) != len(self.seconds) or list(self.rows) != sorted(set(self.rows)):
+            raise ValueError("a cost surface needs increasing row counts, one time each")
+        mono, top = [], 0.0
+        for s in self.seconds:  # measurement noise must not make a bigger pass look cheaper
+            top = max(top, s)
+            mono.append(top)
+        object.__setattr__(self, "seconds", tuple(mono))
+
+    def __call__(self, n: int) -> float:
+        xs, ys = self.rows, self.seconds
+        if n <= xs[0]:
+            return ys[0]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if n <= x1:
+                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        if len(xs) == 1:
+            return ys[0]
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return ys[-1] + slope * (n - xs[-1])
+
+
+def expected_accepted(a: float, k: int) -> float:
+    """E[accepted tokens] of a k-token chain whose tokens are each accepted with probability a (given the last)."""
+    return sum(a**i for i in range(1, k + 1))
+
+
+def plan_drafts(available: list[int], accept: list[float], base_rows: int, base_tokens: float,
+                cost: Callable[[int], float]) -> list[int]:
+    """Draft tokens per sequence: greedily the largest marginal gain a_i^(k_i+1) in the batch, while
+    it raises the pass's expected tokens per second (see the module docstring).
+
+    available: tokens each sequence could draft (its proposal's length); accept: each one's a;
+    base_rows / base_tokens: rows of the pass and tokens it yields with no draft at all.
+    """
+    ks = [0] * len(available)
+    rows, tokens = base_rows, float(base_tokens)
+    t = cost(rows)
+    heap = [(-a, i) for i, (n, a) in enumerate(zip(available, accept)) if n > 0 and a > 0]
+    heapq.heapify(heap)
+    while heap:
+        neg, i = heap[0]
+        gain = -neg
+        t_next = cost(rows + 1)
+        if (tokens + gain) * t <= tokens * t_next:  # (E + g) / T(r + 1) <= E / T(r): no better
+            break
+        heapq.heappop(heap)
+        ks[i] += 1
+        rows, tokens, t = rows + 1, tokens + gain, t_next
+        if ks[i] < available[i]:
+            heapq.heappush(heap, (-(accept[i] ** (ks[i] + 1)), i))
+    return ks
+
+
+@dataclass
+class Acceptance:
+    """Running per-token acceptance of one sequence's drafts: an EMA over verified chain positions.
+
+    A k-token chain with n accepted tells: positions 1..n accepted, position n+1 rejected (if n < k)."""
+
+    a: float = 0.6
+    weight: float = 0.15
+
+    def update(self, drafted: int, accepted: int) -> None:
+        trials = [1.0] * accepted + ([0.0] if accepted < drafted else [])
+        for x in trials:
+            self.a += self.weight * (x - self.a)
+
+
+_SURFACES: dict[tuple, CostSurface] = {}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def measure_cost_surface(lm: LoadedModel, *, n_seqs: int = 8, context: int = 64,
+                         sizes: tuple[int, ...] = SURFACE_ROWS, reps: int = 3) -> CostSurface:
+    """Median seconds of a ragged verification pass (logits at every row) of n rows spread over up to
+    n_seqs sequences with `context` cached tokens each, for each n in sizes. A pass visits every size
+    per round, so a burst of outside load hits one round rather than one size."""
+    from specledger.decoding.batch_runner import BatchItem, BatchRunner
+    from specledger.decoding.tree import Tree
+
+    vocab = lm.config.vocab_size
+    longest = max(sizes)
+    per_seq = -(-longest // n_seqs)
+    context = max(1, min(context, lm.config.max_seq_len - per_seq - 1))
+    runner = BatchRunner(lm, n_seqs, context + per_seq + 1)
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(n: int) -> list[int]:
+        return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+    seqs = [runner.open(rand(context)) for _ in range(n_seqs)]
+    runner.forward([BatchItem(s) for s in seqs])
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    dev = runner.device
+    for rep in range(reps + 1):
+        for n in sizes:
+            share = [n // n_seqs + (1 if j < n % n_seqs else 0) for j in range(n_seqs)]
+            items = []
+            for s, r in zip(seqs, share):
+                if r:
+                    s.tokens.append(rand(1)[0])
+                    items.append(BatchItem(s, Tree.chain(rand(r - 1))))
+            _sync(dev)
+            t0 = time.perf_counter()
+            runner.forward(items, all_logits=True)
+            _sync(dev)
+            if rep:
+                times[n].append(time.perf_counter() - t0)
+            for it in items:
+                runner.cache.rollback(it.seq.slot, context)
+                it.seq.tokens.pop()
+    return CostSurface(tuple(sizes), tuple(statistics.median(times[n]) for n in sizes))
+
+
+def cost_surface(lm: LoadedModel, **probe) -> CostSurface:
+    """The model's surface, measured on first use in this process (per model, precision, device)."""
+    key = (lm.name, lm.source, lm.dtype, lm.quant, str(lm.device), id(lm.model))
+    if key not in _SURFACES:
+        _SURFACES[key] = measure_cost_surface(lm, **probe)
+    return _SURFACES[key]
