@@ -158,3 +158,37 @@ def test_a_sequence_whose_drafts_fail_stops_drafting(lm):
     lv = r.levels[0]
     assert 0 < lv.proposed <= 10 and lv.steps >= 30
     assert r.token_ids == alone(lm, repetitive_prompts()[0], SamplingParams(max_new_tokens=40, temperature=0.0)).token_ids
+
+
+def test_inprocess_backend_batches_lookup_with_the_same_tokens_and_reports_acceptance(tmp_path):
+    """Concurrency 3: batched adaptive lookup (the default for lookup) gives the serial lookup's tokens
+    (both equal autoregressive, greedy) and records per-request proposals and acceptances."""
+    import json
+
+    from test_batching import CharTokenizer
+
+    from specledger.bench.backends.inprocess import InProcessBackend
+    from specledger.bench.config import parse_run_config
+    from specledger.bench.results import read_requests
+    from specledger.bench.runner import Runner as BenchRunner
+
+    lm = untied_model(tokenizer=CharTokenizer())
+    wl = tmp_path / "w.jsonl"
+    turns = ["abcabcabcabc", "the cat the cat the cat", "xyzxyz xyzxyz", "q q q q q q"]
+    wl.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]}) + "\n"
+                          for i, t in enumerate(turns)))
+    cfg = parse_run_config({
+        "configs": [{"name": "batched", "strategy": "lookup", "max_new_tokens": 16, "max_batch": 3},
+                    {"name": "serial", "strategy": "lookup", "max_new_tokens": 16, "batching": False}],
+        "workload": {"spec": str(wl)}, "load": {"concurrency": [3], "warmup": 0}, "bootstrap": 20,
+    })
+    assert cfg.configs[0].batched and not cfg.configs[1].batched
+    BenchRunner(cfg, tmp_path / "run", show_progress=False,
+                backend_factory=lambda bc: InProcessBackend(bc, models={"target": lm})).run()
+    recs = read_requests(tmp_path / "run")
+    by = {(r.config, r.question_id): r for r in recs}
+    assert len(by) == 8 and all(r.status == "ok" for r in recs)
+    for q in range(len(turns)):
+        assert by[("batched", str(q))].output_token_ids == by[("serial", str(q))].output_token_ids
+    levels = [lv for r in recs if r.config == "batched" for lv in r.levels]
+    assert levels and {lv.name for lv in levels} == {"lookup"}
