@@ -113,13 +113,21 @@ def test_planner_prefers_the_sequences_likely_to_be_accepted():
     assert plan_drafts([5, 0], [0.9, 0.9], 2, 2, FLAT) == [5, 0]  # never more than was proposed
 
 
-def test_planner_stops_where_the_expected_rate_peaks():
+@pytest.mark.parametrize("surface", [
+    CostSurface((1, 2, 3, 5, 9), (1.0, 1.1, 1.25, 1.6, 2.6)),
+    CostSurface((1, 2, 5, 9), (1.0, 1.8, 1.9, 3.5)),  # a jump from 1 to 2 rows (as on a CPU), then flat
+])
+def test_planner_stops_where_the_expected_rate_peaks(surface):
     """Against brute force over chain lengths for one sequence."""
-    surface = CostSurface((1, 2, 3, 5, 9), (1.0, 1.1, 1.25, 1.6, 2.6))
-    for a in (0.3, 0.6, 0.9):
+    for a in (0.3, 0.6, 0.7, 0.9):
         [k] = plan_drafts([8], [a], 1, 1, surface)
         best = max(range(9), key=lambda j: (1 + expected_accepted(a, j)) / surface(1 + j))
         assert k == best, a
+
+
+def test_planner_looks_past_a_bump_in_the_surface():
+    """One token does not pay for the 1 -> 2 row jump, four do: draft four, not none."""
+    assert plan_drafts([8], [0.7], 1, 1, CostSurface((1, 2, 5, 9), (1.0, 1.8, 1.9, 3.5))) == [4]
 
 
 def test_acceptance_estimate_moves_with_outcomes():

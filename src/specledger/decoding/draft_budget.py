@@ -5,16 +5,16 @@ with the whole batch: T(rows), the verification-cost surface, measured once per 
 precision and device by a short probe of ragged passes and kept for the process. Each
 sequence has a running estimate a of the chance that its next drafted token is accepted (an
 exponential moving average over the chain positions it has had verified); drafting k tokens
-is then worth E[accepted | k] = a + a^2 + ... + a^k tokens. The planner adds draft tokens one
-at a time, always the one with the largest expected gain anywhere in the batch, while the
-pass's expected tokens per second rises: (E + g) / T(rows + 1) > E / T(rows). Once the
+is then worth E[accepted | k] = a + a^2 + ... + a^k tokens. The planner takes draft tokens in
+order of expected gain across the whole batch and keeps as many as maximise the pass's
+expected tokens per second, E / T(rows): a token is worth its rows only while its gain per
+marginal second beats the rate of the pass without it. Once the
 pass is compute-bound (T grows with every row), rejected rows cost real throughput and
 drafting turns itself down; when the batch drains, rows are cheap again and it comes back.
 """
 
 from __future__ import annotations
 
-import heapq
 import statistics
 import time
 from collections.abc import Callable
@@ -63,28 +63,27 @@ def expected_accepted(a: float, k: int) -> float:
 
 def plan_drafts(available: list[int], accept: list[float], base_rows: int, base_tokens: float,
                 cost: Callable[[int], float]) -> list[int]:
-    """Draft tokens per sequence: greedily the largest marginal gain a_i^(k_i+1) in the batch, while
-    it raises the pass's expected tokens per second (see the module docstring).
+    """Draft tokens per sequence that maximise the pass's expected tokens per second.
 
-    available: tokens each sequence could draft (its proposal's length); accept: each one's a;
-    base_rows / base_tokens: rows of the pass and tokens it yields with no draft at all.
+    The m draft tokens worth most are the m largest gains a_i^j anywhere in the batch (each
+    sequence's gains fall with j, so they always form a prefix of its chain), and T depends on
+    the total rows only; so the best plan is the best m: argmax (E0 + top-m gains) / T(rows0 + m),
+    looked at over every m, so a bump in T (e.g. 1 -> 2 rows on a CPU) does not hide a larger
+    draft that pays. available: tokens each sequence could draft (its proposal's length); accept:
+    each one's a; base_rows / base_tokens: rows of the pass and tokens it yields with no draft.
     """
+    gains = sorted(((accept[i] ** j, i) for i, n in enumerate(available) if accept[i] > 0
+                    for j in range(1, n + 1)), key=lambda g: -g[0])
+    best_m, best_rate = 0, base_tokens / cost(base_rows)
+    tokens = float(base_tokens)
+    for m, (g, _) in enumerate(gains, start=1):
+        tokens += g
+        rate = tokens / cost(base_rows + m)
+        if rate > best_rate:
+            best_m, best_rate = m, rate
     ks = [0] * len(available)
-    rows, tokens = base_rows, float(base_tokens)
-    t = cost(rows)
-    heap = [(-a, i) for i, (n, a) in enumerate(zip(available, accept)) if n > 0 and a > 0]
-    heapq.heapify(heap)
-    while heap:
-        neg, i = heap[0]
-        gain = -neg
-        t_next = cost(rows + 1)
-        if (tokens + gain) * t <= tokens * t_next:  # (E + g) / T(r + 1) <= E / T(r): no better
-            break
-        heapq.heappop(heap)
+    for _, i in gains[:best_m]:
         ks[i] += 1
-        rows, tokens, t = rows + 1, tokens + gain, t_next
-        if ks[i] < available[i]:
-            heapq.heappush(heap, (-(accept[i] ** (ks[i] + 1)), i))
     return ks
 
 
@@ -113,16 +112,20 @@ def _sync(device: torch.device) -> None:
 
 @torch.inference_mode()
 def measure_cost_surface(lm: LoadedModel, *, n_seqs: int = 8, context: int = 64,
-                         sizes: tuple[int, ...] = SURFACE_ROWS, reps: int = 3) -> CostSurface:
-    """Median seconds of a ragged verification pass (logits at every row) of n rows spread over up to
-    n_seqs sequences with `context` cached tokens each, for each n in sizes. A pass visits every size
-    per round, so a burst of outside load hits one round rather than one size."""
+                         sizes: tuple[int, ...] = SURFACE_ROWS, reps: int = 3,
+                         rows_per_seq: int = 4) -> CostSurface:
+    """Median seconds of a ragged verification pass (logits at every row) of n rows, for each n in sizes:
+    chains of about `rows_per_seq` rows (a pending token and its draft) on up to n_seqs sequences with
+    `context` cached tokens each. A pass visits every size per round, so a burst of outside load hits
+    one round rather than one size."""
     from specledger.decoding.batch_runner import BatchItem, BatchRunner
     from specledger.decoding.tree import Tree
 
     vocab = lm.config.vocab_size
-    longest = max(sizes)
-    per_seq = -(-longest // n_seqs)
+    def spread(n: int) -> int:  # sequences carrying a pass of n rows
+        return min(n_seqs, -(-n // rows_per_seq))
+
+    per_seq = max(-(-n // spread(n)) for n in sizes)
     context = max(1, min(context, lm.config.max_seq_len - per_seq - 1))
     runner = BatchRunner(lm, n_seqs, context + per_seq + 1)
     gen = torch.Generator().manual_seed(0)
@@ -136,7 +139,8 @@ def measure_cost_surface(lm: LoadedModel, *, n_seqs: int = 8, context: int = 64,
     dev = runner.device
     for rep in range(reps + 1):
         for n in sizes:
-            share = [n // n_seqs + (1 if j < n % n_seqs else 0) for j in range(n_seqs)]
+            m = spread(n)
+            share = [n // m + (1 if j < n % m else 0) for j in range(m)]
             items = []
             for s, r in zip(seqs, share):
                 if r:
