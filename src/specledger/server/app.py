@@ -60,7 +60,7 @@ from specledger.server.textstream import TextStream
 log = logging.getLogger("specledger.server")
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
-BATCHED = ("ar",)  # strategies served by the continuous-batching scheduler; the others one request at a time
+BATCHED = ("ar", "lookup")  # served by the continuous-batching scheduler; the others one request at a time
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -129,9 +129,13 @@ class ServerState:
         self.metrics = ServerMetrics(strategy.level_names)
         self.worker: EngineWorker | BatchEngineWorker
         if strategy.name in BATCHED:
+            from specledger.decoding.lookup import BatchLookup
             from specledger.decoding.scheduler import Scheduler
 
-            self.worker = BatchEngineWorker(Scheduler(lm, max_batch=max_batch), self.metrics, max_queue)
+            # lookup: its n-gram settings; the draft length is planned per sequence per step
+            drafter = BatchLookup(**strategy.params()) if strategy.name == "lookup" else None
+            self.worker = BatchEngineWorker(Scheduler(lm, max_batch=max_batch, drafter=drafter), self.metrics,
+                                            max_queue)
         else:
             self.worker = EngineWorker(strategy, self.metrics, max_queue)
         self.created = int(time.time())

@@ -50,8 +50,8 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port"),
     max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait for a place in the batch."),
-    max_batch: int = typer.Option(8, "--max-batch", help="Requests decoded together in one pass (strategy ar; "
-                                  "the other strategies serve one at a time)."),
+    max_batch: int = typer.Option(8, "--max-batch", help="Requests decoded together in one pass (strategies ar "
+                                  "and lookup; the others serve one at a time)."),
     shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help="Seconds in-flight requests get."),
     log_level: str = typer.Option("info", "--log-level"),
     api_key: list[str] = typer.Option([], "--api-key", help="Require this key on /v1/* (Authorization: Bearer); "
