@@ -194,7 +194,7 @@ def main() -> None:
             if unknown or "ar" not in methods:
                 sys.exit(f"error: --methods takes ar, ar-aa, lookup, lookup-k3 and must include ar "
                          f"(got {a.methods!r})")
-            surface = cost_surface(lm, n_seqs=min(8, max(levels)))  # measured once, before any timing
+            surface = cost_surface(lm, max_rows=4 * max(levels), n_seqs=min(8, max(levels)))  # before timing
             console.print(f"cost surface {lm.label}: " + ", ".join(
                 f"T({r})={1e3 * t:.1f}ms" for r, t in zip(surface.rows, surface.seconds)))
             rows = run_methods(lm, prompts, sp, methods, levels, a.rounds, a.requests, a.prefill_chunk)

@@ -200,3 +200,13 @@ def test_inprocess_backend_batches_lookup_with_the_same_tokens_and_reports_accep
         assert by[("batched", str(q))].output_token_ids == by[("serial", str(q))].output_token_ids
     levels = [lv for r in recs if r.config == "batched" for lv in r.levels]
     assert levels and {lv.name for lv in levels} == {"lookup"}
+
+
+def test_cost_surface_is_measured_once_per_model_and_again_only_when_larger(lm):
+    from specledger.decoding.draft_budget import cost_surface
+
+    first = cost_surface(lm, max_rows=8, n_seqs=2, reps=1)
+    assert first.rows[-1] == 8 and cost_surface(lm, max_rows=4, n_seqs=2, reps=1) is first
+    bigger = cost_surface(lm, max_rows=20, n_seqs=2, reps=1)
+    assert bigger is not first and bigger.rows[-1] == 32
+    assert all(t > 0 for t in bigger.seconds)

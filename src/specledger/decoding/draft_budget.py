@@ -24,7 +24,7 @@ import torch
 
 from specledger.engine.loader import LoadedModel
 
-SURFACE_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+SURFACE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def _sync(device: torch.device) -> None:
 
 @torch.inference_mode()
 def measure_cost_surface(lm: LoadedModel, *, n_seqs: int = 8, context: int = 64,
-                         sizes: tuple[int, ...] = SURFACE_ROWS, reps: int = 3,
+                         sizes: tuple[int, ...] = SURFACE_ROWS, reps: int = 2,
                          rows_per_seq: int = 4) -> CostSurface:
     """Median seconds of a ragged verification pass (logits at every row) of n rows, for each n in sizes:
     chains of about `rows_per_seq` rows (a pending token and its draft) on up to n_seqs sequences with
@@ -158,9 +158,12 @@ def measure_cost_surface(lm: LoadedModel, *, n_seqs: int = 8, context: int = 64,
     return CostSurface(tuple(sizes), tuple(statistics.median(times[n]) for n in sizes))
 
 
-def cost_surface(lm: LoadedModel, **probe) -> CostSurface:
-    """The model's surface, measured on first use in this process (per model, precision, device)."""
+def cost_surface(lm: LoadedModel, max_rows: int = SURFACE_ROWS[-1], **probe) -> CostSurface:
+    """The model's surface up to max_rows (the next probe size above it included), measured on first
+    use in this process per model, precision and device, and again only for a larger max_rows."""
+    sizes = tuple(n for n in SURFACE_ROWS if n < max_rows) + tuple(n for n in SURFACE_ROWS if n >= max_rows)[:1]
     key = (lm.name, lm.source, lm.dtype, lm.quant, str(lm.device), id(lm.model))
-    if key not in _SURFACES:
-        _SURFACES[key] = measure_cost_surface(lm, **probe)
+    have = _SURFACES.get(key)
+    if have is None or have.rows[-1] < sizes[-1]:
+        _SURFACES[key] = measure_cost_surface(lm, sizes=sizes, **probe)
     return _SURFACES[key]

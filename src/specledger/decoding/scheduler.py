@@ -133,7 +133,9 @@ class Scheduler:
         self.last_batch = 0  # sequences in the latest pass (a gauge for /metrics)
         self.last_rows = 0  # rows (tokens) in the latest pass
         self.drafter = drafter
-        self.cost = cost if cost is not None or drafter is None else cost_surface(lm, n_seqs=min(8, max_batch))
+        if cost is None and drafter is not None:  # a pass holds at most ~4 rows per sequence in practice
+            cost = cost_surface(lm, max_rows=4 * max_batch, n_seqs=min(8, max_batch))
+        self.cost = cost
         self.last_drafted = 0  # draft tokens in the latest pass
 
     # ---- any thread ---------------------------------------------------------------------------
