@@ -210,3 +210,21 @@ def test_cost_surface_is_measured_once_per_model_and_again_only_when_larger(lm):
     bigger = cost_surface(lm, max_rows=20, n_seqs=2, reps=1)
     assert bigger is not first and bigger.rows[-1] == 32
     assert all(t > 0 for t in bigger.seconds)
+
+
+def test_sampled_lookup_in_a_batch_is_reproducible_per_seed(lm):
+    """Temperature > 0: each request keeps its own generator, so a seed gives the same tokens whatever
+    else is in the batch (here: alone vs with two others, same fixed cost surface)."""
+    prompts = repetitive_prompts()[:3]
+    sp = SamplingParams(max_new_tokens=20, temperature=0.8, top_p=0.95, seed=7)
+
+    def run(ps):
+        sched = Scheduler(lm, max_batch=3, drafter=BatchLookup(4), cost=FLAT)
+        ids = [sched.submit(p, sp) for p in ps]
+        got = {r.request_id: r for r in sched.run()}
+        return [got[i] for i in ids]
+
+    together = run(prompts)
+    alone_first = run(prompts[:1])[0]
+    assert together[0].token_ids == alone_first.token_ids and len(alone_first.token_ids) == 20
+    assert sum(r.levels[0].proposed for r in together) > 0
