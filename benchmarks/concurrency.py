@@ -8,7 +8,21 @@ the batching gain are both read off one table.
         [--new-tokens 64] [--requests 16] [--prefill-chunk 256] [--threads N] [--json out.json]
 
 Every request generates exactly --new-tokens tokens (eos ignored) from a ~100-300-token prompt.
-Not yet here (issue 11): speculation methods, and llama-server driven through
+
+With --methods (e.g. ar,ar-aa,lookup,lookup-k3) the contenders run side by side on the scheduler
+instead, interleaved: --rounds rounds, each visiting every concurrency with the contenders in a
+fresh random order, so machine drift hits all alike. "ar-aa" is AR run again (the A/A pair: its
+ratio to "ar" is the noise floor); "lookup" is prompt lookup with the draft length planned per
+sequence per step from the measured cost surface T(rows) (decoding/draft_budget.py); "lookup-k3"
+drafts whatever lookup finds, up to 3 tokens, every step (no planning: what speculation without
+the cost surface does under load). Per concurrency: median tok/s over rounds, and each method's
+ratio to "ar" paired by round (geometric mean, 95% bootstrap interval over rounds); a difference
+is real only where the interval excludes 1 and the A/A interval is tight.
+
+    python benchmarks/concurrency.py --methods ar,ar-aa,lookup,lookup-k3 --precisions fp32,int4 \
+        --concurrency 1,2,4,8,16 --rounds 5 --requests 16 --new-tokens 64 --json conc.json
+
+Not yet here (issue 11): draft/eagle batched, and llama-server driven through
 `specledger bench --backend openai`.
 """
 
@@ -16,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -29,7 +45,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import long_prompts, machine, now  # noqa: E402
 
 from specledger.decoding.factory import make_strategy  # noqa: E402
+from specledger.decoding.draft_budget import cost_surface  # noqa: E402
 from specledger.decoding.generate import generate  # noqa: E402
+from specledger.decoding.lookup import BatchLookup  # noqa: E402
 from specledger.decoding.sampling import SamplingParams  # noqa: E402
 from specledger.decoding.scheduler import Scheduler  # noqa: E402
 from specledger.engine.loader import default_dtype, load_model  # noqa: E402
@@ -61,18 +79,24 @@ def run_serial(lm, prompts: list[list[int]], sp: SamplingParams, n_requests: int
     return summarize("generate() one at a time", 1, results, time.perf_counter() - t0)
 
 
-def run_batched(lm, prompts: list[list[int]], sp: SamplingParams, n: int, n_requests: int, chunk: int = 256) -> dict:
-    s = Scheduler(lm, max_batch=n, prefill_chunk=chunk)
+def run_batched(lm, prompts: list[list[int]], sp: SamplingParams, n: int, n_requests: int, chunk: int = 256,
+                method: str = "ar") -> dict:
+    drafter, cost = None, None
+    if method.startswith("lookup"):
+        drafter = BatchLookup(3 if method == "lookup-k3" else 8)
+        cost = (lambda rows: 1.0) if method == "lookup-k3" else None  # a flat cost: draft all it finds
+    s = Scheduler(lm, max_batch=n, prefill_chunk=chunk, drafter=drafter, cost=cost)
     submitted = 0
     results = []
     t0 = time.perf_counter()
     while submitted < min(n, n_requests):
         s.submit(prompts[submitted % len(prompts)], sp)
         submitted += 1
-    batches = []
+    batches, drafted = [], []
     while s.has_work():
         done = s.step()
         batches.append(s.last_batch)
+        drafted.append(s.last_drafted / max(1, s.last_batch))
         results.extend(done)
         for _ in done:  # closed loop: a new request as each finishes
             if submitted < n_requests:
@@ -80,7 +104,64 @@ def run_batched(lm, prompts: list[list[int]], sp: SamplingParams, n: int, n_requ
                 submitted += 1
     row = summarize(f"scheduler c={n}", n, results, time.perf_counter() - t0)
     row["mean_batch"] = statistics.mean(batches)
+    row["method"] = method
+    row["drafted_per_seq"] = statistics.mean(drafted)
+    levels = [lv for r in results for lv in r.levels]
+    proposed = sum(lv.proposed for lv in levels)
+    row["acceptance"] = sum(lv.accepted for lv in levels) / proposed if proposed else None
+    row["tau"] = sum(r.appended for r in results) / max(1, sum(r.steps for r in results))
     return row
+
+
+def ratio_ci(pairs: list[tuple[float, float]], reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Geometric mean of a/b over paired rounds, with a 95% bootstrap interval over rounds."""
+    logs = [math.log(a / b) for a, b in pairs]
+    rng = random.Random(seed)
+    boot = sorted(statistics.mean(rng.choices(logs, k=len(logs))) for _ in range(reps))
+    return math.exp(statistics.mean(logs)), math.exp(boot[int(0.025 * reps)]), math.exp(boot[int(0.975 * reps) - 1])
+
+
+def run_methods(lm, prompts, sp, methods: list[str], levels: list[int], rounds: int, n_requests: int,
+                chunk: int, seed: int = 0) -> list[dict]:
+    """Interleaved: every round visits every concurrency with the methods in a fresh random order."""
+    rng = random.Random(seed)
+    rows: list[dict] = []
+    for rnd in range(rounds):
+        for n in levels:
+            order = list(methods)
+            rng.shuffle(order)
+            for m in order:
+                real = "ar" if m == "ar-aa" else m
+                row = run_batched(lm, prompts, sp, n, max(n, n_requests), chunk, method=real)
+                row.update(method=m, round=rnd)
+                rows.append(row)
+    return rows
+
+
+def methods_table(label: str, rows: list[dict], methods: list[str], levels: list[int]) -> Table:
+    t = Table(title=f"Speculation under concurrency (interleaved, paired by round): {label}")
+    for col in ("c", "method", "tok/s (median)", "x ar [95% CI]", "tau", "acceptance", "drafted/seq/pass",
+                "ITL p50 ms", "ITL p95 ms"):
+        t.add_column(col, justify="right")
+    for n in levels:
+        base = {r["round"]: r["tok_s"] for r in rows if r["concurrency"] == n and r["method"] == "ar"}
+        for m in methods:
+            mine = [r for r in rows if r["concurrency"] == n and r["method"] == m]
+            if not mine:
+                continue
+            acc = [r["acceptance"] for r in mine if r["acceptance"] is not None]
+            if m == "ar":
+                ratio = "1"
+            else:
+                g, lo, hi = ratio_ci([(r["tok_s"], base[r["round"]]) for r in mine])
+                ratio = f"{g:.3f} [{lo:.3f}, {hi:.3f}]"
+            t.add_row(str(n), m, f"{statistics.median(r['tok_s'] for r in mine):.1f}", ratio,
+                      f"{statistics.median(r['tau'] for r in mine):.2f}",
+                      f"{statistics.median(acc):.2f}" if acc else "-",
+                      f"{statistics.median(r['drafted_per_seq'] for r in mine):.2f}",
+                      f"{statistics.median(r['itl_p50_ms'] for r in mine):.1f}",
+                      f"{statistics.median(r['itl_p95_ms'] for r in mine):.1f}")
+    return t
 
 
 def main() -> None:
@@ -90,6 +171,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=16, help="requests per level (at least the concurrency)")
     ap.add_argument("--prefill-chunk", type=int, default=256, help="prompt rows per pass at most")
+    ap.add_argument("--methods", default=None,
+                    help="comma list of ar, ar-aa, lookup, lookup-k3: side by side, interleaved (see the docstring)")
+    ap.add_argument("--rounds", type=int, default=3, help="with --methods: interleaved rounds")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -104,6 +188,19 @@ def main() -> None:
         lm = load_model("smollm2-135m", quant=quant, dtype=default_dtype(quant) if quant != "none" else prec)
         prompts = [lm.tokenizer.chat([{"role": "user", "content": p}]) for p in long_prompts(8)]
         run_batched(lm, prompts, SamplingParams(max_new_tokens=4, ignore_eos=True), 2, 2)  # warm-up
+        if a.methods:
+            methods = a.methods.split(",")
+            unknown = set(methods) - {"ar", "ar-aa", "lookup", "lookup-k3"}
+            if unknown or "ar" not in methods:
+                sys.exit(f"error: --methods takes ar, ar-aa, lookup, lookup-k3 and must include ar "
+                         f"(got {a.methods!r})")
+            surface = cost_surface(lm, max_rows=4 * max(levels), n_seqs=min(8, max(levels)))  # before timing
+            console.print(f"cost surface {lm.label}: " + ", ".join(
+                f"T({r})={1e3 * t:.1f}ms" for r, t in zip(surface.rows, surface.seconds)))
+            rows = run_methods(lm, prompts, sp, methods, levels, a.rounds, a.requests, a.prefill_chunk)
+            console.print(methods_table(lm.label, rows, methods, levels))
+            out["precisions"][lm.label] = {"surface": dict(zip(surface.rows, surface.seconds)), "rows": rows}
+            continue
         rows = [run_serial(lm, prompts, sp, max(4, a.requests // 2))]
         for n in levels:
             rows.append(run_batched(lm, prompts, sp, n, max(n, a.requests), a.prefill_chunk))

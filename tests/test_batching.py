@@ -352,8 +352,8 @@ def test_inprocess_backend_batches_ar_concurrency(tmp_path):
         return any(b.start_t < a.end_t for a, b in itertools.pairwise(rs))
 
     assert overlaps("batched") and not overlaps("serial")
-    with pytest.raises(BadInput, match="batching is available for strategy 'ar' only"):
-        parse_run_config({"configs": [{"name": "lk", "strategy": "lookup", "batching": True}],
+    with pytest.raises(BadInput, match="batching is available for strategies ar, lookup only"):
+        parse_run_config({"configs": [{"name": "dm", "strategy": "draft", "batching": True}],
                           "workload": {"spec": str(wl)}})
 
 

@@ -114,6 +114,10 @@ class OpenAISettings(_Strict):
         return v.rstrip("/").removesuffix("/v1")
 
 
+# strategies the in-process backend can run on the continuous-batching scheduler
+BATCHED_STRATEGIES = ("ar", "lookup")
+
+
 class BenchConfig(_Strict):
     """One decoding configuration to measure."""
 
@@ -132,7 +136,8 @@ class BenchConfig(_Strict):
     max_new_tokens: int = Field(128, ge=1)
     openai: OpenAISettings | None = None
     optional: bool = False  # cannot start (e.g. a strategy not in this build): skip it with a note, run the rest
-    # in-process: continuous batching (concurrency N = N sequences in one pass); None = on for "ar" only
+    # in-process: continuous batching (concurrency N = N sequences in one pass); None = on for the strategies
+    # in BATCHED_STRATEGIES ("lookup" then plans its draft length per sequence per step, zero included)
     batching: bool | None = None
     max_batch: int = Field(16, ge=1)  # in-process batching: sequences in one pass at most (more wait)
 
@@ -144,9 +149,9 @@ class BenchConfig(_Strict):
             self.openai = OpenAISettings()
         if self.backend == "inprocess" and self.openai is not None:
             raise ValueError("'openai' settings given for an inprocess backend")
-        if self.batching and self.strategy != "ar":
-            raise ValueError(f"batching is available for strategy 'ar' only so far (got {self.strategy!r}); "
-                             "set batching: false")
+        if self.batching and self.strategy not in BATCHED_STRATEGIES:
+            raise ValueError(f"batching is available for strategies {', '.join(BATCHED_STRATEGIES)} only so far "
+                             f"(got {self.strategy!r}); set batching: false")
         if self.batching and self.backend != "inprocess":
             raise ValueError("batching is an in-process setting (the server batches on its own)")
         for spec in (self.draft, self.intermediate):
@@ -159,7 +164,7 @@ class BenchConfig(_Strict):
         """Whether the in-process backend runs this configuration continuously batched."""
         if self.backend != "inprocess":
             return False
-        return self.strategy == "ar" if self.batching is None else self.batching
+        return self.strategy in BATCHED_STRATEGIES if self.batching is None else self.batching
 
     @property
     def greedy(self) -> bool:

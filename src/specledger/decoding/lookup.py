@@ -69,3 +69,25 @@ class LookupDrafter:
 
     def draft(self, budget: int) -> Tree:
         return Tree.chain(find_continuation(self.tokens, self.max_ngram, self.min_ngram, min(self.k, budget)))
+
+
+class BatchLookup:
+    """Prompt lookup for the batched scheduler: each sequence's candidate chain, from its own tokens.
+
+    num_tokens caps the candidate; how much of it is drafted is the scheduler's call each step
+    (decoding/draft_budget.py), so the cap can be generous."""
+
+    name = "lookup"
+
+    def __init__(self, num_tokens: int = 8, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise BadInput(f"lookup n-gram sizes need 1 <= min_ngram <= max_ngram (got {min_ngram}, {max_ngram})")
+        if not 1 <= num_tokens <= 128:
+            raise BadInput(f"lookup num_tokens must be in 1..128 (got {num_tokens})")
+        self.k, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
+
+    def params(self) -> dict:
+        return {"num_tokens": self.k, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
+
+    def propose(self, tokens: list[int], budget: int) -> list[int]:
+        return find_continuation(tokens, self.max_ngram, self.min_ngram, min(self.k, budget))

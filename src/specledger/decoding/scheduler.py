@@ -13,6 +13,12 @@ stop strings, max tokens) follow generate() exactly. Timing is per request: queu
 TTFT from arrival (queue and every prefill chunk included), and the time each token
 became available.
 
+Batched speculation: with a drafter (e.g. BatchLookup), each step every decoding sequence
+proposes a chain and the planner (draft_budget.plan_drafts) decides how much of it to
+draft, zero included, from the measured verification-cost surface T(rows) and the
+sequence's running acceptance; the pass then verifies every chain with the same verifier
+and keeps each sequence's accepted path in its slot.
+
 Thread safety: submit() and cancel() may be called from any thread; step() from one.
 Callbacks (on_tokens, on_done) run on the stepping thread.
 """
@@ -24,11 +30,18 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from specledger.decoding.batch_runner import BatchItem, BatchRunner, Sequence
+from specledger.decoding.draft_budget import (
+    Acceptance,
+    CostSurface,
+    cost_surface,
+    plan_drafts,
+)
 from specledger.decoding.generate import GenerationResult, OnTokens, _stop_cut
 from specledger.decoding.sampling import SamplingParams, probs_from_logits, sample
-from specledger.decoding.strategy import clock
+from specledger.decoding.strategy import LevelStats, clock
 from specledger.decoding.tree import Tree
 from specledger.decoding.verify import verify
 from specledger.engine.loader import LoadedModel
@@ -47,6 +60,16 @@ class ScheduledResult(GenerationResult):
 
 
 OnDone = Callable[[ScheduledResult], None]
+
+
+class BatchDrafter(Protocol):
+    """Proposes a chain per sequence from its tokens (the scheduler decides how much of it to draft)."""
+
+    name: str
+
+    def params(self) -> dict: ...
+
+    def propose(self, tokens: list[int], budget: int) -> list[int]: ...
 
 
 @dataclass
@@ -73,6 +96,10 @@ class _Live:
     passes: int = 0
     batch_sum: int = 0
     error: str | None = None
+    proposed: int = 0  # draft tokens verified (batched speculation)
+    accepted: int = 0
+    draft_s: float = 0.0
+    acc: Acceptance = field(default_factory=Acceptance)
 
     @property
     def prefilling(self) -> bool:
@@ -80,10 +107,15 @@ class _Live:
 
 
 class Scheduler:
-    """Autoregressive continuous batching over one target model (see the module docstring)."""
+    """Continuous batching over one target model, autoregressive or with a drafter (module docstring).
+
+    drafter: None (autoregressive) or a BatchDrafter; cost: the verification-cost surface to plan
+    drafts with (default: measured for this model on construction, cached per process).
+    """
 
     def __init__(self, lm: LoadedModel, *, max_batch: int = 8, prefill_chunk: int = 256,
-                 max_len: int | None = None) -> None:
+                 max_len: int | None = None, drafter: BatchDrafter | None = None,
+                 cost: CostSurface | Callable[[int], float] | None = None) -> None:
         if max_batch < 1:
             raise BadInput(f"max_batch must be >= 1 (got {max_batch})")
         if prefill_chunk < 1:
@@ -100,6 +132,11 @@ class Scheduler:
         self.passes = 0
         self.last_batch = 0  # sequences in the latest pass (a gauge for /metrics)
         self.last_rows = 0  # rows (tokens) in the latest pass
+        self.drafter = drafter
+        if cost is None and drafter is not None:  # a pass holds at most ~4 rows per sequence in practice
+            cost = cost_surface(lm, max_rows=4 * max_batch, n_seqs=min(8, max_batch))
+        self.cost = cost
+        self.last_drafted = 0  # draft tokens in the latest pass
 
     # ---- any thread ---------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], sp: SamplingParams | None = None, *,
@@ -123,6 +160,16 @@ class Scheduler:
         """Stop a request at the next step; it finishes with finish_reason "cancelled" and what it has."""
         with self._lock:
             self._cancel.add(rid)
+
+    @property
+    def strategy_name(self) -> str:
+        return "ar" if self.drafter is None else self.drafter.name
+
+    def params(self) -> dict:
+        """What a result reports as its strategy's parameters."""
+        if self.drafter is None:
+            return {"max_batch": self.max_batch}
+        return {**self.drafter.params(), "max_batch": self.max_batch, "draft_length": "adaptive"}
 
     @property
     def n_waiting(self) -> int:
@@ -153,15 +200,25 @@ class Scheduler:
         items: list[BatchItem] = []
         live_in: list[_Live] = []
         budget = self.prefill_chunk
+        runs: dict[int, int] = {}
+        decoding: list[_Live] = []
         for lv in self._running:
             if lv.prefilling:
                 if budget <= 0:
                     continue
                 n = min(len(lv.seq.tokens) - self.runner.cached(lv.seq), budget)
                 budget -= n
-                items.append(BatchItem(lv.seq, max_run=n))
+                runs[lv.rid] = n
             else:
-                items.append(BatchItem(lv.seq, Tree()))  # batched speculation: this sequence's draft tree
+                decoding.append(lv)
+        chains = self._drafts(decoding, sum(runs.values())) if self.drafter and decoding else {}
+        for lv in self._running:
+            if lv.rid in runs:
+                items.append(BatchItem(lv.seq, max_run=runs[lv.rid]))
+            elif not lv.prefilling:
+                items.append(BatchItem(lv.seq, chains.get(lv.rid) or Tree()))
+            else:
+                continue
             live_in.append(lv)
         if not items:
             return finished
@@ -182,6 +239,10 @@ class Scheduler:
                 verdict = verify(fwd.logits, it.tree, lv.sp, lv.gen)
                 new = verdict.tokens(it.tree)
                 self.runner.accept(lv.seq, fwd, verdict.path, new)
+                if it.tree:
+                    lv.proposed += len(it.tree)
+                    lv.accepted += len(verdict.path)
+                    lv.acc.update(len(it.tree), len(verdict.path))
                 lv.steps += 1
                 lv.appended += len(new)
                 emitted.append((lv, new))
@@ -203,6 +264,24 @@ class Scheduler:
                 keep.append(lv)
         self._running = keep
         return finished
+
+    def _drafts(self, decoding: list[_Live], prefill_rows: int) -> dict[int, Tree]:
+        """Each decoding sequence's draft chain for this pass, sized by the planner (empty: none)."""
+        t0 = time.perf_counter()
+        props = []
+        for lv in decoding:
+            want = min(self.runner.room(lv.seq), lv.max_new - len(lv.out) - 1)
+            props.append(self.drafter.propose(lv.seq.tokens, want) if want > 0 else [])
+        ks = plan_drafts([len(p) for p in props], [lv.acc.a for lv in decoding], len(decoding) + prefill_rows,
+                         len(decoding), self.cost)
+        self.last_drafted = sum(ks)
+        spent = (time.perf_counter() - t0) / len(decoding)
+        out = {}
+        for lv, p, k in zip(decoding, props, ks):
+            lv.draft_s += spent
+            if k:
+                out[lv.rid] = Tree.chain(p[:k])
+        return out
 
     def abort(self, error: str) -> list[ScheduledResult]:
         """Fail every waiting and running request (a pass raised): each finishes with reason "error"."""
@@ -266,6 +345,8 @@ class Scheduler:
         if lv.seq is not None:
             self.runner.close(lv.seq)
             lv.seq = None
+        levels = [] if self.drafter is None else [
+            LevelStats(self.drafter.name, lv.proposed, lv.accepted, lv.steps, lv.draft_s)]
         tok = self.lm.tokenizer
         text = lv.text if lv.text is not None else (tok.decode(lv.out) if tok is not None else "")
         admitted = lv.admitted or now
@@ -273,8 +354,8 @@ class Scheduler:
         res = ScheduledResult(
             token_ids=lv.out, text=text, finish_reason=lv.finish or "cancelled", prompt_tokens=len(lv.prompt),
             ttft_s=first - lv.arrival, prefill_s=first - admitted, draft_prefill_s=0.0, total_s=now - lv.arrival,
-            token_times=lv.times, steps=lv.steps, appended=lv.appended, levels=[], draft_s=0.0,
-            verify_s=lv.verify_s, strategy="ar", params={"max_batch": self.max_batch},
+            token_times=lv.times, steps=lv.steps, appended=lv.appended, levels=levels, draft_s=lv.draft_s,
+            verify_s=lv.verify_s, strategy=self.strategy_name, params=self.params(),
             request_id=lv.rid, arrival=lv.arrival, queue_s=admitted - lv.arrival,
             mean_batch=lv.batch_sum / lv.passes if lv.passes else 0.0, error=lv.error,
         )

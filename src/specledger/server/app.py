@@ -51,6 +51,7 @@ from specledger.decoding.strategy import Strategy
 from specledger.engine.loader import LoadedModel
 from specledger.errors import SpecLedgerError
 from specledger.server.auth import ApiKeyMiddleware
+from specledger.server.batch_engine import BatchEngineWorker
 from specledger.server.engine_worker import Delta, Done, Draining, EngineWorker, Failed, Job, QueueFull
 from specledger.server.metrics import ServerMetrics
 from specledger.server.schemas import ApiError, ChatCompletionRequest, CompletionRequest, error_body
@@ -59,6 +60,7 @@ from specledger.server.textstream import TextStream
 log = logging.getLogger("specledger.server")
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+BATCHED = ("ar", "lookup")  # served by the continuous-batching scheduler; the others one request at a time
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -121,10 +123,21 @@ def validation_error(exc: RequestValidationError) -> ApiError:
 class ServerState:
     """What the routes share: the model, the worker, the metrics."""
 
-    def __init__(self, lm: LoadedModel, strategy: Strategy, served_name: str, max_queue: int) -> None:
+    def __init__(self, lm: LoadedModel, strategy: Strategy, served_name: str, max_queue: int,
+                 max_batch: int = 8) -> None:
         self.lm, self.strategy, self.name = lm, strategy, served_name
         self.metrics = ServerMetrics(strategy.level_names)
-        self.worker = EngineWorker(strategy, self.metrics, max_queue)
+        self.worker: EngineWorker | BatchEngineWorker
+        if strategy.name in BATCHED:
+            from specledger.decoding.lookup import BatchLookup
+            from specledger.decoding.scheduler import Scheduler
+
+            # lookup: its n-gram settings; the draft length is planned per sequence per step
+            drafter = BatchLookup(**strategy.params()) if strategy.name == "lookup" else None
+            self.worker = BatchEngineWorker(Scheduler(lm, max_batch=max_batch, drafter=drafter), self.metrics,
+                                            max_queue)
+        else:
+            self.worker = EngineWorker(strategy, self.metrics, max_queue)
         self.created = int(time.time())
         self.avg_e2e_s = 1.0  # running mean of served requests, for Retry-After
 
@@ -178,6 +191,8 @@ class ServerState:
         except Draining:
             raise ApiError(503, "the server is shutting down", type="server_overloaded", code="shutting_down",
                            headers={"Retry-After": "5"}) from None
+        except SpecLedgerError as exc:  # the scheduler refused the prompt
+            raise ApiError(400, str(exc), code="invalid_value") from None
 
     def served(self, ev: Done) -> None:
         self.avg_e2e_s = 0.8 * self.avg_e2e_s + 0.2 * (ev.queue_s + ev.result.total_s)
@@ -320,11 +335,14 @@ async def _disconnected(request: Request) -> None:
 
 def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None = None,
                max_queue: int = 16, stop_timeout_s: float = 10.0, api_keys: list[str] | None = None,
-               metrics_require_key: bool = False) -> FastAPI:
+               metrics_require_key: bool = False, max_batch: int = 8) -> FastAPI:
     """The FastAPI application for one loaded model and strategy (the worker starts with the app).
 
-    With api_keys, /v1/* (and /metrics with metrics_require_key) answer 401 without one of them."""
-    state = ServerState(lm, strategy, served_name or lm.name, max_queue)
+    Strategies in BATCHED run up to max_batch requests in one continuously batched pass; max_queue
+    more may wait. With api_keys, /v1/* (and /metrics with metrics_require_key) answer 401 without one."""
+    if max_batch < 1:
+        raise SpecLedgerError(f"max batch must be >= 1 (got {max_batch})")
+    state = ServerState(lm, strategy, served_name or lm.name, max_queue, max_batch)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -388,6 +406,8 @@ def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None =
         w = state.worker
         body = {"status": "ok" if w.accepting else "draining", "model": state.name, "strategy": strategy.name,
                 "running": w.running, "waiting": w.waiting, "max_queue": w.max_queue}
+        if isinstance(w, BatchEngineWorker):
+            body["max_batch"] = w.scheduler.max_batch
         return _json(body, 200 if w.accepting else 503)
 
     @app.get("/metrics")

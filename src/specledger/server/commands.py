@@ -53,7 +53,9 @@ def serve(
     served_model_name: str = typer.Option(None, "--served-model-name", help="The model id clients use."),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port"),
-    max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait behind the running one."),
+    max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait for a place in the batch."),
+    max_batch: int = typer.Option(8, "--max-batch", help="Requests decoded together in one pass (strategies ar "
+                                  "and lookup; the others serve one at a time)."),
     shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help="Seconds in-flight requests get."),
     log_level: str = typer.Option("info", "--log-level"),
     api_key: list[str] = typer.Option([], "--api-key", help="Require this key on /v1/* (Authorization: Bearer); "
@@ -71,6 +73,8 @@ def serve(
     # Everything that can be checked cheaply is checked before seconds go into loading models.
     if max_queue < 0:
         raise BadInput(f"--max-queue must be >= 0 (got {max_queue})")
+    if max_batch < 1:
+        raise BadInput(f"--max-batch must be >= 1 (got {max_batch})")
     if strategy not in STRATEGIES:
         raise BadInput(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
     params = parse_params(strategy_param)
@@ -95,7 +99,7 @@ def serve(
     lm = load_model(model, dtype=dtype, quant=quant, group_size=group_size, device=device, max_seq_len=max_seq_len)
     strat = make_strategy(strategy, target=lm, **params)
     app = create_app(lm, strat, served_name=served_model_name, max_queue=max_queue, api_keys=keys,
-                     metrics_require_key=metrics_require_key)
+                     metrics_require_key=metrics_require_key, max_batch=max_batch)
     name = served_model_name or lm.name
     door = f", {len(keys)} API key{'s' if len(keys) != 1 else ''} accepted" if keys else ""
     typer.echo(f"serving {name} ({lm.label}, strategy {strat.name} {strat.params()}) "

@@ -69,9 +69,12 @@ class Job:
     started: float | None = None
     first_token: float | None = None
     generated: int = 0
+    on_cancel: Callable[[], None] | None = None  # set by a batching worker: stop the request in the batch
 
     def cancel(self) -> None:
         self.cancelled.set()
+        if self.on_cancel is not None:
+            self.on_cancel()
 
 
 class EngineWorker:
@@ -141,6 +144,7 @@ class EngineWorker:
                 self._current = job
                 self.metrics.waiting.set(len(self._waiting))
             self.metrics.running.set(1)
+            self.metrics.batch_size.set(1)
             try:
                 self._serve(job)
             except Exception:  # never let one request take the engine down
@@ -149,6 +153,7 @@ class EngineWorker:
                 with self._lock:
                     self._current = None
                 self.metrics.running.set(0)
+                self.metrics.batch_size.set(0)
 
     def _serve(self, job: Job) -> None:
         if job.cancelled.is_set():

@@ -12,7 +12,9 @@ reads a vLLM server's (bench/telemetry.py). Counters get Prometheus' `_total` su
 - `specledger:time_to_first_token_seconds`: request received -> first token available (queue
   wait, tokenization and every prefill included); `specledger:e2e_request_latency_seconds`:
   request received -> last token; `specledger:request_queue_time_seconds`: waiting for the engine.
-- `specledger:num_requests_running`, `specledger:num_requests_waiting` (gauges).
+- `specledger:num_requests_running`, `specledger:num_requests_waiting` (gauges: sequences in the batch,
+  requests queued for it), `specledger:batch_size` and `specledger:batch_rows` (sequences and rows in
+  the engine's latest pass, 0 when idle; 1 or 0 without batching).
 - `specledger:spec_decode_num_drafts_total{level}` (target verification steps that level took
   part in), `..._num_draft_tokens_total{level}` (tokens it proposed),
   `..._num_accepted_tokens_total{level}` (of those, accepted by the level above), per drafting
@@ -51,6 +53,10 @@ class ServerMetrics:
                                     buckets=E2E_BUCKETS, registry=r)
         self.running = Gauge("specledger:num_requests_running", "Requests being generated", registry=r)
         self.waiting = Gauge("specledger:num_requests_waiting", "Requests queued for the engine", registry=r)
+        self.batch_size = Gauge("specledger:batch_size", "Sequences in the engine's latest pass (0 when idle)",
+                                registry=r)
+        self.batch_rows = Gauge("specledger:batch_rows", "Rows (tokens) in the engine's latest pass (0 when idle)",
+                                registry=r)
         self.drafts = Counter("specledger:spec_decode_num_drafts", "Verification steps per drafting level",
                               ["level"], registry=r)
         self.draft_tokens = Counter("specledger:spec_decode_num_draft_tokens", "Draft tokens proposed per level",

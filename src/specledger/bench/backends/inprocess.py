@@ -1,8 +1,9 @@
 """The native engine in this process.
 
-Batched configurations (config.batched: "ar" by default) run on a continuous-batching
-scheduler in a worker thread: concurrency N means N sequences in one pass (up to
-max_batch; more wait in its queue). The others serve one request at a time: concurrency
+Batched configurations (config.batched: "ar" and "lookup" by default) run on a
+continuous-batching scheduler in a worker thread: concurrency N means N sequences in one
+pass (up to max_batch; more wait in its queue); "lookup" there drafts with a length planned
+per sequence per step from the model's measured verification-cost surface. The others serve one request at a time: concurrency
 > 1 means a queue, requests wait on a lock (their queueing time is reported, and TTFT
 counts from arrival); generation runs in a worker thread so open-loop arrivals keep their
 schedule meanwhile.
@@ -73,7 +74,15 @@ class InProcessBackend(Backend):
             from specledger.decoding.batch_worker import BatchWorker
             from specledger.decoding.scheduler import Scheduler
 
-            self.worker = BatchWorker(Scheduler(self.models["target"], max_batch=c.max_batch))
+            drafter = None
+            if c.strategy == "lookup":
+                from specledger.decoding.lookup import BatchLookup
+
+                try:
+                    drafter = BatchLookup(**c.params)
+                except (SpecLedgerError, TypeError) as exc:
+                    raise SpecLedgerError(f"configuration {c.name!r}: batched lookup: {exc}") from None
+            self.worker = BatchWorker(Scheduler(self.models["target"], max_batch=c.max_batch, drafter=drafter))
 
     async def close(self) -> None:
         if self.worker is not None:
@@ -180,8 +189,10 @@ class InProcessBackend(Backend):
             ok=True, start=start, end=end, text=result.text, chunks=chunks,
             first_token=times[0] if times else None, prompt_tokens=len(prompt_ids),
             output_tokens=len(result.token_ids), token_ids=list(result.token_ids),
-            finish_reason=result.finish_reason, steps=result.steps, tau=result.tau, levels=[],
-            draft_s=0.0, verify_s=result.verify_s, prefill_s=result.prefill_s, draft_prefill_s=0.0,
+            finish_reason=result.finish_reason, steps=result.steps, tau=result.tau,
+            levels=[LevelCounts(name=lv.name, proposed=lv.proposed, accepted=lv.accepted, steps=lv.steps)
+                    for lv in result.levels],
+            draft_s=result.draft_s, verify_s=result.verify_s, prefill_s=result.prefill_s, draft_prefill_s=0.0,
             peak_rss_bytes=peak_rss_bytes(),
             cuda_max_allocated_bytes=cuda_max_allocated() if self._cuda else None,
         )

@@ -1,0 +1,169 @@
+"""How many tokens each sequence in a batch drafts this step, zero included.
+
+In a batch, one verification pass carries every sequence's drafted rows, so its time grows
+with the whole batch: T(rows), the verification-cost surface, measured once per model,
+precision and device by a short probe of ragged passes and kept for the process. Each
+sequence has a running estimate a of the chance that its next drafted token is accepted (an
+exponential moving average over the chain positions it has had verified); drafting k tokens
+is then worth E[accepted | k] = a + a^2 + ... + a^k tokens. The planner takes draft tokens in
+order of expected gain across the whole batch and keeps as many as maximise the pass's
+expected tokens per second, E / T(rows): a token is worth its rows only while its gain per
+marginal second beats the rate of the pass without it. Once the
+pass is compute-bound (T grows with every row), rejected rows cost real throughput and
+drafting turns itself down; when the batch drains, rows are cheap again and it comes back.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specledger.engine.loader import LoadedModel
+
+SURFACE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class CostSurface:
+    """Seconds of one ragged pass as a function of its total rows (piecewise linear, never decreasing)."""
+
+    rows: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.rows or len(self.rows) != len(self.seconds) or list(self.rows) != sorted(set(self.rows)):
+            raise ValueError("a cost surface needs increasing row counts, one time each")
+        mono, top = [], 0.0
+        for s in self.seconds:  # measurement noise must not make a bigger pass look cheaper
+            top = max(top, s)
+            mono.append(top)
+        object.__setattr__(self, "seconds", tuple(mono))
+
+    def __call__(self, n: int) -> float:
+        xs, ys = self.rows, self.seconds
+        if n <= xs[0]:
+            return ys[0]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if n <= x1:
+                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        if len(xs) == 1:
+            return ys[0]
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return ys[-1] + slope * (n - xs[-1])
+
+
+def expected_accepted(a: float, k: int) -> float:
+    """E[accepted tokens] of a k-token chain whose tokens are each accepted with probability a (given the last)."""
+    return sum(a**i for i in range(1, k + 1))
+
+
+def plan_drafts(available: list[int], accept: list[float], base_rows: int, base_tokens: float,
+                cost: Callable[[int], float]) -> list[int]:
+    """Draft tokens per sequence that maximise the pass's expected tokens per second.
+
+    The m draft tokens worth most are the m largest gains a_i^j anywhere in the batch (each
+    sequence's gains fall with j, so they always form a prefix of its chain), and T depends on
+    the total rows only; so the best plan is the best m: argmax (E0 + top-m gains) / T(rows0 + m),
+    looked at over every m, so a bump in T (e.g. 1 -> 2 rows on a CPU) does not hide a larger
+    draft that pays. available: tokens each sequence could draft (its proposal's length); accept:
+    each one's a; base_rows / base_tokens: rows of the pass and tokens it yields with no draft.
+    """
+    gains = sorted(((accept[i] ** j, i) for i, n in enumerate(available) if accept[i] > 0
+                    for j in range(1, n + 1)), key=lambda g: -g[0])
+    best_m, best_rate = 0, base_tokens / cost(base_rows)
+    tokens = float(base_tokens)
+    for m, (g, _) in enumerate(gains, start=1):
+        tokens += g
+        rate = tokens / cost(base_rows + m)
+        if rate > best_rate:
+            best_m, best_rate = m, rate
+    ks = [0] * len(available)
+    for _, i in gains[:best_m]:
+        ks[i] += 1
+    return ks
+
+
+@dataclass
+class Acceptance:
+    """Running per-token acceptance of one sequence's drafts: an EMA over verified chain positions.
+
+    A k-token chain with n accepted tells: positions 1..n accepted, position n+1 rejected (if n < k)."""
+
+    a: float = 0.6
+    weight: float = 0.15
+
+    def update(self, drafted: int, accepted: int) -> None:
+        trials = [1.0] * accepted + ([0.0] if accepted < drafted else [])
+        for x in trials:
+            self.a += self.weight * (x - self.a)
+
+
+_SURFACES: dict[tuple, CostSurface] = {}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def measure_cost_surface(lm: LoadedModel, *, n_seqs: int = 8, context: int = 64,
+                         sizes: tuple[int, ...] = SURFACE_ROWS, reps: int = 2,
+                         rows_per_seq: int = 4) -> CostSurface:
+    """Median seconds of a ragged verification pass (logits at every row) of n rows, for each n in sizes:
+    chains of about `rows_per_seq` rows (a pending token and its draft) on up to n_seqs sequences with
+    `context` cached tokens each. A pass visits every size per round, so a burst of outside load hits
+    one round rather than one size."""
+    from specledger.decoding.batch_runner import BatchItem, BatchRunner
+    from specledger.decoding.tree import Tree
+
+    vocab = lm.config.vocab_size
+    def spread(n: int) -> int:  # sequences carrying a pass of n rows
+        return min(n_seqs, -(-n // rows_per_seq))
+
+    per_seq = max(-(-n // spread(n)) for n in sizes)
+    context = max(1, min(context, lm.config.max_seq_len - per_seq - 1))
+    runner = BatchRunner(lm, n_seqs, context + per_seq + 1)
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(n: int) -> list[int]:
+        return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+    seqs = [runner.open(rand(context)) for _ in range(n_seqs)]
+    runner.forward([BatchItem(s) for s in seqs])
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    dev = runner.device
+    for rep in range(reps + 1):
+        for n in sizes:
+            m = spread(n)
+            share = [n // m + (1 if j < n % m else 0) for j in range(m)]
+            items = []
+            for s, r in zip(seqs, share):
+                if r:
+                    s.tokens.append(rand(1)[0])
+                    items.append(BatchItem(s, Tree.chain(rand(r - 1))))
+            _sync(dev)
+            t0 = time.perf_counter()
+            runner.forward(items, all_logits=True)
+            _sync(dev)
+            if rep:
+                times[n].append(time.perf_counter() - t0)
+            for it in items:
+                runner.cache.rollback(it.seq.slot, context)
+                it.seq.tokens.pop()
+    return CostSurface(tuple(sizes), tuple(statistics.median(times[n]) for n in sizes))
+
+
+def cost_surface(lm: LoadedModel, max_rows: int = SURFACE_ROWS[-1], **probe) -> CostSurface:
+    """The model's surface up to max_rows (the next probe size above it included), measured on first
+    use in this process per model, precision and device, and again only for a larger max_rows."""
+    sizes = tuple(n for n in SURFACE_ROWS if n < max_rows) + tuple(n for n in SURFACE_ROWS if n >= max_rows)[:1]
+    key = (lm.name, lm.source, lm.dtype, lm.quant, str(lm.device), id(lm.model))
+    have = _SURFACES.get(key)
+    if have is None or have.rows[-1] < sizes[-1]:
+        _SURFACES[key] = measure_cost_surface(lm, sizes=sizes, **probe)
+    return _SURFACES[key]

@@ -1,0 +1,143 @@
+"""Many requests at once: the server's jobs go to a continuous-batching Scheduler stepped by a BatchWorker.
+
+Same interface as EngineWorker (submit, drain, stop, waiting, running), so the routes do not
+care which one serves them. Each job becomes a scheduler request: its tokens come back through
+on_tokens on the worker thread and are handed to the request's asyncio queue as text deltas;
+its end comes through the result future (finished, cancelled or failed). A client that goes
+away cancels its request in the batch (Job.cancel -> BatchWorker.cancel), freeing its slot at
+the next step. Admission: requests that find a free slot in the batch start at the next step;
+at most `max_queue` may wait beyond the free slots, more are refused (QueueFull -> 503).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+
+from specledger.decoding.batch_worker import BatchWorker
+from specledger.decoding.scheduler import ScheduledResult, Scheduler
+from specledger.errors import SpecLedgerError
+from specledger.server.engine_worker import (
+    Delta,
+    Done,
+    Draining,
+    Failed,
+    Job,
+    QueueFull,
+)
+from specledger.server.metrics import ServerMetrics
+
+log = logging.getLogger("specledger.server")
+
+
+class BatchEngineWorker:
+    def __init__(self, scheduler: Scheduler, metrics: ServerMetrics, max_queue: int) -> None:
+        if max_queue < 0:
+            raise SpecLedgerError(f"max queue must be >= 0 (got {max_queue})")
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self._lock = threading.Lock()
+        self._live: dict[int, Job] = {}
+        self._accepting = True
+        self._worker: BatchWorker | None = None
+        s = scheduler
+        metrics.running.set_function(lambda: s.n_running)
+        metrics.waiting.set_function(lambda: s.n_waiting)
+        metrics.batch_size.set_function(lambda: s.last_batch if s.n_running else 0)
+        metrics.batch_rows.set_function(lambda: s.last_rows if s.n_running else 0)
+
+    def start(self) -> None:
+        self._worker = BatchWorker(self.scheduler, name="specledger-engine")
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    @property
+    def waiting(self) -> int:
+        return self.scheduler.n_waiting
+
+    @property
+    def running(self) -> int:
+        return self.scheduler.n_running
+
+    def submit(self, job: Job) -> None:
+        """Queue the job in the scheduler; BadInput (a prompt that cannot run) propagates."""
+        assert self._worker is not None, "start() the worker first"
+        s = self.scheduler
+        with self._lock:
+            if not self._accepting:
+                raise Draining()
+            free = s.max_batch - s.n_running - s.n_waiting
+            if free <= 0 and s.n_waiting - (s.max_batch - s.n_running) >= self.max_queue:
+                raise QueueFull()
+            rid, fut = self._worker.submit(job.prompt_ids, job.sp, on_tokens=lambda new, t: self._tokens(job, new, t))
+            self._live[rid] = job
+        worker = self._worker
+        job.on_cancel = lambda: worker.cancel(rid)
+        if job.cancelled.is_set():  # cancelled before the hook was in place
+            worker.cancel(rid)
+        fut.add_done_callback(lambda f: self._done(rid, job, f))
+
+    def drain(self) -> None:
+        """Refuse new jobs; those admitted still run."""
+        with self._lock:
+            self._accepting = False
+
+    def stop(self, timeout: float) -> None:
+        """Refuse new jobs, cancel the admitted ones, wait (bounded) for them to leave, stop the thread."""
+        self.drain()
+        with self._lock:
+            jobs = list(self._live.values())
+        for job in jobs:
+            job.cancel()
+        deadline = time.monotonic() + timeout
+        while self._live and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self._live:
+            log.warning("the engine did not stop within %.0f s", timeout)
+        if self._worker is not None:
+            self._worker.close()
+
+    # ---- the worker thread ----
+
+    def _tokens(self, job: Job, new: list[int], t: float) -> None:
+        if job.first_token is None:
+            job.first_token = t
+            self.metrics.ttft.observe(t - job.arrival)
+        job.generated += len(new)
+        if job.text is not None and (piece := job.text.push(new)):
+            job.emit(Delta(piece, t))
+
+    def _done(self, rid: int, job: Job, fut: Future[ScheduledResult]) -> None:
+        with self._lock:
+            self._live.pop(rid, None)
+        try:
+            r = fut.result()
+        except Exception as exc:  # noqa: BLE001 - the future never fails today; answer rather than hang
+            r = None
+            err = f"{type(exc).__name__}: {exc}"
+        if r is None or r.finish_reason == "error":
+            msg = err if r is None else (r.error or "unknown")
+            log.error("generation failed: %s", msg)
+            self._count_partial(job)
+            job.emit(Failed(f"internal error during generation: {msg}", 500, "internal_error"))
+            return
+        job.started = job.arrival + r.queue_s
+        self.metrics.queue_time.observe(r.queue_s)
+        if r.finish_reason == "cancelled":
+            self._count_partial(job)
+            job.emit(Failed("cancelled", 499, "cancelled"))
+            return
+        self.metrics.e2e.observe(time.perf_counter() - job.arrival)
+        self.metrics.tokens(len(job.prompt_ids), len(r.token_ids))
+        self.metrics.finished(r)
+        tail = job.text.finish(r.text) if job.text is not None else ""
+        job.emit(Done(r, tail, r.queue_s))
+
+    def _count_partial(self, job: Job) -> None:
+        if job.first_token is not None:  # the prompt was prefilled
+            self.metrics.tokens(len(job.prompt_ids), job.generated)

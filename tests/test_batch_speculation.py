@@ -1,0 +1,230 @@
+"""Batched speculation (prompt lookup) with the draft length planned per sequence per step.
+
+Lossless: greedy fp32, several sequences of different lengths joining and leaving, every
+request's tokens equal generate() with `ar` alone, while drafts are really accepted and
+rejected (repetitive prompts, so lookup hits). The planner: drafts freely when a pass costs
+the same for any rows, never when every row costs its full share, and turns down as the
+batch fills on a surface in between.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_batching import VOCAB, alone, untied_model
+
+from specledger.decoding.draft_budget import (
+    Acceptance,
+    CostSurface,
+    expected_accepted,
+    measure_cost_surface,
+    plan_drafts,
+)
+from specledger.decoding.lookup import BatchLookup
+from specledger.decoding.sampling import SamplingParams
+from specledger.decoding.scheduler import Scheduler
+
+FLAT = CostSurface((1,), (1.0,))  # every pass costs the same: drafting always pays
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return untied_model()
+
+
+def repetitive_prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for n, rep in [(5, 4), (3, 7), (9, 2), (4, 3), (2, 10), (1, 1)]:
+        out.append(torch.randint(0, VOCAB, (n,), generator=g).tolist() * rep)
+    return out
+
+
+def run_joining(sched: Scheduler, prompts: list[list[int]], max_new: list[int]) -> dict:
+    """Two requests first, one more every two steps, until all are in and done."""
+    rids: dict[int, int] = {}
+    results = {}
+    pending = list(range(len(prompts)))
+    step = 0
+    while pending or sched.has_work():
+        if pending and (step % 2 == 0 or len(rids) < 2):
+            i = pending.pop(0)
+            rids[sched.submit(prompts[i], SamplingParams(max_new_tokens=max_new[i], temperature=0.0))] = i
+        for r in sched.step():
+            results[rids[r.request_id]] = r
+        step += 1
+    return results
+
+
+@pytest.mark.parametrize("cost", ["flat", "measured"])
+def test_lookup_in_a_batch_is_lossless_and_drafts_are_accepted_and_rejected(lm, cost):
+    prompts = repetitive_prompts()
+    max_new = [30, 12, 25, 40, 7, 20]
+    surface = FLAT if cost == "flat" else measure_cost_surface(lm, n_seqs=3, sizes=(1, 2, 4, 8, 16), reps=1)
+    sched = Scheduler(lm, max_batch=3, prefill_chunk=16, drafter=BatchLookup(8), cost=surface)
+    results = run_joining(sched, prompts, max_new)
+    for i, p in enumerate(prompts):
+        want = alone(lm, p, SamplingParams(max_new_tokens=max_new[i], temperature=0.0))
+        assert results[i].token_ids == want.token_ids, i
+        assert results[i].finish_reason == want.finish_reason
+    if cost == "flat":
+        levels = [r.levels[0] for r in results.values()]
+        assert {lv.name for lv in levels} == {"lookup"}
+        proposed, accepted = sum(lv.proposed for lv in levels), sum(lv.accepted for lv in levels)
+        assert accepted > 0 and proposed > accepted  # some drafts accepted, some rejected
+        for r in results.values():  # tau: tokens per target step, the bonus token included
+            assert r.steps == r.levels[0].steps and r.appended == r.steps + r.levels[0].accepted
+        assert max(r.tau for r in results.values()) > 1.2
+        assert all(r.strategy == "lookup" and r.params["draft_length"] == "adaptive" for r in results.values())
+
+
+def test_lookup_batch_never_drafts_when_every_row_costs_its_share(lm):
+    """T(rows) = rows: a drafted token never beats the pass's own rate, so no draft, and AR's tokens."""
+    prompts = repetitive_prompts()[:3]
+    sched = Scheduler(lm, max_batch=3, drafter=BatchLookup(8), cost=lambda n: float(n))
+    for p in prompts:
+        sched.submit(p, SamplingParams(max_new_tokens=15, temperature=0.0))
+    results = sched.run()
+    assert all(r.levels[0].proposed == 0 and r.tau == 1.0 for r in results)
+
+
+def test_planner_turns_speculation_down_as_the_batch_fills():
+    # a pass that costs little more for a few extra rows, then grows with every row (compute-bound)
+    surface = CostSurface((1, 4, 8, 16, 32, 64), (1.0, 1.05, 1.2, 2.0, 4.0, 8.0))
+    drafted = []
+    for b in (1, 2, 4, 8, 16):
+        ks = plan_drafts([8] * b, [0.8] * b, b, b, surface)
+        drafted.append(sum(ks) / b)
+    assert drafted[0] >= 3 and drafted[-1] == 0
+    assert drafted == sorted(drafted, reverse=True)
+
+
+def test_planner_prefers_the_sequences_likely_to_be_accepted():
+    ks = plan_drafts([6, 6, 6], [0.9, 0.2, 0.0], 3, 3, CostSurface((3, 6, 12), (1.0, 1.02, 1.5)))
+    assert ks[0] > ks[1] and ks[2] == 0
+    assert plan_drafts([5, 0], [0.9, 0.9], 2, 2, FLAT) == [5, 0]  # never more than was proposed
+
+
+@pytest.mark.parametrize("surface", [
+    CostSurface((1, 2, 3, 5, 9), (1.0, 1.1, 1.25, 1.6, 2.6)),
+    CostSurface((1, 2, 5, 9), (1.0, 1.8, 1.9, 3.5)),  # a jump from 1 to 2 rows (as on a CPU), then flat
+])
+def test_planner_stops_where_the_expected_rate_peaks(surface):
+    """Against brute force over chain lengths for one sequence."""
+    for a in (0.3, 0.6, 0.7, 0.9):
+        [k] = plan_drafts([8], [a], 1, 1, surface)
+        best = max(range(9), key=lambda j: (1 + expected_accepted(a, j)) / surface(1 + j))
+        assert k == best, a
+
+
+def test_planner_looks_past_a_bump_in_the_surface():
+    """One token does not pay for the 1 -> 2 row jump, four do: draft four, not none."""
+    assert plan_drafts([8], [0.7], 1, 1, CostSurface((1, 2, 5, 9), (1.0, 1.8, 1.9, 3.5))) == [4]
+
+
+def test_acceptance_estimate_moves_with_outcomes():
+    acc = Acceptance(a=0.5)
+    acc.update(4, 4)
+    high = acc.a
+    assert high > 0.5
+    acc.update(4, 0)
+    assert acc.a < high
+
+
+def test_cost_surface_interpolates_and_never_decreases():
+    s = CostSurface((1, 4, 8), (1.0, 0.9, 2.0))  # noise made 4 rows look cheaper than 1
+    assert s(4) == 1.0 and s(6) == pytest.approx(1.5) and s(12) == pytest.approx(3.0)
+    assert s(1) <= s(2) <= s(4) <= s(8)
+
+
+class WrongDrafter:
+    """Proposes tokens the target will almost never pick, so its acceptance estimate should fall."""
+
+    name = "lookup"
+
+    def params(self) -> dict:
+        return {}
+
+    def propose(self, tokens: list[int], budget: int) -> list[int]:
+        return [(tokens[-1] + 1) % VOCAB] * min(4, budget)
+
+
+def test_a_sequence_whose_drafts_fail_stops_drafting(lm):
+    """Drafting pays here only while a > 0.3; from a = 0.6, rejections bring it below within a few steps."""
+    surface = CostSurface((1, 2, 3, 9), (1.0, 1.3, 1.6, 3.4))
+    sched = Scheduler(lm, max_batch=1, drafter=WrongDrafter(), cost=surface)
+    sched.submit(repetitive_prompts()[0], SamplingParams(max_new_tokens=40, temperature=0.0))
+    [r] = sched.run()
+    lv = r.levels[0]
+    assert 0 < lv.proposed <= 10 and lv.steps >= 30
+    assert r.token_ids == alone(lm, repetitive_prompts()[0], SamplingParams(max_new_tokens=40, temperature=0.0)).token_ids
+
+
+def test_inprocess_backend_batches_lookup_with_the_same_tokens_and_reports_acceptance(tmp_path):
+    """Concurrency 3: batched adaptive lookup (the default for lookup) gives the serial lookup's tokens
+    (both equal autoregressive, greedy) and records per-request proposals and acceptances."""
+    import json
+
+    from test_batching import CharTokenizer
+
+    from specledger.bench.backends.inprocess import InProcessBackend
+    from specledger.bench.config import parse_run_config
+    from specledger.bench.results import read_requests
+    from specledger.bench.runner import Runner as BenchRunner
+
+    lm = untied_model(tokenizer=CharTokenizer())
+    wl = tmp_path / "w.jsonl"
+    turns = ["abcabcabcabc", "the cat the cat the cat", "xyzxyz xyzxyz", "q q q q q q"]
+    wl.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]}) + "\n"
+                          for i, t in enumerate(turns)))
+    cfg = parse_run_config({
+        "configs": [{"name": "batched", "strategy": "lookup", "max_new_tokens": 16, "max_batch": 3},
+                    {"name": "serial", "strategy": "lookup", "max_new_tokens": 16, "batching": False}],
+        "workload": {"spec": str(wl)}, "load": {"concurrency": [3], "warmup": 0}, "bootstrap": 20,
+    })
+    assert cfg.configs[0].batched and not cfg.configs[1].batched
+    BenchRunner(cfg, tmp_path / "run", show_progress=False,
+                backend_factory=lambda bc: InProcessBackend(bc, models={"target": lm})).run()
+    recs = read_requests(tmp_path / "run")
+    by = {(r.config, r.question_id): r for r in recs}
+    assert len(by) == 8 and all(r.status == "ok" for r in recs)
+    for q in range(len(turns)):
+        assert by[("batched", str(q))].output_token_ids == by[("serial", str(q))].output_token_ids
+    levels = [lv for r in recs if r.config == "batched" for lv in r.levels]
+    assert levels and {lv.name for lv in levels} == {"lookup"}
+
+
+def test_cost_surface_is_measured_once_per_model_and_again_only_when_larger(lm):
+    from specledger.decoding.draft_budget import cost_surface
+
+    first = cost_surface(lm, max_rows=8, n_seqs=2, reps=1)
+    assert first.rows[-1] == 8 and cost_surface(lm, max_rows=4, n_seqs=2, reps=1) is first
+    bigger = cost_surface(lm, max_rows=20, n_seqs=2, reps=1)
+    assert bigger is not first and bigger.rows[-1] == 32
+    assert all(t > 0 for t in bigger.seconds)
+
+
+def test_sampled_lookup_in_a_batch_is_reproducible_per_seed(lm):
+    """Temperature > 0: each request keeps its own generator, so a seed gives the same tokens whatever
+    else is in the batch (here: alone vs with two others, same fixed cost surface)."""
+    prompts = repetitive_prompts()[:3]
+    sp = SamplingParams(max_new_tokens=20, temperature=0.8, top_p=0.95, seed=7)
+
+    def run(ps):
+        sched = Scheduler(lm, max_batch=3, drafter=BatchLookup(4), cost=FLAT)
+        ids = [sched.submit(p, sp) for p in ps]
+        got = {r.request_id: r for r in sched.run()}
+        return [got[i] for i in ids]
+
+    together = run(prompts)
+    alone_first = run(prompts[:1])[0]
+    assert together[0].token_ids == alone_first.token_ids and len(alone_first.token_ids) == 20
+    assert sum(r.levels[0].proposed for r in together) > 0
