@@ -246,6 +246,11 @@ def test_readme_command_runs(command, request, tmp_path, monkeypatch, shared_mod
         assert (request.getfixturevalue("run_dirs")["id"] / "run.json").exists()
         return
     args = substitute(args, dirs)
+    if "./my-llama" in args:  # the README's own Hugging Face directory: a tiny one saved by transformers
+        from test_hf_conformance import save_model, save_tokenizer
+
+        save_model(tmp_path / "my-llama")
+        save_tokenizer(tmp_path / "my-llama")
     if "--inputs" in args:  # the cost file the README writes with `cost --init`
         invoke(["cost", "--init", args[args.index("--inputs") + 1]])
     out = invoke(args + RUN_EXTRA[sub])
