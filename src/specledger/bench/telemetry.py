@@ -133,7 +133,8 @@ def telemetry_delta(before: str | None, after: str | None) -> tuple[dict[str, An
 def response_levels(body: dict[str, Any]) -> tuple[list[LevelCounts], int | None, float | None, dict[str, Any]]:
     """Per-request speculation statistics carried in a response body or final chunk.
 
-    Returns (levels, steps, tau, raw) from the `specledger` extension or llama.cpp `timings`.
+    Returns (levels, steps, tau, raw) from the `specledger` extension, vLLM's `metrics.speculative_decoding`
+    (served with `--per-request-spec-decode-metrics`) or llama.cpp `timings`.
     """
     ext = body.get("specledger")
     if isinstance(ext, dict):
@@ -141,6 +142,10 @@ def response_levels(body: dict[str, Any]) -> tuple[list[LevelCounts], int | None
                               accepted=int(lv.get("accepted", 0)), steps=lv.get("steps"))
                   for i, lv in enumerate(ext.get("levels") or [])]
         return levels, ext.get("steps"), ext.get("tau"), {"specledger": ext}
+    metrics = body.get("metrics")
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if isinstance(spec, dict):
+        return _vllm_request(spec)
     timings = body.get("timings")
     if isinstance(timings, dict):
         raw = {"timings": timings}
@@ -155,6 +160,25 @@ def response_levels(body: dict[str, Any]) -> tuple[list[LevelCounts], int | None
             return [lv], steps, tau, raw
         return [], steps, tau, raw
     return [], None, None, {}
+
+
+def _vllm_request(spec: dict[str, Any]) -> tuple[list[LevelCounts], int | None, float | None, dict[str, Any]]:
+    """vLLM's per-request summary. `acceptance_histogram[j]` counts the verification steps that accepted exactly
+    j drafts, so the tokens accepted at draft position i (0-based) are the steps that accepted more than i; the
+    per-position counts go into `raw` (`accepted_per_position`) since a request's LevelCounts has no such field.
+    `num_spec_steps` counts steps that carried a draft: τ over them is 1 + accepted / steps (vLLM's
+    `mean_acceptance_length`); steps without a draft (none proposed) are not in it."""
+    hist = [int(x) for x in spec.get("acceptance_histogram") or []]
+    steps = spec.get("num_spec_steps")
+    steps = int(steps) if isinstance(steps, (int, float)) else (sum(hist) if hist else None)
+    accepted = spec.get("num_accepted_draft_tokens")
+    accepted = int(accepted) if isinstance(accepted, (int, float)) else sum(j * n for j, n in enumerate(hist))
+    proposed = int(spec.get("num_draft_tokens") or 0)
+    raw: dict[str, Any] = {"vllm_speculative_decoding": spec}
+    if hist:
+        raw["accepted_per_position"] = [sum(hist[i + 1:]) for i in range(len(hist) - 1)]
+    tau = 1 + accepted / steps if steps else None
+    return [LevelCounts(name="draft", proposed=proposed, accepted=accepted, steps=steps)], steps, tau, raw
 
 
 # ---- this process's memory ------------------------------------------------------------

@@ -383,7 +383,7 @@ class _Stream:
                 self.finish_reason = choice["finish_reason"]
         if chunk.get("usage"):
             self.usage = chunk["usage"]
-        for key in ("specledger", "timings"):
+        for key in ("specledger", "timings", "metrics"):
             if key in chunk:
                 self.extension[key] = chunk[key]
 
