@@ -171,6 +171,8 @@ class FakeOpenAIServer:
             f'vllm:spec_decode_num_draft_tokens_total{{model_name="{self.settings.model}"}} {s.draft_tokens}\n'
             "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
             f'vllm:spec_decode_num_accepted_tokens_total{{model_name="{self.settings.model}"}} {s.accepted_tokens}\n'
+            "# TYPE vllm:request_success counter\n"
+            f"vllm:request_success_total {s.completed}\n"
             "# TYPE vllm:generation_tokens counter\n"
             f"vllm:generation_tokens_total {s.tokens}\n"
         )

@@ -35,6 +35,46 @@ def parse_prometheus(text: str) -> Samples:
     return out
 
 
+REPLICA_LABEL = "replica"
+CLIENT_REQUESTS = "specledger_client:replica_requests_total"
+
+
+def merge_replica_metrics(texts: dict[str, str], client_requests: dict[str, int] | None = None) -> str:
+    """Several replicas' /metrics as one exposition, every sample labelled `replica="<its URL>"`, so that
+    counters sum over replicas (spec_counters, server_counters sum over other labels) and per-replica deltas
+    stay readable (replica_counters). Untyped on output: the sample names are kept as read (`…_total`)."""
+    lines: list[str] = []
+    for replica, text in texts.items():
+        for (name, labels), value in parse_prometheus(text).items():
+            lines.append(_sample(name, {**dict(labels), REPLICA_LABEL: replica}, value))
+    for replica, n in (client_requests or {}).items():
+        lines.append(_sample(CLIENT_REQUESTS, {REPLICA_LABEL: replica}, n))
+    return "\n".join(lines) + "\n"
+
+
+def _sample(name: str, labels: dict[str, str], value: float) -> str:
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    body = ",".join(f'{k}="{esc(str(v))}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{body}}} {value!r}"
+
+
+def replica_counters(samples: Samples) -> dict[str, dict[str, float]]:
+    """Per replica (the `replica` label merge_replica_metrics adds): the server_counters totals and the
+    client's requests sent there."""
+    out: dict[str, dict[str, float]] = {}
+    for (name, labels), value in samples.items():
+        lab = dict(labels)
+        if REPLICA_LABEL not in lab:
+            continue
+        one = server_counters({(name, labels): value}) if name != CLIENT_REQUESTS else {name: value}
+        for k, v in one.items():
+            d = out.setdefault(lab[REPLICA_LABEL], {})
+            d[k] = d.get(k, 0.0) + v
+    return out
+
+
 def _zero() -> dict[str, Any]:
     return {**{k: 0.0 for k in _SPEC}, "per_pos": {}}
 
@@ -124,6 +164,10 @@ def telemetry_delta(before: str | None, after: str | None) -> tuple[dict[str, An
     for level, d in spec.items():
         if d["num_drafts"] > 0:  # each draft step appends its accepted tokens plus one bonus token
             info.setdefault("tau", {})[level] = 1.0 + d["num_accepted_tokens"] / d["num_drafts"]
+    rb, ra = replica_counters(b), replica_counters(a)
+    if ra:  # several replicas: each one's share of the window
+        info["replicas"] = {r: {k: v - rb.get(r, {}).get(k, 0.0) for k, v in c.items()
+                                if k != "process_resident_memory_bytes"} for r, c in ra.items()}
     gauges = spec_gauges(a)
     if gauges:
         info["gauges"] = gauges
