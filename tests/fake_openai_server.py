@@ -34,6 +34,9 @@ class FakeSettings:
     draft_per_step: int = 3
     accepted_per_step: int = 2
     llama_timings: bool = False
+    # vLLM `--per-request-spec-decode-metrics summary`: the final chunk's metrics.speculative_decoding, built from
+    # this acceptance histogram (index j: verification steps that accepted exactly j of draft_per_step drafts)
+    vllm_histogram: list[int] | None = None
     drop_after_chunks: int = 2  # for prompts containing DROP
     drop_if: list[str] = field(default_factory=list)  # also drop prompts containing any of these
     model: str = "fake-model"
@@ -168,6 +171,8 @@ class FakeOpenAIServer:
             f'vllm:spec_decode_num_draft_tokens_total{{model_name="{self.settings.model}"}} {s.draft_tokens}\n'
             "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
             f'vllm:spec_decode_num_accepted_tokens_total{{model_name="{self.settings.model}"}} {s.accepted_tokens}\n'
+            "# TYPE vllm:request_success counter\n"
+            f"vllm:request_success_total {s.completed}\n"
             "# TYPE vllm:generation_tokens counter\n"
             f"vllm:generation_tokens_total {s.tokens}\n"
         )
@@ -253,6 +258,13 @@ class FakeOpenAIServer:
             tail["specledger"] = ext
         if st.llama_timings:
             tail["timings"] = {"draft_n": 10, "draft_n_accepted": 7, "predicted_n": n}
+        if st.vllm_histogram is not None:
+            hist, k = st.vllm_histogram, st.draft_per_step
+            steps, acc = sum(hist), sum(j * c for j, c in enumerate(hist))
+            tail["metrics"] = {"speculative_decoding": {
+                "mean_acceptance_length": 1 + acc / steps, "draft_acceptance_rate": acc / (steps * k),
+                "acceptance_histogram": hist, "num_spec_steps": steps, "num_accepted_draft_tokens": acc,
+                "num_draft_tokens": steps * k, "num_spec_tokens": k}}
         if len(tail) > 4:
             event(tail)
         event("[DONE]")

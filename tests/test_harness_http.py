@@ -163,6 +163,20 @@ def test_llama_cpp_timings(server, tmp_path):
     assert [(lv.name, lv.proposed, lv.accepted) for lv in recs[0].levels] == [("draft", 10, 7)]
 
 
+def test_vllm_per_request_spec_decode_metrics(server, tmp_path):
+    # 5 verification steps of 3 drafts: one accepted none, two accepted 1, none 2, two all 3 -> 8 accepted
+    wl = write_workload(tmp_path / "w.jsonl", ["x"])
+    fake = {"vllm_histogram": [1, 2, 0, 2], "draft_per_step": 3}
+    result, recs, _ = run(config(server, tmp_path, wl, fake=fake), tmp_path)
+    r = recs[0]
+    assert [(lv.name, lv.proposed, lv.accepted, lv.steps) for lv in r.levels] == [("draft", 15, 8, 5)]
+    assert r.steps == 5 and r.tau == pytest.approx(1 + 8 / 5)
+    # position 0 accepted in 4 steps, position 1 in 2 (the two that took 3), position 2 in 2
+    assert r.extra["accepted_per_position"] == [4, 2, 2]
+    assert r.extra["vllm_speculative_decoding"]["acceptance_histogram"] == [1, 2, 0, 2]
+    assert result.configs[0].loads[0].aggregate.tau == pytest.approx(2.6)
+
+
 def test_concurrency_sweep_and_lossless_gate_on_text(server, tmp_path):
     wl = write_workload(tmp_path / "w.jsonl", [f"q{i}" for i in range(6)])
     o = {"base_url": server.base_url, "connect_timeout_s": 2, "extra_body": {"fake": {"ttft_s": 0.02}}}

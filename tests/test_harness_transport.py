@@ -100,8 +100,8 @@ def test_refused_connection_is_retried_then_a_failure(server):
     async def go():
         b = backend(server, transport_retries=2)
         await b.start()
-        b.base_url = f"http://127.0.0.1:{port}"  # the server went away after the run started
-        b._free.clear()
+        b.replicas = [f"http://127.0.0.1:{port}"]  # the server went away after the run started
+        b._free = [[]]
         try:
             return await b.complete([{"role": "user", "content": "x"}], max_new_tokens=2)
         finally:

@@ -113,5 +113,5 @@ def test_cli_import(tmp_path):
     res = CliRunner().invoke(app, ["import", "vllm-bench", str(src), "--run-dir", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
     assert "results:" in res.output and load_run(tmp_path / "r").configs[0].loads[0].aggregate.requests_ok == 3
-    res = CliRunner().invoke(app, ["import", "guidellm", str(src)])
-    assert isinstance(res.exception, BadInput) and "unknown format 'guidellm'" in str(res.exception)
+    res = CliRunner().invoke(app, ["import", "genai-perf", str(src)])
+    assert isinstance(res.exception, BadInput) and "unknown format 'genai-perf'" in str(res.exception)

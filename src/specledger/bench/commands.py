@@ -192,25 +192,27 @@ def register(app: typer.Typer) -> None:
 
 
 
-IMPORT_FORMATS = ("vllm-bench",)
+IMPORT_FORMATS = ("vllm-bench", "guidellm", "aiperf")
 
 
 def register_import(app: typer.Typer) -> None:
     @app.command("import")
     def import_results(
-        fmt: str = typer.Argument(..., metavar="FORMAT", help="vllm-bench (a `vllm bench serve --save-result` JSON)"),
+        fmt: str = typer.Argument(..., metavar="FORMAT", help="vllm-bench (a `vllm bench serve --save-result` JSON), guidellm (its JSON "
+                                 "report), aiperf (profile_export.jsonl or its artifact directory)"),
         file: Path = typer.Argument(..., help="the tool's result file"),
         run_dir: Optional[Path] = typer.Option(None, help="run directory to create (default: runs/<file name>)"),
         name: Optional[str] = typer.Option(None, help="configuration name (default: label/backend + model)"),
     ) -> None:
         """Turn another tool's benchmark results into a run directory the ledger and report read."""
         from specledger.bench.importers import import_vllm_bench
+        from specledger.bench.peer_imports import import_aiperf, import_guidellm
         from specledger.bench.tables import print_run
 
         if fmt not in IMPORT_FORMATS:
-            raise BadInput(f"import: unknown format {fmt!r} (known: {', '.join(IMPORT_FORMATS)}; GuideLLM and "
-                           "AIPerf exports are not supported yet)")
+            raise BadInput(f"import: unknown format {fmt!r} (known: {', '.join(IMPORT_FORMATS)})")
         target = run_dir or Path("runs") / file.stem
-        run = import_vllm_bench(file, target, name=name)
+        reader = {"vllm-bench": import_vllm_bench, "guidellm": import_guidellm, "aiperf": import_aiperf}[fmt]
+        run = reader(file, target, name=name)
         print_run(run)
         Console().print(f"results: {target}")

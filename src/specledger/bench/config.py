@@ -103,15 +103,44 @@ class OpenAISettings(_Strict):
     keepalive_expiry_s: float = Field(2.0, ge=0)
     tokenizer: str | None = None  # tokenizer.json path or engine model name: counts tokens when usage is missing
     metrics_url: str | None = None  # Prometheus endpoint; default {base_url}/metrics
+    # Many replicas. base_urls: requests go round robin over these (client side; base_url is then ignored) and
+    # each one's /metrics is scraped. metrics_urls: base_url is a load balancer; scrape these per-replica
+    # endpoints instead (through a balancer a scrape samples one random replica). Counters are summed.
+    base_urls: list[str] = Field(default_factory=list)
+    metrics_urls: list[str] = Field(default_factory=list)
     scrape_metrics: bool = True
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("base_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https:// (got {v!r})")
-        return v.rstrip("/").removesuffix("/v1")
+        return _http_url(v, "base_url")
+
+    @field_validator("base_urls")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        out = [_http_url(u, "base_urls") for u in v]
+        if len(set(out)) != len(out):
+            raise ValueError(f"base_urls names a replica twice: {out}")
+        return out
+
+    @field_validator("metrics_urls")
+    @classmethod
+    def _metrics_urls(cls, v: list[str]) -> list[str]:
+        for u in v:
+            if not u.startswith(("http://", "https://")):
+                raise ValueError(f"metrics_urls must be full URLs (http://host:port/metrics), got {u!r}")
+        return v
+
+    def replicas(self) -> list[str]:
+        """The base URLs requests go to, in round-robin order."""
+        return self.base_urls or [self.base_url]
+
+
+def _http_url(v: str, field: str) -> str:
+    if not v.startswith(("http://", "https://")):
+        raise ValueError(f"{field} must start with http:// or https:// (got {v!r})")
+    return v.rstrip("/").removesuffix("/v1")
 
 
 # strategies the in-process backend can run on the continuous-batching scheduler

@@ -35,6 +35,46 @@ def parse_prometheus(text: str) -> Samples:
     return out
 
 
+REPLICA_LABEL = "replica"
+CLIENT_REQUESTS = "specledger_client:replica_requests_total"
+
+
+def merge_replica_metrics(texts: dict[str, str], client_requests: dict[str, int] | None = None) -> str:
+    """Several replicas' /metrics as one exposition, every sample labelled `replica="<its URL>"`, so that
+    counters sum over replicas (spec_counters, server_counters sum over other labels) and per-replica deltas
+    stay readable (replica_counters). Untyped on output: the sample names are kept as read (`…_total`)."""
+    lines: list[str] = []
+    for replica, text in texts.items():
+        for (name, labels), value in parse_prometheus(text).items():
+            lines.append(_sample(name, {**dict(labels), REPLICA_LABEL: replica}, value))
+    for replica, n in (client_requests or {}).items():
+        lines.append(_sample(CLIENT_REQUESTS, {REPLICA_LABEL: replica}, n))
+    return "\n".join(lines) + "\n"
+
+
+def _sample(name: str, labels: dict[str, str], value: float) -> str:
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    body = ",".join(f'{k}="{esc(str(v))}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{body}}} {value!r}"
+
+
+def replica_counters(samples: Samples) -> dict[str, dict[str, float]]:
+    """Per replica (the `replica` label merge_replica_metrics adds): the server_counters totals and the
+    client's requests sent there."""
+    out: dict[str, dict[str, float]] = {}
+    for (name, labels), value in samples.items():
+        lab = dict(labels)
+        if REPLICA_LABEL not in lab:
+            continue
+        one = server_counters({(name, labels): value}) if name != CLIENT_REQUESTS else {name: value}
+        for k, v in one.items():
+            d = out.setdefault(lab[REPLICA_LABEL], {})
+            d[k] = d.get(k, 0.0) + v
+    return out
+
+
 def _zero() -> dict[str, Any]:
     return {**{k: 0.0 for k in _SPEC}, "per_pos": {}}
 
@@ -124,6 +164,10 @@ def telemetry_delta(before: str | None, after: str | None) -> tuple[dict[str, An
     for level, d in spec.items():
         if d["num_drafts"] > 0:  # each draft step appends its accepted tokens plus one bonus token
             info.setdefault("tau", {})[level] = 1.0 + d["num_accepted_tokens"] / d["num_drafts"]
+    rb, ra = replica_counters(b), replica_counters(a)
+    if ra:  # several replicas: each one's share of the window
+        info["replicas"] = {r: {k: v - rb.get(r, {}).get(k, 0.0) for k, v in c.items()
+                                if k != "process_resident_memory_bytes"} for r, c in ra.items()}
     gauges = spec_gauges(a)
     if gauges:
         info["gauges"] = gauges
@@ -133,7 +177,8 @@ def telemetry_delta(before: str | None, after: str | None) -> tuple[dict[str, An
 def response_levels(body: dict[str, Any]) -> tuple[list[LevelCounts], int | None, float | None, dict[str, Any]]:
     """Per-request speculation statistics carried in a response body or final chunk.
 
-    Returns (levels, steps, tau, raw) from the `specledger` extension or llama.cpp `timings`.
+    Returns (levels, steps, tau, raw) from the `specledger` extension, vLLM's `metrics.speculative_decoding`
+    (served with `--per-request-spec-decode-metrics`) or llama.cpp `timings`.
     """
     ext = body.get("specledger")
     if isinstance(ext, dict):
@@ -141,6 +186,10 @@ def response_levels(body: dict[str, Any]) -> tuple[list[LevelCounts], int | None
                               accepted=int(lv.get("accepted", 0)), steps=lv.get("steps"))
                   for i, lv in enumerate(ext.get("levels") or [])]
         return levels, ext.get("steps"), ext.get("tau"), {"specledger": ext}
+    metrics = body.get("metrics")
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if isinstance(spec, dict):
+        return _vllm_request(spec)
     timings = body.get("timings")
     if isinstance(timings, dict):
         raw = {"timings": timings}
@@ -155,6 +204,25 @@ def response_levels(body: dict[str, Any]) -> tuple[list[LevelCounts], int | None
             return [lv], steps, tau, raw
         return [], steps, tau, raw
     return [], None, None, {}
+
+
+def _vllm_request(spec: dict[str, Any]) -> tuple[list[LevelCounts], int | None, float | None, dict[str, Any]]:
+    """vLLM's per-request summary. `acceptance_histogram[j]` counts the verification steps that accepted exactly
+    j drafts, so the tokens accepted at draft position i (0-based) are the steps that accepted more than i; the
+    per-position counts go into `raw` (`accepted_per_position`) since a request's LevelCounts has no such field.
+    `num_spec_steps` counts steps that carried a draft: τ over them is 1 + accepted / steps (vLLM's
+    `mean_acceptance_length`); steps without a draft (none proposed) are not in it."""
+    hist = [int(x) for x in spec.get("acceptance_histogram") or []]
+    steps = spec.get("num_spec_steps")
+    steps = int(steps) if isinstance(steps, (int, float)) else (sum(hist) if hist else None)
+    accepted = spec.get("num_accepted_draft_tokens")
+    accepted = int(accepted) if isinstance(accepted, (int, float)) else sum(j * n for j, n in enumerate(hist))
+    proposed = int(spec.get("num_draft_tokens") or 0)
+    raw: dict[str, Any] = {"vllm_speculative_decoding": spec}
+    if hist:
+        raw["accepted_per_position"] = [sum(hist[i + 1:]) for i in range(len(hist) - 1)]
+    tau = 1 + accepted / steps if steps else None
+    return [LevelCounts(name="draft", proposed=proposed, accepted=accepted, steps=steps)], steps, tau, raw
 
 
 # ---- this process's memory ------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import ssl
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import httpx
 
 from specledger.bench.backends.base import Backend, Completion
 from specledger.bench.config import BenchConfig
-from specledger.bench.telemetry import response_levels
+from specledger.bench.telemetry import merge_replica_metrics, response_levels
 from specledger.errors import BadInput, SpecLedgerError
 
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -35,6 +36,9 @@ class _Failure(Exception):
 # The connection failed before any byte of a response arrived: the server never answered this request.
 _UNANSWERED = (httpcore.ConnectError, httpcore.ReadError, httpcore.WriteError)
 _NO_RESPONSE = "Server disconnected without sending a response"  # httpcore: EOF before the status line
+# httpcore writes a request's headers and body in two sends: without TCP_NODELAY the body waits for the ACK of
+# the headers (Nagle) while the server's kernel delays that ACK (~40 ms), capping each connection near 25 req/s.
+_NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
 class Unauthorized(SpecLedgerError):
@@ -53,13 +57,16 @@ class OpenAIBackend(Backend):
         super().__init__(config)
         assert config.openai is not None
         self.s = config.openai
-        self.base_url = self.s.base_url
+        self.replicas = self.s.replicas()  # several: round robin, one request to the next replica
+        self.base_url = self.replicas[0]
+        self.replica_requests = [0] * len(self.replicas)  # requests sent to each replica (first attempts)
+        self._next = 0
         self.model_name = self.s.model_name or config.model
         self._client: httpx.AsyncClient | None = None  # control requests: models, metrics
         # The streamed requests go through httpcore (httpx's transport) directly, one single-connection
         # pool per request in flight, checked out and back in: httpx's per-request layers and a pool
         # that scans every connection on each request cost more than the rest of the harness together.
-        self._free: list[httpcore.AsyncConnectionPool] = []
+        self._free: list[list[httpcore.AsyncConnectionPool]] = [[] for _ in self.replicas]  # idle, per replica
         self._all: list[httpcore.AsyncConnectionPool] = []
         self._headers: dict[str, str] = {}
         self._ssl: ssl.SSLContext | None = None
@@ -80,9 +87,12 @@ class OpenAIBackend(Backend):
                                f"{self.s.api_key_env} (api_key_env) is not set")
             headers["Authorization"] = f"Bearer {key}"
         self._headers = headers
-        self._host = httpx.URL(self.base_url).netloc
+        self._hosts = [httpx.URL(u).netloc for u in self.replicas]
         self._client = self._new_client()
-        await self._wait_reachable()
+        for url in self.replicas:
+            await self._wait_reachable(url)
+            if self._status == 401:
+                break
         if self._status == 401:
             msg = self._unauthorized_message
             await self.close()
@@ -90,13 +100,13 @@ class OpenAIBackend(Backend):
         if self.s.tokenizer:
             self._tokenizer = await asyncio.to_thread(load_counting_tokenizer, self.s.tokenizer)
 
-    async def _wait_reachable(self) -> None:
-        """Poll until the server answers anything at all, for at most connect_timeout_s."""
+    async def _wait_reachable(self, url: str) -> None:
+        """Poll until the server at `url` answers anything at all, for at most connect_timeout_s."""
         assert self._client is not None
         deadline = time.monotonic() + self.s.connect_timeout_s
         while True:
             try:
-                r = await self._client.get("/v1/models", timeout=self.s.connect_timeout_s)
+                r = await self._client.get(f"{url}/v1/models", timeout=self.s.connect_timeout_s)
                 self._status = r.status_code
                 if r.status_code == 401:
                     self._unauthorized_message = self._auth_error(_error_message(r.text))
@@ -111,7 +121,7 @@ class OpenAIBackend(Backend):
                 if time.monotonic() >= deadline:
                     await self.close()
                     raise SpecLedgerError(
-                        f"cannot reach {self.base_url} after {self.s.connect_timeout_s:g} s "
+                        f"cannot reach {url} after {self.s.connect_timeout_s:g} s "
                         f"(configuration {self.config.name!r}); is the server running?") from None
                 await asyncio.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
@@ -131,7 +141,7 @@ class OpenAIBackend(Backend):
 
     def _new_pool(self) -> httpcore.AsyncConnectionPool:
         pool = httpcore.AsyncConnectionPool(ssl_context=self._ssl_context(), max_connections=1,
-                                            keepalive_expiry=self.s.keepalive_expiry_s)
+                                            keepalive_expiry=self.s.keepalive_expiry_s, socket_options=_NODELAY)
         self._all.append(pool)
         return pool
 
@@ -145,7 +155,7 @@ class OpenAIBackend(Backend):
     async def close(self) -> None:
         for pool in self._all:
             await pool.aclose()
-        self._all, self._free = [], []
+        self._all, self._free = [], [[] for _ in self.replicas]
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -153,12 +163,37 @@ class OpenAIBackend(Backend):
     def describe(self) -> str:
         pooling = (f"keep-alive expiry {self.s.keepalive_expiry_s:g} s, transport retries {self.s.transport_retries}, "
                    f"retries {self.s.retries}")
-        return f"openai-http {self.base_url} api={self.s.api} {self._server} ({pooling})".replace("  ", " ")
+        where = self.base_url if len(self.replicas) == 1 else f"round robin over {', '.join(self.replicas)}"
+        if self.s.metrics_urls:
+            where += f" (metrics per replica: {', '.join(self.s.metrics_urls)})"
+        return f"openai-http {where} api={self.s.api} {self._server} ({pooling})".replace("  ", " ")
+
+    def _metrics_targets(self) -> list[str]:
+        if self.s.metrics_urls:
+            return self.s.metrics_urls
+        if len(self.replicas) > 1:
+            return [f"{u}/metrics" for u in self.replicas]
+        return [self.s.metrics_url or "/metrics"]
 
     async def scrape_metrics(self) -> str | None:
+        """The server's /metrics; with several replicas, each one's, every sample labelled with its replica
+        (counters are then summed over replicas; the client's own per-replica request counts are added as
+        `specledger_client:replica_requests_total`). None when any replica cannot be read."""
         if not self._metrics_ok or self._client is None:
             return None
-        url = self.s.metrics_url or "/metrics"
+        targets = self._metrics_targets()
+        if len(targets) == 1 and not self.s.metrics_urls:
+            return await self._scrape(targets[0])
+        texts = await asyncio.gather(*(self._scrape(u) for u in targets))
+        if any(t is None for t in texts):
+            return None
+        # the client's counts under the replica's metrics URL when each replica's is its own /metrics
+        names = targets if not self.s.metrics_urls else self.replicas
+        sent = dict(zip(names, self.replica_requests)) if len(self.replicas) > 1 else {}
+        return merge_replica_metrics(dict(zip(targets, texts)), client_requests=sent)  # type: ignore[arg-type]
+
+    async def _scrape(self, url: str) -> str | None:
+        assert self._client is not None
         for attempt in range(2):  # once more on a fresh connection when a pooled one had gone stale
             try:
                 r = await self._client.get(url, timeout=self.s.connect_timeout_s)
@@ -211,6 +246,9 @@ class OpenAIBackend(Backend):
         assert self._client is not None, "start() first"
         body = self._body(messages, max_new_tokens, min_new_tokens)
         path = "/v1/chat/completions" if self.s.api == "chat" else "/v1/completions"
+        replica = self._next
+        self._next = (replica + 1) % len(self.replicas)
+        self.replica_requests[replica] += 1
         start = time.perf_counter()
         attempts = 0
         transport: list[str] = []  # connections that failed before any response byte: sent again, fresh
@@ -220,9 +258,11 @@ class OpenAIBackend(Backend):
             state = _Stream()
             try:
                 async with asyncio.timeout(self.s.timeout_s):
-                    await self._stream(path, body, state, fresh=fresh)
+                    await self._stream(path, body, state, fresh=fresh, replica=replica)
                 c = self._finish(state, start, attempts)
                 c.transport_retries, c.transport_errors = len(transport), transport
+                if len(self.replicas) > 1:
+                    c.extra["replica"] = self.replicas[replica]
                 return c
             except _Failure as exc:
                 error, retry, kind, fresh = str(exc), exc.retry, exc.kind, False
@@ -237,7 +277,7 @@ class OpenAIBackend(Backend):
                     await asyncio.sleep(transport_backoff_s(len(transport)))
                     continue
                 if isinstance(exc, (httpcore.ConnectError, httpcore.ConnectTimeout)):
-                    error, kind = f"cannot connect to {self.base_url}: {error}", "connect"
+                    error, kind = f"cannot connect to {self.replicas[replica]}: {error}", "connect"
                 elif isinstance(exc, httpcore.TimeoutException):
                     kind = "timeout"
                 elif state.headers:
@@ -261,30 +301,32 @@ class OpenAIBackend(Backend):
             return True
         return isinstance(exc, httpcore.RemoteProtocolError) and str(exc).startswith(_NO_RESPONSE)
 
-    async def _stream(self, path: str, body: dict, st: "_Stream", *, fresh: bool = False) -> None:
-        """One streamed request on a pooled connection (`fresh`: a new one, never an idle one)."""
-        pool = self._new_pool() if fresh or not self._free else self._free.pop()
+    async def _stream(self, path: str, body: dict, st: "_Stream", *, fresh: bool = False, replica: int = 0) -> None:
+        """One streamed request on a pooled connection to `replica` (`fresh`: a new one, never an idle one)."""
+        free = self._free[replica]
+        pool = self._new_pool() if fresh or not free else free.pop()
         keep = True
         try:
-            await self._stream_on(pool, path, body, st)
+            await self._stream_on(pool, path, body, st, replica)
         except (httpcore.NetworkError, httpcore.ProtocolError):
             keep = st.headers  # its connection failed before a response: the retry's fresh pool replaces it
             raise
         finally:
             if keep:
-                self._free.append(pool)  # a connection that failed is closed: the pool opens a new one
+                free.append(pool)  # a connection that failed is closed: the pool opens a new one
             else:
                 self._all.remove(pool)
                 await pool.aclose()
 
-    async def _stream_on(self, pool: httpcore.AsyncConnectionPool, path: str, body: dict, st: "_Stream") -> None:
+    async def _stream_on(self, pool: httpcore.AsyncConnectionPool, path: str, body: dict, st: "_Stream",
+                         replica: int = 0) -> None:
         content = json.dumps(body).encode()
-        headers = [(b"Host", self._host), (b"Content-Type", b"application/json"), (b"Accept", b"text/event-stream"),
+        headers = [(b"Host", self._hosts[replica]), (b"Content-Type", b"application/json"), (b"Accept", b"text/event-stream"),
                    (b"Accept-Encoding", b"identity"), (b"Content-Length", str(len(content)).encode())]
         headers += [(k.encode(), v.encode()) for k, v in self._headers.items()]
         timeout = {"connect": self.s.connect_timeout_s, "read": self.s.timeout_s, "write": self.s.timeout_s,
                    "pool": self.s.timeout_s}
-        async with pool.stream("POST", self.base_url + path, headers=headers, content=content,
+        async with pool.stream("POST", self.replicas[replica] + path, headers=headers, content=content,
                                extensions={"timeout": timeout}) as resp:
             st.headers = True
             if resp.status >= 400:
@@ -383,7 +425,7 @@ class _Stream:
                 self.finish_reason = choice["finish_reason"]
         if chunk.get("usage"):
             self.usage = chunk["usage"]
-        for key in ("specledger", "timings"):
+        for key in ("specledger", "timings", "metrics"):
             if key in chunk:
                 self.extension[key] = chunk[key]
 
