@@ -42,6 +42,7 @@ PARSE_ONLY = {
     "train-draft": "generates data and trains for minutes",
     "compare": "runs the whole default matrix (minutes)",
     "serve": "serves until stopped",
+    "import": "needs a result file written by another tool (tests/test_import_*.py run the importers)",
 }
 RUN_PLACEHOLDERS = ("id", "a", "b")  # runs/<id>, runs/<a>, runs/<b>: the short bench run (and a copy)
 FAST = {"models", "cost"}  # no model loading: not marked slow (when they need no run directory)
