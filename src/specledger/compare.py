@@ -172,7 +172,8 @@ def run_compare(config: RunConfig, *, run_dir: Path | None = None, inputs: Path 
                   f"(+{config.load.warmup} warm-up per configuration{f', ≤{cap} tokens' if cap else ''}); "
                   f"results in {run_dir}")
     if config.quality is not None:
-        reps = sorted({config.quality_source(c) for c in config.configs})
+        # with a quality gate every configuration has a source (None only without one)
+        reps = sorted({src for c in config.configs if (src := config.quality_source(c)) is not None})
         console.print(f"quality: {config.quality.spec}, {config.quality.limit or 'all'} graded items for "
                       f"{', '.join(reps)} (the others are lossless on one of these targets)")
     try:

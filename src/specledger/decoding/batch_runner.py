@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from specledger.decoding.runner import Forward
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel
 from specledger.engine.ragged import Segment, new_slot_cache, ragged_hidden
@@ -39,6 +38,15 @@ class BatchItem:
     seq: Sequence
     tree: Tree | None = None
     max_run: int | None = None
+
+
+@dataclass
+class BatchForward:
+    """One item's share of a pass: runner.Forward, except that logits may be None."""
+
+    logits: torch.Tensor | None  # as Forward's; None when the item fed only part of its run
+    hidden: torch.Tensor  # (n_run + len(tree), H): final-normed features of every token fed
+    n_run: int  # sequence tokens fed before the tree
 
 
 def tree_rows(start: int, n_run: int, tree: Tree, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,8 +89,8 @@ class BatchRunner:
         """Tokens that can still be drafted on top of the sequence."""
         return self.max_len - len(seq.tokens)
 
-    def forward(self, items: list[BatchItem], *, all_logits: bool = False) -> list[Forward]:
-        """One pass over every item; per item a Forward whose logits are at the run's last token and
+    def forward(self, items: list[BatchItem], *, all_logits: bool = False) -> list[BatchForward]:
+        """One pass over every item; per item a BatchForward whose logits are at the run's last token and
         every tree node (None when the item fed only part of its run), and hidden of every row fed."""
         toks: list[int] = []
         pos: list[torch.Tensor] = []
@@ -124,17 +132,18 @@ class BatchRunner:
                 rows.extend(range(off + n_run - 1, off + n_run + n_tree))
             off += n_run + n_tree
         logits = self.model.logits(h[torch.tensor(rows, device=dev)]) if rows else None
-        out: list[Forward] = []
+        out: list[BatchForward] = []
         off = r = 0
         for n_run, n_tree, done in plan:
             n = n_run + n_tree
             k = n if all_logits else (1 + n_tree if done else 0)
-            out.append(Forward(logits[r : r + k] if k else None, h[off : off + n], n_run))
+            # k > 0 only when rows is not empty, so logits exists then
+            out.append(BatchForward(logits[r : r + k] if k and logits is not None else None, h[off : off + n], n_run))
             off += n
             r += k
         return out
 
-    def accept(self, seq: Sequence, fwd: Forward, path: list[int], new_tokens: list[int]) -> torch.Tensor:
+    def accept(self, seq: Sequence, fwd: BatchForward, path: list[int], new_tokens: list[int]) -> torch.Tensor:
         """Keep the run and the accepted path in the slot; append the emitted tokens.
 
         Returns the features of the tokens now newly cached (the run, then the path).

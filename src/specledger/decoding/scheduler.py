@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import torch
+
 from specledger.decoding.batch_runner import BatchItem, BatchRunner, Sequence
 from specledger.decoding.draft_budget import (
     Acceptance,
@@ -82,7 +84,7 @@ class _Live:
     arrival: float
     max_new: int
     eos: set[int]
-    gen: object = None
+    gen: torch.Generator | None = None  # set on admission when sampling
     seq: Sequence | None = None
     admitted: float = 0.0
     first_at: float | None = None
@@ -104,6 +106,12 @@ class _Live:
     @property
     def prefilling(self) -> bool:
         return self.first_at is None
+
+    @property
+    def running_seq(self) -> Sequence:
+        """The sequence of a running request (opened on admission, closed on retirement)."""
+        assert self.seq is not None
+        return self.seq
 
 
 class Scheduler:
@@ -206,7 +214,7 @@ class Scheduler:
             if lv.prefilling:
                 if budget <= 0:
                     continue
-                n = min(len(lv.seq.tokens) - self.runner.cached(lv.seq), budget)
+                n = min(len(lv.running_seq.tokens) - self.runner.cached(lv.running_seq), budget)
                 budget -= n
                 runs[lv.rid] = n
             else:
@@ -214,9 +222,9 @@ class Scheduler:
         chains = self._drafts(decoding, sum(runs.values())) if self.drafter and decoding else {}
         for lv in self._running:
             if lv.rid in runs:
-                items.append(BatchItem(lv.seq, max_run=runs[lv.rid]))
+                items.append(BatchItem(lv.running_seq, max_run=runs[lv.rid]))
             elif not lv.prefilling:
-                items.append(BatchItem(lv.seq, chains.get(lv.rid) or Tree()))
+                items.append(BatchItem(lv.running_seq, chains.get(lv.rid) or Tree()))
             else:
                 continue
             live_in.append(lv)
@@ -232,13 +240,18 @@ class Scheduler:
                 continue
             if lv.prefilling:
                 logits = fwd.logits[0]
-                first = int(logits.argmax()) if lv.sp.greedy else sample(probs_from_logits(logits, lv.sp), lv.gen)
-                lv.seq.tokens.append(first)
+                if lv.sp.greedy:
+                    first = int(logits.argmax())
+                else:
+                    assert lv.gen is not None  # admission gives every sampled request its generator
+                    first = sample(probs_from_logits(logits, lv.sp), lv.gen)
+                lv.running_seq.tokens.append(first)
                 emitted.append((lv, [first]))
             else:
+                assert it.tree is not None  # a decoding item always carries a tree (maybe empty)
                 verdict = verify(fwd.logits, it.tree, lv.sp, lv.gen)
                 new = verdict.tokens(it.tree)
-                self.runner.accept(lv.seq, fwd, verdict.path, new)
+                self.runner.accept(lv.running_seq, fwd, verdict.path, new)
                 if it.tree:
                     lv.proposed += len(it.tree)
                     lv.accepted += len(verdict.path)
@@ -267,13 +280,15 @@ class Scheduler:
 
     def _drafts(self, decoding: list[_Live], prefill_rows: int) -> dict[int, Tree]:
         """Each decoding sequence's draft chain for this pass, sized by the planner (empty: none)."""
+        drafter, cost = self.drafter, self.cost
+        assert drafter is not None and cost is not None  # called only with a drafter, which sets the cost
         t0 = time.perf_counter()
         props = []
         for lv in decoding:
-            want = min(self.runner.room(lv.seq), lv.max_new - len(lv.out) - 1)
-            props.append(self.drafter.propose(lv.seq.tokens, want) if want > 0 else [])
+            want = min(self.runner.room(lv.running_seq), lv.max_new - len(lv.out) - 1)
+            props.append(drafter.propose(lv.running_seq.tokens, want) if want > 0 else [])
         ks = plan_drafts([len(p) for p in props], [lv.acc.a for lv in decoding], len(decoding) + prefill_rows,
-                         len(decoding), self.cost)
+                         len(decoding), cost)
         self.last_drafted = sum(ks)
         spent = (time.perf_counter() - t0) / len(decoding)
         out = {}

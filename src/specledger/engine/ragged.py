@@ -11,11 +11,12 @@ A decode step (every segment one row, no mask) attends in one batched call over 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 
-from specledger.engine.model import Transformer, apply_rope, causal_mask, decode_attention, rope_at
+from specledger.engine.model import Block, Transformer, apply_rope, causal_mask, decode_attention, rope_at
 from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
 
@@ -86,7 +87,8 @@ def ragged_hidden(
     compute = model.dtype
     cos, sin = rope_at(model.rope_cos, model.rope_sin, positions, compute)
     x = model.tok_embeddings(tokens[None]).float()  # (1, N, hidden): the residual stream stays fp32
-    for i, layer in enumerate(model.layers):
+    for i, module in enumerate(model.layers):
+        layer = cast(Block, module)  # ModuleList yields nn.Module; every entry is a Block
         a = layer.attention
         qkv = a.wqkv(layer.attention_norm(x))
         qk_out = a.split[0] + a.split[1]

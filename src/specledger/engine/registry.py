@@ -73,8 +73,8 @@ def identify_model(name_or_path: str) -> ModelRef:
             raise ModelNotFound(f"{p} is a directory without config.json (expected a Hugging Face model directory)")
         p = p.resolve()
         return ModelRef(p.name, p)
-    known = ", ".join(KNOWN_MODELS)
-    raise ModelNotFound(f"no model {name_or_path!r}: not a known name ({known}), a .gguf file or a model directory")
+    names = ", ".join(KNOWN_MODELS)
+    raise ModelNotFound(f"no model {name_or_path!r}: not a known name ({names}), a .gguf file or a model directory")
 
 
 def resolve_model(name_or_path: str) -> Path:

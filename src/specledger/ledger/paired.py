@@ -29,7 +29,8 @@ class PairedRatio:
 
     @property
     def distinguishable(self) -> bool:
-        return self.low is not None and (self.low > 1.0 or self.high < 1.0)
+        # low and high are None together (no common prompts)
+        return self.low is not None and self.high is not None and (self.low > 1.0 or self.high < 1.0)
 
 
 def paired_speedup(a: dict[str, tuple[float, int]], b: dict[str, tuple[float, int]], *, resamples: int = 2000,

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from specledger.ledger.paired import difference
+from specledger.ledger.paired import Difference, difference
 
 
 class Row(Protocol):  # the fields of ledger.price.ConfigCost used here
@@ -46,6 +46,16 @@ def _status(r: Row) -> bool:
     return False
 
 
+def _total(r: Row) -> float:
+    """A candidate's total (_status admits only rows that have one)."""
+    assert r.total is not None
+    return r.total
+
+
+def _separated(d: Difference | None) -> bool:
+    return d is not None and d.excludes_zero
+
+
 def _no_slower(o: Row, r: Row) -> bool:
     def no_worse(a, b):
         return a is not None and b is not None and a <= b
@@ -56,16 +66,18 @@ def _no_slower(o: Row, r: Row) -> bool:
 def point_verdicts(rows: list[Row]) -> None:
     """From central values only (what calculator.js does on the page)."""
     eligible = [r for r in rows if _status(r)]
-    cheapest = min(eligible, key=lambda r: r.total, default=None)
+    cheapest = min(eligible, key=_total, default=None)
+    if cheapest is None:
+        return
     for r in eligible:
         if r is cheapest:
             r.verdict, r.verdict_detail = "cheapest", ""
             continue
-        better = [o for o in eligible if o is not r and o.total <= r.total and _no_slower(o, r)]
+        better = [o for o in eligible if o is not r and _total(o) <= _total(r) and _no_slower(o, r)]
         if better:
             r.verdict, r.verdict_detail = "dominated", f"by {better[0].name}: cheaper and no slower"
         else:
-            pct = 100 * (r.total / cheapest.total - 1)
+            pct = 100 * (_total(r) / _total(cheapest) - 1)
             r.verdict, r.verdict_detail = "trade-off", f"+{pct:.1f}% vs {cheapest.name}, but faster"
 
 
@@ -82,12 +94,12 @@ def tested_verdicts(rows: list[Row], costs: dict[str, np.ndarray]) -> None:
     if missing:  # cannot test what was not sampled
         point_verdicts(rows)
         return
-    best = min(eligible, key=lambda r: r.total)
+    best = min(eligible, key=_total)
     diffs = {r.name: difference(costs[r.name], costs[best.name]) for r in eligible if r is not best}
-    ties = [r for r in eligible if r is not best and (diffs[r.name] is None or not diffs[r.name].excludes_zero)]
+    ties = [r for r in eligible if r is not best and not _separated(diffs[r.name])]
     if not ties:
         best.verdict = "cheapest"
-        closest = min((diffs[r.name] for r in eligible if r is not best), key=lambda d: d.low, default=None)
+        closest = min((d for d in diffs.values() if d is not None), key=lambda d: d.low, default=None)
         best.verdict_detail = ("" if closest is None else
                                f"every other costs more per task, by at least {_money(closest.low)[1:]} (95%)")
     else:
@@ -108,10 +120,11 @@ def tested_verdicts(rows: list[Row], costs: dict[str, np.ndarray]) -> None:
             if d is not None and d.low > 0 and _no_slower(o, r):
                 better.append((o, d))
         if better:
-            o, d = min(better, key=lambda od: od[0].total)
+            o, d = min(better, key=lambda od: _total(od[0]))
             r.verdict, r.verdict_detail = "dominated", (f"by {o.name}: {_money(d.low)[1:]} to {_money(d.high)[1:]} "
                                                         "cheaper per task (95%) and no slower")
         else:
             d = diffs[r.name]
+            assert d is not None  # r is not a tie, so its difference exists
             r.verdict = "trade-off"
             r.verdict_detail = f"{_money(d.low)} to {_money(d.high)} per task vs {best.name} (95%), but faster"
