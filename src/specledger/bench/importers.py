@@ -30,15 +30,16 @@ from specledger.errors import BadInput
 _METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """One JSON object from a peer tool's result file, or a one-line error saying what was expected."""
     if not path.is_file():
         raise BadInput(f"{path}: no such file")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{path}: not JSON ({exc})") from None
+        raise BadInput(f"{path}: not JSON ({exc}); expected {what}") from None
     if not isinstance(data, dict):
-        raise BadInput(f"{path}: expected one JSON object (a `vllm bench serve --save-result` file)")
+        raise BadInput(f"{path}: expected {what}")
     return data
 
 
@@ -94,7 +95,7 @@ def import_vllm_bench(path: str | Path, run_dir: str | Path, *, name: str | None
     """A `vllm bench serve --save-result` JSON file -> a run directory (run.json, summary.csv, requests.jsonl
     when the file was saved with --save-detailed)."""
     path, run_dir = Path(path), Path(run_dir)
-    data = _read_json(path)
+    data = read_json(path, "one JSON object (a `vllm bench serve --save-result` file)")
     missing = [k for k in ("duration", "completed", "total_output_tokens") if k not in data]
     if missing:
         raise BadInput(f"{path}: not a `vllm bench serve --save-result` file (missing {', '.join(missing)})")

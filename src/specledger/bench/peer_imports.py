@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import specledger
+from specledger.bench.importers import read_json
 from specledger.bench.metrics import aggregate
 from specledger.bench.results import (
     Conditions, ConfigResult, LoadResult, RequestLog, RequestRecord, RunResult, REQUESTS_FILE, now, write_run,
@@ -95,7 +96,7 @@ def _guidellm_load(strategy: dict[str, Any]) -> tuple[str, int | None, float | N
 def import_guidellm(path: str | Path, run_dir: str | Path, *, name: str | None = None) -> RunResult:
     """A GuideLLM JSON report -> a run directory with one load level per benchmark."""
     path, run_dir = Path(path), Path(run_dir)
-    data = _read_json(path, "a GuideLLM report (guidellm run --output kind=json,path=...)")
+    data = read_json(path, "a GuideLLM report (guidellm run --output kind=json,path=...)")
     benches = data.get("benchmarks")
     if not isinstance(benches, list) or not benches or not isinstance(benches[0].get("requests"), dict):
         raise BadInput(f"{path}: not a GuideLLM report (no `benchmarks` with `requests`)")
@@ -216,15 +217,3 @@ def import_aiperf(path: str | Path, run_dir: str | Path, *, name: str | None = N
              "ITL from AIPerf's inter-chunk gaps where a request has one token per chunk"]
     return _write(run_dir, _run(run_dir, path, "aiperf", name, model, loads, notes,
                                 f"aiperf profile export, model {model}", {}), records)
-
-
-def _read_json(path: Path, what: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise BadInput(f"{path}: no such file")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{path}: not JSON ({exc}); expected {what}") from None
-    if not isinstance(data, dict):
-        raise BadInput(f"{path}: expected {what}")
-    return data
