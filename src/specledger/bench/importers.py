@@ -143,6 +143,11 @@ def import_vllm_bench(path: str | Path, run_dir: str | Path, *, name: str | None
                               config={"imported_from": str(path), "tool": "vllm bench serve", **spec}),
         configs=[cr], notes=notes,
     )
+    return write_imported(run_dir, run, records)
+
+
+def write_imported(run_dir: Path, run: RunResult, records: list[RequestRecord]) -> RunResult:
+    """An imported run as a run directory the ledger and report read (requests.jsonl only when per-request)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if records:
         with RequestLog(run_dir) as log:

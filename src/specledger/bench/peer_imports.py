@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import specledger
-from specledger.bench.importers import read_json
+from specledger.bench.importers import read_json, write_imported
 from specledger.bench.metrics import aggregate
 from specledger.bench.results import (
-    Conditions, ConfigResult, LoadResult, RequestLog, RequestRecord, RunResult, REQUESTS_FILE, now, write_run,
-    write_summary,
+    Conditions, ConfigResult, LoadResult, RequestRecord, RunResult, REQUESTS_FILE, now,
 )
 from specledger.errors import BadInput
 
@@ -55,16 +54,6 @@ def _record(name: str, run_id: str, label: str, conc: int | None, rate: float | 
         ttft_s=ttft if ok else None, e2e_s=e2e,
         tpot_s=(e2e - ttft) / (out - 1) if ok and e2e is not None and ttft is not None and out > 1 else None,
         itl_s=itl if ok else [], output_text=text)
-
-
-def _write(run_dir: Path, run: RunResult, records: list[RequestRecord]) -> RunResult:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with RequestLog(run_dir) as log:
-        for r in records:
-            log.append(r)
-    write_run(run_dir, run)
-    write_summary(run_dir, run)
-    return run
 
 
 def _run(run_dir: Path, path: Path, tool: str, name: str, model: str, loads: list[LoadResult], notes: list[str],
@@ -130,7 +119,7 @@ def import_guidellm(path: str | Path, run_dir: str | Path, *, name: str | None =
                                 aggregate=aggregate(level, wall_s=wall, resamples=200)))
         records += level
     notes = [*_COMMON, "no per-token times: ITL distributions are empty (TPOT per request is kept)"]
-    return _write(run_dir, _run(run_dir, path, "guidellm", name, model, loads, notes,
+    return write_imported(run_dir, _run(run_dir, path, "guidellm", name, model, loads, notes,
                                 f"guidellm {data.get('metadata', {}).get('guidellm_version', '?')} "
                                 f"({backend.get('kind')}) {backend.get('target')} model {model}",
                                 {"guidellm_version": (data.get("metadata") or {}).get("guidellm_version")}), records)
@@ -215,5 +204,5 @@ def import_aiperf(path: str | Path, run_dir: str | Path, *, name: str | None = N
     notes = [*_COMMON, f"the export does not record the run's concurrency or rate: labelled c={conc}, the peak "
              "number of requests in flight", "no generated text (AIPerf's export keeps none by default)",
              "ITL from AIPerf's inter-chunk gaps where a request has one token per chunk"]
-    return _write(run_dir, _run(run_dir, path, "aiperf", name, model, loads, notes,
+    return write_imported(run_dir, _run(run_dir, path, "aiperf", name, model, loads, notes,
                                 f"aiperf profile export, model {model}", {}), records)
