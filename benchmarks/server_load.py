@@ -166,7 +166,7 @@ def in_process_engine(args: argparse.Namespace):
     from specledger.decoding.generate import generate
     from specledger.decoding.sampling import SamplingParams
     from specledger.engine.loader import load_model
-    from specledger.server.commands import parse_params
+    from specledger.cli.server import parse_params
 
     lm = load_model(args.model)
     strategy = make_strategy(args.strategy, target=lm, **parse_params(args.param))

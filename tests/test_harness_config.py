@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specledger.bench.commands import build_config
+from specledger.cli.bench import build_config
 from specledger.bench.config import load_run_config, parse_run_config
 from specledger.errors import BadInput
 

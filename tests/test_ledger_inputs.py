@@ -92,7 +92,7 @@ def test_not_yaml_and_missing_file(tmp_path):
 
 
 def test_cost_init_writes_a_commented_example(tmp_path):
-    from specledger.ledger import commands
+    from specledger.cli import ledger as commands
 
     app = typer.Typer()
     commands.register(app)

@@ -87,7 +87,7 @@ def test_errors_name_what_is_wrong(tmp_path, run_dir):
 
 
 def test_cost_command_prints_the_table_and_writes_json(tmp_path, run_dir):
-    from specledger.ledger import commands
+    from specledger.cli import ledger as commands
 
     app = typer.Typer()
     commands.register(app)

@@ -68,7 +68,7 @@ def test_interaction_is_measured_never_multiplied(report):
 
 
 def test_report_command(tmp_path):
-    from specledger.report import commands
+    from specledger.cli import report as commands
 
     run_dir = make_run(tmp_path, DEFAULT_SPECS[:2], n=6)
     app = typer.Typer()

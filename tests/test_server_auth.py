@@ -271,7 +271,7 @@ def test_cli_serve_with_keys_from_a_file_and_the_environment(tmp_path):
 
 
 def test_bench_api_key_env_flag_reaches_the_configuration():
-    from specledger.bench.commands import build_config
+    from specledger.cli.bench import build_config
 
     cfg = build_config(None, strategies=["ar"], backend="openai", model="m", dtype="fp32", quant="none",
                        group_size=32, params=[], max_new_tokens=4, temperature=0.0, seed=0,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specledger.server.commands import parse_params
+from specledger.cli.server import parse_params
 from specledger.server.textstream import TextStream
 
 

@@ -1,4 +1,5 @@
-"""The `specledger` command. Each area registers its own subcommands; errors become one line."""
+"""The `specledger` command: one module per command group in this package, on top of the areas (which never
+import it); errors become one line."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import sys
 
 import typer
 
+from specledger.cli import bench, decoding, engine, ledger, report, server, train
 from specledger.errors import SpecLedgerError
 
 app = typer.Typer(
@@ -17,28 +19,9 @@ app = typer.Typer(
 )
 
 
-def _register() -> None:
-    from specledger.engine import commands as engine_commands
-
-    engine_commands.register(app)
-    for mod in (
-        "specledger.decoding.commands",
-        "specledger.train.commands",
-        "specledger.bench.commands",
-        "specledger.ledger.commands",
-        "specledger.report.commands",
-        "specledger.server.commands",
-    ):
-        try:
-            module = __import__(mod, fromlist=["register"])
-        except ModuleNotFoundError as exc:  # an area not built yet
-            if exc.name == mod:
-                continue
-            raise
-        module.register(app)
-
-
-_register()
+# The areas never import this package; it imports them. The order here is the order in `--help`.
+for _group in (engine, decoding, train, bench, ledger, report, server):
+    _group.register(app)
 
 
 def main() -> None:
@@ -51,6 +34,3 @@ def main() -> None:
         typer.echo("interrupted", err=True)
         sys.exit(130)
 
-
-if __name__ == "__main__":
-    main()

@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from specledger.cli.bench import _floats
+
 
 def register(app: typer.Typer) -> None:
     @app.command("report")
@@ -63,8 +65,6 @@ def register(app: typer.Typer) -> None:
         """The main job: run the configurations side by side (default: the embedded model's matrix), apply the
         quality gates, price each accepted task, print the table and write the report."""
         from specledger.compare import build_config, run_compare
-
-        from specledger.bench.commands import _floats
 
         run_config = build_config(
             config, quick=quick, max_new_tokens=max_new_tokens,
