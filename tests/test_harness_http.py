@@ -202,7 +202,7 @@ def test_resume_skips_what_is_recorded(server, tmp_path):
     cfg = parse_run_config(config(server, tmp_path, wl))
     run_dir = tmp_path / "r"
 
-    from specledger.bench.backends.base import make_backend
+    from specledger.bench.backends.make import make_backend
 
     class Crashing:
         """Wraps the real backend; the process 'dies' on the fourth request."""

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_openai_server import FakeOpenAIServer, FakeSettings  # noqa: E402
 
-from specledger.bench.backends.base import make_backend  # noqa: E402
+from specledger.bench.backends.make import make_backend  # noqa: E402
 from specledger.bench.backends.openai_http import OpenAIBackend, transport_backoff_s  # noqa: E402
 from specledger.bench.config import BenchConfig, parse_run_config  # noqa: E402
 from specledger.bench.results import read_requests  # noqa: E402

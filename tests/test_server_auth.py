@@ -147,7 +147,7 @@ def test_harness_sends_the_key_from_api_key_env(keyed, tmp_path, monkeypatch):
 
 def test_a_401_mid_run_stops_the_run_and_keeps_what_was_measured(tmp_path, monkeypatch):
     """The key is revoked after two requests: the third is refused, the run stops with one line."""
-    from specledger.bench.backends.base import make_backend
+    from specledger.bench.backends.make import make_backend
 
     monkeypatch.setenv("FAKE_KEY", "k")
     with FakeOpenAIServer(FakeSettings(api_key="k")) as srv:

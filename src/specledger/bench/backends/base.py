@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
 
 from pydantic import Field
 
@@ -65,12 +64,3 @@ class Backend(ABC):
         """Prometheus text of the server, where there is one."""
         return None
 
-
-def make_backend(config: BenchConfig, **kwargs: Any) -> Backend:
-    if config.backend == "openai":
-        from specledger.bench.backends.openai_http import OpenAIBackend
-
-        return OpenAIBackend(config, **kwargs)
-    from specledger.bench.backends.inprocess import InProcessBackend
-
-    return InProcessBackend(config, **kwargs)
