@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from specledger.ledger.inputs import load_inputs
 from specledger.ledger.price import price_run
-from specledger.report.html import interaction_rows, write_report
+from specledger.report.html import write_report
+from specledger.report.interaction import interaction_rows
 from test_ledger_fixtures import DEFAULT_SPECS, Spec, make_run
 
 

@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specledger.ledger.price import ConfigCost, LedgerResult
+from specledger.report.interaction import interaction_rows
 
 VERDICT_STYLE = {"cheapest": "bold green", "dominated": "dim", "trade-off": "yellow", "infeasible": "red",
                  "not comparable": "magenta", "infinite cost": "red", "indistinguishable": "cyan"}
@@ -167,8 +168,6 @@ def render_sensitivity(ledger: LedgerResult, config: str | None = None, top: int
 def render_interaction(ledger: LedgerResult) -> Table | None:
     """Speed-up of each method over autoregressive on the same target precision, one column per precision:
     every cell is a measured configuration (a combination is never multiplied from two runs)."""
-    from specledger.report.html import interaction_rows
-
     rows = interaction_rows(ledger)
     if not any(r["strategy"] != "ar" for r in rows):
         return None

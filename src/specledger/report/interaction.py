@@ -1,0 +1,30 @@
+"""The method-by-precision interaction: each configuration's measured speed-up over autoregressive on its own
+precision, read by both the terminal table and the HTML report (so neither imports the other for it)."""
+
+from __future__ import annotations
+
+from specledger.ledger.measurements import ConfigMeasurement
+from specledger.ledger.price import LedgerResult
+
+
+def interaction_rows(ledger: LedgerResult) -> list[dict]:
+    """Per configuration at its lowest load: speed-up over ar on its own precision and over the reference."""
+    first: dict[str, ConfigMeasurement] = {}
+    for m in ledger.measurements:
+        cur = first.get(m.name)
+        if cur is None or (m.concurrency or 0) < (cur.concurrency or 0):
+            first[m.name] = m
+    ms = list(first.values())
+    ar = {(m.model, m.precision, m.load): m for m in ms if m.strategy == "ar" and m.tok_s}
+    ref = first.get(ledger.reference) if ledger.reference else None
+    out = []
+    for m in ms:
+        base = ar.get((m.model, m.precision, m.load))
+        if base is None or not m.tok_s:
+            continue
+        vs_ref = None
+        if ref is not None and ref.tok_s and ref.model == m.model and ref.load == m.load:
+            vs_ref = m.tok_s / ref.tok_s
+        out.append({"name": m.name, "strategy": m.strategy, "precision": m.precision,
+                    "speedup": m.tok_s / base.tok_s, "vs_reference": vs_ref, "comparable": m.comparable})
+    return out
