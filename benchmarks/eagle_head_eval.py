@@ -16,7 +16,8 @@ import argparse
 
 import torch
 
-from specledger.bench.workload import KINDS, load_workload
+from specledger.bench.question import KINDS
+from specledger.bench.workload import load_workload
 from specledger.decoding.eagle import EagleTree, resolve_head
 from specledger.decoding.generate import generate
 from specledger.decoding.sampling import SamplingParams

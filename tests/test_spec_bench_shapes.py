@@ -11,7 +11,8 @@ import pytest
 
 from specledger.bench.results import RunResult
 from specledger.bench.tables import workload_text
-from specledger.bench.workload import Question, open_workload
+from specledger.bench.question import Question
+from specledger.bench.workload import open_workload
 from specledger.errors import BadInput
 from specledger.quality.graders import grade, grading_rules
 

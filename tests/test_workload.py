@@ -4,15 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from specledger.bench.workload import (
-    KINDS,
-    Question,
-    builtin_path,
-    estimate_tokens,
-    kind_of,
-    load_workload,
-    synthetic_prompt,
-)
+from specledger.bench.question import KINDS, Question, kind_of
+from specledger.bench.synthetic import estimate_tokens, synthetic_prompt
+from specledger.bench.workload import builtin_path, load_workload
 from specledger.errors import BadInput
 from specledger.quality.graders import grade
 

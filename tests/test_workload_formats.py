@@ -20,7 +20,8 @@ from specledger.bench.load import replay
 from specledger.bench.results import read_requests
 from specledger.bench.runner import Runner
 from specledger.bench.selection import reservoir
-from specledger.bench.workload import estimate_tokens, load_workload, open_workload
+from specledger.bench.synthetic import estimate_tokens
+from specledger.bench.workload import load_workload, open_workload
 from specledger.errors import BadInput
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from specledger.bench.workload import Question
+from specledger.bench.question import Question
 
 DEFAULT_SIZE = 320
 MAX_NEW_TOKENS = 16

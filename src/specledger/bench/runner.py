@@ -19,7 +19,8 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from specledger.bench.backends.base import Backend, Completion, make_backend
+from specledger.bench.backends.base import Backend, Completion
+from specledger.bench.backends.make import make_backend
 from specledger.bench.calibration import assess, take_probe, thread_settings
 from specledger.bench.config import QUALITY_LEVEL, BenchConfig, RunConfig, parse_run_config
 from specledger.bench.energy import EnergyMeter
@@ -33,7 +34,8 @@ from specledger.bench.results import (
     load_run, now, read_requests, write_run, write_summary, REQUESTS_FILE,
 )
 from specledger.bench.telemetry import telemetry_delta
-from specledger.bench.workload import Question, load_workload
+from specledger.bench.question import Question
+from specledger.bench.workload import load_workload
 from specledger.engine.registry import model_key
 from specledger.errors import BadInput, SpecLedgerError
 from specledger.quality.gates import GateResult, comparable, lossless_gate, pass_rate_gate, quantization_gate

@@ -28,7 +28,7 @@ from specledger.bench.formats.lines import (
     jsonl_records,
     read_questions_from,
 )
-from specledger.bench.workload import Question, ReadOptions
+from specledger.bench.question import Question, ReadOptions
 
 
 def _content(value: Any, where: str) -> str:

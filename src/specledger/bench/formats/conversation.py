@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from specledger.bench.formats.spec_bench import parse_reference
-from specledger.bench.workload import Question, ReadOptions
+from specledger.bench.question import Question, ReadOptions
 
 USER = frozenset({"user", "human"})
 ASSISTANT = frozenset({"assistant", "gpt", "chatgpt", "bard", "bing", "model"})

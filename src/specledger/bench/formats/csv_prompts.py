@@ -18,7 +18,7 @@ from specledger.bench.formats.lines import (
     csv_rows,
     read_questions_from,
 )
-from specledger.bench.workload import Question, ReadOptions
+from specledger.bench.question import Question, ReadOptions
 from specledger.errors import BadInput
 
 PROMPT_COLUMNS = ("prompt", "question", "input", "instruction", "query", "text", "content", "message")

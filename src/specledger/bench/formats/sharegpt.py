@@ -21,7 +21,7 @@ from specledger.bench.formats.lines import (
     jsonl_records,
     read_questions_from,
 )
-from specledger.bench.workload import Question, ReadOptions
+from specledger.bench.question import Question, ReadOptions
 
 
 def parse_record(obj: Any, lineno: int, opts: ReadOptions) -> Question:

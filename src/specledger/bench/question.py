@@ -1,0 +1,84 @@
+"""The question record every workload reader produces, and its task kind.
+
+Every question carries one of six task kinds (KINDS) so graders and per-kind reports need not guess from
+free-form category names. Category -> kind:
+
+- MT-Bench categories (writing, roleplay, reasoning, math, coding, extraction, stem, humanities) -> multi_turn.
+  Note that MT-Bench's "math" is a two-turn chat (kind multi_turn); grade-school word problems are
+  "math_reasoning" (kind math), as in Spec-Bench.
+- translation, summarization, qa, math_reasoning, rag (Spec-Bench's names) and a few common aliases
+  (_ALIASES) -> their kind.
+- A record's own "kind" field, when it names one of KINDS, overrides the mapping; formats without categories
+  take the kind given to the reader (--kind), else multi_turn.
+- Any other category -> multi_turn: an open-ended chat question, graded only by explicit rules.
+
+`reference` entries align with turns (Spec-Bench's convention): a string, or a tuple of acceptable answers;
+see quality/graders.py for how they are read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KINDS = ("multi_turn", "translation", "summarization", "qa", "math", "rag")
+
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+
+_ALIASES = {
+    "translation": "translation",
+    "translate": "translation",
+    "wmt": "translation",
+    "summarization": "summarization",
+    "summarisation": "summarization",
+    "summary": "summarization",
+    "cnn_dm": "summarization",
+    "qa": "qa",
+    "question_answering": "qa",
+    "natural_questions": "qa",
+    "math_reasoning": "math",
+    "gsm8k": "math",
+    "rag": "rag",
+    "retrieval": "rag",
+}
+
+# One entry per turn: "" (none), a string (rules and "|"-separated alternatives allowed), or a tuple of
+# acceptable answers taken literally (Spec-Bench's RAG lines).
+Reference = tuple[str | tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class Question:
+    question_id: str
+    category: str
+    kind: str
+    turns: tuple[str, ...]
+    reference: Reference | None = None
+    max_new_tokens: int | None = None
+    min_new_tokens: int | None = None
+    system: str | None = None  # a system message sent before the first turn (chat and ShareGPT records)
+    arrival_s: float | None = None  # timed traces: seconds after the trace's first request
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """What a reader cannot learn from a record: the task kind of records without one, the CSV prompt column."""
+
+    kind: str | None = None
+    prompt_column: str | None = None
+
+    def kind_for(self, category: str | None = None, explicit: str | None = None) -> str:
+        if explicit in KINDS:
+            return explicit
+        if category:
+            return kind_of(category, self.kind)
+        return self.kind or "multi_turn"
+
+
+def kind_of(category: str, explicit: str | None = None) -> str:
+    """The task kind of a category (see the module docstring for the mapping)."""
+    if explicit in KINDS:
+        return explicit
+    name = category.strip().lower()
+    if name in MT_BENCH_CATEGORIES:
+        return "multi_turn"
+    return _ALIASES.get(name, "multi_turn")
