@@ -101,7 +101,7 @@ def test_refused_connection_is_retried_then_a_failure(server):
         b = backend(server, transport_retries=2)
         await b.start()
         b.replicas = [f"http://127.0.0.1:{port}"]  # the server went away after the run started
-        b._free = [[]]
+        b._pools.free = [[]]
         try:
             return await b.complete([{"role": "user", "content": "x"}], max_new_tokens=2)
         finally:
@@ -317,7 +317,7 @@ def test_connections_that_failed_before_a_response_are_not_kept(stale_server):
                 c = await b.complete([{"role": "user", "content": "a"}], max_new_tokens=2)
                 assert c.ok
                 await asyncio.sleep(IDLE + 0.1)
-            return len(b._all), c.transport_retries
+            return len(b._pools.all), c.transport_retries
         finally:
             await b.close()
 
