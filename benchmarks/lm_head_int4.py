@@ -17,7 +17,7 @@ import torch
 
 from specledger.engine.loader import load_model
 from specledger.engine.quant import Int4Linear, int4_grid
-from specledger.quality.agreement import compare, default_text
+from specledger.quality.agreement import default_text, teacher_forced_agreement
 
 
 def step_ms(model, context: int = 300, steps: int = 50) -> float:
@@ -46,7 +46,7 @@ def main() -> None:
     times: dict[str, list[float]] = {k: [] for k in heads}
     with torch.inference_mode():
         for name, lm in heads.items():
-            q = compare(ref, lm, ids)
+            q = teacher_forced_agreement(ref, lm, ids)
             print(f"{name}: top-1 agreement {q.top1_agreement:.3f}, mean KL {q.mean_kl:.4f}, "
                   f"perplexity {q.ppl_candidate:.2f} (fp32 {q.ppl_reference:.2f})")
         for _ in range(a.rounds):

@@ -14,7 +14,7 @@ import torch
 from test_batching import VOCAB, alone, untied_model
 
 from specledger.decoding.draft_budget import (
-    Acceptance,
+    AcceptanceEMA,
     CostSurface,
     expected_accepted,
     measure_cost_surface,
@@ -131,7 +131,7 @@ def test_planner_looks_past_a_bump_in_the_surface():
 
 
 def test_acceptance_estimate_moves_with_outcomes():
-    acc = Acceptance(a=0.5)
+    acc = AcceptanceEMA(a=0.5)
     acc.update(4, 4)
     high = acc.a
     assert high > 0.5

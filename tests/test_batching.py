@@ -16,7 +16,7 @@ import torch
 from specledger.decoding.batch_runner import BatchItem, BatchRunner
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.generate import generate
-from specledger.decoding.runner import Runner
+from specledger.decoding.cached_model import CachedModel
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
 from specledger.decoding.tree import Tree
@@ -180,7 +180,7 @@ def test_batch_runner_verifies_every_sequence_draft_like_runner(lm):
     fwds = br.forward([BatchItem(q, t) for q, t in zip(opened, drafts)])
     paths = [[0, 1], [1], []]
     for seq, q, t, f, path in zip(seqs, opened, drafts, fwds, paths):
-        r = Runner(lm, 128)
+        r = CachedModel(lm, 128)
         r.prefill(seq)
         r.tokens.append(q.tokens[-1])
         ref = r.forward(t)

@@ -15,7 +15,7 @@ from specledger.bench.results import load_run
 from specledger.bench.runner import Runner
 from specledger.engine.loader import LoadedModel, build_model, weight_bytes
 from specledger.engine.timing import CURVE_SIZES
-from specledger.compare import build_config, default_matrix
+from specledger.pipeline import build_config, default_matrix
 from specledger.errors import BadInput, SpecLedgerError
 from specledger.ledger.measurements import measurements_from_run, precision_label
 from test_harness_inprocess import CharTokenizer, workload

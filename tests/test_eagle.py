@@ -13,7 +13,7 @@ from specledger.decoding.autoregressive import Autoregressive
 from specledger.decoding.eagle import EagleDrafter, EagleTree, TreeSizer, interpolate
 from specledger.decoding.eagle_head import EagleHead, HeadConfig, load_head, save_head
 from specledger.decoding.generate import generate
-from specledger.decoding.runner import Runner
+from specledger.decoding.cached_model import CachedModel
 from specledger.decoding.sampling import SamplingParams
 from specledger.errors import BadInput
 
@@ -29,7 +29,7 @@ def random_head(lm, seed: int = 0) -> EagleHead:
 
 
 def prefill(lm, prompt):
-    r = Runner(lm, 200)
+    r = CachedModel(lm, 200)
     r.prefill(prompt)
     return r
 

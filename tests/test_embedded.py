@@ -8,7 +8,7 @@ from conftest import PROMPTS
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.generate import generate
 from specledger.decoding.sampling import SamplingParams
-from specledger.quality.agreement import compare, default_text
+from specledger.quality.agreement import default_text, teacher_forced_agreement
 
 pytestmark = pytest.mark.slow
 
@@ -61,11 +61,11 @@ def test_quantization_quality_bounds(smollm, smollm_int4):
     from specledger.engine.loader import load_model
 
     ids = smollm.tokenizer.encode(default_text())
-    a4 = compare(smollm, smollm_int4, ids)
+    a4 = teacher_forced_agreement(smollm, smollm_int4, ids)
     # the Q4_1 codes are reused as they are: W4A16 g32 is (almost) the same model
     assert a4.top1_agreement >= 0.97 and a4.mean_kl < 0.01
     int8 = load_model("smollm2-135m", quant="int8")
-    a8 = compare(smollm, int8, ids)
+    a8 = teacher_forced_agreement(smollm, int8, ids)
     assert a8.top1_agreement >= 0.93 and a8.mean_kl < 0.02
     assert smollm_int4.weight_bytes < int8.weight_bytes < smollm.weight_bytes / 2
 

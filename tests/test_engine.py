@@ -5,7 +5,7 @@ import torch
 
 from conftest import tiny_config, tiny_model, tiny_tensors
 from varied_model import untied_tiny_model
-from specledger.decoding.runner import Runner
+from specledger.decoding.cached_model import CachedModel
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import build_model
 from specledger.engine.quant import Int4Linear, Int8Linear, int4_grid
@@ -43,7 +43,7 @@ def test_tree_forward_equals_each_path_run_alone():
     lm = tiny_model()
     prefix = [3, 7, 9, 11]
     tree = Tree(tokens=[5, 6, 8, 2, 4], parents=[-1, -1, 0, 0, 1])  # root -> {5 -> {8, 2}, 6 -> {4}}
-    r = Runner(lm, 64)
+    r = CachedModel(lm, 64)
     r.prefill(prefix[:-1])
     r.tokens = list(prefix)
     fwd = r.forward(tree)
@@ -61,7 +61,7 @@ def test_tree_forward_equals_each_path_run_alone():
 
 def test_runner_sync_keeps_common_prefix():
     lm = tiny_model()
-    r = Runner(lm, 64)
+    r = CachedModel(lm, 64)
     r.prefill([1, 2, 3, 4, 5])
     r.tokens.append(6)
     r.sync([1, 2, 3, 9, 10])

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specledger.ledger.inputs import parse_inputs
-from specledger.ledger.model import (
+from specledger.ledger.cost_model import (
     Case, OperatingPoint, compute_cost_per_call, escalation_probability, expected_attempts, maintenance_per_task,
     objective_misses, replicas_needed, task_cost, with_value,
 )

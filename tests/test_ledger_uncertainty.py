@@ -9,7 +9,7 @@ from specledger.errors import BadInput
 from specledger.ledger.breakeven import break_even
 from specledger.ledger.inputs import Range, parse_inputs
 from specledger.ledger.measurements import ConfigMeasurement, RequestPoint
-from specledger.ledger.model import Case, task_cost
+from specledger.ledger.cost_model import Case, task_cost
 from specledger.ledger.montecarlo import simulate, triangular
 from specledger.ledger.sensitivity import sensitivity
 

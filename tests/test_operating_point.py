@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from specledger.ledger.model import SECONDS_PER_YEAR, OperatingPoint, compute_cost_per_call
+from specledger.ledger.cost_model import SECONDS_PER_YEAR, OperatingPoint, compute_cost_per_call
 from specledger.report.html import ASSETS
 
 NODE = shutil.which("node")

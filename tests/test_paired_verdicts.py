@@ -13,7 +13,7 @@ from specledger.bench.config import parse_run_config
 from specledger.bench.runner import Runner
 from specledger.ledger.inputs import load_inputs, parse_inputs
 from specledger.ledger.measurements import ConfigMeasurement, RequestPoint
-from specledger.ledger.model import Case
+from specledger.ledger.cost_model import Case
 from specledger.ledger.montecarlo import simulate
 from specledger.ledger.paired import mcnemar, paired_speedup
 from specledger.ledger.price import price_run

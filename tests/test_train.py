@@ -8,7 +8,7 @@ import torch
 from conftest import tiny_model
 from specledger.decoding.autoregressive import Autoregressive
 from specledger.decoding.generate import generate
-from specledger.decoding.runner import Runner
+from specledger.decoding.cached_model import CachedModel
 from specledger.decoding.sampling import SamplingParams
 from specledger.errors import BadInput
 from specledger.train.data import generate_batch, load_samples, read_prompts, save_shard
@@ -27,7 +27,7 @@ def test_batched_generation_matches_single_streams(batch):
         got = s.tokens[len(p):]
         assert got[: len(want)] == want and (len(got) == 20 or got[-1] == 7)
         assert s.prompt_len == len(p) and s.features.shape == (len(s.tokens) - 1, 64)
-        r = Runner(lm, 100)
+        r = CachedModel(lm, 100)
         r.prefill(s.tokens[:-1])
         torch.testing.assert_close(s.features, r.last_hidden, rtol=1e-4, atol=1e-4)
 
@@ -142,7 +142,7 @@ def test_unrolled_steps_see_what_tree_nodes_see():
     torch.manual_seed(0)
     head = EagleHead(HeadConfig.for_target(lm)).eval()
     toks = [3, 9, 1, 4, 4, 8, 2, 7, 5, 6, 11, 12]
-    r = Runner(lm, 50)
+    r = CachedModel(lm, 50)
     r.prefill(toks)
     feats = r.last_hidden
     with torch.no_grad():

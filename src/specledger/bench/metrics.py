@@ -12,7 +12,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from specledger.bench.config import SLO
-from specledger.bench.results import Acceptance, Aggregate, Dist, RequestRecord
+from specledger.bench.results import LevelAcceptance, Aggregate, Dist, RequestRecord
 
 STATS = ("mean", "p50", "p90", "p95", "p99")
 _QUANTILES = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99}
@@ -230,14 +230,14 @@ def aggregate(
     return a
 
 
-def acceptance(records: Iterable[RequestRecord]) -> list[Acceptance]:
+def acceptance(records: Iterable[RequestRecord]) -> list[LevelAcceptance]:
     proposed: dict[str, int] = defaultdict(int)
     accepted: dict[str, int] = defaultdict(int)
     for r in records:
         for lv in r.levels:
             proposed[lv.name] += lv.proposed
             accepted[lv.name] += lv.accepted
-    return [Acceptance(name=n, proposed=proposed[n], accepted=accepted[n],
+    return [LevelAcceptance(name=n, proposed=proposed[n], accepted=accepted[n],
                        rate=accepted[n] / proposed[n] if proposed[n] else None) for n in proposed]
 
 

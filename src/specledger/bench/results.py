@@ -131,7 +131,7 @@ class Dist(_Model):
     ci: dict[str, tuple[float, float]] = Field(default_factory=dict)  # stat name -> (low, high)
 
 
-class Acceptance(_Model):
+class LevelAcceptance(_Model):
     name: str
     proposed: int
     accepted: int
@@ -164,7 +164,7 @@ class Aggregate(_Model):
     slo_met: int | None = None
     steps: int | None = None
     tau: float | None = None  # output tokens / target steps, over requests that report steps
-    acceptance: list[Acceptance] = Field(default_factory=list)
+    acceptance: list[LevelAcceptance] = Field(default_factory=list)
     draft_s: float | None = None
     verify_s: float | None = None
     energy_j: float | None = None
@@ -193,7 +193,7 @@ class LoadResult(_Model):
     by_category: dict[str, Aggregate] = Field(default_factory=dict)
     by_kind: dict[str, Aggregate] = Field(default_factory=dict)
     telemetry: dict[str, Any] | None = None  # server counters (before/after deltas), normalised
-    telemetry_levels: list[Acceptance] = Field(default_factory=list)
+    telemetry_levels: list[LevelAcceptance] = Field(default_factory=list)
     steady_state: SteadyState | None = None
     complete: bool = False  # every request of the level was issued (resume skips complete levels)
     segments: int = 1  # processes that measured it (a resumed level has more than one)

@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specledger.bench.results import Acceptance, LevelCounts
+from specledger.bench.results import LevelAcceptance, LevelCounts
 
 _SPEC = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 _PER_POS = "num_accepted_tokens_per_pos"
@@ -128,24 +128,24 @@ def server_counters(samples: Samples) -> dict[str, float]:
     return dict(out)
 
 
-def _acceptance(level: str, d: dict[str, Any]) -> Acceptance:
+def _acceptance(level: str, d: dict[str, Any]) -> LevelAcceptance:
     proposed, accepted, drafts = int(d["num_draft_tokens"]), int(d["num_accepted_tokens"]), int(d["num_drafts"])
     n = max(d["per_pos"], default=-1) + 1
     per_pos = [int(d["per_pos"].get(i, 0)) for i in range(n)]
-    return Acceptance(name=level, proposed=proposed, accepted=accepted,
+    return LevelAcceptance(name=level, proposed=proposed, accepted=accepted,
                       rate=accepted / proposed if proposed else None, drafts=drafts,
                       accepted_per_position=per_pos,
                       position_rates=[a / drafts for a in per_pos] if drafts else [])
 
 
-def telemetry_delta(before: str | None, after: str | None) -> tuple[dict[str, Any] | None, list[Acceptance]]:
+def telemetry_delta(before: str | None, after: str | None) -> tuple[dict[str, Any] | None, list[LevelAcceptance]]:
     """Compare two /metrics scrapes: raw deltas plus speculation counters as per-level (and per-position)
     acceptance. Gauges are reported as read after the window (flagged instantaneous)."""
     if before is None or after is None:
         return None, []
     b, a = parse_prometheus(before), parse_prometheus(after)
     sb, sa = spec_counters(b), spec_counters(a)
-    levels: list[Acceptance] = []
+    levels: list[LevelAcceptance] = []
     spec: dict[str, dict[str, Any]] = {}
     for level, counts in sa.items():
         prev = sb.get(level, _zero())

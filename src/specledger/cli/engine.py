@@ -68,7 +68,7 @@ def quality(
     """Teacher-forced top-1 agreement, mean KL and perplexity of a quantized/low-precision model vs the reference."""
     from specledger.engine.loader import load_model
     from specledger.errors import BadInput
-    from specledger.quality.agreement import compare, default_text
+    from specledger.quality.agreement import default_text, teacher_forced_agreement
 
     if text:
         try:
@@ -82,7 +82,7 @@ def quality(
         cand = load_model(model, dtype=dtype, quant=quant, group_size=group_size)
     ids = ref.tokenizer.encode(body)
     with console.status(f"reading {len(ids)} tokens with both models"):
-        a = compare(ref, cand, ids)
+        a = teacher_forced_agreement(ref, cand, ids)
     t = Table(title=f"{cand.label} vs {ref.label}")
     for col in ("tokens", "top-1 agreement", "mean KL (nats)", "ppl reference", "ppl candidate", "weight bytes"):
         t.add_column(col, justify="right")

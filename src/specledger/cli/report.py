@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
         console.print(f"report: {path.resolve()}")
 
     @app.command("compare")
-    def compare(
+    def compare_cmd(
         quick: bool = typer.Option(False, "--quick",
                                    help="~2 minutes: 4 configurations, one question per task kind, 32 tokens"),
         out: Optional[Path] = typer.Option(None, "--out", "-o",
@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The main job: run the configurations side by side (default: the embedded model's matrix), apply the
         quality gates, price each accepted task, print the table and write the report."""
-        from specledger.compare import build_config, run_compare
+        from specledger.pipeline import build_config, run_compare
 
         run_config = build_config(
             config, quick=quick, max_new_tokens=max_new_tokens,

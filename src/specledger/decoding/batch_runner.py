@@ -1,11 +1,11 @@
-"""Many sequences following their tokens in one slot cache: Runner, for a batch.
+"""Many sequences following their tokens in one slot cache: CachedModel, for a batch.
 
-Same invariant as Runner, per sequence: its slot caches the first `cached` tokens of
+Same invariant as CachedModel, per sequence: its slot caches the first `cached` tokens of
 `tokens`; the rest is fed with the next pass. One `forward` carries, for every sequence
 in it, its uncached run (one pending token when decoding, a chunk of the prompt when
 prefilling) and optionally a draft tree (a chain is a tree; an empty tree is a plain
 decode step), so a verification pass holds every sequence's drafted rows at once and each
-sequence is verified and accepted on its own afterwards (`accept`, like Runner.accept).
+sequence is verified and accepted on its own afterwards (`accept`, like CachedModel.accept).
 """
 
 from __future__ import annotations

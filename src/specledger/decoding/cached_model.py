@@ -24,7 +24,7 @@ class Forward:
     n_run: int  # sequence tokens fed before the tree
 
 
-class Runner:
+class CachedModel:
     def __init__(self, lm: LoadedModel, max_len: int) -> None:
         self.lm = lm
         self.model = lm.model

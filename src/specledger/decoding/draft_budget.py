@@ -16,13 +16,13 @@ drafting turns itself down; when the batch drains, rows are cheap again and it c
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from specledger.engine.loader import LoadedModel
+from specledger.engine.timing import clock
 
 SURFACE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -88,7 +88,7 @@ def plan_drafts(available: list[int], accept: list[float], base_rows: int, base_
 
 
 @dataclass
-class Acceptance:
+class AcceptanceEMA:
     """Running per-token acceptance of one sequence's drafts: an EMA over verified chain positions.
 
     A k-token chain with n accepted tells: positions 1..n accepted, position n+1 rejected (if n < k)."""
@@ -103,11 +103,6 @@ class Acceptance:
 
 
 _SURFACES: dict[tuple, CostSurface] = {}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.inference_mode()
@@ -146,12 +141,11 @@ def measure_cost_surface(lm: LoadedModel, *, n_seqs: int = 8, context: int = 64,
                 if r:
                     s.tokens.append(rand(1)[0])
                     items.append(BatchItem(s, Tree.chain(rand(r - 1))))
-            _sync(dev)
-            t0 = time.perf_counter()
+            t0 = clock(dev)
             runner.forward(items, all_logits=True)
-            _sync(dev)
+            t1 = clock(dev)
             if rep:
-                times[n].append(time.perf_counter() - t0)
+                times[n].append(t1 - t0)
             for it in items:
                 runner.cache.rollback(it.seq.slot, context)
                 it.seq.tokens.pop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specledger.decoding.runner import Runner
+from specledger.decoding.cached_model import CachedModel
 from specledger.decoding.sampling import probs_from_logits, sample
 from specledger.decoding.strategy import Context, StepStats, Strategy, clock
 from specledger.decoding.tree import Tree
@@ -22,7 +22,7 @@ def check_same_tokenizer(a: LoadedModel, b: LoadedModel) -> None:
         raise BadInput(f"incompatible tokenizers: {a.label} and {b.label} map tokens to different ids")
 
 
-def draft_chain(runner: Runner, k: int, ctx: Context) -> tuple[list[int], list[torch.Tensor] | None]:
+def draft_chain(runner: CachedModel, k: int, ctx: Context) -> tuple[list[int], list[torch.Tensor] | None]:
     """k autoregressive steps of a drafter; its distributions are kept when sampling."""
     tokens: list[int] = []
     qs: list[torch.Tensor] | None = None if ctx.sp.greedy else []
@@ -56,7 +56,7 @@ class DraftModel(Strategy):
         return {"num_tokens": self.k, "draft": self.draft_lm.label}
 
     def start(self, ctx: Context) -> None:
-        self.runner = Runner(self.draft_lm, ctx.target.max_len)
+        self.runner = CachedModel(self.draft_lm, ctx.target.max_len)
         self.runner.prefill(ctx.prompt)
 
     def step(self, ctx: Context) -> StepStats:

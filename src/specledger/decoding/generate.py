@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specledger.decoding.runner import Runner
+from specledger.decoding.cached_model import CachedModel
 from specledger.decoding.sampling import SamplingParams, probs_from_logits, sample
 from specledger.decoding.strategy import Context, LevelStats, Strategy, clock
 from specledger.errors import BadInput
@@ -96,7 +96,7 @@ def generate(
     gen = None if sp.greedy else sp.generator()
 
     t0 = time.perf_counter()
-    target = Runner(lm, max_len)
+    target = CachedModel(lm, max_len)
     logits = target.prefill(prompt_ids)
     first = int(logits.argmax()) if sp.greedy else sample(probs_from_logits(logits, sp), gen)
     t1 = clock(target.device)

@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 
 from specledger.decoding.draft_model import check_same_tokenizer
-from specledger.decoding.runner import Runner
+from specledger.decoding.cached_model import CachedModel
 from specledger.decoding.strategy import Context, StepStats, Strategy, clock
 from specledger.decoding.tree import Tree
 from specledger.decoding.verify import verify
@@ -84,7 +84,7 @@ class Hierarchy(Strategy):
         return p
 
     def start(self, ctx: Context) -> None:
-        self.runners = [Runner(m, ctx.target.max_len) for m in self.mids]
+        self.runners = [CachedModel(m, ctx.target.max_len) for m in self.mids]
         for r in self.runners:
             r.prefill(ctx.prompt)
             r.sync(ctx.target.tokens)

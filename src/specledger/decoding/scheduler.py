@@ -36,7 +36,7 @@ import torch
 
 from specledger.decoding.batch_runner import BatchItem, BatchRunner, Sequence
 from specledger.decoding.draft_budget import (
-    Acceptance,
+    AcceptanceEMA,
     CostSurface,
     cost_surface,
     plan_drafts,
@@ -47,6 +47,7 @@ from specledger.decoding.strategy import LevelStats, clock
 from specledger.decoding.tree import Tree
 from specledger.decoding.verify import verify
 from specledger.engine.loader import LoadedModel
+from specledger.engine.tokenizer import Tokenizer
 from specledger.errors import BadInput
 
 
@@ -101,7 +102,7 @@ class _Live:
     proposed: int = 0  # draft tokens verified (batched speculation)
     accepted: int = 0
     draft_s: float = 0.0
-    acc: Acceptance = field(default_factory=Acceptance)
+    acc: AcceptanceEMA = field(default_factory=AcceptanceEMA)
 
     @property
     def prefilling(self) -> bool:
@@ -112,6 +113,23 @@ class _Live:
         """The sequence of a running request (opened on admission, closed on retirement)."""
         assert self.seq is not None
         return self.seq
+
+    def emit(self, new: list[int], now: float, tok: Tokenizer | None) -> None:
+        """Append a step's tokens with generate()'s stop rules (eos after min tokens, max tokens, stop strings)."""
+        sp = self.sp
+        stop_at = next((i for i, t in enumerate(new) if t in self.eos and len(self.out) + i >= sp.min_new_tokens), None)
+        if stop_at is not None:
+            new, self.finish = new[:stop_at], "stop"
+        new = new[: self.max_new - len(self.out)]
+        self.out.extend(new)
+        self.times.extend([now] * len(new))
+        if self.on_tokens and new:
+            self.on_tokens(new, now)
+        if sp.stop and tok is not None and (cut := _stop_cut(tok, self.out, sp.stop)) is not None:
+            self.out, self.text, self.finish = cut[0], cut[1], "stop"
+            self.times = self.times[: len(self.out)]
+        elif self.finish is None and len(self.out) >= self.max_new:
+            self.finish = "length"
 
 
 class Scheduler:
@@ -268,7 +286,7 @@ class Scheduler:
         for lv, new in emitted:
             if lv.first_at is None:
                 lv.first_at = now
-            self._emit(lv, new, now)
+            lv.emit(new, now, self.lm.tokenizer)
         keep: list[_Live] = []
         for lv in self._running:
             if lv.finish is not None:
@@ -338,23 +356,6 @@ class Scheduler:
             lv.admitted = now
             self._running.append(lv)
         return finished
-
-    def _emit(self, lv: _Live, new: list[int], now: float) -> None:
-        """Append a step's tokens with generate()'s stop rules (eos after min tokens, max tokens, stop strings)."""
-        sp, tok = lv.sp, self.lm.tokenizer
-        stop_at = next((i for i, t in enumerate(new) if t in lv.eos and len(lv.out) + i >= sp.min_new_tokens), None)
-        if stop_at is not None:
-            new, lv.finish = new[:stop_at], "stop"
-        new = new[: lv.max_new - len(lv.out)]
-        lv.out.extend(new)
-        lv.times.extend([now] * len(new))
-        if lv.on_tokens and new:
-            lv.on_tokens(new, now)
-        if sp.stop and tok is not None and (cut := _stop_cut(tok, lv.out, sp.stop)) is not None:
-            lv.out, lv.text, lv.finish = cut[0], cut[1], "stop"
-            lv.times = lv.times[: len(lv.out)]
-        elif lv.finish is None and len(lv.out) >= lv.max_new:
-            lv.finish = "length"
 
     def _retire(self, lv: _Live, now: float) -> ScheduledResult:
         if lv.seq is not None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specledger.decoding.runner import Runner
+from specledger.decoding.cached_model import CachedModel
 from specledger.decoding.sampling import SamplingParams
 from specledger.engine.loader import LoadedModel
 from specledger.engine.timing import clock as clock  # re-exported: the strategies time their levels with it
@@ -46,7 +46,7 @@ class StepStats:
 
 @dataclass
 class Context:
-    target: Runner
+    target: CachedModel
     prompt: list[int]
     sp: SamplingParams
     gen: torch.Generator | None

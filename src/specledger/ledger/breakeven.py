@@ -15,7 +15,7 @@ import numpy as np
 from scipy.optimize import brentq
 
 from specledger.errors import BadInput
-from specledger.ledger.model import Case, get_value, task_cost, with_value
+from specledger.ledger.cost_model import Case, get_value, task_cost, with_value
 
 MEASURED = ("pass_rate", "device_seconds_per_call", "concurrency")
 

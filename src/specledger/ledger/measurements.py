@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specledger.bench.config import QUALITY_LEVEL
 from specledger.errors import BadInput
-from specledger.ledger.model import TRAINED_DRAFTERS, OperatingPoint
+from specledger.ledger.cost_model import TRAINED_DRAFTERS, OperatingPoint
 
 
 class RequestPoint(BaseModel):

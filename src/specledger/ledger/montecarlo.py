@@ -21,7 +21,7 @@ from scipy.stats import triang
 
 from specledger.ledger.inputs import Range, Resolved
 from specledger.ledger.measurements import ConfigMeasurement
-from specledger.ledger.model import Case, task_cost, tool_latency, with_value
+from specledger.ledger.cost_model import Case, task_cost, tool_latency, with_value
 
 
 @dataclass

@@ -14,14 +14,14 @@ from specledger.errors import BadInput
 from specledger.ledger.breakeven import BreakEven, break_even
 from specledger.ledger.inputs import CostInputs, Range, Resolved, _is_range, _map_leaves, load_inputs
 from specledger.ledger.measurements import ConfigMeasurement, measurements_from_run
-from specledger.ledger.model import Breakdown, Case, objective_misses, replicas_needed
+from specledger.ledger.cost_model import Breakdown, Case, objective_misses, replicas_needed
 from specledger.ledger.montecarlo import simulate
 from specledger.ledger.paired import mcnemar, paired_speedup
 from specledger.ledger.sensitivity import sensitivity
 from specledger.ledger.verdicts import point_verdicts, tested_verdicts
 
 SCHEMA_VERSION = 1
-UNQUANTIZED = ("fp32", "bf16", "fp16")
+UNQUANTIZED_DTYPES = ("fp32", "bf16", "fp16")
 
 
 class ConfigCost(BaseModel):
@@ -145,7 +145,7 @@ def _case(m: ConfigMeasurement, res: Resolved, inputs: CostInputs, sweep: list[t
 
 def _reference(ms: list[ConfigMeasurement]) -> str | None:
     ar = [m for m in ms if m.strategy == "ar"]
-    for prec in UNQUANTIZED:
+    for prec in UNQUANTIZED_DTYPES:
         for m in ar:
             if m.precision == prec:
                 return m.name

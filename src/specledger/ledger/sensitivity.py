@@ -14,7 +14,7 @@ from scipy.stats import beta
 
 from specledger.ledger.inputs import Resolved
 from specledger.ledger.measurements import ConfigMeasurement
-from specledger.ledger.model import Case, get_value, task_cost, with_value
+from specledger.ledger.cost_model import Case, get_value, task_cost, with_value
 
 POINT_SWING = 0.2
 _SKIP = {("acceptance", "retries"), ("hardware", "device_count")}

@@ -37,7 +37,7 @@ def _logprobs(lm: LoadedModel, ids: list[int]) -> torch.Tensor:
     return torch.log_softmax(lm.model(x, cache)[0].float().cpu(), dim=-1)
 
 
-def compare(reference: LoadedModel, candidate: LoadedModel, ids: list[int]) -> Agreement:
+def teacher_forced_agreement(reference: LoadedModel, candidate: LoadedModel, ids: list[int]) -> Agreement:
     ids = ids[: min(reference.config.max_seq_len, candidate.config.max_seq_len)]
     lp_r, lp_c = _logprobs(reference, ids), _logprobs(candidate, ids)
     agree = (lp_r.argmax(-1) == lp_c.argmax(-1)).float().mean().item()
