@@ -12,36 +12,22 @@ at most `max_queue` may wait beyond the free slots, more are refused (QueueFull 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from concurrent.futures import Future
 
 from specledger.decoding.batch_worker import BatchWorker
 from specledger.decoding.scheduler import ScheduledResult, Scheduler
-from specledger.errors import SpecLedgerError
-from specledger.server.engine_worker import (
-    Delta,
-    Done,
-    Draining,
-    Failed,
-    Job,
-    QueueFull,
-)
+from specledger.server.engine_worker import Draining, Failed, Job, JobWorker, QueueFull
 from specledger.server.metrics import ServerMetrics
 
 log = logging.getLogger("specledger.server")
 
 
-class BatchEngineWorker:
+class BatchEngineWorker(JobWorker):
     def __init__(self, scheduler: Scheduler, metrics: ServerMetrics, max_queue: int) -> None:
-        if max_queue < 0:
-            raise SpecLedgerError(f"max queue must be >= 0 (got {max_queue})")
+        super().__init__(metrics, max_queue)
         self.scheduler = scheduler
-        self.metrics = metrics
-        self.max_queue = max_queue
-        self._lock = threading.Lock()
         self._live: dict[int, Job] = {}
-        self._accepting = True
         self._worker: BatchWorker | None = None
         s = scheduler
         metrics.running.set_function(lambda: s.n_running)
@@ -51,10 +37,6 @@ class BatchEngineWorker:
 
     def start(self) -> None:
         self._worker = BatchWorker(self.scheduler, name="specledger-engine")
-
-    @property
-    def accepting(self) -> bool:
-        return self._accepting
 
     @property
     def waiting(self) -> int:
@@ -82,35 +64,19 @@ class BatchEngineWorker:
             worker.cancel(rid)
         fut.add_done_callback(lambda f: self._done(rid, job, f))
 
-    def drain(self) -> None:
-        """Refuse new jobs; those admitted still run."""
-        with self._lock:
-            self._accepting = False
+    def _admitted(self) -> list[Job]:
+        return list(self._live.values())
 
-    def stop(self, timeout: float) -> None:
-        """Refuse new jobs, cancel the admitted ones, wait (bounded) for them to leave, stop the thread."""
-        self.drain()
-        with self._lock:
-            jobs = list(self._live.values())
-        for job in jobs:
-            job.cancel()
+    def _wait_stopped(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while self._live and time.monotonic() < deadline:
             time.sleep(0.01)
-        if self._live:
-            log.warning("the engine did not stop within %.0f s", timeout)
+        left = bool(self._live)
         if self._worker is not None:
             self._worker.close()
+        return not left
 
     # ---- the worker thread ----
-
-    def _tokens(self, job: Job, new: list[int], t: float) -> None:
-        if job.first_token is None:
-            job.first_token = t
-            self.metrics.ttft.observe(t - job.arrival)
-        job.generated += len(new)
-        if job.text is not None and (piece := job.text.push(new)):
-            job.emit(Delta(piece, t))
 
     def _done(self, rid: int, job: Job, fut: Future[ScheduledResult]) -> None:
         with self._lock:
@@ -132,12 +98,4 @@ class BatchEngineWorker:
             self._count_partial(job)
             job.emit(Failed("cancelled", 499, "cancelled"))
             return
-        self.metrics.e2e.observe(time.perf_counter() - job.arrival)
-        self.metrics.tokens(len(job.prompt_ids), len(r.token_ids))
-        self.metrics.finished(r)
-        tail = job.text.finish(r.text) if job.text is not None else ""
-        job.emit(Done(r, tail, r.queue_s))
-
-    def _count_partial(self, job: Job) -> None:
-        if job.first_token is not None:  # the prompt was prefilled
-            self.metrics.tokens(len(job.prompt_ids), job.generated)
+        self._finished(job, r, r.queue_s)

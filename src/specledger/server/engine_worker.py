@@ -77,28 +77,79 @@ class Job:
             self.on_cancel()
 
 
-class EngineWorker:
-    def __init__(self, strategy: Strategy, metrics: ServerMetrics, max_queue: int) -> None:
+class JobWorker:
+    """What both workers share: the admission switch, a bounded stop, and the bookkeeping of a job's tokens
+    and of its end (metrics, the events handed to the request). Subclasses say which jobs are admitted and
+    how to wait for them to leave."""
+
+    def __init__(self, metrics: ServerMetrics, max_queue: int) -> None:
         if max_queue < 0:
             raise SpecLedgerError(f"max queue must be >= 0 (got {max_queue})")
-        self.strategy = strategy
         self.metrics = metrics
         self.max_queue = max_queue
-        self._q: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
+        self._accepting = True
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    def drain(self) -> None:
+        """Refuse new jobs; those admitted still run."""
+        with self._lock:
+            self._accepting = False
+
+    def stop(self, timeout: float) -> None:
+        """Refuse new jobs, cancel the admitted ones, wait (bounded) for them to leave, stop the thread."""
+        self.drain()
+        with self._lock:
+            jobs = self._admitted()
+        for job in jobs:
+            job.cancel()
+        if not self._wait_stopped(timeout):
+            log.warning("the engine did not stop within %.0f s", timeout)
+
+    def _admitted(self) -> list[Job]:
+        """The jobs waiting or running (called under the lock)."""
+        raise NotImplementedError
+
+    def _wait_stopped(self, timeout: float) -> bool:
+        """Wait at most `timeout` s for the admitted jobs to leave and stop the thread; False when they did not."""
+        raise NotImplementedError
+
+    def _tokens(self, job: Job, new: list[int], t: float) -> None:
+        if job.first_token is None:
+            job.first_token = t
+            self.metrics.ttft.observe(t - job.arrival)
+        job.generated += len(new)
+        if job.text is not None and (piece := job.text.push(new)):
+            job.emit(Delta(piece, t))
+
+    def _finished(self, job: Job, result: GenerationResult, queue_s: float) -> None:
+        self.metrics.e2e.observe(time.perf_counter() - job.arrival)
+        self.metrics.tokens(len(job.prompt_ids), len(result.token_ids))
+        self.metrics.finished(result)
+        tail = job.text.finish(result.text) if job.text is not None else ""
+        job.emit(Done(result, tail, queue_s))
+
+    def _count_partial(self, job: Job) -> None:
+        if job.first_token is not None:  # the prompt was prefilled
+            self.metrics.tokens(len(job.prompt_ids), job.generated)
+
+
+class EngineWorker(JobWorker):
+    def __init__(self, strategy: Strategy, metrics: ServerMetrics, max_queue: int) -> None:
+        super().__init__(metrics, max_queue)
+        self.strategy = strategy
+        self._q: queue.Queue[Job | None] = queue.Queue()
         self._waiting: list[Job] = []
         self._current: Job | None = None
-        self._accepting = True
         self._thread = threading.Thread(target=self._run, name="specledger-engine", daemon=True)
 
     # ---- control (event loop side) ----
 
     def start(self) -> None:
         self._thread.start()
-
-    @property
-    def accepting(self) -> bool:
-        return self._accepting
 
     @property
     def waiting(self) -> int:
@@ -119,21 +170,13 @@ class EngineWorker:
             self.metrics.waiting.set(len(self._waiting))
         self._q.put(job)
 
-    def drain(self) -> None:
-        """Refuse new jobs; those admitted still run."""
-        with self._lock:
-            self._accepting = False
+    def _admitted(self) -> list[Job]:
+        return self._waiting + ([self._current] if self._current else [])
 
-    def stop(self, timeout: float) -> None:
-        """Refuse new jobs, cancel the admitted ones, wait (bounded) for the engine to be free."""
-        self.drain()
-        with self._lock:
-            for job in self._waiting + ([self._current] if self._current else []):
-                job.cancel()
+    def _wait_stopped(self, timeout: float) -> bool:
         self._q.put(None)
         self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("the engine did not stop within %.0f s", timeout)
+        return not self._thread.is_alive()
 
     # ---- the worker thread ----
 
@@ -165,12 +208,7 @@ class EngineWorker:
         def on_tokens(new: list[int], t: float) -> None:
             if job.cancelled.is_set():
                 raise _Cancelled()
-            if job.first_token is None:
-                job.first_token = t
-                self.metrics.ttft.observe(t - job.arrival)
-            job.generated += len(new)
-            if job.text is not None and (piece := job.text.push(new)):
-                job.emit(Delta(piece, t))
+            self._tokens(job, new, t)
 
         try:
             result = generate(self.strategy, job.prompt_ids, job.sp, on_tokens=on_tokens)
@@ -187,13 +225,4 @@ class EngineWorker:
             self._count_partial(job)
             job.emit(Failed(f"internal error during generation: {type(exc).__name__}: {exc}", 500, "internal_error"))
             return
-        end = time.perf_counter()
-        self.metrics.e2e.observe(end - job.arrival)
-        self.metrics.tokens(len(job.prompt_ids), len(result.token_ids))
-        self.metrics.finished(result)
-        tail = job.text.finish(result.text) if job.text is not None else ""
-        job.emit(Done(result, tail, job.started - job.arrival))
-
-    def _count_partial(self, job: Job) -> None:
-        if job.first_token is not None:  # the prompt was prefilled
-            self.metrics.tokens(len(job.prompt_ids), job.generated)
+        self._finished(job, result, job.started - job.arrival)
