@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny random-weight model (fast) and the embedded model (real)."""
+"""Shared fixtures: a tiny random-weight model (fast), the batching tests' untied model, one torch thread, and the
+embedded model (real)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,20 @@ PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
     "Translate into French: The library opens at eight in the morning.",
 ]
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matrices: one thread avoids OpenMP hand-off costs that dominate otherwise."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def lm() -> LoadedModel:
+    """The batching tests' untied model (varied_model.batching_model; a test file may define its own `lm`)."""
+    from varied_model import batching_model
+
+    return batching_model()

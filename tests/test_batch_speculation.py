@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_batching import VOCAB, alone, untied_model
+from varied_model import BATCHING_VOCAB, alone, batching_model
 
 from specledger.decoding.draft_budget import (
     AcceptanceEMA,
@@ -24,27 +24,16 @@ from specledger.decoding.lookup import BatchLookup
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
 FLAT = CostSurface((1,), (1.0,))  # every pass costs the same: drafting always pays
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def lm():
-    return untied_model()
 
 
 def repetitive_prompts() -> list[list[int]]:
     g = torch.Generator().manual_seed(0)
     out = []
     for n, rep in [(5, 4), (3, 7), (9, 2), (4, 3), (2, 10), (1, 1)]:
-        out.append(torch.randint(0, VOCAB, (n,), generator=g).tolist() * rep)
+        out.append(torch.randint(0, BATCHING_VOCAB, (n,), generator=g).tolist() * rep)
     return out
 
 
@@ -154,7 +143,7 @@ class WrongDrafter:
         return {}
 
     def propose(self, tokens: list[int], budget: int) -> list[int]:
-        return [(tokens[-1] + 1) % VOCAB] * min(4, budget)
+        return [(tokens[-1] + 1) % BATCHING_VOCAB] * min(4, budget)
 
 
 def test_a_sequence_whose_drafts_fail_stops_drafting(lm):
@@ -173,14 +162,14 @@ def test_inprocess_backend_batches_lookup_with_the_same_tokens_and_reports_accep
     (both equal autoregressive, greedy) and records per-request proposals and acceptances."""
     import json
 
-    from test_batching import CharTokenizer
+    from varied_model import CharTokenizer
 
     from specledger.bench.backends.inprocess import InProcessBackend
     from specledger.bench.config import parse_run_config
     from specledger.bench.results import read_requests
     from specledger.bench.runner import Runner as BenchRunner
 
-    lm = untied_model(tokenizer=CharTokenizer())
+    lm = batching_model(tokenizer=CharTokenizer())
     wl = tmp_path / "w.jsonl"
     turns = ["abcabcabcabc", "the cat the cat the cat", "xyzxyz xyzxyz", "q q q q q q"]
     wl.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]}) + "\n"

@@ -12,76 +12,24 @@ import itertools
 
 import pytest
 import torch
+from varied_model import BATCHING_VOCAB, CharTokenizer, alone, batching_model
 
 from specledger.decoding.batch_runner import BatchItem, BatchRunner
-from specledger.decoding.factory import make_strategy
-from specledger.decoding.generate import generate
 from specledger.decoding.cached_model import CachedModel
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
 from specledger.decoding.tree import Tree
-from specledger.engine.config import ModelConfig
-from specledger.engine.loader import LoadedModel, build_model, weight_bytes
 from specledger.engine.ragged import Segment, new_slot_cache, ragged_hidden
 from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
 
-VOCAB = 97
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-class CharTokenizer:
-    """Enough of a tokenizer for stop strings and chat prompts: token i is one letter."""
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(chr(97 + i % 26) for i in ids)
-
-    def chat(self, messages: list[dict]) -> list[int]:
-        return [ord(c) % VOCAB for c in "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"]
-
-
-def untied_model(seed: int = 3, eos: list[int] | None = None, tokenizer=None, dtype: str = "fp32",
-                 quant: str = "none") -> LoadedModel:
-    cfg = ModelConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, n_layers=2, n_heads=4, n_kv_heads=2,
-                      head_dim=16, max_seq_len=256, tie_embeddings=False, eos_ids=list(eos or []))
-    g = torch.Generator().manual_seed(seed)
-
-    def r(*shape, s=0.08):
-        return torch.randn(*shape, generator=g) * s
-
-    h, i = cfg.hidden_size, cfg.intermediate_size
-    t = {"embed": r(VOCAB, h, s=1.0), "output": r(VOCAB, h, s=0.3), "norm": 1 + r(h, s=0.1)}
-    for n in range(cfg.n_layers):
-        p = f"layers.{n}"
-        t |= {f"{p}.attn_norm": 1 + r(h, s=0.1), f"{p}.ffn_norm": 1 + r(h, s=0.1), f"{p}.q": r(h, h, s=0.3),
-              f"{p}.k": r(32, h, s=0.3), f"{p}.v": r(32, h), f"{p}.o": r(h, h), f"{p}.gate": r(i, h),
-              f"{p}.up": r(i, h), f"{p}.down": r(h, i)}
-    model = build_model(cfg, t, dtype=dtype, quant=quant, group_size=32)
-    return LoadedModel(model=model, tokenizer=tokenizer, config=cfg, name=f"untied{seed}", source="random",
-                       dtype=dtype, quant=quant, group_size=32 if quant == "int4" else None, device="cpu", weight_bytes=weight_bytes(model),
-                       load_s=0.0)
-
-
-@pytest.fixture(scope="module")
-def lm() -> LoadedModel:
-    return untied_model()
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     lengths = [3, 41, 1, 17, 29, 8, 60, 5][:n]
-    return [torch.randint(0, VOCAB, (k,), generator=g).tolist() for k in lengths]
-
-
-def alone(lm, prompt, sp):
-    return generate(make_strategy("ar", target=lm), prompt, sp)
+    return [torch.randint(0, BATCHING_VOCAB, (k,), generator=g).tolist() for k in lengths]
 
 
 # ---- the slot cache -------------------------------------------------------------------------------
@@ -151,7 +99,7 @@ def test_ragged_pass_equals_each_sequence_run_alone(lm):
 def test_batched_decode_pass_equals_single_decode(dtype, quant, tol):
     """Every sequence adds one token (the one-call attention over padded slots), slots not contiguous;
     in 16-bit and W4A16 too (against the single-sequence path at the same precision)."""
-    m = untied_model(dtype=dtype, quant=quant).model
+    m = batching_model(dtype=dtype, quant=quant).model
     seqs = prompts(4, seed=2)
     cache = new_slot_cache(m, 6)
     slots = [cache.alloc() for _ in range(6)]
@@ -243,11 +191,11 @@ def test_seeded_sampling_in_a_batch_equals_alone(lm):
 
 def test_stops_in_a_batch_follow_generate():
     """eos after min tokens, and stop strings, cut each request exactly where generate() does."""
-    lm = untied_model(tokenizer=CharTokenizer())
+    lm = batching_model(tokenizer=CharTokenizer())
     ps = prompts(4, seed=5)
     base = [alone(lm, p, SamplingParams(max_new_tokens=30)).token_ids for p in ps]
     eos = base[0][5]
-    lm_eos = untied_model(eos=[eos], tokenizer=CharTokenizer())
+    lm_eos = batching_model(eos=[eos], tokenizer=CharTokenizer())
     text = CharTokenizer().decode(base[2])
     ps[1] = ps[0]  # eos first allowed exactly where it appears: min_new_tokens=5
     sps = [SamplingParams(max_new_tokens=30), SamplingParams(max_new_tokens=30, min_new_tokens=5),
@@ -330,7 +278,7 @@ def test_inprocess_backend_batches_ar_concurrency(tmp_path):
     from specledger.bench.results import read_requests
     from specledger.bench.runner import Runner as BenchRunner
 
-    lm = untied_model(tokenizer=CharTokenizer())
+    lm = batching_model(tokenizer=CharTokenizer())
     wl = tmp_path / "w.jsonl"
     wl.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]}) + "\n" for i, t in
                           enumerate(["abc", "a longer question here", "xyz xyz", "q", "what now?"])))

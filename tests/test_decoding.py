@@ -23,14 +23,7 @@ ALPHA = 1e-3
 TEMP = 3.0  # flattens the tiny model's distribution so every cell is exercised
 N_SAMPLES = 1500
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: one thread avoids OpenMP hand-off costs that dominate otherwise."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:

@@ -7,6 +7,9 @@ cache rollback are never exercised. Here the layers are ~3x stronger than confte
 output matrix is separate, so greedy continuations wander over the vocabulary with some
 repetition: prompt lookup, a perturbed draft model and a random EAGLE head are each right
 sometimes and wrong sometimes (test_lossless.py asserts both).
+
+Also here: the batching tests' own untied model (batching_model, vocabulary 97) and `alone`, a request decoded
+on its own, which every batched request must equal.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ import dataclasses
 import torch
 
 from conftest import tiny_config, tiny_tensors
+from specledger.decoding.factory import make_strategy
+from specledger.decoding.generate import GenerationResult, generate
+from specledger.decoding.sampling import SamplingParams
+from specledger.engine.config import ModelConfig
 from specledger.engine.loader import LoadedModel, build_model, weight_bytes
 
 LAYER_SCALE = 3.0  # layer weights relative to conftest's (embeddings and norms kept)
@@ -63,8 +70,6 @@ def assert_lossless_and_mixed(make, target: LoadedModel, prompts: list[list[int]
 
     Returns {level name: [proposed, accepted]} summed over the prompts."""
     from specledger.decoding.autoregressive import Autoregressive
-    from specledger.decoding.generate import generate
-    from specledger.decoding.sampling import SamplingParams
 
     sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
     totals: dict[str, list[int]] = {}
@@ -99,3 +104,45 @@ def untied_tiny_model(seed: int = 0, dtype: str = "fp32", quant: str = "none", *
     return LoadedModel(model=model, tokenizer=None, config=cfg, name=f"untied{seed}", source="random", dtype=dtype,
                        quant=quant, group_size=32 if quant == "int4" else None, device="cpu",
                        weight_bytes=weight_bytes(model), load_s=0.0)
+
+
+BATCHING_VOCAB = 97
+
+
+class CharTokenizer:
+    """Enough of a tokenizer for stop strings and chat prompts: token i is one letter."""
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(97 + i % 26) for i in ids)
+
+    def chat(self, messages: list[dict]) -> list[int]:
+        return [ord(c) % BATCHING_VOCAB for c in "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"]
+
+
+def batching_model(seed: int = 3, eos: list[int] | None = None, tokenizer=None, dtype: str = "fp32",
+                   quant: str = "none") -> LoadedModel:
+    """The batching tests' model: vocabulary 97, random weights, untied embeddings (a tied random model tends to
+    echo its input), so greedy outputs vary and a mixed-up row, position or cache slot shows."""
+    cfg = ModelConfig(vocab_size=BATCHING_VOCAB, hidden_size=64, intermediate_size=128, n_layers=2, n_heads=4, n_kv_heads=2,
+                      head_dim=16, max_seq_len=256, tie_embeddings=False, eos_ids=list(eos or []))
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, s=0.08):
+        return torch.randn(*shape, generator=g) * s
+
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    t = {"embed": r(BATCHING_VOCAB, h, s=1.0), "output": r(BATCHING_VOCAB, h, s=0.3), "norm": 1 + r(h, s=0.1)}
+    for n in range(cfg.n_layers):
+        p = f"layers.{n}"
+        t |= {f"{p}.attn_norm": 1 + r(h, s=0.1), f"{p}.ffn_norm": 1 + r(h, s=0.1), f"{p}.q": r(h, h, s=0.3),
+              f"{p}.k": r(32, h, s=0.3), f"{p}.v": r(32, h), f"{p}.o": r(h, h), f"{p}.gate": r(i, h),
+              f"{p}.up": r(i, h), f"{p}.down": r(h, i)}
+    model = build_model(cfg, t, dtype=dtype, quant=quant, group_size=32)
+    return LoadedModel(model=model, tokenizer=tokenizer, config=cfg, name=f"untied{seed}", source="random",
+                       dtype=dtype, quant=quant, group_size=32 if quant == "int4" else None, device="cpu", weight_bytes=weight_bytes(model),
+                       load_s=0.0)
+
+
+def alone(lm: LoadedModel, prompt: list[int], sp: SamplingParams) -> GenerationResult:
+    """`prompt` through autoregressive decoding on its own: what a batched request must equal."""
+    return generate(make_strategy("ar", target=lm), prompt, sp)
