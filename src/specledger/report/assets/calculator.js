@@ -1,4 +1,4 @@
-// The ledger's cost model (specledger/ledger/model.py) in plain JavaScript, for the report's
+// The ledger's cost model (specledger/ledger/cost_model.py) in plain JavaScript, for the report's
 // calculator. Same formulas, same names; tests run this file under node and compare to Python.
 (function (root) {
   "use strict";
@@ -116,7 +116,7 @@
   }
 
   function fmtG(v) {
-    // three significant digits, as model.py's _g3 writes them
+    // three significant digits, as cost_model.py's _g3 writes them
     return Number(v.toPrecision(3)).toString();
   }
 
