@@ -20,7 +20,7 @@ def interaction_rows(ledger: LedgerResult) -> list[dict]:
     out = []
     for m in ms:
         base = ar.get((m.model, m.precision, m.load))
-        if base is None or not m.tok_s:
+        if base is None or not m.tok_s or not base.tok_s:  # (base.tok_s is set: ar holds only those)
             continue
         vs_ref = None
         if ref is not None and ref.tok_s and ref.model == m.model and ref.load == m.load:
