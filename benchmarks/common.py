@@ -33,9 +33,9 @@ def now() -> str:
 
 def long_prompts(n: int = 5) -> list[str]:
     """Prompts of ~100-300 tokens built from the built-in quality text, with different instructions."""
-    from specledger.quality.agreement import default_text
+    from specledger.data import quality_text
 
-    paras = [p for p in default_text().split("\n\n") if len(p) > 200]
+    paras = [p for p in quality_text().split("\n\n") if len(p) > 200]
     asks = [
         "Summarize the text above in three sentences.",
         "List the main facts of the text above as bullet points.",

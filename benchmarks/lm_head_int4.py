@@ -17,7 +17,8 @@ import torch
 
 from specledger.engine.loader import load_model
 from specledger.engine.quant import Int4Linear, int4_grid
-from specledger.quality.agreement import default_text, teacher_forced_agreement
+from specledger.data import quality_text
+from specledger.quality.agreement import teacher_forced_agreement
 
 
 def step_ms(model, context: int = 300, steps: int = 50) -> float:
@@ -42,7 +43,7 @@ def main() -> None:
     heads["int4 g32 head"].model.output = Int4Linear(
         int4_grid(ref.model.output.weight.data, 32), heads["int4 g32 head"].model.dtype, ref.model.device
     )
-    ids = ref.tokenizer.encode(default_text())
+    ids = ref.tokenizer.encode(quality_text())
     times: dict[str, list[float]] = {k: [] for k in heads}
     with torch.inference_mode():
         for name, lm in heads.items():

@@ -134,9 +134,9 @@ def test_quantization_gate_and_verify_curve_are_in_the_run(tmp_path):
     # the figure the gate judges, computed here: argmax agreement over the quality text, teacher-forced
     import torch
 
-    from specledger.quality.agreement import default_text
+    from specledger.data import quality_text
 
-    ids = CharTokenizer(64).encode(default_text())[: fp32.config.max_seq_len]
+    ids = CharTokenizer(64).encode(quality_text())[: fp32.config.max_seq_len]
     x = torch.tensor([ids])
     with torch.inference_mode():
         a, b = (m.model(x, m.model.new_cache(len(ids)))[0].argmax(-1) for m in (fp32, w4))

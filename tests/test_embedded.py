@@ -8,7 +8,8 @@ from conftest import PROMPTS
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.generate import generate
 from specledger.decoding.sampling import SamplingParams
-from specledger.quality.agreement import default_text, teacher_forced_agreement
+from specledger.data import quality_text
+from specledger.quality.agreement import teacher_forced_agreement
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +61,7 @@ def test_greedy_speculation_is_token_identical_in_fp32(smollm, smollm_int4, stra
 def test_quantization_quality_bounds(smollm, smollm_int4):
     from specledger.engine.loader import load_model
 
-    ids = smollm.tokenizer.encode(default_text())
+    ids = smollm.tokenizer.encode(quality_text())
     a4 = teacher_forced_agreement(smollm, smollm_int4, ids)
     # the Q4_1 codes are reused as they are: W4A16 g32 is (almost) the same model
     assert a4.top1_agreement >= 0.97 and a4.mean_kl < 0.01

@@ -34,10 +34,11 @@ def needs_agreement(bc: BenchConfig) -> bool:
 
 def measure_agreement(reference: Any, candidate: Any, text: str | None = None, max_tokens: int = 1024) -> dict:
     """Teacher-forced figures of `candidate` vs `reference` over a fixed text (the package's quality text)."""
-    from specledger.quality.agreement import default_text, teacher_forced_agreement
+    from specledger.data import quality_text
+    from specledger.quality.agreement import teacher_forced_agreement
 
     tok = candidate.tokenizer or reference.tokenizer
-    ids = tok.encode(text if text is not None else default_text())[:max_tokens]
+    ids = tok.encode(text if text is not None else quality_text())[:max_tokens]
     a = teacher_forced_agreement(reference, candidate, ids)
     a.mean_kl = max(0.0, a.mean_kl)  # identical distributions can round to -1e-15
     return {"reference": getattr(reference, "label", reference.name), "candidate": getattr(candidate, "label", ""),

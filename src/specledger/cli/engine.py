@@ -68,7 +68,8 @@ def quality(
     """Teacher-forced top-1 agreement, mean KL and perplexity of a quantized/low-precision model vs the reference."""
     from specledger.engine.loader import load_model
     from specledger.errors import BadInput
-    from specledger.quality.agreement import default_text, teacher_forced_agreement
+    from specledger.data import quality_text
+    from specledger.quality.agreement import teacher_forced_agreement
 
     if text:
         try:
@@ -76,7 +77,7 @@ def quality(
         except OSError as exc:
             raise BadInput(f"cannot read text file {text}: {exc.strerror}") from None
     else:
-        body = default_text()
+        body = quality_text()
     with console.status("loading models"):
         ref = load_model(model, dtype=reference_dtype)
         cand = load_model(model, dtype=dtype, quant=quant, group_size=group_size)

@@ -65,10 +65,10 @@ def transformers_model(path: Path):
 
 def check_ids(lm: LoadedModel, n_tokens: int, seed: int = 0) -> tuple[list[int], str]:
     """Real text when the model has a tokenizer; otherwise seeded random ids (the comparison still holds)."""
-    from specledger.quality.agreement import default_text
+    from specledger.data import quality_text
 
     if lm.tokenizer is not None:
-        ids = lm.tokenizer.encode(default_text())[:n_tokens]
+        ids = lm.tokenizer.encode(quality_text())[:n_tokens]
         if len(ids) >= 2:
             return ids, "tokenizer"
     g = torch.Generator().manual_seed(seed)

@@ -7,7 +7,6 @@ This is what says whether two precisions of a model are the same model for a wor
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from importlib import resources
 
 import torch
 
@@ -24,10 +23,6 @@ class Agreement:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def default_text() -> str:
-    return resources.files("specledger.data").joinpath("quality_text.txt").read_text()
 
 
 @torch.inference_mode()
