@@ -93,7 +93,7 @@ def _run(tmp_path, configs, target, *, reference=None, gates=None):
                             "load": {"warmup": 0}, "bootstrap": 20, "gates": gates or {}})
     target.tokenizer = CharTokenizer(target.config.vocab_size)
     runner = Runner(cfg, tmp_path / "run", show_progress=False,
-                    backend_factory=lambda bc: InProcessBackend(bc, models={"target": target}),
+                    backend_factory=lambda bc: InProcessBackend(bc, models={"target": target, "intermediate": target}),
                     reference_factory=None if reference is None else (lambda bc: reference))
     return runner.run()
 
@@ -113,7 +113,8 @@ def test_unavailable_optional_strategy_is_skipped_with_a_note(tmp_path, monkeypa
     monkeypatch.setattr(factory, "make_strategy", make_strategy)
     configs = [{"name": "ar", "strategy": "ar", "max_new_tokens": 6},
                {"name": "eagle", "strategy": "eagle", "max_new_tokens": 6, "optional": True},
-               {"name": "hier", "strategy": "hier", "max_new_tokens": 6, "optional": True},
+               {"name": "hier", "strategy": "hier", "intermediate": {"model": "target"}, "max_new_tokens": 6,
+                "optional": True},
                {"name": "lookup", "strategy": "lookup", "max_new_tokens": 6}]
     run = _run(tmp_path, configs, tiny_model(seed=3))
     assert run.status == "complete" and [c.name for c in run.configs] == ["ar", "lookup"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specledger.cli.bench import build_config
-from specledger.bench.config import load_run_config, parse_run_config
+from specledger.bench.config import LoadLevel, load_run_config, parse_run_config
 from specledger.errors import BadInput
 
 GOOD = """
@@ -18,7 +18,7 @@ configs:
     strategy: ar
   - name: lookup
     strategy: lookup
-    params: {ngram: 3, k: 8}
+    params: {max_ngram: 3, num_tokens: 8}
     dtype: bf16
     quant: int8
   - name: remote
@@ -40,9 +40,9 @@ def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
 def test_good_yaml_resolves(tmp_path):
     cfg = load_run_config(write(tmp_path, GOOD))
     assert [c.name for c in cfg.configs] == ["base", "lookup", "remote"]
-    assert cfg.configs[1].params == {"ngram": 3, "k": 8}
+    assert cfg.configs[1].params.given() == {"max_ngram": 3, "num_tokens": 8}
     assert cfg.configs[2].openai.base_url == "http://127.0.0.1:9"  # a trailing /v1 is the API root
-    assert cfg.load.levels() == [("c=1", 1, None), ("c=4", 4, None)]
+    assert cfg.load.levels() == [LoadLevel("c=1", concurrency=1), LoadLevel("c=4", concurrency=4)]
     assert cfg.slo.ttft_s == 0.5
     assert cfg.configs[0].target_key() != cfg.configs[1].target_key()
 
@@ -50,7 +50,7 @@ def test_good_yaml_resolves(tmp_path):
 def test_toml(tmp_path):
     p = write(tmp_path, '[[configs]]\nname = "a"\nstrategy = "ar"\n[load]\nrate = [0.5, 1.0]\n', "run.toml")
     cfg = load_run_config(p)
-    assert cfg.load.levels() == [("r=0.5", None, 0.5), ("r=1", None, 1.0)]
+    assert cfg.load.levels() == [LoadLevel("r=0.5", rate=0.5), LoadLevel("r=1", rate=1.0)]
 
 
 @pytest.mark.parametrize("text, message", [
@@ -94,13 +94,15 @@ def _flags(**kw):
 
 
 def test_flags_build_one_config_per_strategy():
-    cfg = _flags(strategies=["ar", "lookup", "draft"], params=["k=4", "lookup.ngram=3"],
+    cfg = _flags(strategies=["ar", "lookup", "eagle"], params=["eagle.top_k=4", "lookup.max_ngram=3"],
                  overrides={"load.concurrency": [1, 2], "workload.limit": 3})
-    assert [c.strategy for c in cfg.configs] == ["ar", "lookup", "draft"]
-    assert cfg.configs[0].params == {}
-    assert cfg.configs[1].params == {"k": 4, "ngram": 3}
-    assert cfg.configs[2].params == {"k": 4}
+    assert [c.strategy for c in cfg.configs] == ["ar", "lookup", "eagle"]
+    assert cfg.configs[0].params.given() == {}
+    assert cfg.configs[1].params.given() == {"max_ngram": 3}
+    assert cfg.configs[2].params.given() == {"top_k": 4}
     assert cfg.load.concurrency == [1, 2] and cfg.workload.limit == 3 and cfg.seed == 1
+    cfg = _flags(strategies=["ar", "lookup"], params=["num_tokens=4"])  # KEY=VALUE: every strategy but ar
+    assert [c.params.given() for c in cfg.configs] == [{}, {"num_tokens": 4}]
 
 
 def test_flags_override_a_file(tmp_path):

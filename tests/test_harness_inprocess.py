@@ -11,6 +11,7 @@ from specledger.bench.backends.inprocess import InProcessBackend
 from specledger.bench.config import parse_run_config
 from specledger.bench.results import read_requests
 from specledger.bench.runner import Runner, run_benchmark
+from specledger.errors import BadInput
 
 
 class CharTokenizer:
@@ -80,17 +81,12 @@ def test_inprocess_queue_multi_turn_lossless(tmp_path):
     assert result.conditions.torch_threads
 
 
-def test_unknown_strategy_parameter_names_the_configuration(tmp_path):
-    lm = tiny_model(seed=3)
-    lm.tokenizer = CharTokenizer(lm.config.vocab_size)
+def test_unknown_strategy_parameter_fails_at_parse(tmp_path):
+    """Before any backend starts: the configuration's field, the strategy and the parameter are named."""
     wl = workload(tmp_path, [{"question_id": 1, "category": "qa", "turns": ["a"]}])
-    cfg = parse_run_config({"configs": [{"name": "lk", "strategy": "lookup", "params": {"bogus": 1}}],
-                            "workload": {"spec": wl}})
-    from specledger.errors import SpecLedgerError
-
-    with pytest.raises(SpecLedgerError, match="configuration 'lk'.*bogus"):
-        Runner(cfg, tmp_path / "run", show_progress=False,
-               backend_factory=lambda bc: InProcessBackend(bc, models={"target": lm})).run()
+    with pytest.raises(BadInput, match=r"configs\.0\.params: strategy 'lookup' has no parameter 'bogus'"):
+        parse_run_config({"configs": [{"name": "lk", "strategy": "lookup", "params": {"bogus": 1}}],
+                          "workload": {"spec": wl}})
 
 
 @pytest.mark.slow

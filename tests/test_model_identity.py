@@ -9,6 +9,7 @@ import pytest
 from conftest import tiny_model
 from specledger.bench.config import BenchConfig
 from specledger.decoding import factory
+from specledger.engine.pool import ModelPool
 from specledger.engine.registry import identify_model, model_key, resolve_model
 from specledger.errors import ModelNotFound
 
@@ -51,7 +52,7 @@ def _target(gguf):
 
 def test_model_parameters_share_one_load_per_identity(gguf, monkeypatch):
     calls = []
-    monkeypatch.setattr(factory, "_loaded", {})
+    monkeypatch.setattr(factory, "POOL", ModelPool())
     monkeypatch.setattr(factory, "load_model", lambda model, **kw: calls.append((model, kw)) or object())
     target = _target(gguf)
     # the target's own identity and precision, however named, is the target itself

@@ -71,3 +71,100 @@ def test_draft_strategy_message_at_the_command_line():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "error: strategy 'draft' needs a draft model (e.g. --draft-model target" in r.stderr
+
+
+# --- one model per strategy, chosen by `strategy` in a run configuration --------------------------------------
+
+
+def _yaml(tmp_path, text):
+    from specledger.bench.config import load_run_config
+
+    p = tmp_path / "run.yaml"
+    p.write_text(text)
+    return load_run_config(p)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("configs: [{name: lk, strategy: lookup, params: {num_tokns: 3}}]",
+     "configs.0.params: strategy 'lookup' has no parameter 'num_tokns'; did you mean num_tokens?"),
+    ("configs: [{name: e, strategy: eagle, params: {top_k: ten}}]",
+     "configs.0.params: strategy 'eagle' parameter top_k='ten': input should be a valid integer"),
+    ("configs: [{name: d, strategy: draft}]",
+     "configs.0: strategy 'draft' needs a draft model (e.g. --draft-model target --draft-quant int4; "
+     "in a run configuration: draft: {model: smollm2-135m, quant: int4})"),
+    ("configs: [{name: lk, strategy: lookup, draft: {model: target}}]",
+     "configs.0: strategy 'lookup' does not use a draft model (--draft-model is for --strategy draft)"),
+    ("configs: [{name: d, strategy: draft, params: {draft: target}}]", "configs.0.params: give a draft model beside"),
+    ("configs: [{name: a, strategy: ar, params: {depth: 3}}]", "(it takes no parameters)"),
+])
+def test_a_run_configuration_fails_at_parse_naming_strategy_and_field(tmp_path, text, needle):
+    with pytest.raises(BadInput) as exc:
+        _yaml(tmp_path, text)
+    assert needle in str(exc.value)
+
+
+def test_the_strategy_chooses_the_parameter_model(tmp_path):
+    from specledger.decoding.params import PARAMS, EagleParams, LookupParams, OtherParams
+
+    cfg = _yaml(tmp_path, """
+configs:
+  - {name: lk, strategy: lookup, params: {num_tokens: 3.0}}
+  - {name: e, strategy: eagle, params: {top_k: 4}}
+  - {name: d, strategy: draft, draft: {model: target, quant: int4}}
+  - {name: srv, backend: openai, strategy: eagle, params: {spec_tokens: 5}}
+""")
+    lk, e, d, srv = cfg.configs
+    assert isinstance(lk.params, LookupParams) and lk.params.given() == {"num_tokens": 3}
+    assert isinstance(e.params, EagleParams) and e.params.depth == 3 and e.params.given() == {"top_k": 4}
+    assert type(d.params) is PARAMS["draft"] and d.target.model == d.draft.model
+    assert isinstance(srv.params, OtherParams) and srv.params.given() == {"spec_tokens": 5}  # a server's own
+    with pytest.raises(ValueError, match="params for strategy 'lookup' given to strategy 'eagle'"):
+        type(e).model_validate({"name": "x", "strategy": "eagle", "params": LookupParams()})
+
+
+def test_results_keep_params_as_the_plain_mapping_given():
+    """run.json has always held params as given; an old run's configuration parses and writes back the same."""
+    from specledger.bench.config import parse_run_config
+
+    old = {"configs": [{"name": "lookup", "strategy": "lookup", "params": {"num_tokens": 3}},
+                       {"name": "ar", "strategy": "ar", "params": {}},
+                       {"name": "v", "backend": "openai", "strategy": "vllm-eagle", "params": {"k": 8}}]}
+    dumped = parse_run_config(old).model_dump(mode="json")
+    assert [c["params"] for c in dumped["configs"]] == [{"num_tokens": 3}, {}, {"k": 8}]
+    assert parse_run_config(dumped).model_dump(mode="json") == dumped
+
+
+def test_parameter_models_mirror_the_strategies():
+    """Names in the strategies' order, and the same defaults: the models are the one declaration to check."""
+    import inspect
+
+    from specledger.decoding.params import PARAMS, accepted
+
+    for name, cls in PARAMS.items():
+        sig = list(inspect.signature(factory.strategy_class(name).__init__).parameters.values())[2:]
+        assert accepted(name) == [p.name for p in sig], name
+        for p in sig:
+            if p.name in cls.model_fields:
+                assert cls.model_fields[p.name].default == p.default, (name, p.name)
+
+
+@pytest.mark.parametrize("args", [
+    ["bench", "--strategy", "lookup", "-p", "num_tokns=3", "--no-progress"],
+    ["generate", "hi", "--strategy", "lookup", "-p", "num_tokns=3"],
+    ["serve", "--strategy", "lookup", "-p", "num_tokns=3"],
+])
+def test_every_command_rejects_a_typo_before_loading(monkeypatch, tmp_path, args):
+    from typer.testing import CliRunner
+
+    from specledger.cli import app
+    from specledger.engine import loader
+
+    def no_loading(*a, **kw):
+        raise AssertionError("a model was loaded before the parameters were checked")
+
+    monkeypatch.setattr(loader, "load_model", no_loading)
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, args)
+    assert isinstance(r.exception, BadInput), r.output
+    assert "strategy 'lookup' has no parameter 'num_tokns'; did you mean num_tokens?" in str(r.exception)
+    assert not (tmp_path / "runs").exists()

@@ -140,7 +140,7 @@ def plan_table(config: RunConfig) -> Table:
     for c in config.configs:
         roles = [f"{role} {spec.model} {precision_label(spec.dtype, spec.quant, spec.group_size)}"
                  for role, spec in (("draft", c.draft), ("intermediate", c.intermediate)) if spec is not None]
-        roles += [f"{k}={v}" for k, v in c.params.items()]
+        roles += [f"{k}={v}" for k, v in c.params.given().items()]
         t.add_row(c.name + (" [dim](if available)[/dim]" if c.optional else ""), c.strategy,
                   f"{c.model} {precision_label(c.dtype, c.quant, c.group_size)}", ", ".join(roles) or "–",
                   str(c.max_new_tokens))

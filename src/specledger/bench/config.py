@@ -7,22 +7,24 @@ with the results.
 from __future__ import annotations
 
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_serializer,
+    field_validator, model_validator,
+)
+
+from specledger.decoding.params import (
+    MODEL_PARAMS, PARAMS, STRATEGIES, ArParams, DraftParams, EagleParams, HierParams, LookupParams, OtherParams,
+    StrategyParams, missing_role, parse_params, unused_role,
+)
 
 from specledger.engine.registry import TARGET_ALIASES
 from specledger.errors import BadInput
 
-
-
-def engine_strategies() -> tuple[str, ...]:
-    """The in-process engine's strategies (importing the engine is deferred to in-process configs)."""
-    from specledger.decoding.factory import STRATEGIES
-
-    return tuple(STRATEGIES)
 
 
 class _Strict(BaseModel):
@@ -147,6 +149,21 @@ def _http_url(v: str, field: str) -> str:
 BATCHED_STRATEGIES = ("ar", "lookup")
 
 
+def _params_tag(v: Any) -> str:
+    if isinstance(v, OtherParams):
+        return "other"
+    strategy = v.get("strategy") if isinstance(v, dict) else getattr(v, "strategy", None)
+    return strategy if strategy in PARAMS else "other"
+
+
+# A configuration's strategy parameters: the model of its strategy (decoding/params.py), chosen by `strategy`.
+Params = Annotated[
+    Union[Annotated[ArParams, Tag("ar")], Annotated[LookupParams, Tag("lookup")], Annotated[DraftParams, Tag("draft")],
+          Annotated[EagleParams, Tag("eagle")], Annotated[HierParams, Tag("hier")], Annotated[OtherParams, Tag("other")]],
+    Discriminator(_params_tag),
+]
+
+
 class BenchConfig(_Strict):
     """One decoding configuration to measure."""
 
@@ -158,7 +175,7 @@ class BenchConfig(_Strict):
     group_size: int = 32
     device: str = "cpu"
     strategy: str = "ar"
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: Params = Field(default_factory=dict, validate_default=True)
     draft: ModelSpec | None = None
     intermediate: ModelSpec | None = None
     sampling: Sampling = Field(default_factory=Sampling)
@@ -170,10 +187,35 @@ class BenchConfig(_Strict):
     batching: bool | None = None
     max_batch: int = Field(16, ge=1)  # in-process batching: sequences in one pass at most (more wait)
 
+    @field_validator("params", mode="before")
+    @classmethod
+    def _typed_params(cls, v: Any, info: ValidationInfo) -> Any:
+        """A mapping (a file, the flags, an old run.json) becomes the strategy's parameter model here, so a
+        typo fails at parse time naming the strategy and the parameter."""
+        if isinstance(v, StrategyParams) or not isinstance(v, dict):
+            return v
+        strategy, backend = info.data.get("strategy", "ar"), info.data.get("backend", "inprocess")
+        if backend != "inprocess" or strategy not in PARAMS:  # a server's strategy (or unknown: said below)
+            return OtherParams.model_validate({**v, "strategy": strategy})
+        for key in v:
+            if key in MODEL_PARAMS:
+                raise ValueError(f"{unused_role(strategy, key)}" if key not in PARAMS[strategy].roles else
+                                 f"give {MODEL_PARAMS[key].what} beside params, not in them "
+                                 f"({MODEL_PARAMS[key].config})")
+        try:
+            return parse_params(strategy, v)
+        except BadInput as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_serializer("params")
+    def _given(self, v: StrategyParams) -> dict[str, Any]:
+        """Written as given (a plain mapping, as run.json has always held)."""
+        return v.given()
+
     @model_validator(mode="after")
     def _check(self) -> "BenchConfig":
-        if self.backend == "inprocess" and self.strategy not in (known := engine_strategies()):
-            raise ValueError(f"unknown strategy {self.strategy!r} (known: {', '.join(known)})")
+        if self.backend == "inprocess" and self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r} (known: {', '.join(STRATEGIES)})")
         if self.backend == "openai" and self.openai is None:
             self.openai = OpenAISettings()
         if self.backend == "inprocess" and self.openai is not None:
@@ -183,10 +225,25 @@ class BenchConfig(_Strict):
                              f"(got {self.strategy!r}); set batching: false")
         if self.batching and self.backend != "inprocess":
             raise ValueError("batching is an in-process setting (the server batches on its own)")
+        if self.backend == "inprocess":
+            uses = PARAMS[self.strategy].roles
+            for role in MODEL_PARAMS:
+                if role in uses and getattr(self, role) is None:
+                    raise ValueError(missing_role(self.strategy, role))
+                if role not in uses and getattr(self, role) is not None:
+                    raise ValueError(unused_role(self.strategy, role))
+            if _params_tag(self.params) != self.strategy:  # built in code with another strategy's parameters
+                raise ValueError(f"params for strategy {_params_tag(self.params)!r} given to strategy "
+                                 f"{self.strategy!r}")
         for spec in (self.draft, self.intermediate):
             if spec is not None and spec.model in TARGET_ALIASES:
                 spec.model = self.model  # resolved once: recorded and keyed as the model it is
         return self
+
+    @property
+    def target(self) -> ModelSpec:
+        """The target model with its precision (the role the strategy speeds up)."""
+        return ModelSpec(model=self.model, dtype=self.dtype, quant=self.quant, group_size=self.group_size)
 
     @property
     def batched(self) -> bool:
@@ -262,18 +319,23 @@ class LoadSettings(_Strict):
                 raise ValueError(f"replay speed must be > 0 (got {r}; 1 = the trace's own times)")
         return self
 
-    def levels(self) -> list[tuple[str, int | None, float | None]]:
-        """(label, concurrency, rate) per load level, in sweep order (replay levels: (label, None, None); their
-        speed is `replay_speed(label)`)."""
+    def levels(self) -> list[LoadLevel]:
+        """The load levels in sweep order."""
         if self.replay:
-            return [(f"replay={r:g}x", None, None) for r in self.replay]
+            return [LoadLevel(f"replay={r:g}x", replay=r) for r in self.replay]
         if self.rate:
-            return [(f"r={r:g}", None, r) for r in self.rate]
-        return [(f"c={c}", c, None) for c in self.concurrency or [1]]
+            return [LoadLevel(f"r={r:g}", rate=r) for r in self.rate]
+        return [LoadLevel(f"c={c}", concurrency=c) for c in self.concurrency or [1]]
 
 
-    def replay_speed(self, label: str) -> float | None:
-        return next((r for r in self.replay or [] if label == f"replay={r:g}x"), None)
+@dataclass(frozen=True)
+class LoadLevel:
+    """One load level: closed loop (concurrency), open loop (rate, requests/s) or a trace replay (speed)."""
+
+    label: str
+    concurrency: int | None = None
+    rate: float | None = None
+    replay: float | None = None
 
 
 class SLO(_Strict):

@@ -12,8 +12,10 @@ finally the best `total_nodes` candidates overall form the tree (parents first).
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -21,6 +23,7 @@ from specledger.decoding.eagle_head import EagleHead, draft_lm_head, load_head, 
 from specledger.decoding.strategy import Context, StepStats, Strategy, clock
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel, parse_dtype
+from specledger.engine.pool import POOL, key_of
 from specledger.engine.timing import CURVE_SIZES, forward_time_curve
 from specledger.errors import BadInput
 
@@ -44,7 +47,7 @@ class EagleDrafter:
         check_tree_params(top_k, depth, total_nodes)
         head.check_target(base)
         self.head, self.base, self.model = head, base, base.model
-        self.lm_head = draft_lm_head(head, base.model)
+        self.lm_head = pooled_lm_head(head, base)
         self.vocab = head.draft_vocab.tolist() if head.draft_vocab is not None else None
         self.top_k, self.depth, self.total_nodes = top_k, depth, total_nodes
         dev = base.model.device
@@ -204,22 +207,28 @@ class EagleDrafter:
 
 # --- the target's verification-cost curve --------------------------------------------------------
 
-_CURVES: dict[tuple[str, str, str], dict[int, float]] = {}
-
-
 def verify_cost_curve(lm: LoadedModel, context: int = 256, reps: int = 3) -> dict[int, float]:
     """Seconds of one target forward of n tokens on top of `context` cached tokens.
 
-    Measured once per model (file and precision) and device per process: the fastest of `reps` rounds (other
-    load only ever adds time), made non-decreasing in n.
+    Measured once per model (file and precision) and device while the model pool keeps it: the fastest of
+    `reps` rounds (other load only ever adds time), made non-decreasing in n.
     """
-    key = (lm.source, lm.label, str(lm.model.device))
-    if key not in _CURVES:
+    def measure() -> dict[int, float]:
         curve, prev = {}, 0.0
         for n, t in forward_time_curve(lm, context=context, sizes=CURVE_SIZES, reps=reps, stat="min").items():
             prev = curve[n] = max(prev, t)
-        _CURVES[key] = curve
-    return _CURVES[key]
+        return curve
+
+    return POOL.derived(key_of(lm), ("eagle_verify_cost_curve", lm.name, context, reps), measure)
+
+
+def pooled_lm_head(head: EagleHead, base: LoadedModel) -> Callable[[torch.Tensor], torch.Tensor]:
+    """draft_lm_head kept in the model pool with the target: it depends on the target's weights and the head's
+    draft vocabulary and dtype only, so heads loaded again from the same directory share it."""
+    ids = head.draft_vocab
+    vocab = None if ids is None else hashlib.sha1(ids.cpu().numpy().tobytes()).hexdigest()
+    return POOL.derived(key_of(base), ("draft_lm_head", str(head.dtype), vocab),
+                        lambda: draft_lm_head(head, base.model), owner=base.model)
 
 
 def interpolate(curve: dict[int, float], n: int) -> float:

@@ -13,7 +13,6 @@ training step several times cheaper on a CPU; verification is unchanged, so it s
 from __future__ import annotations
 
 import json
-import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -155,15 +154,12 @@ class _Rows(nn.Module):
 def draft_lm_head(head: EagleHead, base: Transformer) -> Callable[[torch.Tensor], torch.Tensor]:
     """The target's frozen LM head, restricted to the head's draft vocabulary, taking the head's dtype.
 
-    Built once per (head, target) pair; the copy of the rows is not a submodule, so never saved.
+    The copy of the rows is not a submodule, so never saved; the EAGLE strategy keeps it in the model pool
+    (eagle.pooled_lm_head) rather than building it per generation.
     """
     out, ids = base.output, head.draft_vocab
     if ids is None and base.dtype == head.dtype:
         return out
-    memo = head.__dict__.setdefault("_draft_lm_heads", {})
-    hit = memo.get((id(base), head.dtype))
-    if hit is not None and hit[0]() is base:
-        return hit[1]
     if ids is not None:
         ids = ids.to(base.device)
     if isinstance(out, nn.Linear):
@@ -175,7 +171,6 @@ def draft_lm_head(head: EagleHead, base: Transformer) -> Callable[[torch.Tensor]
         sub = _Rows(Int8Linear(rows, out.scales.dtype).to(base.device), None, out.scales.dtype)
     else:
         sub = _Rows(out, ids, base.dtype)
-    memo[(id(base), head.dtype)] = (weakref.ref(base), sub)
     return sub
 
 

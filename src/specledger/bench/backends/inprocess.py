@@ -52,8 +52,7 @@ class InProcessBackend(Backend):
                               device=c.device)
 
         if "target" not in self.models:
-            self.models["target"] = load(ModelSpec(model=c.model, dtype=c.dtype, quant=c.quant,
-                                                   group_size=c.group_size))
+            self.models["target"] = load(c.target)
         roles: dict[str, Any] = {}
         for role in ("draft", "intermediate"):
             spec = getattr(c, role)
@@ -64,7 +63,7 @@ class InProcessBackend(Backend):
         if self.models["target"].tokenizer is None:
             raise SpecLedgerError(f"configuration {c.name!r}: model {c.model!r} has no tokenizer")
         try:
-            self.strategy = make_strategy(c.strategy, target=self.models["target"], **roles, **c.params)
+            self.strategy = make_strategy(c.strategy, target=self.models["target"], **roles, **c.params.given())
         except SpecLedgerError as exc:
             raise SpecLedgerError(f"configuration {c.name!r}: {exc}") from None
         except ImportError as exc:  # a strategy whose module is not in this build
@@ -79,7 +78,7 @@ class InProcessBackend(Backend):
                 from specledger.decoding.lookup import BatchLookup
 
                 try:
-                    drafter = BatchLookup(**c.params)
+                    drafter = BatchLookup(**c.params.given())
                 except (SpecLedgerError, TypeError) as exc:
                     raise SpecLedgerError(f"configuration {c.name!r}: batched lookup: {exc}") from None
             self.worker = BatchWorker(Scheduler(self.models["target"], max_batch=c.max_batch, drafter=drafter))

@@ -1,0 +1,204 @@
+"""Load levels and conversations: the requests a configuration gets at one load, and how they are sent.
+
+A level is a closed loop (N conversations in flight), an open loop (Poisson arrivals), a trace replay, or
+(concurrency 1, interleaved) request by request with every configuration in a seeded random order per item,
+so drift in machine load hits all configurations alike. A conversation runs its turns in order, each
+seeing the model's earlier answers; every turn becomes one record.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rich.progress import Progress
+
+from specledger.bench.backends.base import Backend
+from specledger.bench.config import BenchConfig, LoadLevel, RunConfig
+from specledger.bench.energy import EnergyMeter
+from specledger.bench.load import SteadyStateCheck, closed_loop, open_loop, replay
+from specledger.bench.recorder import RunRecorder
+from specledger.bench.results import RequestRecord, SteadyState, now
+from specledger.bench.telemetry import telemetry_delta
+from specledger.bench.question import Question
+from specledger.quality.graders import grade
+
+
+@dataclass
+class Level:
+    """A load level as it runs: its records, and the quality level's own workload (else the run's)."""
+
+    load: LoadLevel
+    records: list[RequestRecord] = field(default_factory=list)
+    questions: list[Question] | None = None
+
+
+class Levels:
+    def __init__(self, cfg: RunConfig, rec: RunRecorder, questions: list[Question], *, meter: EnergyMeter,
+                 progress: Progress, noise_probe: Callable[[str], None]):
+        self.cfg = cfg
+        self.rec = rec
+        self.questions = questions
+        self.items_per_pass = cfg.load.num_requests or len(questions)
+        self.meter = meter
+        self.progress = progress
+        self.noise_probe = noise_probe  # called halfway through an interleaved level
+        self._task: Any = None
+
+    async def interleaved(self, backends: dict[str, Backend], todo: list[BenchConfig], level: Level,
+                          rng: random.Random) -> None:
+        """One item under every configuration per block, the configurations in a seeded random order."""
+        qs = level.questions or self.questions
+        label = level.load.label
+        n = len(qs) if level.questions else self.items_per_pass * self.cfg.repeats
+        levels = {bc.name: Level(level.load, questions=level.questions) for bc in todo}
+        done = {bc.name: self.rec.done_items(bc, label) for bc in todo}
+        total = sum(len(qs[i % len(qs)].turns)
+                    for bc in todo for i in range(n) if i not in done[bc.name])
+        self._task = self.progress.add_task(f"{len(todo)} configurations interleaved {label}", total=total)
+        urls = [bc.openai.base_url for bc in todo if bc.openai is not None]
+        energy: dict[str, float | None] = {bc.name: 0.0 for bc in todo}
+        before = {bc.name: await backends[bc.name].scrape_metrics() for bc in todo}
+        started = now()
+        for i in range(n):
+            order = rng.sample(todo, len(todo))
+            for slot, bc in enumerate(order):
+                if i in done[bc.name]:
+                    continue
+                e0 = self.meter.read()
+                await self.conversation(backends[bc.name], bc, qs[i % len(qs)], item=i, arrival=time.perf_counter(),
+                                        level=levels[bc.name], block=i, slot=slot)
+                e1 = self.meter.read()
+                spent = energy[bc.name]
+                energy[bc.name] = None if e0 is None or e1 is None or spent is None else spent + (e1 - e0)
+            if i == n // 2 and n > 1:
+                self.noise_probe("during")
+        after = {bc.name: await backends[bc.name].scrape_metrics() for bc in todo}
+        self.rec.sync()
+        for bc in todo:
+            single = self.rec.single_segment(bc, label, done[bc.name])
+            lr = self.rec.load_result(bc, level.load, levels[bc.name].records,
+                                      energy=energy[bc.name] if single else None, started=started, interleaved=True)
+            # a server shared by several configurations mixes their counters: no per-configuration delta
+            if single and (bc.openai is None or urls.count(bc.openai.base_url) == 1):
+                lr.telemetry, lr.telemetry_levels = telemetry_delta(before[bc.name], after[bc.name])
+            self.rec.finish_level(bc, lr)
+        self.progress.update(self._task, completed=total)
+
+    async def warmup(self, backend: Backend, bc: BenchConfig) -> None:
+        n = min(self.cfg.load.warmup, len(self.questions))
+        if n:
+            self._task = self.progress.add_task(f"{bc.name} warm-up",
+                                                total=sum(len(q.turns) for q in self.questions[:n]))
+        for q in self.questions[:n]:
+            await self.conversation(backend, bc, q, item=-1, arrival=time.perf_counter(), level=None)
+        if n:
+            self.progress.remove_task(self._task)
+
+    async def run(self, backend: Backend, bc: BenchConfig, level: Level) -> None:
+        load, lv = self.cfg.load, level.load
+        qs = level.questions or self.questions
+        n = len(qs) if level.questions else self.items_per_pass * self.cfg.repeats
+        done = self.rec.done_items(bc, lv.label)
+        check = load.steady_state if level.questions is None else None
+        steady = SteadyStateCheck(check.window, check.tolerance) if check else None
+        counter = iter(range(max(n, check.max_requests) if check else n))
+
+        def next_index() -> int | None:
+            for i in counter:
+                if i >= n and (steady is None or steady.reached):
+                    return None
+                if i not in done:
+                    return i
+            return None
+
+        pick, arrival_s = replay_order(lv, qs)
+        total = sum(len(pick(i).turns) for i in range(n) if i not in done)
+        self._task = self.progress.add_task(f"{bc.name} {lv.label}", total=total)
+
+        async def job(i: int, arrival: float) -> None:
+            q = pick(i)
+            tokens = await self.conversation(backend, bc, q, item=i, arrival=arrival, level=level)
+            nonlocal total
+            if steady is not None:
+                steady.completed(tokens, time.perf_counter())
+                if i >= n:  # past the planned count: the bar grows
+                    total += len(q.turns)
+                    self.progress.update(self._task, total=total)
+
+        if backend.serial and (lv.concurrency or 2) > 1:
+            self.rec.note(f"{bc.name} {lv.label}: the {bc.backend} backend serves one request at a time; "
+                          "more in flight means a queue (see queue_s; TTFT counts from arrival)")
+        before = await backend.scrape_metrics()
+        e0 = self.meter.read()
+        started = now()
+        if lv.replay is not None:
+            await replay(job, next_index, arrival_s, lv.replay, max_in_flight=load.max_in_flight)
+        elif lv.rate is not None:
+            await open_loop(job, next_index, lv.rate, seed=self.cfg.seed, max_in_flight=load.max_in_flight)
+        else:
+            await closed_loop(job, next_index, lv.concurrency or 1)
+        e1 = self.meter.read()
+        after = await backend.scrape_metrics()
+        self.rec.sync()
+        single = self.rec.single_segment(bc, lv.label, done)
+        energy = (e1 - e0) if single and e0 is not None and e1 is not None else None
+        lr = self.rec.load_result(bc, lv, level.records, energy=energy, started=started)
+        lr.telemetry, lr.telemetry_levels = telemetry_delta(before, after) if single else (None, [])
+        if steady is not None:
+            lr.steady_state = SteadyState(window=steady.window, tolerance=steady.tolerance, reached=steady.reached,
+                                          windows_tok_s=steady.windows)
+        self.rec.finish_level(bc, lr)
+        self.progress.update(self._task, completed=total)
+
+    # ---- one conversation ----
+
+    async def conversation(self, backend: Backend, bc: BenchConfig, q: Question, *, item: int, arrival: float,
+                           level: Level | None, block: int | None = None, slot: int | None = None) -> int:
+        """Run every turn; turn k+1 sees the model's answer to turn k. Returns output tokens."""
+        messages: list[dict[str, str]] = [{"role": "system", "content": q.system}] if q.system else []
+        answers: list[str] = []
+        tokens = 0
+        for turn, text in enumerate(q.turns, 1):
+            messages.append({"role": "user", "content": text})
+            limit = q.max_new_tokens or bc.max_new_tokens
+            if level is None and self.cfg.load.warmup_max_new_tokens:  # a warm-up conversation
+                limit = min(limit, self.cfg.load.warmup_max_new_tokens)
+            c = await backend.complete(list(messages), max_new_tokens=limit,
+                                       min_new_tokens=min(q.min_new_tokens, limit) if q.min_new_tokens else None)
+            tokens += c.output_tokens if c.ok else 0
+            if level is not None:
+                graded = grade(q, answers + [c.text], self.cfg.workload.grader) \
+                    if c.ok and turn == len(q.turns) else None
+                rec = self.rec.record(bc, q, c, item=item, turn=turn, arrival=arrival, level=level.load,
+                                      grade=graded)
+                rec.repeat = 0 if level.questions else item // self.items_per_pass
+                rec.block, rec.slot = block, slot
+                self.rec.append(rec)
+                level.records.append(rec)
+            if self._task is not None:
+                self.progress.advance(self._task)
+            if not c.ok:
+                break
+            answers.append(c.text)
+            messages.append({"role": "assistant", "content": c.text})
+            arrival = time.perf_counter()  # the next turn is sent as soon as this answer is in
+        return tokens
+
+
+def replay_order(level: LoadLevel, qs: list[Question]) -> tuple[Callable[[int], Question], Callable[[int], float]]:
+    """Item -> question, and item -> arrival (s after the first) for a replay: the trace in time order,
+    repeated after its span (plus its mean gap) when the level issues more items than the trace holds."""
+    if level.replay is None:
+        return (lambda i: qs[i % len(qs)]), (lambda i: 0.0)
+    order = sorted(range(len(qs)), key=lambda k: qs[k].arrival_s or 0.0)
+    first = qs[order[0]].arrival_s or 0.0
+    span = (qs[order[-1]].arrival_s or 0.0) - first
+    period = span + (span / (len(qs) - 1) if len(qs) > 1 else 1.0)
+
+    def arrival(i: int) -> float:
+        return (qs[order[i % len(qs)]].arrival_s or 0.0) - first + (i // len(qs)) * period
+
+    return (lambda i: qs[order[i % len(qs)]]), arrival

@@ -1,0 +1,103 @@
+"""A run's configurations share loaded weights, in any role, through the process's model pool.
+
+A model is kept while a later configuration of the run still needs it (the pool's one eviction rule,
+applied as each in-process configuration starts), and released when the run ends. What is measured once
+per target (its verification-cost curve, its agreement with the fp32 model) is a figure of this run, not a
+cache: it is kept here for the run's later configurations, never across runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+from rich.progress import Progress
+
+from specledger.bench.backends.base import Backend
+from specledger.bench.config import BenchConfig, RunConfig
+from specledger.bench.probes import UNQUANTIZED, measure_agreement, needs_agreement
+from specledger.bench.results import ConfigResult, CurvePoint
+from specledger.engine.pool import Key, ModelPool, model_pool_key
+
+ReferenceFactory = Callable[[BenchConfig], Any]  # the unquantized model a quantized target is compared with
+
+
+class SharedModels:
+    def __init__(self, cfg: RunConfig, pool: ModelPool, reference_factory: ReferenceFactory | None = None):
+        self.cfg = cfg
+        self.pool = pool
+        self.reference_factory = reference_factory
+        self.mine: set[Key] = set()  # models this run put in the pool (others are the caller's)
+        self.curves: dict[Key, list[dict]] = {}  # target -> verification-cost curve
+        self.agreements: dict[Key, dict] = {}  # target -> agreement with the fp32 model
+
+    def keys(self, bc: BenchConfig) -> dict[str, Key]:
+        """Role -> the weights it uses (model, dtype, quant, group size, device); "reference": the fp32
+        model the quantization gate compares the target with."""
+        keys = {role: model_pool_key(spec.model, spec.dtype, spec.quant, spec.group_size, bc.device)
+                for role, spec in (("target", bc.target), ("draft", bc.draft), ("intermediate", bc.intermediate))
+                if spec is not None}
+        if self.cfg.gates.quantization and needs_agreement(bc):
+            keys["reference"] = model_pool_key(bc.model, *UNQUANTIZED, bc.group_size, bc.device)
+        return keys
+
+    def for_config(self, bc: BenchConfig) -> dict[str, Any]:
+        """The loaded models bc can use, by role; first everything no configuration from bc on needs goes."""
+        later = self.cfg.configs[self.cfg.configs.index(bc):]
+        self._drop(self.mine - {k for c in later if c.backend == "inprocess" for k in self.keys(c).values()})
+        return {role: self.pool.get(k) for role, k in self.keys(bc).items()
+                if role != "reference" and k in self.pool}
+
+    def keep(self, bc: BenchConfig, models: dict[str, Any]) -> None:
+        """The models a started backend loaded, for later configurations."""
+        for role, k in self.keys(bc).items():
+            if role in models:
+                self.pool.put(k, models[role])
+                self.mine.add(k)
+
+    def reference(self, bc: BenchConfig) -> Any:
+        if self.reference_factory is not None:
+            return self.reference_factory(bc)
+
+        def load() -> Any:
+            from specledger.engine.loader import load_model
+
+            return load_model(bc.model, dtype=UNQUANTIZED[0], quant=UNQUANTIZED[1], device=bc.device)
+
+        key = self.keys(bc)["reference"]
+        self.mine.add(key)
+        return self.pool.load(key, load)
+
+    def release(self) -> None:
+        """The run is over: none of its models is needed any more."""
+        self._drop(self.mine)
+
+    def _drop(self, keys: set[Key]) -> None:
+        """The pool's one rule: retain everything else (what was derived from these models goes with them)."""
+        self.pool.retain(self.pool.keys() - keys)
+        self.mine -= keys
+
+    async def probe(self, bc: BenchConfig, backend: Backend, cr: ConfigResult, progress: Progress | None) -> None:
+        """Once per target: its verification-cost curve and, unless it is the fp32 model, its agreement."""
+        key = self.keys(bc)["target"] if bc.backend == "inprocess" else ("configuration", bc.name)
+        lm = (getattr(backend, "models", None) or {}).get("target")
+        todo = []
+        if self.cfg.verify_curve and key not in self.curves:
+            todo.append("verification-cost curve")
+        if (self.cfg.gates.quantization and needs_agreement(bc) and lm is not None
+                and key not in self.agreements):
+            todo.append("agreement with fp32")
+        task = None
+        if todo and progress is not None:
+            task = progress.add_task(f"{bc.name}: {' + '.join(todo)}", total=None)
+        try:
+            if "verification-cost curve" in todo:
+                self.curves[key] = await backend.verify_curve() or []
+            if "agreement with fp32" in todo:
+                ref = await asyncio.to_thread(self.reference, bc)
+                self.agreements[key] = await asyncio.to_thread(measure_agreement, ref, lm)
+        finally:
+            if task is not None and progress is not None:
+                progress.remove_task(task)
+        cr.verify_curve = [CurvePoint(**p) for p in self.curves.get(key, [])] or cr.verify_curve
+        cr.agreement = self.agreements.get(key, cr.agreement)
