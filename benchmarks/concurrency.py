@@ -47,7 +47,7 @@ from common import long_prompts, machine, now  # noqa: E402
 from specledger.decoding.factory import make_strategy  # noqa: E402
 from specledger.decoding.draft_budget import cost_surface  # noqa: E402
 from specledger.decoding.generate import generate  # noqa: E402
-from specledger.decoding.lookup import BatchLookup  # noqa: E402
+from specledger.decoding.lookup import LookupDrafter  # noqa: E402
 from specledger.decoding.sampling import SamplingParams  # noqa: E402
 from specledger.decoding.scheduler import Scheduler  # noqa: E402
 from specledger.engine.loader import default_dtype, load_model  # noqa: E402
@@ -83,7 +83,7 @@ def run_batched(lm, prompts: list[list[int]], sp: SamplingParams, n: int, n_requ
                 method: str = "ar") -> dict:
     drafter, cost = None, None
     if method.startswith("lookup"):
-        drafter = BatchLookup(3 if method == "lookup-k3" else 8)
+        drafter = LookupDrafter(3 if method == "lookup-k3" else 8)
         cost = (lambda rows: 1.0) if method == "lookup-k3" else None  # a flat cost: draft all it finds
     s = Scheduler(lm, max_batch=n, prefill_chunk=chunk, drafter=drafter, cost=cost)
     submitted = 0

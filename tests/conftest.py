@@ -3,6 +3,8 @@ embedded model (real)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -32,6 +34,33 @@ def tiny_tensors(cfg: ModelConfig, seed: int = 0, scale: float = 1.0) -> dict[st
               f"{p}.q": r(cfg.n_heads * hd, h), f"{p}.k": r(cfg.n_kv_heads * hd, h), f"{p}.v": r(cfg.n_kv_heads * hd, h),
               f"{p}.o": r(h, cfg.n_heads * hd), f"{p}.gate": r(i, h), f"{p}.up": r(i, h), f"{p}.down": r(h, i)}
     return t
+
+
+TEMP = 3.0  # the sampling tests' temperature: flattens the tiny model's distribution so every cell is exercised
+
+
+def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square goodness of fit; cells with expected count < 5 are pooled."""
+    n = counts.sum()
+    exp = probs * n
+    small = exp < 5
+    obs_c = torch.cat([counts[~small], counts[small].sum(0, keepdim=True)])
+    exp_c = torch.cat([exp[~small], exp[small].sum(0, keepdim=True)])
+    keep = exp_c > 0
+    stat = (((obs_c - exp_c) ** 2) / exp_c)[keep].sum()
+    df = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat.double() / 2))
+
+
+def exact_joint(lm, prompt, n=3, vocab=4):
+    """P(t1..tn | prompt) for every sequence, by enumeration."""
+    seqs = list(itertools.product(range(vocab), repeat=n))
+    x = torch.tensor([prompt + list(s[:-1]) for s in seqs])
+    with torch.no_grad():
+        cache = lm.model.new_cache(x.shape[1], batch=len(seqs))
+        logp = torch.log_softmax(lm.model(x, cache)[:, len(prompt) - 1 :] / TEMP, -1)
+    idx = torch.tensor(seqs)
+    return logp.gather(2, idx[..., None])[..., 0].sum(1).exp().double()
 
 
 def tiny_model(seed: int = 0, dtype: str = "fp32", quant: str = "none", group_size: int = 32, scale: float = 1.0, **cfg_kw) -> LoadedModel:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from varied_model import BATCHING_VOCAB, alone, batching_model
+from varied_model import BATCHING_VOCAB, alone, batching_model, run_joining
 
 from specledger.decoding.draft_budget import (
     AcceptanceEMA,
@@ -20,13 +20,18 @@ from specledger.decoding.draft_budget import (
     measure_cost_surface,
     plan_drafts,
 )
-from specledger.decoding.lookup import BatchLookup
+from specledger.decoding.lookup import LookupDrafter
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 FLAT = CostSurface((1,), (1.0,))  # every pass costs the same: drafting always pays
+
+
+def plan_chains(available: list[int], accept: list[float], base_rows: int, base_tokens: int, cost) -> list[int]:
+    """plan_drafts for chains whose tokens are each accepted with probability a (AcceptanceEMA's gains)."""
+    return plan_drafts([AcceptanceEMA(a).gains(n) for n, a in zip(available, accept)], base_rows, base_tokens, cost)
 
 
 def repetitive_prompts() -> list[list[int]]:
@@ -37,28 +42,12 @@ def repetitive_prompts() -> list[list[int]]:
     return out
 
 
-def run_joining(sched: Scheduler, prompts: list[list[int]], max_new: list[int]) -> dict:
-    """Two requests first, one more every two steps, until all are in and done."""
-    rids: dict[int, int] = {}
-    results = {}
-    pending = list(range(len(prompts)))
-    step = 0
-    while pending or sched.has_work():
-        if pending and (step % 2 == 0 or len(rids) < 2):
-            i = pending.pop(0)
-            rids[sched.submit(prompts[i], SamplingParams(max_new_tokens=max_new[i], temperature=0.0))] = i
-        for r in sched.step():
-            results[rids[r.request_id]] = r
-        step += 1
-    return results
-
-
 @pytest.mark.parametrize("cost", ["flat", "measured"])
 def test_lookup_in_a_batch_is_lossless_and_drafts_are_accepted_and_rejected(lm, cost):
     prompts = repetitive_prompts()
     max_new = [30, 12, 25, 40, 7, 20]
     surface = FLAT if cost == "flat" else measure_cost_surface(lm, n_seqs=3, sizes=(1, 2, 4, 8, 16), reps=1)
-    sched = Scheduler(lm, max_batch=3, prefill_chunk=16, drafter=BatchLookup(8), cost=surface)
+    sched = Scheduler(lm, max_batch=3, prefill_chunk=16, drafter=LookupDrafter(8), cost=surface)
     results = run_joining(sched, prompts, max_new)
     for i, p in enumerate(prompts):
         want = alone(lm, p, SamplingParams(max_new_tokens=max_new[i], temperature=0.0))
@@ -78,7 +67,7 @@ def test_lookup_in_a_batch_is_lossless_and_drafts_are_accepted_and_rejected(lm, 
 def test_lookup_batch_never_drafts_when_every_row_costs_its_share(lm):
     """T(rows) = rows: a drafted token never beats the pass's own rate, so no draft, and AR's tokens."""
     prompts = repetitive_prompts()[:3]
-    sched = Scheduler(lm, max_batch=3, drafter=BatchLookup(8), cost=lambda n: float(n))
+    sched = Scheduler(lm, max_batch=3, drafter=LookupDrafter(8), cost=lambda n: float(n))
     for p in prompts:
         sched.submit(p, SamplingParams(max_new_tokens=15, temperature=0.0))
     results = sched.run()
@@ -90,16 +79,16 @@ def test_planner_turns_speculation_down_as_the_batch_fills():
     surface = CostSurface((1, 4, 8, 16, 32, 64), (1.0, 1.05, 1.2, 2.0, 4.0, 8.0))
     drafted = []
     for b in (1, 2, 4, 8, 16):
-        ks = plan_drafts([8] * b, [0.8] * b, b, b, surface)
+        ks = plan_chains([8] * b, [0.8] * b, b, b, surface)
         drafted.append(sum(ks) / b)
     assert drafted[0] >= 3 and drafted[-1] == 0
     assert drafted == sorted(drafted, reverse=True)
 
 
 def test_planner_prefers_the_sequences_likely_to_be_accepted():
-    ks = plan_drafts([6, 6, 6], [0.9, 0.2, 0.0], 3, 3, CostSurface((3, 6, 12), (1.0, 1.02, 1.5)))
+    ks = plan_chains([6, 6, 6], [0.9, 0.2, 0.0], 3, 3, CostSurface((3, 6, 12), (1.0, 1.02, 1.5)))
     assert ks[0] > ks[1] and ks[2] == 0
-    assert plan_drafts([5, 0], [0.9, 0.9], 2, 2, FLAT) == [5, 0]  # never more than was proposed
+    assert plan_chains([5, 0], [0.9, 0.9], 2, 2, FLAT) == [5, 0]  # never more than was proposed
 
 
 @pytest.mark.parametrize("surface", [
@@ -109,22 +98,22 @@ def test_planner_prefers_the_sequences_likely_to_be_accepted():
 def test_planner_stops_where_the_expected_rate_peaks(surface):
     """Against brute force over chain lengths for one sequence."""
     for a in (0.3, 0.6, 0.7, 0.9):
-        [k] = plan_drafts([8], [a], 1, 1, surface)
+        [k] = plan_chains([8], [a], 1, 1, surface)
         best = max(range(9), key=lambda j: (1 + expected_accepted(a, j)) / surface(1 + j))
         assert k == best, a
 
 
 def test_planner_looks_past_a_bump_in_the_surface():
     """One token does not pay for the 1 -> 2 row jump, four do: draft four, not none."""
-    assert plan_drafts([8], [0.7], 1, 1, CostSurface((1, 2, 5, 9), (1.0, 1.8, 1.9, 3.5))) == [4]
+    assert plan_chains([8], [0.7], 1, 1, CostSurface((1, 2, 5, 9), (1.0, 1.8, 1.9, 3.5))) == [4]
 
 
 def test_acceptance_estimate_moves_with_outcomes():
     acc = AcceptanceEMA(a=0.5)
-    acc.update(4, 4)
+    acc.update(4, [0, 1, 2, 3])
     high = acc.a
     assert high > 0.5
-    acc.update(4, 0)
+    acc.update(4, [])
     assert acc.a < high
 
 
@@ -134,22 +123,17 @@ def test_cost_surface_interpolates_and_never_decreases():
     assert s(1) <= s(2) <= s(4) <= s(8)
 
 
-class WrongDrafter:
+class WrongDrafter(LookupDrafter):
     """Proposes tokens the target will almost never pick, so its acceptance estimate should fall."""
 
-    name = "lookup"
-
-    def params(self) -> dict:
-        return {}
-
-    def propose(self, tokens: list[int], budget: int) -> list[int]:
-        return [(tokens[-1] + 1) % BATCHING_VOCAB] * min(4, budget)
+    def _chain(self, seq, budget: int) -> list[int]:
+        return [(seq.tokens[-1] + 1) % BATCHING_VOCAB] * min(4, budget)
 
 
 def test_a_sequence_whose_drafts_fail_stops_drafting(lm):
     """Drafting pays here only while a > 0.3; from a = 0.6, rejections bring it below within a few steps."""
     surface = CostSurface((1, 2, 3, 9), (1.0, 1.3, 1.6, 3.4))
-    sched = Scheduler(lm, max_batch=1, drafter=WrongDrafter(), cost=surface)
+    sched = Scheduler(lm, max_batch=1, drafter=WrongDrafter(4), cost=surface)
     sched.submit(repetitive_prompts()[0], SamplingParams(max_new_tokens=40, temperature=0.0))
     [r] = sched.run()
     lv = r.levels[0]
@@ -208,7 +192,7 @@ def test_sampled_lookup_in_a_batch_is_reproducible_per_seed(lm):
     sp = SamplingParams(max_new_tokens=20, temperature=0.8, top_p=0.95, seed=7)
 
     def run(ps):
-        sched = Scheduler(lm, max_batch=3, drafter=BatchLookup(4), cost=FLAT)
+        sched = Scheduler(lm, max_batch=3, drafter=LookupDrafter(4), cost=FLAT)
         ids = [sched.submit(p, sp) for p in ps]
         got = {r.request_id: r for r in sched.run()}
         return [got[i] for i in ids]

@@ -300,8 +300,9 @@ def test_inprocess_backend_batches_ar_concurrency(tmp_path):
         return any(b.start_t < a.end_t for a, b in itertools.pairwise(rs))
 
     assert overlaps("batched") and not overlaps("serial")
-    with pytest.raises(BadInput, match="batching is available for strategies ar, lookup only"):
-        parse_run_config({"configs": [{"name": "dm", "strategy": "draft", "batching": True}],
+    with pytest.raises(BadInput, match="strategy 'hier' runs one request at a time"):
+        parse_run_config({"configs": [{"name": "h", "strategy": "hier", "batching": True,
+                                       "intermediate": {"model": "smollm2-135m", "dtype": "bf16"}}],
                           "workload": {"spec": str(wl)}})
 
 

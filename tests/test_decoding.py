@@ -5,12 +5,11 @@ of a tiny model with a 4-token vocabulary, at significance level 0.001 (fixed se
 the outcome is deterministic). A negative control shows the test rejects a wrong sampler.
 """
 
-import itertools
 
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import TEMP, chi2_pvalue, exact_joint, tiny_model
 from varied_model import assert_lossless_and_mixed, varied_model, varied_prompts
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.generate import generate
@@ -20,23 +19,9 @@ from specledger.decoding.verify import verify
 from specledger.errors import BadInput
 
 ALPHA = 1e-3
-TEMP = 3.0  # flattens the tiny model's distribution so every cell is exercised
 N_SAMPLES = 1500
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
-
-
-def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson chi-square goodness of fit; cells with expected count < 5 are pooled."""
-    n = counts.sum()
-    exp = probs * n
-    small = exp < 5
-    obs_c = torch.cat([counts[~small], counts[small].sum(0, keepdim=True)])
-    exp_c = torch.cat([exp[~small], exp[small].sum(0, keepdim=True)])
-    keep = exp_c > 0
-    stat = (((obs_c - exp_c) ** 2) / exp_c)[keep].sum()
-    df = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat.double() / 2))
 
 
 @pytest.mark.parametrize("name", ["lookup", "draft", "hier-lookup", "hier-eagle"])
@@ -54,17 +39,6 @@ def test_greedy_strategies_equal_autoregressive_on_tiny(name):
     strategy = name.split("-")[0]
     totals = assert_lossless_and_mixed(lambda: make_strategy(strategy, lm, **params), lm, varied_prompts())
     assert len(totals) == (2 if strategy == "hier" else 1)
-
-
-def _exact_joint(lm, prompt, n=3, vocab=4):
-    """P(t1..tn | prompt) for every sequence, by enumeration."""
-    seqs = list(itertools.product(range(vocab), repeat=n))
-    x = torch.tensor([prompt + list(s[:-1]) for s in seqs])
-    with torch.no_grad():
-        cache = lm.model.new_cache(x.shape[1], batch=len(seqs))
-        logp = torch.log_softmax(lm.model(x, cache)[:, len(prompt) - 1 :] / TEMP, -1)
-    idx = torch.tensor(seqs)
-    return logp.gather(2, idx[..., None])[..., 0].sum(1).exp().double()
 
 
 def _sample_counts(lm, prompt, strategy, params, n_samples, vocab=4, n=3):
@@ -100,7 +74,7 @@ def test_sampling_follows_target_distribution(strategy):
         mid = tiny_model(seed=7, vocab=4, scale=0.1)
         params = {"intermediate": mid, "drafter": "eagle", "head": _random_head(mid), "min_chain": 2, "max_chain": 3,
                   **tree}
-    exact = _exact_joint(lm, prompt)
+    exact = exact_joint(lm, prompt)
     assert exact.max() < 0.2 and (exact * 1500 >= 5).sum() >= 30  # a real spread, not a near-deterministic model
     counts = _sample_counts(lm, prompt, strategy, params, N_SAMPLES)
     assert chi2_pvalue(counts, exact) > ALPHA
@@ -112,7 +86,7 @@ def test_chi_square_rejects_a_wrong_distribution():
     other = tiny_model(seed=7, vocab=4, scale=0.1)
     prompt = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
     counts = _sample_counts(other, prompt, "ar", {}, N_SAMPLES)
-    assert chi2_pvalue(counts, _exact_joint(lm, prompt)) < ALPHA
+    assert chi2_pvalue(counts, exact_joint(lm, prompt)) < ALPHA
 
 
 @pytest.mark.parametrize("stochastic", [False, True])

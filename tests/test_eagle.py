@@ -14,6 +14,8 @@ from specledger.decoding.eagle import EagleDrafter, EagleTree, TreeSizer, interp
 from specledger.decoding.eagle_head import EagleHead, HeadConfig, load_head, save_head
 from specledger.decoding.generate import generate
 from specledger.decoding.cached_model import CachedModel
+from specledger.decoding.drafter import DraftSeq
+from specledger.engine.ragged import Segment
 from specledger.decoding.sampling import SamplingParams
 from specledger.errors import BadInput
 
@@ -26,6 +28,33 @@ def random_head(lm, seed: int = 0) -> EagleHead:
             if "norm" in name or "bias" in name:
                 p.add_(torch.randn_like(p) * 0.1)
     return head.eval().requires_grad_(False)
+
+
+class One:
+    """An EagleDrafter following one sequence through the drafter lifecycle, as these tests drive it."""
+
+    def __init__(self, *args, **kw) -> None:
+        self.d = EagleDrafter(*args, **kw)
+        self.seq = DraftSeq(0, [], SamplingParams())
+
+    def start(self, tokens, feats):
+        self.seq.tokens = list(tokens)
+        self.d.begin(self.seq, feats)
+
+    def draft(self, budget):
+        return self.d.propose([self.seq], [budget])[0]
+
+    def observe(self, tokens, feats):
+        self.seq.tokens = list(tokens)
+        self.d.accept(self.seq, feats)
+
+    @property
+    def st(self):
+        return self.d.state(0)
+
+    @property
+    def length(self):
+        return self.d.cache.lengths[self.st.slot]
 
 
 def prefill(lm, prompt):
@@ -41,7 +70,7 @@ def test_tree_invariants_on_tiny():
     r = prefill(lm, prompt)
     seq = prompt + [4]
     for top_k, depth, total, budget in [(10, 5, 59, 100), (4, 3, 20, 7), (3, 6, 256, 300), (1, 4, 10, 10), (5, 1, 3, 10)]:
-        d = EagleDrafter(head, lm, top_k=top_k, depth=depth, total_nodes=total, max_len=200)
+        d = One(head, lm, top_k=top_k, depth=depth, total_nodes=total, max_len=200)
         d.start(seq, r.last_hidden)
         tree = d.draft(budget)
         n_cand = top_k + (depth - 1) * top_k * top_k
@@ -51,12 +80,12 @@ def test_tree_invariants_on_tiny():
         for kids in tree.children():  # siblings are distinct tokens
             toks = [tree.tokens[c] for c in kids]
             assert len(toks) == len(set(toks)) and len(kids) <= top_k
-        assert d.cache.length == len(seq) - 1  # tree entries rolled back
+        assert d.length == len(seq) - 1  # tree entries rolled back
         assert d.draft(budget).tokens == tree.tokens  # deterministic
-        d.explore = True  # expanding every level (no early stop) keeps exactly the same tree
+        d.d.explore = True  # expanding every level (no early stop) keeps exactly the same tree
         full = d.draft(budget)
-        assert (full.tokens, full.parents) == (tree.tokens, tree.parents) and d.full
-        d.explore = False
+        assert (full.tokens, full.parents) == (tree.tokens, tree.parents) and d.st.full
+        d.d.explore = False
     assert len(d.draft(0)) == 0
 
 
@@ -65,16 +94,18 @@ def test_best_nodes_are_kept():
     lm = tiny_model(vocab=48)
     head = random_head(lm, 3)
     r = prefill(lm, [3, 4, 5])
-    d = EagleDrafter(head, lm, top_k=4, depth=3, total_nodes=12, max_len=200)
+    d = One(head, lm, top_k=4, depth=3, total_nodes=12, max_len=200)
     d.start([3, 4, 5, 6], r.last_hidden)
     tree = d.draft(100)
-    cum = [0.0] * len(d.cand_tokens)
-    for c, p in enumerate(d.cand_parents):
-        cum[c] = d.cand_logp[c] + (cum[p] if p >= 0 else 0.0)
-    kept = sorted(d.cand_order[:12])
-    assert [d.cand_tokens[c] for c in kept] == tree.tokens
+    st = d.st
+    cum = [0.0] * len(st.cand_tokens)
+    for c, p in enumerate(st.cand_parents):
+        cum[c] = st.cand_logp[c] + (cum[p] if p >= 0 else 0.0)
+    kept = st.cand_order[:12]  # best first: the tree lists them in this order
+    assert [st.cand_tokens[c] for c in kept] == tree.tokens
+    assert [cum[c] for c in kept] == sorted((cum[c] for c in kept), reverse=True)
     worst_kept = min(cum[c] for c in kept)
-    assert all(cum[c] <= worst_kept + 1e-6 for c in d.cand_order[12:])
+    assert all(cum[c] <= worst_kept + 1e-6 for c in st.cand_order[12:])
 
 
 def test_tree_drafting_equals_each_path_run_alone():
@@ -84,33 +115,34 @@ def test_tree_drafting_equals_each_path_run_alone():
     head = random_head(lm, 5)
     prompt = [4, 9, 2, 7, 7, 1]
     r = prefill(lm, prompt)
-    d = EagleDrafter(head, lm, top_k=3, depth=4, total_nodes=40, max_len=100)
+    d = One(head, lm, top_k=3, depth=4, total_nodes=40, max_len=100)
     d.start(prompt + [3], r.last_hidden)
-    d.explore = True
+    d.d.explore = True
     d.draft(40)
-    committed = d.cache.length
+    st, cache, committed = d.st, d.d.cache, d.length
 
     def path_to(c):
         out = []
         while c >= 0:
             out.append(c)
-            c = d.cand_parents[c]
+            c = st.cand_parents[c]
         return out[::-1]
 
     checked = 0
     with torch.inference_mode():
-        for c, parent in enumerate(d.cand_parents):
+        for c, parent in enumerate(st.cand_parents):
             if parent < 0:
                 continue
             path = path_to(parent)
-            toks, feats = [d.cand_tokens[n] for n in path], [d.root]
+            toks, feats = [st.cand_tokens[n] for n in path], [st.root]
             for i in range(len(path)):  # the head's own feature predictions are fed back along the path
-                d.cache.rollback(committed)
-                h = d.head.hidden(d.model, torch.tensor([toks[: i + 1]]), torch.stack(feats)[None], d.cache)[0]
+                cache.rollback(st.slot, committed)
+                h = d.d.head.ragged(lm.model, torch.tensor(toks[: i + 1]), torch.stack(feats),
+                                    torch.arange(committed, committed + i + 1), [Segment(st.slot, i + 1)], cache)
                 feats.append(h[-1])
-            d.cache.rollback(committed)
-            logp = torch.log_softmax(d.lm_head(h[-1:]).float(), -1)[0]
-            assert float(logp[d.cand_tokens[c]]) == pytest.approx(d.cand_logp[c], abs=1e-4)
+            cache.rollback(st.slot, committed)
+            logp = torch.log_softmax(d.d.lm_head(h[-1:]).float(), -1)[0]
+            assert float(logp[st.cand_tokens[c]]) == pytest.approx(st.cand_logp[c], abs=1e-4)
             checked += 1
     assert checked >= 3 * 3 * 3  # depths 2 to 4 were all expanded
 
@@ -121,7 +153,7 @@ def test_observe_rollback_matches_fresh_start():
     head = random_head(lm)
     full = [2, 8, 1, 9, 4, 4, 7, 3, 11, 5, 6]
     feats = prefill(lm, full).last_hidden
-    d = EagleDrafter(head, lm, top_k=3, depth=3, total_nodes=15, max_len=100)
+    d = One(head, lm, top_k=3, depth=3, total_nodes=15, max_len=100)
     d.start(full[:5], feats[:4])
     d.draft(20)
     d.observe(full[:9], feats[4:8])  # grow
@@ -130,11 +162,11 @@ def test_observe_rollback_matches_fresh_start():
     d.observe(other, prefill(lm, other).last_hidden[5:8])
     d.observe(full, feats[5:10])  # and back
     got = d.draft(20)
-    fresh = EagleDrafter(head, lm, top_k=3, depth=3, total_nodes=15, max_len=100)
+    fresh = One(head, lm, top_k=3, depth=3, total_nodes=15, max_len=100)
     fresh.start(full, feats[:-1])
     want = fresh.draft(20)
     assert got.tokens == want.tokens and got.parents == want.parents
-    torch.testing.assert_close(d.root, fresh.root, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(d.st.root, fresh.st.root, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("total", [1, 7, 40, "auto"])
@@ -297,7 +329,7 @@ def test_draft_vocabulary_head(tmp_path, quant):
     loaded = load_head(tmp_path / "h", lm)
     assert loaded.cfg.draft_vocab == vocab.numel() and loaded.draft_vocab.tolist() == vocab.tolist()
     r = prefill(lm, [1, 2, 3])
-    d = EagleDrafter(loaded, lm, top_k=4, depth=3, total_nodes=30, max_len=100)
+    d = One(loaded, lm, top_k=4, depth=3, total_nodes=30, max_len=100)
     d.start([1, 2, 3, 4], r.last_hidden)
     assert set(d.draft(30).tokens) <= set(vocab.tolist())
     sp = SamplingParams(max_new_tokens=24, ignore_eos=True)

@@ -11,7 +11,8 @@ from specledger.bench.config import SLO
 from specledger.bench.metrics import (
     aggregate, bootstrap_ci, busy_time, chunks_from_token_times, percentiles, spread_itl, tpot,
 )
-from specledger.bench.results import LevelCounts, RequestGrade, RequestRecord
+from specledger.bench.results import RequestGrade, RequestRecord
+from specledger.spec_stats import LevelStats
 
 
 def test_spread_itl_spreads_multi_token_chunks():
@@ -103,7 +104,7 @@ def rec(i: int, *, ttft=0.1, e2e=1.0, tokens=10, status="ok", steps=None, tau=No
         start_t=100.0 + i, end_t=100.0 + i + e2e, ttft_s=ttft if status == "ok" else None,
         e2e_s=e2e if status == "ok" else None, tpot_s=tpot(e2e, ttft, tokens), itl_s=[(e2e - ttft) / (tokens - 1)] *
         (tokens - 1), output_tokens=tokens if status == "ok" else 0, steps=steps, tau=tau,
-        levels=[LevelCounts(name=n, proposed=p, accepted=a) for n, p, a in levels],
+        levels=[LevelStats(name=n, proposed=p, accepted=a) for n, p, a in levels],
         grade=RequestGrade(passed=passed, grader="t") if passed is not None else None,
     )
 

@@ -11,9 +11,10 @@ from rich.console import Console
 
 from specledger.bench.metrics import aggregate
 from specledger.bench.results import (
-    SCHEMA_VERSION, SUMMARY_COLUMNS, Conditions, ConfigResult, GateOutcome, LevelCounts, LoadResult, RequestGrade,
+    SCHEMA_VERSION, SUMMARY_COLUMNS, Conditions, ConfigResult, GateOutcome, LoadResult, RequestGrade,
     RequestLog, RequestRecord, RunResult, load_run, read_requests, write_run, write_summary,
 )
+from specledger.spec_stats import LevelStats
 from specledger.bench.tables import diff_table, render_run
 from specledger.errors import BadInput
 
@@ -23,7 +24,7 @@ def record(i: int, **kw) -> RequestRecord:
                 category="qa", kind="qa", turn=1, turns=1, load="c=1", concurrency=1, status="ok",
                 arrival_t=1000.0 + i, start_t=1000.0 + i, first_token_t=1000.1 + i, end_t=1001.0 + i, ttft_s=0.1,
                 e2e_s=1.0, tpot_s=0.1, itl_s=[0.1] * 9, output_tokens=10, prompt_tokens=5, steps=4, tau=2.5,
-                levels=[LevelCounts(name="draft", proposed=8, accepted=6)], output_text="hi é ✓",
+                levels=[LevelStats(name="draft", proposed=8, accepted=6)], output_text="hi é ✓",
                 output_token_ids=[1, 2, 3], grade=RequestGrade(passed=True, score=1.0, grader="exact"))
     base.update(kw)
     return RequestRecord(**base)
@@ -47,7 +48,7 @@ def test_request_record_round_trip(tmp_path):
     back = read_requests(tmp_path)
     assert back == [record(i) for i in range(3)]
     assert all(r.schema_version == SCHEMA_VERSION for r in back)
-    assert back[0].levels[0].acceptance == pytest.approx(0.75)
+    assert back[0].levels[0].rate == pytest.approx(0.75)
 
 
 def test_latest_record_wins_and_torn_last_line_is_ignored(tmp_path):

@@ -105,7 +105,10 @@ def test_chat_greedy_equals_in_process_and_metrics_move(server, client, smollm):
     assert delta("specledger:generation_tokens_total") == r.usage.completion_tokens
     assert delta("specledger:time_to_first_token_seconds_count") == 1
     assert delta("specledger:e2e_request_latency_seconds_count") == 1
-    assert delta("specledger:spec_decode_num_drafts_total", level="lookup") == lv["steps"]
+    assert lv["drafts"] <= lv["steps"] and sum(lv["accepted_per_position"]) == lv["accepted"]
+    assert delta("specledger:spec_decode_num_drafts_total", level="lookup") == lv["drafts"]
+    for pos, n in enumerate(lv["accepted_per_position"]):
+        assert delta("specledger:spec_decode_num_accepted_tokens_per_pos_total", level="lookup", position=str(pos)) == n
     assert delta("specledger:spec_decode_num_draft_tokens_total", level="lookup") == lv["proposed"]
     assert delta("specledger:spec_decode_num_accepted_tokens_total", level="lookup") == lv["accepted"]
     # the harness reads the same counters as it reads vLLM's

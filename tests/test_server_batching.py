@@ -132,3 +132,34 @@ async def _idle(url: str, timeout: float = 30.0) -> bool:
                 return True
             await asyncio.sleep(0.05)
     return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["eagle", "draft"])
+def test_speculative_strategies_are_served_batched(smollm, strategy):
+    """EAGLE (the shipped head) and a draft chain from the W4A16 copy run on the scheduler too: concurrent
+    greedy requests share passes and each gets autoregressive decoding's text (fp32: lossless in a batch)."""
+    params = {"draft": {"model": "target", "quant": "int4", "dtype": "bf16"}} if strategy == "draft" else {}
+    st = make_strategy(strategy, target=smollm, **params)
+    prompts = ["Name three colours:", "The capital of France is", "def add(a, b):\n    return"]
+
+    async def go(url: str) -> list[dict]:
+        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            async def one(p: str) -> dict:
+                r = await client.post("/v1/completions", json={"model": MODEL, "prompt": p, "max_tokens": 16,
+                                                                "temperature": 0, "ignore_eos": True})
+                assert r.status_code == 200, r.text
+                return r.json()
+            return await asyncio.gather(*(one(p) for p in prompts))
+
+    with ServerThread(create_app(smollm, st, max_queue=4, max_batch=4)) as srv:
+        bodies = asyncio.run(go(srv.url))
+    accepted = 0
+    for p, b in zip(prompts, bodies):
+        want = generate(make_strategy("ar", target=smollm), smollm.tokenizer.encode(p),
+                        SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True))
+        assert b["choices"][0]["text"] == want.text
+        [lv] = b["specledger"]["levels"]
+        assert lv["name"] == strategy and b["specledger"]["params"]["draft_length"] == "adaptive"
+        accepted += lv["accepted"]
+    assert accepted > 0

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from specledger.bench.results import LevelAcceptance, ConfigResult, LoadResult, Aggregate, RunResult, Conditions, now
+from specledger.spec_stats import LevelStats
+from specledger.bench.results import ConfigResult, LoadResult, Aggregate, RunResult, Conditions, now
 from specledger.bench.tables import server_speculation_table
 from specledger.bench.telemetry import response_levels, telemetry_delta
 
@@ -123,7 +124,7 @@ def test_server_speculation_table_lists_positions_and_flags_gauges():
     agg = Aggregate()
     lr = LoadResult(load="c=1", aggregate=agg, telemetry={
         "tau": {"llamacpp": 2.5}, "gauges": {"sglang": {"instantaneous": True, "spec_accept_length": {"mean": 2.75}}}},
-        telemetry_levels=[LevelAcceptance(name="llamacpp", proposed=60, accepted=30, rate=0.5, drafts=20,
+        telemetry_levels=[LevelStats(name="llamacpp", proposed=60, accepted=30, rate=0.5, drafts=20,
                                      accepted_per_position=[12, 10, 8], position_rates=[0.6, 0.5, 0.4])])
     run = RunResult(run_id="r", created=now(), conditions=Conditions(python="3.11", specledger="0", platform="linux"),
                     configs=[ConfigResult(name="ls", backend="openai", model="m", strategy="ngram", dtype="fp32",

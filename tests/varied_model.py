@@ -22,6 +22,7 @@ from conftest import tiny_config, tiny_tensors
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.generate import GenerationResult, generate
 from specledger.decoding.sampling import SamplingParams
+from specledger.decoding.scheduler import Scheduler
 from specledger.engine.config import ModelConfig
 from specledger.engine.loader import LoadedModel, build_model, weight_bytes
 
@@ -146,3 +147,19 @@ def batching_model(seed: int = 3, eos: list[int] | None = None, tokenizer=None, 
 def alone(lm: LoadedModel, prompt: list[int], sp: SamplingParams) -> GenerationResult:
     """`prompt` through autoregressive decoding on its own: what a batched request must equal."""
     return generate(make_strategy("ar", target=lm), prompt, sp)
+
+
+def run_joining(sched: Scheduler, prompts: list[list[int]], max_new: list[int]) -> dict:
+    """Two requests first, one more every two steps, until all are in and done."""
+    rids: dict[int, int] = {}
+    results = {}
+    pending = list(range(len(prompts)))
+    step = 0
+    while pending or sched.has_work():
+        if pending and (step % 2 == 0 or len(rids) < 2):
+            i = pending.pop(0)
+            rids[sched.submit(prompts[i], SamplingParams(max_new_tokens=max_new[i], temperature=0.0))] = i
+        for r in sched.step():
+            results[rids[r.request_id]] = r
+        step += 1
+    return results

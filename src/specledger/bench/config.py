@@ -18,7 +18,7 @@ from pydantic import (
 )
 
 from specledger.decoding.params import (
-    MODEL_PARAMS, PARAMS, STRATEGIES, ArParams, DraftParams, EagleParams, HierParams, LookupParams, OtherParams,
+    BATCHED_STRATEGIES, MODEL_PARAMS, PARAMS, STRATEGIES, ArParams, DraftParams, EagleParams, HierParams, LookupParams, OtherParams,
     StrategyParams, missing_role, parse_params, unused_role,
 )
 
@@ -146,7 +146,6 @@ def _http_url(v: str, field: str) -> str:
 
 
 # strategies the in-process backend can run on the continuous-batching scheduler
-BATCHED_STRATEGIES = ("ar", "lookup")
 
 
 def _params_tag(v: Any) -> str:
@@ -183,7 +182,7 @@ class BenchConfig(_Strict):
     openai: OpenAISettings | None = None
     optional: bool = False  # cannot start (e.g. a strategy not in this build): skip it with a note, run the rest
     # in-process: continuous batching (concurrency N = N sequences in one pass); None = on for the strategies
-    # in BATCHED_STRATEGIES ("lookup" then plans its draft length per sequence per step, zero included)
+    # in BATCHED_STRATEGIES (a drafting strategy then plans each sequence's draft per step, zero included)
     batching: bool | None = None
     max_batch: int = Field(16, ge=1)  # in-process batching: sequences in one pass at most (more wait)
 
@@ -221,8 +220,8 @@ class BenchConfig(_Strict):
         if self.backend == "inprocess" and self.openai is not None:
             raise ValueError("'openai' settings given for an inprocess backend")
         if self.batching and self.strategy not in BATCHED_STRATEGIES:
-            raise ValueError(f"batching is available for strategies {', '.join(BATCHED_STRATEGIES)} only so far "
-                             f"(got {self.strategy!r}); set batching: false")
+            raise ValueError(f"strategy {self.strategy!r} runs one request at a time (batching is available for "
+                             f"{', '.join(BATCHED_STRATEGIES)}); set batching: false")
         if self.batching and self.backend != "inprocess":
             raise ValueError("batching is an in-process setting (the server batches on its own)")
         if self.backend == "inprocess":

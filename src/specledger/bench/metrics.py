@@ -12,7 +12,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from specledger.bench.config import SLO
-from specledger.bench.results import LevelAcceptance, Aggregate, Dist, RequestRecord
+from specledger.bench.results import Aggregate, Dist, RequestRecord
+from specledger.spec_stats import LevelStats, merge_levels
 
 STATS = ("mean", "p50", "p90", "p95", "p99")
 _QUANTILES = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99}
@@ -230,15 +231,8 @@ def aggregate(
     return a
 
 
-def acceptance(records: Iterable[RequestRecord]) -> list[LevelAcceptance]:
-    proposed: dict[str, int] = defaultdict(int)
-    accepted: dict[str, int] = defaultdict(int)
-    for r in records:
-        for lv in r.levels:
-            proposed[lv.name] += lv.proposed
-            accepted[lv.name] += lv.accepted
-    return [LevelAcceptance(name=n, proposed=proposed[n], accepted=accepted[n],
-                       rate=accepted[n] / proposed[n] if proposed[n] else None) for n in proposed]
+def acceptance(records: Iterable[RequestRecord]) -> list[LevelStats]:
+    return merge_levels(r.levels for r in records)
 
 
 def group_by(records: Iterable[RequestRecord], key: str) -> dict[str, list[RequestRecord]]:

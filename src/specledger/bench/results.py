@@ -20,6 +20,7 @@ from typing import Any, Iterable, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specledger.errors import BadInput
+from specledger.spec_stats import LevelStats
 
 SCHEMA_VERSION = 1
 REQUESTS_FILE = "requests.jsonl"
@@ -29,19 +30,6 @@ SUMMARY_FILE = "summary.csv"
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
-
-
-class LevelCounts(_Model):
-    """Draft tokens proposed and accepted at one level of a speculation stack."""
-
-    name: str
-    proposed: int = 0
-    accepted: int = 0
-    steps: int | None = None
-
-    @property
-    def acceptance(self) -> float | None:
-        return self.accepted / self.proposed if self.proposed else None
 
 
 class RequestGrade(_Model):
@@ -57,7 +45,7 @@ class EngineTelemetry(_Model):
 
     steps: int | None = None  # target forward passes
     tau: float | None = None
-    levels: list[LevelCounts] = Field(default_factory=list)
+    levels: list[LevelStats] = Field(default_factory=list)
     draft_s: float | None = None
     verify_s: float | None = None
     prefill_s: float | None = None
@@ -131,18 +119,6 @@ class Dist(_Model):
     ci: dict[str, tuple[float, float]] = Field(default_factory=dict)  # stat name -> (low, high)
 
 
-class LevelAcceptance(_Model):
-    name: str
-    proposed: int
-    accepted: int
-    rate: float | None
-    # From a server's counters (window deltas): verification steps that carried a draft, and per draft position
-    # i the tokens accepted there (accepted_per_position[i] / drafts = how often position i was accepted).
-    drafts: int | None = None
-    accepted_per_position: list[int] = Field(default_factory=list)
-    position_rates: list[float] = Field(default_factory=list)
-
-
 class Aggregate(_Model):
     requests_ok: int = 0
     requests_failed: int = 0
@@ -164,7 +140,7 @@ class Aggregate(_Model):
     slo_met: int | None = None
     steps: int | None = None
     tau: float | None = None  # output tokens / target steps, over requests that report steps
-    acceptance: list[LevelAcceptance] = Field(default_factory=list)
+    acceptance: list[LevelStats] = Field(default_factory=list)
     draft_s: float | None = None
     verify_s: float | None = None
     energy_j: float | None = None
@@ -193,7 +169,7 @@ class LoadResult(_Model):
     by_category: dict[str, Aggregate] = Field(default_factory=dict)
     by_kind: dict[str, Aggregate] = Field(default_factory=dict)
     telemetry: dict[str, Any] | None = None  # server counters (before/after deltas), normalised
-    telemetry_levels: list[LevelAcceptance] = Field(default_factory=list)
+    telemetry_levels: list[LevelStats] = Field(default_factory=list)
     steady_state: SteadyState | None = None
     complete: bool = False  # every request of the level was issued (resume skips complete levels)
     segments: int = 1  # processes that measured it (a resumed level has more than one)

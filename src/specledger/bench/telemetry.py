@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specledger.bench.results import LevelAcceptance, LevelCounts
+from specledger.spec_stats import LevelStats
 
 _SPEC = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 _PER_POS = "num_accepted_tokens_per_pos"
@@ -128,24 +128,20 @@ def server_counters(samples: Samples) -> dict[str, float]:
     return dict(out)
 
 
-def _acceptance(level: str, d: dict[str, Any]) -> LevelAcceptance:
-    proposed, accepted, drafts = int(d["num_draft_tokens"]), int(d["num_accepted_tokens"]), int(d["num_drafts"])
+def _acceptance(level: str, d: dict[str, Any]) -> LevelStats:
     n = max(d["per_pos"], default=-1) + 1
-    per_pos = [int(d["per_pos"].get(i, 0)) for i in range(n)]
-    return LevelAcceptance(name=level, proposed=proposed, accepted=accepted,
-                      rate=accepted / proposed if proposed else None, drafts=drafts,
-                      accepted_per_position=per_pos,
-                      position_rates=[a / drafts for a in per_pos] if drafts else [])
+    return LevelStats(name=level, proposed=int(d["num_draft_tokens"]), accepted=int(d["num_accepted_tokens"]),
+                      drafts=int(d["num_drafts"]), accepted_per_position=[int(d["per_pos"].get(i, 0)) for i in range(n)])
 
 
-def telemetry_delta(before: str | None, after: str | None) -> tuple[dict[str, Any] | None, list[LevelAcceptance]]:
+def telemetry_delta(before: str | None, after: str | None) -> tuple[dict[str, Any] | None, list[LevelStats]]:
     """Compare two /metrics scrapes: raw deltas plus speculation counters as per-level (and per-position)
     acceptance. Gauges are reported as read after the window (flagged instantaneous)."""
     if before is None or after is None:
         return None, []
     b, a = parse_prometheus(before), parse_prometheus(after)
     sb, sa = spec_counters(b), spec_counters(a)
-    levels: list[LevelAcceptance] = []
+    levels: list[LevelStats] = []
     spec: dict[str, dict[str, Any]] = {}
     for level, counts in sa.items():
         prev = sb.get(level, _zero())
@@ -174,7 +170,7 @@ def telemetry_delta(before: str | None, after: str | None) -> tuple[dict[str, An
     return info, levels
 
 
-def response_levels(body: dict[str, Any]) -> tuple[list[LevelCounts], int | None, float | None, dict[str, Any]]:
+def response_levels(body: dict[str, Any]) -> tuple[list[LevelStats], int | None, float | None, dict[str, Any]]:
     """Per-request speculation statistics carried in a response body or final chunk.
 
     Returns (levels, steps, tau, raw) from the `specledger` extension, vLLM's `metrics.speculative_decoding`
@@ -182,9 +178,8 @@ def response_levels(body: dict[str, Any]) -> tuple[list[LevelCounts], int | None
     """
     ext = body.get("specledger")
     if isinstance(ext, dict):
-        levels = [LevelCounts(name=str(lv.get("name", f"level{i}")), proposed=int(lv.get("proposed", 0)),
-                              accepted=int(lv.get("accepted", 0)), steps=lv.get("steps"))
-                  for i, lv in enumerate(ext.get("levels") or [])]
+        levels = [LevelStats.model_validate({"name": f"level{i}", **lv}) for i, lv in enumerate(ext.get("levels") or [])
+                  if isinstance(lv, dict)]
         return levels, ext.get("steps"), ext.get("tau"), {"specledger": ext}
     metrics = body.get("metrics")
     spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
@@ -200,16 +195,16 @@ def response_levels(body: dict[str, Any]) -> tuple[list[LevelCounts], int | None
             steps = max(1, timings["predicted_n"] - 1 - accepted)
             tau = (timings["predicted_n"] - 1) / steps
         if "draft_n" in timings:
-            lv = LevelCounts(name="draft", proposed=int(timings["draft_n"]), accepted=accepted, steps=steps)
+            lv = LevelStats(name="draft", proposed=int(timings["draft_n"]), accepted=accepted, steps=steps)
             return [lv], steps, tau, raw
         return [], steps, tau, raw
     return [], None, None, {}
 
 
-def _vllm_request(spec: dict[str, Any]) -> tuple[list[LevelCounts], int | None, float | None, dict[str, Any]]:
+def _vllm_request(spec: dict[str, Any]) -> tuple[list[LevelStats], int | None, float | None, dict[str, Any]]:
     """vLLM's per-request summary. `acceptance_histogram[j]` counts the verification steps that accepted exactly
-    j drafts, so the tokens accepted at draft position i (0-based) are the steps that accepted more than i; the
-    per-position counts go into `raw` (`accepted_per_position`) since a request's LevelCounts has no such field.
+    j drafts, so the tokens accepted at draft position i (0-based) are the steps that accepted more than i (kept in
+    the level, and in `raw` as received).
     `num_spec_steps` counts steps that carried a draft: τ over them is 1 + accepted / steps (vLLM's
     `mean_acceptance_length`); steps without a draft (none proposed) are not in it."""
     hist = [int(x) for x in spec.get("acceptance_histogram") or []]
@@ -219,10 +214,13 @@ def _vllm_request(spec: dict[str, Any]) -> tuple[list[LevelCounts], int | None, 
     accepted = int(accepted) if isinstance(accepted, (int, float)) else sum(j * n for j, n in enumerate(hist))
     proposed = int(spec.get("num_draft_tokens") or 0)
     raw: dict[str, Any] = {"vllm_speculative_decoding": spec}
+    per_pos = [sum(hist[i + 1:]) for i in range(len(hist) - 1)]
     if hist:
-        raw["accepted_per_position"] = [sum(hist[i + 1:]) for i in range(len(hist) - 1)]
+        raw["accepted_per_position"] = per_pos
     tau = 1 + accepted / steps if steps else None
-    return [LevelCounts(name="draft", proposed=proposed, accepted=accepted, steps=steps)], steps, tau, raw
+    level = LevelStats(name="draft", proposed=proposed, accepted=accepted, steps=steps, drafts=steps,
+                       accepted_per_position=per_pos)
+    return [level], steps, tau, raw
 
 
 # ---- this process's memory ------------------------------------------------------------

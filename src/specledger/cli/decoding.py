@@ -121,7 +121,7 @@ def generate_cmd(
               f"{res.tau:.2f}" if res.tau else "-", res.finish_reason)
     console.print(t)
     for lv in res.levels:
-        acc = f"{lv.acceptance:.1%}" if lv.acceptance is not None else "-"
+        acc = f"{lv.rate:.1%}" if lv.rate is not None else "-"
         console.print(f"level {lv.name}: proposed {lv.proposed}, accepted {lv.accepted} ({acc}), {lv.time_s:.3f} s drafting")
     if res.params:
         console.print(f"params: {res.params}")

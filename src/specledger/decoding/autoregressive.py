@@ -9,6 +9,9 @@ from specledger.decoding.tree import Tree
 class Autoregressive(Strategy):
     name = "ar"
 
+    def batch_drafter(self, n_slots: int) -> None:
+        return None
+
     def step(self, ctx: Context) -> StepStats:
         t = clock(ctx.target.device)
         self.verify_and_accept(ctx, Tree())

@@ -85,6 +85,15 @@ class BatchRunner:
     def cached(self, seq: Sequence) -> int:
         return self.cache.lengths[seq.slot]
 
+    def sync(self, seq: Sequence, tokens: list[int]) -> None:
+        """Adopt a new token sequence, keeping the cached prefix it shares with the old one (CachedModel.sync)."""
+        n = min(self.cached(seq), len(tokens) - 1)
+        mine, common = seq.tokens, 0
+        while common < n and mine[common] == tokens[common]:
+            common += 1
+        self.cache.rollback(seq.slot, common)
+        seq.tokens = list(tokens)
+
     def room(self, seq: Sequence) -> int:
         """Tokens that can still be drafted on top of the sequence."""
         return self.max_len - len(seq.tokens)

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from specledger.engine.loader import LoadedModel
+from specledger.engine.pool import POOL, key_of
 from specledger.engine.timing import clock
 
 SURFACE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -61,48 +63,74 @@ def expected_accepted(a: float, k: int) -> float:
     return sum(a**i for i in range(1, k + 1))
 
 
-def plan_drafts(available: list[int], accept: list[float], base_rows: int, base_tokens: float,
-                cost: Callable[[int], float]) -> list[int]:
+def plan_drafts(gains: list[list[float]], base_rows: int, base_tokens: float, cost: Callable[[int], float],
+                draft_cost: Callable[[list[int]], float] | None = None) -> list[int]:
     """Draft tokens per sequence that maximise the pass's expected tokens per second.
 
-    The m draft tokens worth most are the m largest gains a_i^j anywhere in the batch (each
-    sequence's gains fall with j, so they always form a prefix of its chain), and T depends on
-    the total rows only; so the best plan is the best m: argmax (E0 + top-m gains) / T(rows0 + m),
-    looked at over every m, so a bump in T (e.g. 1 -> 2 rows on a CPU) does not hide a larger
-    draft that pays. available: tokens each sequence could draft (its proposal's length); accept:
-    each one's a; base_rows / base_tokens: rows of the pass and tokens it yields with no draft.
+    gains[i][j]: the expected tokens the (j+1)-th draft node of sequence i adds (non-increasing in j: a
+    sequence's nodes are taken best first, so they always form a prefix of its proposal). The m nodes worth
+    most are the m largest gains anywhere in the batch, and T depends on the total rows only; so the plan is
+    the best m: argmax (E0 + top-m gains) / (T(rows0 + m) + drafting time), looked at over every m, so a bump
+    in T (e.g. 1 -> 2 rows on a CPU) does not hide a larger draft that pays. base_rows / base_tokens: rows of
+    the pass and tokens it yields with no draft; draft_cost(ks): seconds to draft ks (default none).
     """
-    gains = sorted(((accept[i] ** j, i) for i, n in enumerate(available) if accept[i] > 0
-                    for j in range(1, n + 1)), key=lambda g: -g[0])
+    order = sorted(((g, i) for i, gs in enumerate(gains) for g in gs if g > 0), key=lambda x: -x[0])
+    ks = [0] * len(gains)
     best_m, best_rate = 0, base_tokens / cost(base_rows)
     tokens = float(base_tokens)
-    for m, (g, _) in enumerate(gains, start=1):
+    for m, (g, i) in enumerate(order, start=1):
         tokens += g
-        rate = tokens / cost(base_rows + m)
+        ks[i] += 1
+        rate = tokens / (cost(base_rows + m) + (draft_cost(ks) if draft_cost else 0.0))
         if rate > best_rate:
             best_m, best_rate = m, rate
-    ks = [0] * len(available)
-    for _, i in gains[:best_m]:
+    ks = [0] * len(gains)
+    for _, i in order[:best_m]:
         ks[i] += 1
     return ks
 
 
 @dataclass
 class AcceptanceEMA:
-    """Running per-token acceptance of one sequence's drafts: an EMA over verified chain positions.
+    """Running per-token acceptance of one sequence's chains: an EMA over verified chain positions.
 
-    A k-token chain with n accepted tells: positions 1..n accepted, position n+1 rejected (if n < k)."""
+    A k-token chain with n accepted tells: positions 1..n accepted, position n+1 rejected (if n < k); the
+    j-th drafted token is then worth a^j."""
 
     a: float = 0.6
     weight: float = 0.15
 
-    def update(self, drafted: int, accepted: int) -> None:
-        trials = [1.0] * accepted + ([0.0] if accepted < drafted else [])
+    def update(self, drafted: int, path: list[int]) -> None:
+        trials = [1.0] * len(path) + ([0.0] if len(path) < drafted else [])
         for x in trials:
             self.a += self.weight * (x - self.a)
 
+    def gains(self, n: int) -> list[float]:
+        return [self.a**j for j in range(1, n + 1)]
 
-_SURFACES: dict[tuple, CostSurface] = {}
+
+@dataclass
+class RankAcceptance:
+    """Per rank, the chance that a sequence's r-th best draft-tree node is on the accepted path: an EMA over
+    its verified trees (nodes best first), a^r before a rank has been seen; never increasing in r."""
+
+    a: float = 0.6
+    weight: float = 0.15
+    hits: list[float] = field(default_factory=list)
+
+    def update(self, drafted: int, path: list[int]) -> None:
+        on = set(path)
+        for r in range(drafted):
+            if r == len(self.hits):
+                self.hits.append(self.a ** (r + 1))
+            self.hits[r] += self.weight * ((1.0 if r in on else 0.0) - self.hits[r])
+
+    def gains(self, n: int) -> list[float]:
+        out, low = [], 1.0
+        for r in range(n):
+            low = min(low, self.hits[r] if r < len(self.hits) else self.a ** (r + 1))
+            out.append(low)
+        return out
 
 
 @torch.inference_mode()
@@ -152,12 +180,11 @@ def measure_cost_surface(lm: LoadedModel, *, n_seqs: int = 8, context: int = 64,
     return CostSurface(tuple(sizes), tuple(statistics.median(times[n]) for n in sizes))
 
 
-def cost_surface(lm: LoadedModel, max_rows: int = SURFACE_ROWS[-1], **probe) -> CostSurface:
-    """The model's surface up to max_rows (the next probe size above it included), measured on first
-    use in this process per model, precision and device, and again only for a larger max_rows."""
+def cost_surface(lm: LoadedModel, max_rows: int = SURFACE_ROWS[-1], **probe: Any) -> CostSurface:
+    """The model's surface up to max_rows (the next probe size above it included), measured on first use per
+    model, precision and device (and probe settings), kept in the model pool, and measured again only for a
+    larger max_rows."""
     sizes = tuple(n for n in SURFACE_ROWS if n < max_rows) + tuple(n for n in SURFACE_ROWS if n >= max_rows)[:1]
-    key = (lm.name, lm.source, lm.dtype, lm.quant, str(lm.device), id(lm.model))
-    have = _SURFACES.get(key)
-    if have is None or have.rows[-1] < sizes[-1]:
-        _SURFACES[key] = measure_cost_surface(lm, sizes=sizes, **probe)
-    return _SURFACES[key]
+    name = ("cost_surface", tuple(sorted(probe.items())))
+    return POOL.derived(key_of(lm), name, lambda: measure_cost_surface(lm, sizes=sizes, **probe), owner=lm.model,
+                        enough=lambda have: have.rows[-1] >= sizes[-1])

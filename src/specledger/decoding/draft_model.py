@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import torch
 
-from specledger.decoding.cached_model import CachedModel
+from specledger.decoding.batch_runner import BatchItem, BatchRunner, Sequence
+from specledger.decoding.draft_budget import CostSurface, cost_surface
+from specledger.decoding.drafter import DraftSeq
 from specledger.decoding.sampling import probs_from_logits, sample
-from specledger.decoding.strategy import Context, StepStats, Strategy, clock
+from specledger.decoding.strategy import Context, Speculative
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel
 from specledger.errors import BadInput
@@ -22,25 +26,80 @@ def check_same_tokenizer(a: LoadedModel, b: LoadedModel) -> None:
         raise BadInput(f"incompatible tokenizers: {a.label} and {b.label} map tokens to different ids")
 
 
-def draft_chain(runner: CachedModel, k: int, ctx: Context) -> tuple[list[int], list[torch.Tensor] | None]:
-    """k autoregressive steps of a drafter; its distributions are kept when sampling."""
-    tokens: list[int] = []
-    qs: list[torch.Tensor] | None = None if ctx.sp.greedy else []
-    for _ in range(k):
-        fwd = runner.forward()
-        logits = fwd.logits[-1]
-        if ctx.sp.greedy:
-            tok = int(logits.argmax())
-        else:
-            q = probs_from_logits(logits, ctx.sp).cpu()
-            tok = sample(q, ctx.gen)
-            qs.append(q)
-        runner.accept(fwd, [], [tok])
-        tokens.append(tok)
-    return tokens, qs
+class ModelDrafter:
+    """A smaller (or quantized) model drafting chains for many sequences at once: its own slot cache, one
+    ragged pass per drafted position over every sequence still drafting (the first pass also feeds what the
+    verifier accepted since). Sampling draws each token from the request's own distribution and generator,
+    and keeps it as q for the verifier."""
+
+    name = "draft"
+    wants_features = False
+    tree = False
+
+    def __init__(self, draft: LoadedModel, num_tokens: int, *, n_slots: int = 1, max_len: int | None = None) -> None:
+        if not 1 <= num_tokens <= 64:
+            raise BadInput(f"draft num_tokens must be in 1..64 (got {num_tokens})")
+        self.lm, self.max_tokens = draft, num_tokens
+        self.runner = BatchRunner(draft, n_slots, max_len)
+        self.seqs: dict[Hashable, Sequence] = {}
+        self._surface: CostSurface | None = None
+
+    def params(self) -> dict:
+        return {"num_tokens": self.max_tokens, "draft": self.lm.label}
+
+    @torch.inference_mode()
+    def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
+        """Take a slot and prefill the prompt (every token but the pending one): the draft model's prefill."""
+        s = self.seqs[seq.key] = self.runner.open(seq.tokens)
+        if len(seq.tokens) > 1:
+            self.runner.forward([BatchItem(s, max_run=len(seq.tokens) - 1)])
+
+    def accept(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
+        pass  # the next proposal syncs to the verifier's tokens (keeping the common prefix)
+
+    def end(self, seq: DraftSeq) -> None:
+        self.runner.close(self.seqs.pop(seq.key))
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[DraftSeq], budgets: list[int]) -> list[Tree]:
+        runner = self.runner
+        budgets = [min(b, self.max_tokens) for b in budgets]
+        mine = [self.seqs[s.key] for s in seqs]
+        toks: list[list[int]] = [[] for _ in seqs]
+        qs: list[list[torch.Tensor]] = [[] for _ in seqs]
+        for s, m, b in zip(seqs, mine, budgets):
+            if b > 0:
+                runner.sync(m, s.tokens)
+        for d in range(max(budgets, default=0)):
+            live = [i for i, b in enumerate(budgets) if b > d]
+            fwds = runner.forward([BatchItem(mine[i]) for i in live])
+            for i, fwd in zip(live, fwds):
+                assert fwd.logits is not None  # the whole run is fed
+                logits, sp = fwd.logits[-1], seqs[i].sp
+                if sp.greedy:
+                    tok = int(logits.argmax())
+                else:
+                    q = probs_from_logits(logits, sp).cpu()
+                    tok = sample(q, seqs[i].gen)
+                    qs[i].append(q)
+                runner.accept(mine[i], fwd, [], [tok])
+                toks[i].append(tok)
+        return [Tree.chain(t, None if s.sp.greedy else q) for t, q, s in zip(toks, qs, seqs)]
+
+    def candidates(self, seqs: list[DraftSeq], caps: list[int]) -> list[int]:
+        return [min(c, self.max_tokens) for c in caps]
+
+    def draft_cost(self, budgets: list[int]) -> float:
+        """Pass d carries one row per sequence drafting at least d tokens: the draft model's own cost surface."""
+        if not any(budgets):
+            return 0.0
+        if self._surface is None:
+            n = self.runner.cache.n_slots
+            self._surface = cost_surface(self.lm, max_rows=n, n_seqs=min(8, n), rows_per_seq=1)
+        return sum(self._surface(sum(1 for b in budgets if b > d)) for d in range(max(budgets)))
 
 
-class DraftModel(Strategy):
+class DraftModel(Speculative):
     name = "draft"
     level_names = ["draft"]
 
@@ -55,15 +114,8 @@ class DraftModel(Strategy):
     def params(self) -> dict:
         return {"num_tokens": self.k, "draft": self.draft_lm.label}
 
-    def start(self, ctx: Context) -> None:
-        self.runner = CachedModel(self.draft_lm, ctx.target.max_len)
-        self.runner.prefill(ctx.prompt)
+    def make_drafter(self, ctx: Context) -> ModelDrafter:
+        return ModelDrafter(self.draft_lm, self.k, max_len=ctx.target.max_len)
 
-    def step(self, ctx: Context) -> StepStats:
-        dev = ctx.target.device
-        t0 = clock(dev)
-        self.runner.sync(ctx.target.tokens)
-        tokens, qs = draft_chain(self.runner, min(self.k, ctx.budget()), ctx)
-        t1 = clock(dev)
-        new, _, verdict = self.verify_and_accept(ctx, Tree.chain(tokens, qs))
-        return StepStats(len(new), [len(tokens)], [len(verdict.path)], [t1 - t0], clock(dev) - t1)
+    def batch_drafter(self, n_slots: int) -> ModelDrafter:
+        return ModelDrafter(self.draft_lm, self.k, n_slots=n_slots, max_len=self.target.config.max_seq_len)

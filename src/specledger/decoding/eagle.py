@@ -14,16 +14,20 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+from collections.abc import Hashable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from specledger.decoding.eagle_head import EagleHead, draft_lm_head, load_head, shipped_head_dir
-from specledger.decoding.strategy import Context, StepStats, Strategy, clock
+from specledger.decoding.drafter import DraftSeq
+from specledger.decoding.strategy import Context, Speculative, clock
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel, parse_dtype
 from specledger.engine.pool import POOL, key_of
+from specledger.engine.ragged import Segment
 from specledger.engine.timing import CURVE_SIZES, forward_time_curve
 from specledger.errors import BadInput
 
@@ -40,9 +44,51 @@ def check_tree_params(top_k: int, depth: int, total_nodes: int) -> None:
         raise BadInput(f"EAGLE total_nodes must be in 1..{MAX_NODES} (got {total_nodes})")
 
 
+@dataclass
+class _HeadSeq:
+    """One sequence the head follows: its slot in the head cache, the base's features, its latest draft."""
+
+    slot: int
+    feats: torch.Tensor  # (capacity, H): f_i of every token the base has cached (grows by doubling)
+    n_feats: int = 0
+    tokens: list[int] = field(default_factory=list)
+    root: torch.Tensor | None = None  # predicted feature of the pending token
+    todo: int = 0  # head entries [todo, n_feats) are still to be fed (the slot holds [0, todo))
+    # the last draft's candidates (creation order) and their ranking, for acceptance statistics
+    cand_tokens: list[int] = field(default_factory=list)
+    cand_parents: list[int] = field(default_factory=list)
+    cand_logp: list[float] = field(default_factory=list)
+    cand_order: list[int] = field(default_factory=list)
+    full: bool = False  # whether the last draft expanded all `depth` levels
+
+
+@dataclass
+class _Grow:
+    """One sequence's tree while it grows, level by level."""
+
+    st: _HeadSeq
+    n_keep: int
+    committed: int
+    scores: list[torch.Tensor]
+    front: torch.Tensor  # candidate ids of the frontier
+    front_score: torch.Tensor
+    front_feat: torch.Tensor
+    anc: torch.Tensor  # ancestor rows over the tree slots fed into the head cache
+    slot_of: dict[int, int] = field(default_factory=dict)
+    fed: int = 0
+
+
 class EagleDrafter:
+    """EAGLE-2 trees for one sequence or a batch: the head's cache has a slot per sequence, and every level of
+    every sequence's tree goes through the head in one ragged pass (its frontier under its ancestor mask)."""
+
+    name = "eagle"
+    wants_features = True
+    tree = True
+
     def __init__(
-        self, head: EagleHead, base: LoadedModel, *, top_k: int = 10, depth: int = 5, total_nodes: int = 59, max_len: int
+        self, head: EagleHead, base: LoadedModel, *, top_k: int = 10, depth: int = 5, total_nodes: int = 59,
+        max_len: int, n_slots: int = 1,
     ) -> None:
         check_tree_params(top_k, depth, total_nodes)
         head.check_target(base)
@@ -50,50 +96,83 @@ class EagleDrafter:
         self.lm_head = pooled_lm_head(head, base)
         self.vocab = head.draft_vocab.tolist() if head.draft_vocab is not None else None
         self.top_k, self.depth, self.total_nodes = top_k, depth, total_nodes
-        dev = base.model.device
-        self.cache = head.new_cache(max_len + depth * top_k, device=dev)
-        self.feats = torch.zeros(max_len, head.cfg.hidden_size, dtype=head.dtype, device=dev)
-        self.n_feats = 0
-        self.tokens: list[int] = []
-        self.root: torch.Tensor | None = None  # predicted feature of the pending token
-        # the last draft's candidates (creation order) and their ranking, for acceptance statistics
-        self.cand_tokens: list[int] = []
-        self.cand_parents: list[int] = []
-        self.cand_logp: list[float] = []
-        self.cand_order: list[int] = []
+        self.max_len = max_len
+        self.cache = head.new_slot_cache(n_slots, max_len + depth * top_k, device=base.model.device)
+        self.seqs: dict[Hashable, _HeadSeq] = {}
         # expand every level even when no deeper node can make the kept tree (for unbiased statistics)
         self.explore = False
-        self.full = False  # whether the last draft expanded all `depth` levels
+        self._draft_s: float | None = None  # EMA of the seconds one batched draft took (the planner's cost)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.total_nodes
+
+    def params(self) -> dict:
+        return {"top_k": self.top_k, "depth": self.depth, "total_nodes": self.total_nodes}
+
+    def state(self, key: Hashable) -> _HeadSeq:
+        return self.seqs[key]
 
     # --- following the base's sequence ---------------------------------------------------------
 
-    def start(self, tokens: list[int], features: torch.Tensor) -> None:
-        self.tokens, self.n_feats, self.root = [], 0, None
-        self.cache.rollback(0)
-        self.observe(tokens, features)
+    def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
+        """A new sequence: its prompt's features are fed at once (the head's prefill)."""
+        h = self.head.cfg.hidden_size
+        cap = max(16, len(seq.tokens) + self.depth + 1)
+        st = self.seqs[seq.key] = _HeadSeq(self.cache.alloc(), torch.zeros(cap, h, dtype=self.head.dtype,
+                                                                            device=self.model.device))
+        self.accept(seq, features)
+        self._catch_up([st])
 
-    @torch.inference_mode()
-    def observe(self, tokens: list[int], features: torch.Tensor) -> None:
+    def end(self, seq: DraftSeq) -> None:
+        self.cache.release(self.seqs.pop(seq.key).slot)
+
+    def accept(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
+        """The base now holds `seq.tokens` and cached `features` for its newest tokens (ending before the pending
+        one). Head entries whose feature or next token changed are rolled back; the new ones are fed with the next
+        proposal (in one pass for every sequence)."""
+        st = self.seqs[seq.key]
+        if features is None:
+            raise ValueError("the EAGLE drafter needs the verifier's features")
+        tokens = seq.tokens
         n_cached = len(tokens) - 1
         fstart = n_cached - features.shape[0]
-        if fstart < 0 or fstart > self.n_feats:
-            raise ValueError(f"features for tokens {fstart}..{n_cached} leave a gap after the {self.n_feats} known")
-        common, mine = 0, self.tokens
+        if fstart < 0 or fstart > st.n_feats:
+            raise ValueError(f"features for tokens {fstart}..{n_cached} leave a gap after the {st.n_feats} known")
+        common, mine = 0, st.tokens
         lim = min(len(mine), len(tokens))
         while common < lim and mine[common] == tokens[common]:
             common += 1
-        self.feats[fstart:n_cached] = features.to(self.feats.dtype)
-        self.n_feats = n_cached
-        valid = max(0, min(self.cache.length, fstart, common - 1))  # entry i needs f_i and token i+1 unchanged
-        if valid < self.cache.length:
-            self.cache.rollback(valid)
-            self.root = None
-        self.tokens = list(tokens)
-        if valid < n_cached:
-            dev = self.feats.device
-            x = torch.tensor([tokens[valid + 1 : n_cached + 1]], device=dev)
-            h = self.head.hidden(self.model, x, self.feats[None, valid:n_cached], self.cache)
-            self.root = h[0, -1]
+        if n_cached > st.feats.shape[0]:
+            grown = st.feats.new_zeros(max(n_cached, 2 * st.feats.shape[0]), st.feats.shape[1])
+            grown[: st.n_feats] = st.feats[: st.n_feats]
+            st.feats = grown
+        st.feats[fstart:n_cached] = features.to(st.feats.dtype)
+        st.n_feats = n_cached
+        length = self.cache.lengths[st.slot]
+        valid = max(0, min(length, fstart, common - 1))  # entry i needs f_i and token i+1 unchanged
+        if valid < length:
+            self.cache.rollback(st.slot, valid)
+            st.root = None
+        st.todo = valid
+        st.tokens = list(tokens)
+
+    @torch.inference_mode()
+    def _catch_up(self, states: list[_HeadSeq]) -> None:
+        """Feed every sequence's pending head entries in one ragged pass; each one's last gives its root."""
+        todo = [st for st in states if st.todo < st.n_feats]
+        if not todo:
+            return
+        dev = self.model.device
+        toks = torch.tensor([t for st in todo for t in st.tokens[st.todo + 1 : st.n_feats + 1]], device=dev)
+        feats = torch.cat([st.feats[st.todo : st.n_feats] for st in todo])
+        pos = torch.cat([torch.arange(st.todo, st.n_feats, device=dev) for st in todo])
+        segs = [Segment(st.slot, st.n_feats - st.todo) for st in todo]
+        h = self.head.ragged(self.model, toks, feats, pos, segs, self.cache)
+        off = 0
+        for st, sg in zip(todo, segs):
+            off += sg.n
+            st.root, st.todo = h[off - 1], st.n_feats
 
     # --- drafting ----------------------------------------------------------------------------------
 
@@ -104,82 +183,122 @@ class EagleDrafter:
         return v.cpu(), ids if self.vocab is None else [self.vocab[i] for i in ids]
 
     @torch.inference_mode()
-    def draft(self, budget: int) -> Tree:
-        n_keep = min(self.total_nodes, budget)
-        self.cand_tokens, self.cand_parents, self.cand_logp, self.cand_order = [], [], [], []
-        if n_keep <= 0 or self.root is None:
-            return Tree()
-        k, dev = min(self.top_k, len(self.vocab) if self.vocab else self.base.config.vocab_size), self.feats.device
-        committed = self.cache.length
-        pos0 = len(self.tokens) - 1  # entry position of a depth-1 node: the feature of the pending token
-        toks, parents, logps = self.cand_tokens, self.cand_parents, self.cand_logp
-        scores: list[torch.Tensor] = []
+    def propose(self, seqs: list[DraftSeq], budgets: list[int]) -> list[Tree]:
+        """Each sequence's best `min(total_nodes, budget)` nodes, best first (parents before children)."""
+        t0 = clock(self.model.device)
+        states = [self.seqs[s.key] for s in seqs]
+        for st in states:
+            st.cand_tokens, st.cand_parents, st.cand_logp, st.cand_order = [], [], [], []
+        self._catch_up(states)
+        keep = [min(self.total_nodes, b) for b in budgets]
+        grow = [_Grow(st, n, self.cache.lengths[st.slot], [], torch.empty(0), torch.empty(0), torch.empty(0),
+                      torch.empty(0)) for st, n in zip(states, keep) if n > 0 and st.root is not None]
+        if not grow:
+            return [Tree() for _ in states]
+        self._grow(grow)
+        trees = {id(g.st): self._ranked(g.st, g.n_keep, torch.cat(g.scores)) for g in grow}
+        t = clock(self.model.device) - t0
+        self._draft_s = t if self._draft_s is None else 0.8 * self._draft_s + 0.2 * t
+        return [trees.get(id(st), Tree()) for st in states]
 
-        v, ids = self._top(self.root[None], k)  # (1, k)
-        toks += ids
-        parents += [-1] * k
-        logps += v[0].tolist()
-        scores.append(v[0])
-        front = torch.arange(k)  # candidate ids of the frontier
-        front_score = v[0]
-        front_feat = self.root[None].expand(k, -1)
-        # ancestor rows over the tree slots fed into the head cache
-        anc = torch.zeros(k * self.depth, k * self.depth, dtype=torch.bool)
-        slot_of: dict[int, int] = {}
-        fed = 0
-        self.full = True
+    def _grow(self, grow: list[_Grow]) -> None:
+        k = min(self.top_k, len(self.vocab) if self.vocab else self.base.config.vocab_size)
+        dev = self.model.device
+        v, ids = self._top(torch.stack([g.st.root for g in grow]), k)  # (B, k): depth 1 from every root
+        for j, g in enumerate(grow):
+            st = g.st
+            st.cand_tokens += ids[j * k : (j + 1) * k]
+            st.cand_parents += [-1] * k
+            st.cand_logp += v[j].tolist()
+            g.scores.append(v[j])
+            g.front, g.front_score = torch.arange(k), v[j]
+            g.front_feat = st.root[None].expand(k, -1)
+            g.anc = torch.zeros(k * self.depth, k * self.depth, dtype=torch.bool)
+            st.full = True
         for d in range(1, self.depth):
-            if not self.explore and len(toks) >= n_keep:  # descendants score no higher than their parent:
-                kth = float(torch.cat(scores).topk(n_keep).values[-1])  # none could displace the kept nodes
-                if float(front_score.max()) <= kth:
-                    self.full = False
-                    break
-            f = front.numel()
-            for j, c in enumerate(front.tolist()):
-                s = fed + j
-                p = parents[c]
-                if p >= 0:
-                    anc[s] = anc[slot_of[p]]
-                anc[s, s] = True
-                slot_of[c] = s
-            mask = torch.ones(f, committed + fed + f, dtype=torch.bool)
-            mask[:, committed:] = anc[fed : fed + f, : fed + f]
-            x = torch.tensor([[toks[c] for c in front.tolist()]], device=dev)
-            positions = torch.full((f,), pos0 + d - 1, dtype=torch.long, device=dev)
-            h = self.head.hidden(self.model, x, front_feat[None], self.cache, positions=positions, mask=mask.to(dev))[0]
-            fed += f
-            v, ids = self._top(h, k)  # (f, k)
-            cum = (front_score[:, None] + v).reshape(-1)
-            base_id = len(toks)
-            toks += ids
-            parents += [c for c in front.tolist() for _ in range(k)]
-            logps += v.reshape(-1).tolist()
-            scores.append(cum)
-            front_score, best = cum.topk(min(k, cum.numel()))
-            front = best + base_id
-            front_feat = h[best // k]
-        self.cache.rollback(committed)
+            live = []
+            for g in grow:
+                st = g.st
+                if g.front.numel() == 0:
+                    continue
+                if not self.explore and len(st.cand_tokens) >= g.n_keep:  # descendants score no higher than
+                    kth = float(torch.cat(g.scores).topk(g.n_keep).values[-1])  # their parent: none could
+                    if float(g.front_score.max()) <= kth:  # displace the kept nodes
+                        st.full = False
+                        g.front = g.front[:0]
+                        continue
+                live.append(g)
+            if not live:
+                break
+            toks, feats, pos, segs = [], [], [], []
+            for g in live:
+                st, f = g.st, g.front.numel()
+                for j, c in enumerate(g.front.tolist()):
+                    s = g.fed + j
+                    p = st.cand_parents[c]
+                    if p >= 0:
+                        g.anc[s] = g.anc[g.slot_of[p]]
+                    g.anc[s, s] = True
+                    g.slot_of[c] = s
+                mask = torch.ones(f, g.committed + g.fed + f, dtype=torch.bool)
+                mask[:, g.committed :] = g.anc[g.fed : g.fed + f, : g.fed + f]
+                toks += [st.cand_tokens[c] for c in g.front.tolist()]
+                feats.append(g.front_feat)
+                pos.append(torch.full((f,), len(st.tokens) - 2 + d, dtype=torch.long))  # depth-1 entry: pending
+                segs.append(Segment(st.slot, f, mask.to(dev)))
+            h = self.head.ragged(self.model, torch.tensor(toks, device=dev), torch.cat(feats), torch.cat(pos).to(dev),
+                                 segs, self.cache)
+            v, ids = self._top(h, k)  # (rows, k)
+            row = 0
+            for g, sg in zip(live, segs):
+                st, f = g.st, sg.n
+                g.fed += f
+                gv, gh = v[row : row + f], h[row : row + f]
+                cum = (g.front_score[:, None] + gv).reshape(-1)
+                base_id = len(st.cand_tokens)
+                st.cand_tokens += ids[row * k : (row + f) * k]
+                st.cand_parents += [c for c in g.front.tolist() for _ in range(k)]
+                st.cand_logp += gv.reshape(-1).tolist()
+                g.scores.append(cum)
+                g.front_score, best = cum.topk(min(k, cum.numel()))
+                g.front = best + base_id
+                g.front_feat = gh[best // k]
+                row += f
+        for g in grow:
+            self.cache.rollback(g.st.slot, g.committed)
 
-        score = torch.cat(scores)
+    def _ranked(self, st: _HeadSeq, n_keep: int, score: torch.Tensor) -> Tree:
+        """The best n_keep candidates by cumulative log-probability (`score`, per candidate), closed under
+        parents, best first."""
         order = torch.sort(score, descending=True, stable=True).indices.tolist()  # ties: parents (older) first
         kept: set[int] = set()
         ranked: list[int] = []
         for c in order:  # a prefix of the ranking, closed under parents
-            if parents[c] < 0 or parents[c] in kept:
+            p = st.cand_parents[c]
+            if p < 0 or p in kept:
                 kept.add(c)
                 ranked.append(c)
-        self.cand_order = ranked
-        chosen = sorted(ranked[:n_keep])  # creation order: parents precede children
+        st.cand_order = ranked
+        chosen = ranked[:n_keep]
         index = {c: i for i, c in enumerate(chosen)}
-        return Tree([toks[c] for c in chosen], [index[parents[c]] if parents[c] >= 0 else -1 for c in chosen])
+        parents = [index[st.cand_parents[c]] if st.cand_parents[c] >= 0 else -1 for c in chosen]
+        return Tree([st.cand_tokens[c] for c in chosen], parents)
 
-    def expected_hits(self, new_tokens: list[int]) -> torch.Tensor:
-        """For the last draft: hits[r] = 1 if the r-th ranked candidate lies on the emitted path.
+    def candidates(self, seqs: list[DraftSeq], caps: list[int]) -> list[int]:
+        return [min(c, self.total_nodes) for c in caps]
+
+    def draft_cost(self, budgets: list[int]) -> float:
+        """The depth passes cost about the same whatever is kept: the measured time of recent drafts."""
+        return (self._draft_s or 0.0) if any(budgets) else 0.0
+
+    def expected_hits(self, key: Hashable, new_tokens: list[int]) -> torch.Tensor:
+        """For the sequence's last draft: hits[r] = 1 if the r-th ranked candidate lies on the emitted path.
 
         A candidate at depth d is on the path iff its tokens equal new_tokens[:d]; deeper than the
         emitted tokens it is unknown and counted with the head's own probability.
         """
-        toks, parents = self.cand_tokens, self.cand_parents
+        st = self.seqs[key]
+        toks, parents = st.cand_tokens, st.cand_parents
         hit = [0.0] * len(toks)
         depth = [0] * len(toks)
         for c in range(len(toks)):
@@ -192,17 +311,16 @@ class EagleDrafter:
             if d <= len(new_tokens):
                 hit[c] = up if toks[c] == new_tokens[d - 1] else 0.0
             else:
-                hit[c] = up * math.exp(self.cand_logp[c])
-        return torch.tensor([hit[c] for c in self.cand_order])
+                hit[c] = up * math.exp(st.cand_logp[c])
+        return torch.tensor([hit[c] for c in st.cand_order])
 
-    def confidence(self) -> torch.Tensor:
+    def confidence(self, key: Hashable) -> torch.Tensor:
         """The head's own estimate (product of its probabilities) for the last draft's ranked candidates."""
-        toks, parents = self.cand_tokens, self.cand_parents
-        cum = [0.0] * len(toks)
-        for c in range(len(toks)):
-            p = parents[c]
-            cum[c] = self.cand_logp[c] + (cum[p] if p >= 0 else 0.0)
-        return torch.tensor([math.exp(cum[c]) for c in self.cand_order])
+        st = self.seqs[key]
+        cum = [0.0] * len(st.cand_tokens)
+        for c, p in enumerate(st.cand_parents):
+            cum[c] = st.cand_logp[c] + (cum[p] if p >= 0 else 0.0)
+        return torch.tensor([math.exp(cum[c]) for c in st.cand_order])
 
 
 # --- the target's verification-cost curve --------------------------------------------------------
@@ -331,7 +449,7 @@ def default_head_dtype(target: LoadedModel) -> torch.dtype:
     return m.dtype
 
 
-class EagleTree(Strategy):
+class EagleTree(Speculative):
     name = "eagle"
     level_names = ["eagle"]
 
@@ -363,7 +481,6 @@ class EagleTree(Strategy):
         self.total_nodes = total_nodes
         self.lookahead = AUTO_MAX_NODES if auto else int(total_nodes)
         self.sizer = TreeSizer(verify_cost_curve(target)) if auto else None
-        self.drafter: EagleDrafter | None = None
 
     def params(self) -> dict:
         p = {"head": self.head_source, "head_dtype": str(self.head.dtype).removeprefix("torch."), "top_k": self.top_k,
@@ -375,28 +492,29 @@ class EagleTree(Strategy):
             p["verify_curve_ms"] = {n: round(1000 * s, 2) for n, s in self.sizer.curve.items()}
         return p
 
-    def start(self, ctx: Context) -> None:
-        n = self.lookahead
-        self.drafter = EagleDrafter(self.head, self.target, top_k=self.top_k, depth=self.depth,
-                                    total_nodes=n, max_len=ctx.target.max_len)
-        self.drafter.start(ctx.target.tokens, ctx.target.last_hidden)
+    def make_drafter(self, ctx: Context) -> EagleDrafter:
+        return EagleDrafter(self.head, self.target, top_k=self.top_k, depth=self.depth, total_nodes=self.lookahead,
+                            max_len=ctx.target.max_len)
 
-    def step(self, ctx: Context) -> StepStats:
-        dev = ctx.target.device
+    def batch_drafter(self, n_slots: int) -> EagleDrafter:
+        """Batched, the planner sizes each sequence's tree per step (the auto sizer is for one sequence)."""
+        return EagleDrafter(self.head, self.target, top_k=self.top_k, depth=self.depth, total_nodes=self.lookahead,
+                            max_len=self.target.config.max_seq_len, n_slots=n_slots)
+
+    def draft_size(self, ctx: Context, budget: int) -> int:
+        """Auto: the tree size the sizer expects to pay best; and every few steps a full draft for its statistics."""
         drafter = self.drafter
-        t0 = clock(dev)
-        budget = ctx.budget()
+        assert isinstance(drafter, EagleDrafter)
+        if self.sizer is None:
+            return budget
+        st = drafter.state(self.seq.key)
+        drafter.explore = self.sizer.wants_full_draft()
+        return min(budget, self.sizer.choose(drafter.confidence(self.seq.key) if st.cand_order else None, budget))
+
+    def after_step(self, ctx: Context, tree: Tree, new: list[int], step_s: float) -> None:
+        drafter = self.drafter
+        assert isinstance(drafter, EagleDrafter)
         if self.sizer is not None:
-            conf = drafter.confidence() if drafter.cand_order else None
-            drafter.total_nodes = self.sizer.choose(conf, budget)
-        drafter.explore = self.sizer is not None and self.sizer.wants_full_draft()
-        tree = drafter.draft(budget)
-        t1 = clock(dev)
-        new, feats, verdict = self.verify_and_accept(ctx, tree)
-        t2 = clock(dev)
-        drafter.observe(ctx.target.tokens, feats)
-        t3 = clock(dev)
-        if self.sizer is not None:
-            hits = drafter.expected_hits(new) if drafter.full and drafter.cand_order else None
-            self.sizer.update(hits, t3 - t0, len(tree))
-        return StepStats(len(new), [len(tree)], [len(verdict.path)], [(t1 - t0) + (t3 - t2)], t2 - t1)
+            st = drafter.state(self.seq.key)
+            hits = drafter.expected_hits(self.seq.key, new) if st.full and st.cand_order else None
+            self.sizer.update(hits, step_s, len(tree))

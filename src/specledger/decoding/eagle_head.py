@@ -25,6 +25,8 @@ from specledger.engine.kv_cache import KVCache
 from specledger.engine.loader import LoadedModel
 from specledger.engine.model import Block, RMSNorm, Transformer, kv_dtype, rope_at
 from specledger.engine.quant import Int8Linear
+from specledger.engine.ragged import Segment, finish_pass, plan_pass, ragged_block
+from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
 
 FORMAT = "specledger-eagle-head"
@@ -137,6 +139,26 @@ class EagleHead(nn.Module):
         x = self.block(x, cos, sin, cache, 0, start, mask)
         cache.length = start + n
         return x.to(self.dtype)
+
+
+    def new_slot_cache(self, n_slots: int, max_len: int, device: torch.device | str = "cpu") -> SlotCache:
+        """The head's cache for many sequences (one slot each), as the batched drafter keeps it."""
+        c = self.cfg
+        dev = torch.device(device)
+        return SlotCache(1, c.n_kv_heads, c.head_dim, n_slots, max_len, dtype=kv_dtype(self.dtype, dev), device=dev,
+                         initial_len=min(max_len, 256))
+
+    def ragged(self, base: Transformer, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+               segments: list[Segment], cache: SlotCache) -> torch.Tensor:
+        """`hidden` for many sequences in one pass: rows (N,) of tokens with their (N, H) features at RoPE
+        positions (N,), grouped into segments, each appended to its slot under its mask (engine/ragged.py)."""
+        plan = plan_pass(segments, cache, tokens.device)
+        cos, sin = rope_at(base.rope_cos, base.rope_sin, positions, self.dtype)
+        emb = base.tok_embeddings(tokens[None]).to(self.dtype)
+        x = self.fc(torch.cat([emb, features[None].to(self.dtype)], dim=-1)).float()
+        x = ragged_block(self.block, 0, x, cos, sin, plan, cache)
+        finish_pass(plan, cache)
+        return x[0].to(self.dtype)
 
 
 class _Rows(nn.Module):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -24,7 +23,7 @@ class GenerationResult:
     prefill_s: float  # the target's prefill
     draft_prefill_s: float  # drafters' and intermediates' prefill
     total_s: float
-    token_times: list[float]  # perf_counter time each output token became available
+    token_times: list[float]  # clock() time (perf_counter) each output token became available
     steps: int  # target verification steps after the first token
     appended: int = 0  # tokens those steps produced (before any truncation at a stop)
     levels: list[LevelStats] = field(default_factory=list)
@@ -53,7 +52,7 @@ class GenerationResult:
             "params": self.params,
             "steps": self.steps,
             "tau": self.tau,
-            "levels": [lv.as_dict() for lv in self.levels],
+            "levels": [lv.model_dump() for lv in self.levels],
             "ttft_s": self.ttft_s,
             "prefill_s": self.prefill_s,
             "draft_prefill_s": self.draft_prefill_s,
@@ -95,7 +94,8 @@ def generate(
     eos = set() if sp.ignore_eos else set(lm.config.eos_ids)
     gen = None if sp.greedy else sp.generator()
 
-    t0 = time.perf_counter()
+    dev = lm.model.device
+    t0 = clock(dev)
     target = CachedModel(lm, max_len)
     logits = target.prefill(prompt_ids)
     first = int(logits.argmax()) if sp.greedy else sample(probs_from_logits(logits, sp), gen)
@@ -104,7 +104,7 @@ def generate(
     ctx = Context(target, list(prompt_ids), sp, gen)
     strategy.start(ctx)
     t2 = clock(target.device)
-    levels = [LevelStats(n) for n in strategy.level_names]
+    levels = [LevelStats(name=n, steps=0, drafts=0, time_s=0.0) for n in strategy.level_names]
     out: list[int] = []
     times: list[float] = []
     finish = "length"
@@ -128,20 +128,19 @@ def generate(
             break
         before = len(target.tokens)
         st = strategy.step(ctx)
-        now = time.perf_counter()
+        now = clock(dev)
         steps += 1
         appended += st.appended
         verify_s += st.verify_s
-        for lv, p, a, s in zip(levels, st.proposed, st.accepted, st.level_s):
-            lv.proposed += p
-            lv.accepted += a
-            lv.steps += 1
-            lv.time_s += s
+        for lv, checks, s in zip(levels, st.verifications, st.level_s):
+            for p, a in checks:
+                lv.observe(p, a)
+            lv.time_s = (lv.time_s or 0.0) + s
         new = target.tokens[before:]
     if text is None:
         text = tok.decode(out) if tok is not None else ""
     times = times[: len(out)]
-    total = time.perf_counter() - t0
+    total = clock(dev) - t0
     return GenerationResult(
         token_ids=out,
         text=text,
@@ -155,7 +154,7 @@ def generate(
         steps=steps,
         appended=appended,
         levels=levels,
-        draft_s=sum(lv.time_s for lv in levels),
+        draft_s=sum(lv.time_s or 0.0 for lv in levels),
         verify_s=verify_s,
         strategy=strategy.name,
         params=strategy.params(),

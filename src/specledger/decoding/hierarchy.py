@@ -13,23 +13,16 @@ expensive (e.g. quantized, compute-bound) target sees a short chain.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 
-from specledger.decoding.draft_model import check_same_tokenizer
 from specledger.decoding.cached_model import CachedModel
+from specledger.decoding.draft_model import check_same_tokenizer
+from specledger.decoding.drafter import Drafter, DraftSeq
 from specledger.decoding.strategy import Context, StepStats, Strategy, clock
 from specledger.decoding.tree import Tree
 from specledger.decoding.verify import verify
 from specledger.engine.loader import LoadedModel
 from specledger.errors import BadInput
-
-
-class TreeDrafter(Protocol):
-    def start(self, tokens: list[int], features: torch.Tensor) -> None: ...
-    def draft(self, budget: int) -> Tree: ...
-    def observe(self, tokens: list[int], features: torch.Tensor) -> None: ...
 
 
 def _as_list(x) -> list:
@@ -91,21 +84,25 @@ class Hierarchy(Strategy):
         if self.drafter_kind == "eagle":
             from specledger.decoding.eagle import EagleDrafter
 
-            self.drafter: TreeDrafter = EagleDrafter(self.head, self.mids[0], max_len=ctx.target.max_len, **self.tree_params)
+            self.drafter: Drafter = EagleDrafter(self.head, self.mids[0], max_len=ctx.target.max_len,
+                                                 **self.tree_params)
         else:
             from specledger.decoding.lookup import LookupDrafter
 
             self.drafter = LookupDrafter(self.lookup_tokens)
-        self.drafter.start(list(self.runners[0].tokens), self.runners[0].last_hidden)
+        self.seq = DraftSeq(0, self.runners[0].tokens, ctx.sp, ctx.gen)  # the drafter follows the lowest level
+        self.drafter.begin(self.seq, self.runners[0].last_hidden if self.drafter.wants_features else None)
 
     def _resync(self, level: int, tokens: list[int]) -> None:
         """Adopt the sequence of the level above; the lowest intermediate also re-feeds the drafter."""
         r = self.runners[level]
         r.sync(tokens)
         if level == 0:
-            self.drafter.observe(list(r.tokens), r.catch_up())
+            self.seq.tokens = r.tokens
+            self.drafter.accept(self.seq, r.catch_up() if self.drafter.wants_features else None)
 
-    def _chain(self, level: int, ctx: Context, budget: int, st: StepStats) -> tuple[list[int], list[torch.Tensor] | None]:
+    def _chain(self, level: int, ctx: Context, budget: int, st: StepStats
+               ) -> tuple[list[int], list[torch.Tensor] | None]:
         """Tokens model `level` appends to its own sequence by verifying what the level below proposes."""
         runner = self.runners[level]
         chain: list[int] = []
@@ -114,7 +111,8 @@ class Hierarchy(Strategy):
             room = budget - len(chain)
             t0 = clock(runner.device)
             if level == 0:
-                tree = self.drafter.draft(room)
+                self.seq.tokens = runner.tokens
+                tree = self.drafter.propose([self.seq], [room])[0]
                 st.level_s[0] += clock(runner.device) - t0
                 t0 = clock(runner.device)
             else:
@@ -127,18 +125,18 @@ class Hierarchy(Strategy):
             new = verdict.tokens(tree)
             feats = runner.accept(fwd, verdict.path, new)
             if level == 0:
-                self.drafter.observe(list(runner.tokens), feats)
+                self.seq.tokens = runner.tokens
+                self.drafter.accept(self.seq, feats if self.drafter.wants_features else None)
             if qs is not None:
                 qs.extend(verdict.probs[r] for r in verdict.rows())
             chain.extend(new)
-            st.proposed[level] += len(tree)
-            st.accepted[level] += len(verdict.path)
+            st.verifications[level].append((len(tree), len(verdict.path)))
             st.level_s[level + 1] += clock(runner.device) - t0
         return chain, qs
 
     def step(self, ctx: Context) -> StepStats:
         n = len(self.mids)
-        st = StepStats(appended=0, proposed=[0] * (n + 1), accepted=[0] * (n + 1), level_s=[0.0] * (n + 1))
+        st = StepStats(appended=0, verifications=[[] for _ in range(n + 1)], level_s=[0.0] * (n + 1))
         self._resync(n - 1, ctx.target.tokens)
         budget = min(ctx.budget(), self.max_chain)
         tokens, qs = self._chain(n - 1, ctx, budget, st) if budget > 0 else ([], None)
@@ -148,6 +146,5 @@ class Hierarchy(Strategy):
         new, _, verdict = self.verify_and_accept(ctx, Tree.chain(tokens, qs))
         st.verify_s = clock(ctx.target.device) - t0
         st.appended = len(new)
-        st.proposed[n] += len(tokens)
-        st.accepted[n] += len(verdict.path)
+        st.verifications[n].append((len(tokens), len(verdict.path)))
         return st

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from specledger.decoding.strategy import Context, StepStats, Strategy, clock
+import torch
+
+from specledger.decoding.drafter import DraftSeq
+from specledger.decoding.strategy import Context, Speculative
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel
 from specledger.errors import BadInput
@@ -22,7 +25,51 @@ def find_continuation(tokens: list[int], max_ngram: int, min_ngram: int, k: int)
     return []
 
 
-class PromptLookup(Strategy):
+def check_lookup(num_tokens: int, max_ngram: int, min_ngram: int) -> None:
+    if not 1 <= min_ngram <= max_ngram:
+        raise BadInput(f"lookup n-gram sizes need 1 <= min_ngram <= max_ngram (got {min_ngram}, {max_ngram})")
+    if not 1 <= num_tokens <= 128:
+        raise BadInput(f"lookup num_tokens must be in 1..128 (got {num_tokens})")
+
+
+class LookupDrafter:
+    """Prompt lookup as a drafter: each sequence's chain is the continuation of its own last n-gram's latest
+    earlier occurrence. Keeps no state; num_tokens caps a chain (a planner may draft less of it)."""
+
+    name = "lookup"
+    wants_features = False
+    tree = False
+
+    def __init__(self, num_tokens: int = 8, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        check_lookup(num_tokens, max_ngram, min_ngram)
+        self.max_tokens, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
+
+    def params(self) -> dict:
+        return {"num_tokens": self.max_tokens, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
+
+    def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
+        pass
+
+    def accept(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
+        pass
+
+    def end(self, seq: DraftSeq) -> None:
+        pass
+
+    def _chain(self, seq: DraftSeq, budget: int) -> list[int]:
+        return find_continuation(seq.tokens, self.max_ngram, self.min_ngram, min(self.max_tokens, budget))
+
+    def propose(self, seqs: list[DraftSeq], budgets: list[int]) -> list[Tree]:
+        return [Tree.chain(self._chain(s, b)) if b > 0 else Tree() for s, b in zip(seqs, budgets)]
+
+    def candidates(self, seqs: list[DraftSeq], caps: list[int]) -> list[int]:
+        return [len(self._chain(s, c)) if c > 0 else 0 for s, c in zip(seqs, caps)]
+
+    def draft_cost(self, budgets: list[int]) -> float:
+        return 0.0  # a search in the sequence: nothing next to a forward pass
+
+
+class PromptLookup(Speculative):
     name = "lookup"
     level_names = ["lookup"]
 
@@ -33,61 +80,18 @@ class PromptLookup(Strategy):
         chain cost more than its extra accepted tokens gained (fp32 1.00x, W4A16 0.68x of autoregressive
         at 10; 1.19x and 1.14x at 3; BENCHMARKS.md)."""
         super().__init__(target)
+        self.batch_cap = num_tokens or 8  # batched, a cap: the planner drafts what pays of it, per step
         if num_tokens is None:
             num_tokens = 3 if target.model.device.type == "cpu" else 10
-        if not 1 <= min_ngram <= max_ngram:
-            raise BadInput(f"lookup n-gram sizes need 1 <= min_ngram <= max_ngram (got {min_ngram}, {max_ngram})")
-        if not 1 <= num_tokens <= 128:
-            raise BadInput(f"lookup num_tokens must be in 1..128 (got {num_tokens})")
+        check_lookup(num_tokens, max_ngram, min_ngram)
         self.k, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
         self.lookahead = num_tokens
 
     def params(self) -> dict:
         return {"num_tokens": self.k, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
 
-    def step(self, ctx: Context) -> StepStats:
-        dev = ctx.target.device
-        t0 = clock(dev)
-        draft = find_continuation(ctx.target.tokens, self.max_ngram, self.min_ngram, min(self.k, ctx.budget()))
-        t1 = clock(dev)
-        new, _, verdict = self.verify_and_accept(ctx, Tree.chain(draft))
-        return StepStats(len(new), [len(draft)], [len(verdict.path)], [t1 - t0], clock(dev) - t1)
+    def make_drafter(self, ctx: Context) -> LookupDrafter:
+        return LookupDrafter(self.k, self.max_ngram, self.min_ngram)
 
-
-class LookupDrafter:
-    """Prompt lookup as the bottom level of a hierarchy: a chain from the sequence itself."""
-
-    def __init__(self, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1) -> None:
-        self.k, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
-        self.tokens: list[int] = []
-
-    def start(self, tokens: list[int], features=None) -> None:
-        self.tokens = list(tokens)
-
-    def observe(self, tokens: list[int], features=None) -> None:
-        self.tokens = list(tokens)
-
-    def draft(self, budget: int) -> Tree:
-        return Tree.chain(find_continuation(self.tokens, self.max_ngram, self.min_ngram, min(self.k, budget)))
-
-
-class BatchLookup:
-    """Prompt lookup for the batched scheduler: each sequence's candidate chain, from its own tokens.
-
-    num_tokens caps the candidate; how much of it is drafted is the scheduler's call each step
-    (decoding/draft_budget.py), so the cap can be generous."""
-
-    name = "lookup"
-
-    def __init__(self, num_tokens: int = 8, max_ngram: int = 3, min_ngram: int = 1) -> None:
-        if not 1 <= min_ngram <= max_ngram:
-            raise BadInput(f"lookup n-gram sizes need 1 <= min_ngram <= max_ngram (got {min_ngram}, {max_ngram})")
-        if not 1 <= num_tokens <= 128:
-            raise BadInput(f"lookup num_tokens must be in 1..128 (got {num_tokens})")
-        self.k, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
-
-    def params(self) -> dict:
-        return {"num_tokens": self.k, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
-
-    def propose(self, tokens: list[int], budget: int) -> list[int]:
-        return find_continuation(tokens, self.max_ngram, self.min_ngram, min(self.k, budget))
+    def batch_drafter(self, n_slots: int) -> LookupDrafter:
+        return LookupDrafter(self.batch_cap, self.max_ngram, self.min_ngram)

@@ -107,6 +107,9 @@ PARAMS: dict[str, type[StrategyParams]] = {
     "ar": ArParams, "lookup": LookupParams, "draft": DraftParams, "eagle": EagleParams, "hier": HierParams,
 }
 STRATEGIES = tuple(PARAMS)
+# run continuously batched (decoding/scheduler.py) in the server and, by default, in-process; the others
+# one request at a time (a hierarchy's levels are not batched)
+BATCHED_STRATEGIES = ("ar", "lookup", "draft", "eagle")
 
 
 def params_class(name: str) -> type[StrategyParams]:

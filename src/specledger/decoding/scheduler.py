@@ -13,11 +13,13 @@ stop strings, max tokens) follow generate() exactly. Timing is per request: queu
 TTFT from arrival (queue and every prefill chunk included), and the time each token
 became available.
 
-Batched speculation: with a drafter (e.g. BatchLookup), each step every decoding sequence
-proposes a chain and the planner (draft_budget.plan_drafts) decides how much of it to
-draft, zero included, from the measured verification-cost surface T(rows) and the
-sequence's running acceptance; the pass then verifies every chain with the same verifier
-and keeps each sequence's accepted path in its slot.
+Batched speculation: with a drafter (decoding/drafter.py: prompt lookup, a draft model with its
+own slot cache, an EAGLE head over the target's features), each step the planner
+(draft_budget.plan_drafts) decides how many nodes each decoding sequence drafts, zero included,
+from the measured verification-cost surface T(rows), the drafter's own cost and the sequence's
+running acceptance (per chain position, or per tree rank); the drafter then proposes for every
+sequence at once and the pass verifies every draft with the same verifier, keeping each
+sequence's accepted path in its slot.
 
 Thread safety: submit() and cancel() may be called from any thread; step() from one.
 Callbacks (on_tokens, on_done) run on the stepping thread.
@@ -30,25 +32,21 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
-
 import torch
 
 from specledger.decoding.batch_runner import BatchItem, BatchRunner, Sequence
-from specledger.decoding.draft_budget import (
-    AcceptanceEMA,
-    CostSurface,
-    cost_surface,
-    plan_drafts,
-)
+from specledger.decoding.batch_drafting import BatchDrafting, DraftState
+from specledger.decoding.draft_budget import CostSurface
+from specledger.decoding.drafter import Drafter
 from specledger.decoding.generate import GenerationResult, OnTokens, _stop_cut
 from specledger.decoding.sampling import SamplingParams, probs_from_logits, sample
-from specledger.decoding.strategy import LevelStats, clock
+from specledger.decoding.strategy import clock
 from specledger.decoding.tree import Tree
 from specledger.decoding.verify import verify
 from specledger.engine.loader import LoadedModel
 from specledger.engine.tokenizer import Tokenizer
 from specledger.errors import BadInput
+from specledger.spec_stats import LevelStats
 
 
 @dataclass
@@ -63,16 +61,6 @@ class ScheduledResult(GenerationResult):
 
 
 OnDone = Callable[[ScheduledResult], None]
-
-
-class BatchDrafter(Protocol):
-    """Proposes a chain per sequence from its tokens (the scheduler decides how much of it to draft)."""
-
-    name: str
-
-    def params(self) -> dict: ...
-
-    def propose(self, tokens: list[int], budget: int) -> list[int]: ...
 
 
 @dataclass
@@ -99,10 +87,8 @@ class _Live:
     passes: int = 0
     batch_sum: int = 0
     error: str | None = None
-    proposed: int = 0  # draft tokens verified (batched speculation)
-    accepted: int = 0
-    draft_s: float = 0.0
-    acc: AcceptanceEMA = field(default_factory=AcceptanceEMA)
+    draft: DraftState | None = None  # batched speculation, from the first token on
+    prefill_h: list[torch.Tensor] = field(default_factory=list)  # prompt features, for a drafter that wants them
 
     @property
     def prefilling(self) -> bool:
@@ -135,12 +121,13 @@ class _Live:
 class Scheduler:
     """Continuous batching over one target model, autoregressive or with a drafter (module docstring).
 
-    drafter: None (autoregressive) or a BatchDrafter; cost: the verification-cost surface to plan
-    drafts with (default: measured for this model on construction, cached per process).
+    drafter: None (autoregressive) or a Drafter (decoding/drafter.py) made for max_batch sequences; cost: the
+    verification-cost surface to plan drafts with (default: measured for this model on construction, kept
+    in the model pool).
     """
 
     def __init__(self, lm: LoadedModel, *, max_batch: int = 8, prefill_chunk: int = 256,
-                 max_len: int | None = None, drafter: BatchDrafter | None = None,
+                 max_len: int | None = None, drafter: Drafter | None = None,
                  cost: CostSurface | Callable[[int], float] | None = None) -> None:
         if max_batch < 1:
             raise BadInput(f"max_batch must be >= 1 (got {max_batch})")
@@ -159,10 +146,7 @@ class Scheduler:
         self.last_batch = 0  # sequences in the latest pass (a gauge for /metrics)
         self.last_rows = 0  # rows (tokens) in the latest pass
         self.drafter = drafter
-        if cost is None and drafter is not None:  # a pass holds at most ~4 rows per sequence in practice
-            cost = cost_surface(lm, max_rows=4 * max_batch, n_seqs=min(8, max_batch))
-        self.cost = cost
-        self.last_drafted = 0  # draft tokens in the latest pass
+        self.spec = None if drafter is None else BatchDrafting(lm, drafter, max_batch, cost)
 
     # ---- any thread ---------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], sp: SamplingParams | None = None, *,
@@ -237,7 +221,7 @@ class Scheduler:
                 runs[lv.rid] = n
             else:
                 decoding.append(lv)
-        chains = self._drafts(decoding, sum(runs.values())) if self.drafter and decoding else {}
+        chains = self._drafts(decoding, sum(runs.values())) if self.spec and decoding else {}
         for lv in self._running:
             if lv.rid in runs:
                 items.append(BatchItem(lv.running_seq, max_run=runs[lv.rid]))
@@ -254,6 +238,8 @@ class Scheduler:
         self.last_rows = sum(f.hidden.shape[0] for f in fwds)
         emitted: list[tuple[_Live, list[int]]] = []
         for lv, it, fwd in zip(live_in, items, fwds):
+            if lv.prefilling and self.spec is not None and self.spec.wants_features:
+                lv.prefill_h.append(fwd.hidden)
             if fwd.logits is None:  # a prefill chunk that did not reach the prompt's end
                 continue
             if lv.prefilling:
@@ -264,16 +250,18 @@ class Scheduler:
                     assert lv.gen is not None  # admission gives every sampled request its generator
                     first = sample(probs_from_logits(logits, lv.sp), lv.gen)
                 lv.running_seq.tokens.append(first)
+                if self.spec is not None:
+                    feats = torch.cat(lv.prefill_h) if lv.prefill_h else None
+                    lv.prefill_h = []
+                    lv.draft = self.spec.begin(lv.rid, lv.running_seq.tokens, lv.sp, lv.gen, feats)
                 emitted.append((lv, [first]))
             else:
                 assert it.tree is not None  # a decoding item always carries a tree (maybe empty)
                 verdict = verify(fwd.logits, it.tree, lv.sp, lv.gen)
                 new = verdict.tokens(it.tree)
-                self.runner.accept(lv.running_seq, fwd, verdict.path, new)
-                if it.tree:
-                    lv.proposed += len(it.tree)
-                    lv.accepted += len(verdict.path)
-                    lv.acc.update(len(it.tree), len(verdict.path))
+                feats = self.runner.accept(lv.running_seq, fwd, verdict.path, new)
+                if lv.draft is not None and self.spec is not None:
+                    self.spec.accepted(lv.draft, lv.running_seq.tokens, it.tree, verdict.path, feats)
                 lv.steps += 1
                 lv.appended += len(new)
                 emitted.append((lv, new))
@@ -297,24 +285,16 @@ class Scheduler:
         return finished
 
     def _drafts(self, decoding: list[_Live], prefill_rows: int) -> dict[int, Tree]:
-        """Each decoding sequence's draft chain for this pass, sized by the planner (empty: none)."""
-        drafter, cost = self.drafter, self.cost
-        assert drafter is not None and cost is not None  # called only with a drafter, which sets the cost
-        t0 = time.perf_counter()
-        props = []
-        for lv in decoding:
-            want = min(self.runner.room(lv.running_seq), lv.max_new - len(lv.out) - 1)
-            props.append(drafter.propose(lv.running_seq.tokens, want) if want > 0 else [])
-        ks = plan_drafts([len(p) for p in props], [lv.acc.a for lv in decoding], len(decoding) + prefill_rows,
-                         len(decoding), cost)
-        self.last_drafted = sum(ks)
-        spent = (time.perf_counter() - t0) / len(decoding)
-        out = {}
-        for lv, p, k in zip(decoding, props, ks):
-            lv.draft_s += spent
-            if k:
-                out[lv.rid] = Tree.chain(p[:k])
-        return out
+        """Each decoding sequence's draft for this pass, sized by the planner (empty: none)."""
+        states = [lv.draft for lv in decoding if lv.draft is not None]  # begun when its first token was drawn
+        assert self.spec is not None and len(states) == len(decoding)
+        caps = [max(0, min(self.runner.room(lv.running_seq), lv.max_new - len(lv.out) - 1)) for lv in decoding]
+        return {lv.rid: t for lv, t in zip(decoding, self.spec.plan(states, caps, prefill_rows)) if len(t)}
+
+    @property
+    def last_drafted(self) -> int:
+        """Draft tokens in the latest pass."""
+        return self.spec.last_drafted if self.spec is not None else 0
 
     def abort(self, error: str) -> list[ScheduledResult]:
         """Fail every waiting and running request (a pass raised): each finishes with reason "error"."""
@@ -361,16 +341,24 @@ class Scheduler:
         if lv.seq is not None:
             self.runner.close(lv.seq)
             lv.seq = None
-        levels = [] if self.drafter is None else [
-            LevelStats(self.drafter.name, lv.proposed, lv.accepted, lv.steps, lv.draft_s)]
+        levels: list[LevelStats] = []
+        draft_prefill_s = draft_s = 0.0
+        if self.spec is not None:
+            if lv.draft is not None:
+                draft_prefill_s, draft_s = lv.draft.prefill_s, lv.draft.draft_s
+                levels = [self.spec.end(lv.draft)]
+                lv.draft = None
+            else:  # finished (or failed) before its first token
+                levels = [LevelStats(name=self.spec.drafter.name, steps=0, drafts=0)]
         tok = self.lm.tokenizer
         text = lv.text if lv.text is not None else (tok.decode(lv.out) if tok is not None else "")
         admitted = lv.admitted or now
         first = lv.first_at if lv.first_at is not None else now
         res = ScheduledResult(
             token_ids=lv.out, text=text, finish_reason=lv.finish or "cancelled", prompt_tokens=len(lv.prompt),
-            ttft_s=first - lv.arrival, prefill_s=first - admitted, draft_prefill_s=0.0, total_s=now - lv.arrival,
-            token_times=lv.times, steps=lv.steps, appended=lv.appended, levels=levels, draft_s=lv.draft_s,
+            ttft_s=first - lv.arrival, prefill_s=first - admitted - draft_prefill_s,
+            draft_prefill_s=draft_prefill_s, total_s=now - lv.arrival,
+            token_times=lv.times, steps=lv.steps, appended=lv.appended, levels=levels, draft_s=draft_s,
             verify_s=lv.verify_s, strategy=self.strategy_name, params=self.params(),
             request_id=lv.rid, arrival=lv.arrival, queue_s=admitted - lv.arrival,
             mean_batch=lv.batch_sum / lv.passes if lv.passes else 0.0, error=lv.error,

@@ -51,14 +51,18 @@ class ModelPool:
             self._models[key] = loader()
         return self._models[key]
 
-    def derived(self, key: Key, name: Hashable, make: Callable[[], T], *, owner: object | None = None) -> T:
+    def derived(self, key: Key, name: Hashable, make: Callable[[], T], *, owner: object | None = None,
+                enough: Callable[[T], bool] | None = None) -> T:
         """A value computed once from the model under `key` (which need not be in the pool itself).
 
         `owner`: the object the value was computed from (e.g. the model's weights); a value made from
-        another object under the same name is made again and replaces it (same key, different weights)."""
+        another object under the same name is made again and replaces it (same key, different weights).
+        `enough`: whether the value held serves this call (e.g. a cost surface measured far enough);
+        if not, it is made again and replaces it."""
         entries = self._derived.setdefault(key, {})
         hit = entries.get(name)
-        if hit is not None and (owner is None or (hit[0] is not None and hit[0]() is owner)):
+        if (hit is not None and (owner is None or (hit[0] is not None and hit[0]() is owner))
+                and (enough is None or enough(hit[1]))):
             return hit[1]
         value = make()
         entries[name] = (weakref.ref(owner) if owner is not None else None, value)

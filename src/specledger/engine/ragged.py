@@ -45,6 +45,103 @@ def _batched_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch
     return torch.bmm(p, values.reshape(b * kv, s, d)).view(b, h, 1, d)
 
 
+@dataclass
+class RaggedPass:
+    """How one pass's rows map onto the slots: per segment its slot, cached length, row offset and mask, and for
+    a pure decode pass (every segment one row, B > 1) the index tensors of its one batched attention."""
+
+    segments: list[Segment]
+    starts: list[int]
+    offsets: list[int]
+    masks: list[torch.Tensor | None]
+    decode_only: bool
+    slot_idx: torch.Tensor | None = None
+    start_idx: torch.Tensor | None = None
+    top: int = 0  # slots [0, top) take part in the batched attention (those outside the pass are dropped)
+    longest: int = 0
+    pad: torch.Tensor | None = None
+
+    @property
+    def n_rows(self) -> int:
+        return self.offsets[-1]
+
+
+def plan_pass(segments: list[Segment], cache: SlotCache, device: torch.device) -> RaggedPass:
+    """Check the segments against the cache, make room for their rows and lay the pass out."""
+    slots = [s.slot for s in segments]
+    if len(set(slots)) != len(slots):
+        raise ValueError("a slot appears twice in one pass")
+    if any(s.n < 1 for s in segments):
+        raise ValueError("a segment without rows")
+    starts = [cache.lengths[s.slot] for s in segments]
+    cache.reserve(max(st + s.n for st, s in zip(starts, segments)))
+    masks = [s.mask if s.mask is not None or s.n == 1 else causal_mask(st, s.n, device)
+             for s, st in zip(segments, starts)]
+    for s, st, m in zip(segments, starts, masks):
+        if m is not None and tuple(m.shape) != (s.n, st + s.n):
+            raise BadInput(f"mask of slot {s.slot} is {tuple(m.shape)}, expected {(s.n, st + s.n)}")
+    offsets = [0]
+    for s in segments:
+        offsets.append(offsets[-1] + s.n)
+    plan = RaggedPass(segments, starts, offsets, masks,
+                      decode_only=all(s.n == 1 and m is None for s, m in zip(segments, masks)) and len(segments) > 1)
+    if plan.decode_only:
+        plan.slot_idx = torch.tensor(slots, device=device)
+        plan.start_idx = torch.tensor(starts, device=device)
+        valid = [1] * (max(slots) + 1)  # slots outside the pass: anything finite, the rows are dropped
+        for s, st in zip(segments, starts):
+            valid[s.slot] = st + 1
+        plan.top, plan.longest = len(valid), max(valid)
+        plan.pad = torch.arange(plan.longest, device=device)[None, :] >= torch.tensor(valid, device=device)[:, None]
+    return plan
+
+
+def ragged_block(layer: Block, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: RaggedPass,
+                 cache: SlotCache) -> torch.Tensor:
+    """One decoder layer over the pass's rows x (1, N, hidden), attending per segment in cache layer i."""
+    a = layer.attention
+    n_rows = plan.n_rows
+    h = layer.attention_norm(x)  # in the compute dtype
+    qkv = a.wqkv(h)
+    qk_out = a.split[0] + a.split[1]
+    qk = apply_rope(qkv[..., :qk_out].view(1, n_rows, a.n_heads + a.n_kv, a.hd), cos, sin)[0]
+    q = qk[:, : a.n_heads].transpose(0, 1)  # (H, N, D)
+    k = qk[:, a.n_heads :].transpose(0, 1)  # (KV, N, D)
+    v = qkv[0, :, qk_out:].view(n_rows, a.n_kv, a.hd).transpose(0, 1)
+    if plan.decode_only:
+        # every sequence adds one token: one scatter writes them all, then one batched attention
+        # over slots [0, top) padded to the longest; views, no copies of the cache (slots in the
+        # range but not in the pass are computed and dropped)
+        assert plan.slot_idx is not None and plan.start_idx is not None and plan.pad is not None
+        cache.k[i][plan.slot_idx, :, plan.start_idx] = k.transpose(0, 1).to(cache.k.dtype)
+        cache.v[i][plan.slot_idx, :, plan.start_idx] = v.transpose(0, 1).to(cache.v.dtype)
+        keys = cache.k[i].narrow(0, 0, plan.top).narrow(2, 0, plan.longest)
+        values = cache.v[i].narrow(0, 0, plan.top).narrow(2, 0, plan.longest)
+        qb = q.new_zeros((plan.top, a.n_heads, a.hd), dtype=keys.dtype)
+        qb[plan.slot_idx] = q.transpose(0, 1).to(keys.dtype)
+        yb = _batched_decode_attention(qb[:, :, None], keys, values, plan.pad)[:, :, 0]  # (top, H, D)
+        y = yb.index_select(0, plan.slot_idx)
+    else:
+        ys = []
+        for s, st, o, m in zip(plan.segments, plan.starts, plan.offsets, plan.masks):
+            keys, values = cache.write(i, s.slot, st, k[:, o : o + s.n], v[:, o : o + s.n])
+            qs = q[:, o : o + s.n][None].to(keys.dtype)
+            if m is None:
+                ys.append(decode_attention(qs, keys[None], values[None])[0])
+            else:
+                ys.append(F.scaled_dot_product_attention(
+                    qs, keys[None], values[None], attn_mask=m, enable_gqa=a.n_kv != a.n_heads)[0])
+        y = torch.cat(ys, dim=1).transpose(0, 1)  # (N, H, D)
+    x = x + a.wo(y.reshape(1, n_rows, -1).to(h.dtype))
+    return x + layer.feed_forward(layer.ffn_norm(x))
+
+
+def finish_pass(plan: RaggedPass, cache: SlotCache) -> None:
+    """Every segment's slot now holds its new rows."""
+    for s, st in zip(plan.segments, plan.starts):
+        cache.lengths[s.slot] = st + s.n
+
+
 def ragged_hidden(
     model: Transformer,
     tokens: torch.Tensor,
@@ -57,72 +154,14 @@ def ragged_hidden(
     Each segment's new entries are appended to its slot (its length grows by n).
     """
     n_rows = tokens.shape[0]
-    if any(s.n < 1 for s in segments) or sum(s.n for s in segments) != n_rows or positions.shape[0] != n_rows:
+    if sum(s.n for s in segments) != n_rows or positions.shape[0] != n_rows:
         raise ValueError("segments, tokens and positions disagree on the number of rows")
-    slots = [s.slot for s in segments]
-    if len(set(slots)) != len(slots):
-        raise ValueError("a slot appears twice in one pass")
-    starts = [cache.lengths[s.slot] for s in segments]
-    cache.reserve(max(st + s.n for st, s in zip(starts, segments)))
-    dev = tokens.device
-    masks = [
-        s.mask if s.mask is not None or s.n == 1 else causal_mask(st, s.n, dev) for s, st in zip(segments, starts)
-    ]
-    for s, st, m in zip(segments, starts, masks):
-        if m is not None and tuple(m.shape) != (s.n, st + s.n):
-            raise BadInput(f"mask of slot {s.slot} is {tuple(m.shape)}, expected {(s.n, st + s.n)}")
-    decode_only = all(s.n == 1 and m is None for s, m in zip(segments, masks)) and len(segments) > 1
-    if decode_only:
-        slot_idx = torch.tensor(slots, device=dev)
-        start_idx = torch.tensor(starts, device=dev)
-        valid = [1] * (max(slots) + 1)  # slots outside the pass: anything finite, the rows are dropped
-        for s, st in zip(segments, starts):
-            valid[s.slot] = st + 1
-        top, longest = len(valid), max(valid)
-        pad = torch.arange(longest, device=dev)[None, :] >= torch.tensor(valid, device=dev)[:, None]
-    offsets = [0]
-    for s in segments:
-        offsets.append(offsets[-1] + s.n)
-
-    compute = model.dtype
-    cos, sin = rope_at(model.rope_cos, model.rope_sin, positions, compute)
+    plan = plan_pass(segments, cache, tokens.device)
+    cos, sin = rope_at(model.rope_cos, model.rope_sin, positions, model.dtype)
     x = model.tok_embeddings(tokens[None]).float()  # (1, N, hidden): the residual stream stays fp32
     for i, module in enumerate(model.layers):
-        layer = cast(Block, module)  # ModuleList yields nn.Module; every entry is a Block
-        a = layer.attention
-        qkv = a.wqkv(layer.attention_norm(x))
-        qk_out = a.split[0] + a.split[1]
-        qk = apply_rope(qkv[..., :qk_out].view(1, n_rows, a.n_heads + a.n_kv, a.hd), cos, sin)[0]
-        q = qk[:, : a.n_heads].transpose(0, 1)  # (H, N, D)
-        k = qk[:, a.n_heads :].transpose(0, 1)  # (KV, N, D)
-        v = qkv[0, :, qk_out:].view(n_rows, a.n_kv, a.hd).transpose(0, 1)
-        if decode_only:
-            # every sequence adds one token: one scatter writes them all, then one batched attention
-            # over slots [0, top) padded to the longest; views, no copies of the cache (slots in the
-            # range but not in the pass are computed and dropped)
-            cache.k[i][slot_idx, :, start_idx] = k.transpose(0, 1).to(cache.k.dtype)
-            cache.v[i][slot_idx, :, start_idx] = v.transpose(0, 1).to(cache.v.dtype)
-            keys = cache.k[i].narrow(0, 0, top).narrow(2, 0, longest)
-            values = cache.v[i].narrow(0, 0, top).narrow(2, 0, longest)
-            qb = q.new_zeros((top, a.n_heads, a.hd), dtype=keys.dtype)
-            qb[slot_idx] = q.transpose(0, 1).to(keys.dtype)
-            yb = _batched_decode_attention(qb[:, :, None], keys, values, pad)[:, :, 0]  # (top, H, D)
-            y = yb.index_select(0, slot_idx)
-        else:
-            ys = []
-            for s, st, o, m in zip(segments, starts, offsets, masks):
-                keys, values = cache.write(i, s.slot, st, k[:, o : o + s.n], v[:, o : o + s.n])
-                qs = q[:, o : o + s.n][None].to(keys.dtype)
-                if m is None:
-                    ys.append(decode_attention(qs, keys[None], values[None])[0])
-                else:
-                    ys.append(F.scaled_dot_product_attention(
-                        qs, keys[None], values[None], attn_mask=m, enable_gqa=a.n_kv != a.n_heads)[0])
-            y = torch.cat(ys, dim=1).transpose(0, 1)  # (N, H, D)
-        x = x + a.wo(y.reshape(1, n_rows, -1).to(compute))
-        x = x + layer.feed_forward(layer.ffn_norm(x))
-    for s, st in zip(segments, starts):
-        cache.lengths[s.slot] = st + s.n
+        x = ragged_block(cast(Block, module), i, x, cos, sin, plan, cache)  # every entry of layers is a Block
+    finish_pass(plan, cache)
     return model.norm(x)[0]
 
 

@@ -10,7 +10,8 @@ with `finish_reason`), the per-request speculation statistics the harness record
     {"strategy": "lookup", "params": {...},
      "steps": 12,            # target verification steps after the first token
      "tau": 2.4,             # tokens appended per step, bonus included (null when no step ran)
-     "levels": [{"name": "lookup", "proposed": 40, "accepted": 17, "steps": 12}],
+     "levels": [{"name": "lookup", "proposed": 40, "accepted": 17, "steps": 12, "drafts": 9,
+                 "accepted_per_position": [8, 6, 3], "rate": 0.425, ...}],   # spec_stats.LevelStats
      "ttft_s": 0.11,         # generation start -> first token, every prefill included
      "prefill_s": 0.10,      # the target's prefill
      "draft_prefill_s": 0.0, # drafters' / intermediates' prefill
@@ -46,6 +47,7 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from specledger.decoding.generate import GenerationResult
+from specledger.decoding.params import BATCHED_STRATEGIES
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.strategy import Strategy
 from specledger.engine.loader import LoadedModel
@@ -60,7 +62,6 @@ from specledger.server.textstream import TextStream
 log = logging.getLogger("specledger.server")
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
-BATCHED = ("ar", "lookup")  # served by the continuous-batching scheduler; the others one request at a time
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -79,8 +80,7 @@ def extension(result: GenerationResult, queue_s: float) -> dict[str, Any]:
         "params": result.params,
         "steps": result.steps,
         "tau": result.tau,
-        "levels": [{"name": lv.name, "proposed": lv.proposed, "accepted": lv.accepted, "steps": lv.steps}
-                   for lv in result.levels],
+        "levels": [lv.model_dump(exclude_none=True) for lv in result.levels],
         "ttft_s": result.ttft_s,
         "prefill_s": result.prefill_s,
         "draft_prefill_s": result.draft_prefill_s,
@@ -128,12 +128,11 @@ class ServerState:
         self.lm, self.strategy, self.name = lm, strategy, served_name
         self.metrics = ServerMetrics(strategy.level_names)
         self.worker: EngineWorker | BatchEngineWorker
-        if strategy.name in BATCHED:
-            from specledger.decoding.lookup import BatchLookup
+        if strategy.name in BATCHED_STRATEGIES:
             from specledger.decoding.scheduler import Scheduler
 
-            # lookup: its n-gram settings; the draft length is planned per sequence per step
-            drafter = BatchLookup(**strategy.params()) if strategy.name == "lookup" else None
+            # the strategy's drafter, batched; how much each sequence drafts is planned per step
+            drafter = strategy.batch_drafter(max_batch)
             self.worker = BatchEngineWorker(Scheduler(lm, max_batch=max_batch, drafter=drafter), self.metrics,
                                             max_queue)
         else:
@@ -338,7 +337,7 @@ def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None =
                metrics_require_key: bool = False, max_batch: int = 8) -> FastAPI:
     """The FastAPI application for one loaded model and strategy (the worker starts with the app).
 
-    Strategies in BATCHED run up to max_batch requests in one continuously batched pass; max_queue
+    Strategies in BATCHED_STRATEGIES run up to max_batch requests in one continuously batched pass; max_queue
     more may wait. With api_keys, /v1/* (and /metrics with metrics_require_key) answer 401 without one."""
     if max_batch < 1:
         raise SpecLedgerError(f"max batch must be >= 1 (got {max_batch})")

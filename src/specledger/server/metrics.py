@@ -57,12 +57,15 @@ class ServerMetrics:
                                 registry=r)
         self.batch_rows = Gauge("specledger:batch_rows", "Rows (tokens) in the engine's latest pass (0 when idle)",
                                 registry=r)
-        self.drafts = Counter("specledger:spec_decode_num_drafts", "Verification steps per drafting level",
+        self.drafts = Counter("specledger:spec_decode_num_drafts", "Verification steps that carried a draft, per drafting level",
                               ["level"], registry=r)
         self.draft_tokens = Counter("specledger:spec_decode_num_draft_tokens", "Draft tokens proposed per level",
                                     ["level"], registry=r)
         self.accepted_tokens = Counter("specledger:spec_decode_num_accepted_tokens",
                                        "Draft tokens accepted per level", ["level"], registry=r)
+        self.accepted_per_pos = Counter("specledger:spec_decode_num_accepted_tokens_per_pos",
+                                        "Draft tokens accepted per level and draft position (0 = first)",
+                                        ["level", "position"], registry=r)
         for name in level_names:  # present from the first scrape, so before/after deltas work
             for c in (self.drafts, self.draft_tokens, self.accepted_tokens):
                 c.labels(level=name)
@@ -77,9 +80,11 @@ class ServerMetrics:
     def finished(self, result: GenerationResult) -> None:
         self.success.labels(finished_reason=result.finish_reason).inc()
         for lv in result.levels:
-            self.drafts.labels(level=lv.name).inc(lv.steps)
+            self.drafts.labels(level=lv.name).inc(lv.drafts or 0)
             self.draft_tokens.labels(level=lv.name).inc(lv.proposed)
             self.accepted_tokens.labels(level=lv.name).inc(lv.accepted)
+            for pos, n in enumerate(lv.accepted_per_position):
+                self.accepted_per_pos.labels(level=lv.name, position=str(pos)).inc(n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -19,7 +19,6 @@ from specledger.bench.backends.base import Backend, Completion
 from specledger.bench.config import BenchConfig, ModelSpec
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.metrics import chunks_from_token_times
-from specledger.bench.results import LevelCounts
 from specledger.bench.telemetry import cuda_max_allocated, peak_rss_bytes, reset_cuda_peak, reset_peak_rss
 from specledger.errors import SpecLedgerError
 
@@ -73,14 +72,10 @@ class InProcessBackend(Backend):
             from specledger.decoding.batch_worker import BatchWorker
             from specledger.decoding.scheduler import Scheduler
 
-            drafter = None
-            if c.strategy == "lookup":
-                from specledger.decoding.lookup import BatchLookup
-
-                try:
-                    drafter = BatchLookup(**c.params.given())
-                except (SpecLedgerError, TypeError) as exc:
-                    raise SpecLedgerError(f"configuration {c.name!r}: batched lookup: {exc}") from None
+            try:
+                drafter = self.strategy.batch_drafter(c.max_batch)
+            except SpecLedgerError as exc:
+                raise SpecLedgerError(f"configuration {c.name!r}: {exc}") from None
             self.worker = BatchWorker(Scheduler(self.models["target"], max_batch=c.max_batch, drafter=drafter))
 
     async def close(self) -> None:
@@ -152,8 +147,7 @@ class InProcessBackend(Backend):
             ok=True, start=start, end=end, text=result.text, chunks=chunks, first_token=first,
             prompt_tokens=len(prompt_ids), output_tokens=len(ids), token_ids=ids,
             finish_reason=result.finish_reason, steps=result.steps, tau=result.tau,
-            levels=[LevelCounts(name=lv.name, proposed=lv.proposed, accepted=lv.accepted,
-                                steps=getattr(lv, "steps", None)) for lv in (result.levels or [])],
+            levels=[lv.model_copy(deep=True) for lv in result.levels],
             draft_s=result.draft_s, verify_s=result.verify_s, prefill_s=result.prefill_s,
             draft_prefill_s=result.draft_prefill_s,
             peak_rss_bytes=peak_rss_bytes(),
@@ -189,8 +183,7 @@ class InProcessBackend(Backend):
             first_token=times[0] if times else None, prompt_tokens=len(prompt_ids),
             output_tokens=len(result.token_ids), token_ids=list(result.token_ids),
             finish_reason=result.finish_reason, steps=result.steps, tau=result.tau,
-            levels=[LevelCounts(name=lv.name, proposed=lv.proposed, accepted=lv.accepted, steps=lv.steps)
-                    for lv in result.levels],
+            levels=[lv.model_copy(deep=True) for lv in result.levels],
             draft_s=result.draft_s, verify_s=result.verify_s, prefill_s=result.prefill_s, draft_prefill_s=0.0,
             peak_rss_bytes=peak_rss_bytes(),
             cuda_max_allocated_bytes=cuda_max_allocated() if self._cuda else None,

@@ -1,0 +1,91 @@
+"""A drafter driven for a continuous batch: each request's drafting state, and each step's plan.
+
+The scheduler (scheduler.py) owns the batch; this owns what speculation adds to it: the drafter follows a
+request from its first token to its end; every step the planner (draft_budget.plan_drafts) sizes each
+decoding sequence's draft, zero included, from the verification-cost surface, the drafter's own cost and
+the sequence's running acceptance; after verification each request's statistics and acceptance move.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import torch
+
+from specledger.decoding.draft_budget import AcceptanceEMA, CostSurface, RankAcceptance, cost_surface, plan_drafts
+from specledger.decoding.drafter import Drafter, DraftSeq
+from specledger.decoding.sampling import SamplingParams
+from specledger.decoding.tree import Tree
+from specledger.engine.loader import LoadedModel
+from specledger.engine.timing import clock
+from specledger.spec_stats import LevelStats
+
+
+@dataclass
+class DraftState:
+    """One request's part in batched speculation."""
+
+    seq: DraftSeq
+    level: LevelStats
+    acc: AcceptanceEMA | RankAcceptance
+    prefill_s: float = 0.0  # the drafter's prefill of this request
+    draft_s: float = 0.0  # its share of drafting and planning time
+
+
+class BatchDrafting:
+    def __init__(self, lm: LoadedModel, drafter: Drafter, max_batch: int,
+                 cost: CostSurface | Callable[[int], float] | None = None) -> None:
+        self.drafter = drafter
+        self.device = lm.model.device
+        # a pass holds at most ~4 rows per sequence in practice
+        self.cost = cost if cost is not None else cost_surface(lm, max_rows=4 * max_batch, n_seqs=min(8, max_batch))
+        self.last_drafted = 0  # draft tokens in the latest pass
+
+    @property
+    def wants_features(self) -> bool:
+        return self.drafter.wants_features
+
+    def begin(self, key: Hashable, tokens: list[int], sp: SamplingParams, gen: torch.Generator | None,
+              features: torch.Tensor | None) -> DraftState:
+        """Follow a request once its prompt is cached and its first token drawn (the drafter's prefill counts in
+        the request's TTFT, as in generate())."""
+        t0 = clock(self.device)
+        seq = DraftSeq(key, tokens, sp, gen)
+        self.drafter.begin(seq, features if self.drafter.wants_features else None)
+        acc = RankAcceptance() if self.drafter.tree else AcceptanceEMA()
+        return DraftState(seq, LevelStats(name=self.drafter.name, steps=0, drafts=0), acc, clock(self.device) - t0)
+
+    def plan(self, states: list[DraftState], caps: list[int], prefill_rows: int) -> list[Tree]:
+        """Each decoding sequence's draft for the next pass (an empty tree: none); caps: room left per sequence."""
+        t0 = time.perf_counter()
+        d = self.drafter
+        seqs = [s.seq for s in states]
+        avail = d.candidates(seqs, [min(c, d.max_tokens) for c in caps])
+        ks = plan_drafts([s.acc.gains(n) for s, n in zip(states, avail)], len(states) + prefill_rows, len(states),
+                         self.cost, d.draft_cost)
+        self.last_drafted = sum(ks)
+        drafting = [i for i, k in enumerate(ks) if k]
+        trees = [Tree() for _ in states]
+        if drafting:
+            for i, t in zip(drafting, d.propose([seqs[i] for i in drafting], [ks[i] for i in drafting])):
+                trees[i] = t
+        spent = (time.perf_counter() - t0) / len(states)
+        for s in states:
+            s.draft_s += spent
+        return trees
+
+    def accepted(self, st: DraftState, tokens: list[int], tree: Tree, path: list[int],
+                 features: torch.Tensor | None) -> None:
+        """The target verified `tree` and kept `path`; the sequence is now `tokens`."""
+        st.seq.tokens = tokens
+        self.drafter.accept(st.seq, features if self.drafter.wants_features else None)
+        st.level.observe(len(tree), len(path))
+        if len(tree):
+            st.acc.update(len(tree), path)
+
+    def end(self, st: DraftState) -> LevelStats:
+        self.drafter.end(st.seq)
+        st.level.time_s = st.draft_s
+        return st.level

@@ -1,0 +1,70 @@
+"""The drafter: what proposes tokens for a verifier to check, for one sequence or a batch of them.
+
+One lifecycle, the same alone and in a continuous batch (after llama.cpp's common/speculative and
+Hugging Face's candidate generators): `begin` a sequence (its prompt is cached by the verifier, the first
+token pending), `propose` a tree for each of several sequences within a budget of nodes, `accept` once the
+verifier has kept part of it (the sequence's tokens have grown), `end` when it leaves. A chain is a tree.
+
+Drafters: prompt lookup (lookup.py), a draft model (draft_model.py; its own slot cache), an EAGLE head
+(eagle.py; the verifier's features). A strategy that drafts is `Speculative` (strategy.py): one shared
+draft-then-verify step. The batched scheduler (scheduler.py) drives the same drafters for many sequences,
+sizing each one's budget from the verification-cost surface (draft_budget.py), and a hierarchy
+(hierarchy.py) puts a drafter under a stack of verifiers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specledger.decoding.sampling import SamplingParams
+from specledger.decoding.tree import Tree
+
+
+@dataclass
+class DraftSeq:
+    """A sequence as a drafter sees it.
+
+    tokens: the verifier's sequence, pending last token included (its list; drafters read it, never change
+    it); sp and gen: the request's sampling, which a stochastic drafter samples its proposals with."""
+
+    key: Hashable
+    tokens: list[int]
+    sp: SamplingParams
+    gen: torch.Generator | None = None
+
+
+class Drafter(Protocol):
+    """Proposes draft trees for sequences followed from `begin` to `end` (module docstring).
+
+    features: the verifier's final-normed hidden states of the tokens it newly cached (for `begin`: the prompt;
+    for `accept`: the run it fed and the accepted path), ending before the pending token; only drafters with
+    `wants_features` use them (the caller may pass None otherwise). Trees list their nodes best first, parents
+    before children, so any prefix of the nodes is a tree too (a planner may cut one short).
+    """
+
+    name: str
+    wants_features: bool
+    tree: bool  # proposes trees with several children (else chains)
+    max_tokens: int  # the most nodes one proposal may hold
+
+    def params(self) -> dict: ...
+
+    def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None: ...
+
+    def propose(self, seqs: list[DraftSeq], budgets: list[int]) -> list[Tree]: ...
+
+    def accept(self, seq: DraftSeq, features: torch.Tensor | None) -> None: ...
+
+    def end(self, seq: DraftSeq) -> None: ...
+
+    def candidates(self, seqs: list[DraftSeq], caps: list[int]) -> list[int]:
+        """How many nodes each sequence could be proposed now, at most `caps` (a planner's upper bound)."""
+        ...
+
+    def draft_cost(self, budgets: list[int]) -> float:
+        """Estimated seconds to propose `budgets` nodes to the batch's sequences (0 for none)."""
+        ...
