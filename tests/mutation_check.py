@@ -88,7 +88,7 @@ MUTANTS = [
            "src/specledger/ledger/cost_model.py", "    n = retries + 1\n", "    n = retries\n",
            ["tests/test_ledger_model.py"]),
     Mutant("p-cheapest-argmax", "P(cheapest) counts the dearest configuration",
-           "src/specledger/ledger/montecarlo.py", "np.argmin(stack, axis=0)", "np.argmax(stack, axis=0)",
+           "src/specledger/ledger/montecarlo.py", "best = stack == stack.min(axis=0)", "best = stack == stack.max(axis=0)",
            ["tests/test_ledger_uncertainty.py"]),
     Mutant("percentile-nearest-rank", "latency percentiles by nearest rank instead of interpolation",
            "src/specledger/bench/metrics.py", "np.percentile(x, 100 * q)", "np.percentile(x, 100 * q, method='nearest')",
