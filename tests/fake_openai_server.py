@@ -281,9 +281,12 @@ def main() -> None:
     ap.add_argument("--ttft", type=float, default=0.0)
     ap.add_argument("--gap", type=float, default=0.0)
     ap.add_argument("--tokens-per-chunk", type=int, default=1)
+    ap.add_argument("--spec-steps", type=int, default=0, help="> 0: report speculation (see FakeSettings)")
+    ap.add_argument("--accepted-per-step", type=int, default=2)
     args = ap.parse_args()
     server = FakeOpenAIServer(FakeSettings(ttft_s=args.ttft, chunk_gap_s=args.gap,
-                                           tokens_per_chunk=args.tokens_per_chunk), port=args.port).start()
+                                           tokens_per_chunk=args.tokens_per_chunk, spec_steps=args.spec_steps,
+                                           accepted_per_step=args.accepted_per_step), port=args.port).start()
     print(f"PORT {server.port}", flush=True)
     print(json.dumps(asdict(server.settings)), flush=True)
     try:

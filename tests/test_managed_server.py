@@ -181,6 +181,25 @@ def test_bench_run_starts_the_configured_server_and_keeps_its_log(tmp_path):
     assert "managed" in result.conditions.backends["fake srv"]
 
 
+def test_interleaved_managed_servers_each_keep_their_own_counters(tmp_path):
+    """Two managed servers measured request by request (interleaved, c=1): each is its own server, so each
+    configuration gets its own /metrics window (their configured base_url is the same unused default)."""
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [f"q{i}"]}) + "\n"
+                          for i in range(3)))
+    configs = [{"name": f"fake{acc}", "backend": "openai", "model": "fake-model", "max_new_tokens": 4,
+                "openai": {"server": {"command": "{python} " + FAKE + f" --port {{port}} --spec-steps 2 "
+                                      f"--accepted-per-step {acc}", "startup_timeout_s": 30}}} for acc in (1, 2)]
+    cfg = parse_run_config({"configs": configs, "workload": {"spec": str(wl)}, "interleave": True,
+                            "load": {"concurrency": [1], "warmup": 0}, "bootstrap": 0, "verify_curve": False})
+    result, _ = run_benchmark(cfg, run_dir=tmp_path / "run", show_progress=False)
+    assert result.conditions.interleaved
+    for acc in (1, 2):
+        lr = result.config(f"fake{acc}").loads[0]
+        theirs = {a.name: a for a in lr.telemetry_levels}["vllm"]
+        assert (theirs.proposed, theirs.accepted) == (3 * 2 * 3, 3 * 2 * acc)
+
+
 @pytest.mark.slow
 def test_bench_on_a_managed_specledger_serve(tmp_path):
     """The project's own server as a managed contender: started, measured, its counters read, stopped."""
