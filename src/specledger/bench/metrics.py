@@ -230,15 +230,51 @@ def aggregate(
     return a
 
 
+def _positions(r: RequestRecord) -> dict[str, list[int]]:
+    """A request's tokens accepted per draft position, per level, where its server reported them
+    (`extra.accepted_per_position`: a list for a one-level request, or {level name: list})."""
+    raw = r.extra.get("accepted_per_position")
+    if isinstance(raw, list) and len(r.levels) == 1:
+        return {r.levels[0].name: [int(x) for x in raw]}
+    if isinstance(raw, dict):
+        return {str(k): [int(x) for x in v] for k, v in raw.items() if isinstance(v, list)}
+    return {}
+
+
 def acceptance(records: Iterable[RequestRecord]) -> list[LevelAcceptance]:
+    """Per level: proposed and accepted summed over requests; per draft position too, when every request that
+    drafted at that level reported its positions and drafting steps (a partial sum would understate)."""
     proposed: dict[str, int] = defaultdict(int)
     accepted: dict[str, int] = defaultdict(int)
+    drafts: dict[str, int] = defaultdict(int)
+    per_pos: dict[str, list[int]] = defaultdict(list)
+    whole: dict[str, bool] = defaultdict(lambda: True)
     for r in records:
+        pos = _positions(r)
         for lv in r.levels:
             proposed[lv.name] += lv.proposed
             accepted[lv.name] += lv.accepted
-    return [LevelAcceptance(name=n, proposed=proposed[n], accepted=accepted[n],
-                       rate=accepted[n] / proposed[n] if proposed[n] else None) for n in proposed]
+            if not lv.proposed:
+                continue
+            mine = pos.get(lv.name)
+            if mine is None or lv.steps is None:
+                whole[lv.name] = False
+                continue
+            drafts[lv.name] += lv.steps
+            acc = per_pos[lv.name]
+            acc.extend([0] * (len(mine) - len(acc)))
+            for i, x in enumerate(mine):
+                acc[i] += x
+    out = []
+    for n in proposed:
+        rate = accepted[n] / proposed[n] if proposed[n] else None
+        if whole[n] and per_pos.get(n) and drafts[n]:
+            out.append(LevelAcceptance(name=n, proposed=proposed[n], accepted=accepted[n], rate=rate, drafts=drafts[n],
+                                       accepted_per_position=per_pos[n],
+                                       position_rates=[a / drafts[n] for a in per_pos[n]]))
+        else:
+            out.append(LevelAcceptance(name=n, proposed=proposed[n], accepted=accepted[n], rate=rate))
+    return out
 
 
 def group_by(records: Iterable[RequestRecord], key: str) -> dict[str, list[RequestRecord]]:
