@@ -6,16 +6,17 @@ The round trip, per peer: its run and specledger's own `bench --backend openai` 
 prompts, answers of exactly 16 tokens, concurrency 2) alternate against one server, two rounds (ours, peer, peer,
 ours); each run is imported (the peer's) and priced (`specledger cost`). Checked, per run: the request count and the
 generated tokens equal the server's own /metrics over that run's window; each client's mean TTFT and end-to-end
-latency within 5% of the server's own histograms over its window. Between the two clients: TTFT mean and end-to-end
-p50/p95 within 5%, TTFT p50 within 10% -- (a) each divided by the server's own mean for its window, so the
+latency within 5% of the server's own histograms over its window. Between the two clients, medians over the rounds of
+TTFT mean and p50 and end-to-end p50 and p95: (a) each divided by the server's own mean for its window, so the
 comparison holds while the machine's speed drifts between runs (on a shared 2-core machine the server's own mean
 latency moved 2x between windows); (b) raw, and as priced, when the server ran at the same speed under both in
 every round (its mean end-to-end latency within 5%).
 
-TTFT p50 gets 10%: at concurrency 2 a TTFT is a prefill behind zero or one decode step of the other request, a
-two-humped distribution whose median moves more than its mean between two runs of the same client (seen with 16
-requests: our own two rounds' p50 over the server's mean 1.02 and 1.11). Output tokens within 10%: both peers count
-them by re-tokenizing the streamed text, where a chunk boundary can split what the server counted as one token (seen:
+Tolerance between clients: 5% plus our own A/A spread -- how far specledger's own two runs of the same load moved
+apart on that statistic. A distribution's shape (p95 over mean, p50 over mean) moves between two runs of one client
+on a busy machine: seen under load 5-7, our own two rounds' e2e p95 over the server's mean 1.31 and 1.17, TTFT p50
+over it 0.90 and 0.98; on a quiet machine the spread is small and the tolerance near 5%. Output tokens within
+10%: both peers count them by re-tokenizing the streamed text, where a chunk boundary can split what the server counted as one token (seen:
 364 vs 384). The server is pinned to one CPU with one thread and the clients to the others where the machine has
 two, and AIPerf's /metrics scraping (on by default) is off: both cost the server CPU while it decodes, which showed
 as 1.5-2x longer latencies *measured by the server itself* under AIPerf -- a load difference, not a measurement one.
@@ -157,8 +158,7 @@ def _priced(run_dir: Path, costs: Path) -> dict:
     return row
 
 
-# statistic -> (the server histogram it scales with, the tolerance between clients)
-STATS = {"ttft.mean": ("ttft", 0.05), "ttft.p50": ("ttft", 0.10), "e2e.p50": ("e2e", 0.05), "e2e.p95": ("e2e", 0.05)}
+STATS = {"ttft.mean": "ttft", "ttft.p50": "ttft", "e2e.p50": "e2e", "e2e.p95": "e2e"}  # -> the server histogram
 
 
 def _stat(a: Aggregate, stat: str) -> float:
@@ -207,22 +207,30 @@ def test_peer_round_trip_matches_our_own_run_and_the_server(served, tmp_path, pe
 
     def values(a: Aggregate, w: dict[str, float], row: dict) -> dict[str, float]:
         v = {stat: _stat(a, stat) for stat in STATS}
-        v |= {f"{stat}/server": _stat(a, stat) / w[hist] for stat, (hist, _tol) in STATS.items()}
+        v |= {f"{stat}/server": _stat(a, stat) / w[hist] for stat, hist in STATS.items()}
         return v | {"server e2e": w["e2e"], "priced ttft_p50": row["ttft_p50"], "priced e2e_p95": row["e2e_p95"]}
 
     med = {who: {key: statistics.median(values(*r)[key] for r in rs) for key in values(*rs[0])}
            for who, rs in runs.items()}
     ours, theirs = med["ours"], med[peer]
+
+    def tolerance(key: str) -> float:
+        """5%, widened by how far our own runs of the same load moved apart (our A/A spread): a peer cannot be
+        expected to agree with us more closely than we agree with ourselves."""
+        mine = [values(*r)[key] for r in runs["ours"]]
+        return 0.05 + (max(mine) - min(mine)) / statistics.mean(mine)
+
     # (a) drift-free: each run's statistic over the server's own mean for that run's window
-    checked = {f"{stat}/server": tol for stat, (_hist, tol) in STATS.items()}
+    checked = [f"{stat}/server" for stat in STATS]
     speeds = [(p[1]["e2e"], o[1]["e2e"]) for p, o in zip(runs[peer], runs["ours"])]
     if all(x == pytest.approx(y, rel=0.05) for x, y in speeds):
         # (b) raw, when the server ran as fast under both clients in every round; and the latencies the ledger prices
-        checked |= {stat: tol for stat, (_hist, tol) in STATS.items()}
-        checked |= {"priced ttft_p50": STATS["ttft.p50"][1], "priced e2e_p95": STATS["e2e.p95"][1]}
+        checked += [*STATS, "priced ttft_p50", "priced e2e_p95"]
     else:
         print(f"raw comparison not checked: the server itself ran at another speed under {peer} than under ours "
               f"in some round (its mean e2e per round, {peer} vs ours: {speeds})")
-    for key, tol in checked.items():
+    for key in checked:
+        tol = tolerance(key)
+        print(f"{key}: {peer} {theirs[key]:.3f} ours {ours[key]:.3f} (tolerance {tol:.1%})")
         assert theirs[key] == pytest.approx(ours[key], rel=tol), \
-            f"{peer} {key} {theirs[key]:.3f} vs ours {ours[key]:.3f} (tolerance {tol:.0%})\n{report}"
+            f"{peer} {key} {theirs[key]:.3f} vs ours {ours[key]:.3f} (tolerance {tol:.1%})\n{report}"
