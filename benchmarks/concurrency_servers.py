@@ -64,6 +64,9 @@ def workload(path: Path, prompts: list[str], new_tokens: int) -> Path:
 def run_config(precision: str, methods: list[str], llama: list[str], levels: list[int], *, requests: int,
                new_tokens: int, threads: int, repeats: int, wl: Path, seed: int) -> dict:
     max_c, ctx = max(levels), 512 + new_tokens
+    if precision == "int4" and "draft" in methods:  # its W4A16 drafter would be the target itself
+        print("note: no draft configuration on int4 (the drafter is the target's own W4A16 copy)")
+        methods = [m for m in methods if m != "draft"]
     configs = [serve_config(precision, m, max_c=max_c, threads=threads, new_tokens=new_tokens, ctx=ctx)
                for m in methods]
     configs += [llama_config(m, max_c=max_c, threads=threads, new_tokens=new_tokens, ctx=ctx) for m in llama]
