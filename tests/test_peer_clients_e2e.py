@@ -7,9 +7,9 @@ prompts, answers of exactly 16 tokens, concurrency 2) alternate against one serv
 ours); each run is imported (the peer's) and priced (`specledger cost`). Checked, per run: the request count and the
 generated tokens equal the server's own /metrics over that run's window; each client's mean TTFT and end-to-end
 latency within 5% of the server's own histograms over its window. Between the two clients, medians over the rounds of
-TTFT mean and p50 and end-to-end p50 and p95: (a) each divided by the server's own mean for its window, so the
-comparison holds while the machine's speed drifts between runs (on a shared 2-core machine the server's own mean
-latency moved 2x between windows); (b) raw, and as priced, when the server ran at the same speed under both in
+TTFT and end-to-end means and (AIPerf; for GuideLLM see COMPARED) TTFT p50 and end-to-end p50 and p95: (a) each
+divided by the server's own mean for its window, so the comparison holds while the machine's speed drifts between
+runs (on a shared 2-core machine the server's own mean latency moved 2x between windows); (b) raw, and as priced, when the server ran at the same speed under both in
 every round (its mean end-to-end latency within 5%).
 
 Tolerance between clients: 5% plus our own A/A spread -- how far specledger's own two runs of the same load moved
@@ -158,7 +158,11 @@ def _priced(run_dir: Path, costs: Path) -> dict:
     return row
 
 
-STATS = {"ttft.mean": "ttft", "ttft.p50": "ttft", "e2e.p50": "e2e", "e2e.p95": "e2e"}  # -> the server histogram
+STATS = {"ttft.mean": "ttft", "ttft.p50": "ttft", "e2e.mean": "e2e", "e2e.p50": "e2e", "e2e.p95": "e2e"}  # -> histogram
+# GuideLLM's percentiles are not compared: under its `concurrent` profile the latency distribution has another shape
+# (seen: e2e p50 over mean 1.12, ours 0.96-0.98, at the same concurrency), while each of its requests' latencies
+# agrees with the server's own histograms -- a difference in how the load is issued, not in how it is measured.
+COMPARED = {"aiperf": list(STATS), "guidellm": ["ttft.mean", "e2e.mean"]}
 
 
 def _stat(a: Aggregate, stat: str) -> float:
@@ -221,11 +225,11 @@ def test_peer_round_trip_matches_our_own_run_and_the_server(served, tmp_path, pe
         return 0.05 + (max(mine) - min(mine)) / statistics.mean(mine)
 
     # (a) drift-free: each run's statistic over the server's own mean for that run's window
-    checked = [f"{stat}/server" for stat in STATS]
+    checked = [f"{stat}/server" for stat in COMPARED[peer]]
     speeds = [(p[1]["e2e"], o[1]["e2e"]) for p, o in zip(runs[peer], runs["ours"])]
     if all(x == pytest.approx(y, rel=0.05) for x, y in speeds):
         # (b) raw, when the server ran as fast under both clients in every round; and the latencies the ledger prices
-        checked += [*STATS, "priced ttft_p50", "priced e2e_p95"]
+        checked += [*COMPARED[peer], *(["priced ttft_p50", "priced e2e_p95"] if peer == "aiperf" else [])]
     else:
         print(f"raw comparison not checked: the server itself ran at another speed under {peer} than under ours "
               f"in some round (its mean e2e per round, {peer} vs ours: {speeds})")
