@@ -7,15 +7,20 @@ prompts, answers of exactly 16 tokens, concurrency 2) alternate against one serv
 ours); each run is imported (the peer's) and priced (`specledger cost`). Checked, per run: the request count and the
 generated tokens equal the server's own /metrics over that run's window; each client's mean TTFT and end-to-end
 latency within 5% of the server's own histograms over its window. Between the two clients, medians over the rounds of
-TTFT and end-to-end means and (AIPerf; for GuideLLM see COMPARED) TTFT p50 and end-to-end p50 and p95: (a) each
+TTFT mean and p50, end-to-end mean, p50 and p95: (a) each
 divided by the server's own mean for its window, so the comparison holds while the machine's speed drifts between
 runs (on a shared 2-core machine the server's own mean latency moved 2x between windows); (b) raw, and as priced, when the server ran at the same speed under both in
-every round (its mean end-to-end latency within 5%).
+every round (its mean end-to-end latency within 5%). Percentiles are compared where the two clients issued the same
+load: requests in flight averaged over the run within 5% (else only the means, and the test says so), and only
+where the machine was quiet (load average at most the CPU count + 1 before every run): on a busy machine percentiles of
+32 requests moved by more than any fixed tolerance between runs of the same client (seen under load 4-7: e2e p95
+over the server's mean 1.19-1.34 within one client's rounds), so there they are printed, not asserted.
 
-Tolerance between clients: 5% plus our own A/A spread -- how far specledger's own two runs of the same load moved
-apart on that statistic. A distribution's shape (p95 over mean, p50 over mean) moves between two runs of one client
-on a busy machine: seen under load 5-7, our own two rounds' e2e p95 over the server's mean 1.31 and 1.17, TTFT p50
-over it 0.90 and 0.98; on a quiet machine the spread is small and the tolerance near 5%. Output tokens within
+Tolerance between clients: 5% plus each client's own A/A spread -- how far its two runs of the same load moved apart
+on that statistic. A distribution's shape (p95 over mean, p50 over mean) moves between two runs of one client on a
+busy machine: seen under load 5-7, our own two rounds' e2e p95 over the server's mean 1.31 and 1.17, TTFT p50 over
+it 0.90 and 0.98, GuideLLM's e2e p50 over it 1.12 and 1.00; on a quiet machine the spreads are small and the
+tolerance near 5%. Output tokens within
 10%: both peers count them by re-tokenizing the streamed text, where a chunk boundary can split what the server counted as one token (seen:
 364 vs 384). The server is pinned to one CPU with one thread and the clients to the others where the machine has
 two, and AIPerf's /metrics scraping (on by default) is off: both cost the server CPU while it decodes, which showed
@@ -159,10 +164,6 @@ def _priced(run_dir: Path, costs: Path) -> dict:
 
 
 STATS = {"ttft.mean": "ttft", "ttft.p50": "ttft", "e2e.mean": "e2e", "e2e.p50": "e2e", "e2e.p95": "e2e"}  # -> histogram
-# GuideLLM's percentiles are not compared: under its `concurrent` profile the latency distribution has another shape
-# (seen: e2e p50 over mean 1.12, ours 0.96-0.98, at the same concurrency), while each of its requests' latencies
-# agrees with the server's own histograms -- a difference in how the load is issued, not in how it is measured.
-COMPARED = {"aiperf": list(STATS), "guidellm": ["ttft.mean", "e2e.mean"]}
 
 
 def _stat(a: Aggregate, stat: str) -> float:
@@ -180,8 +181,10 @@ def test_peer_round_trip_matches_our_own_run_and_the_server(served, tmp_path, pe
     costs.write_text(yaml.safe_dump(inputs))
     runs: dict[str, list[tuple[Aggregate, dict[str, float], dict]]] = {"ours": [], peer: []}
     lines = []
+    loads = []
     for k in range(ROUNDS):
         for who in (("ours", peer) if k % 2 == 0 else (peer, "ours")):
+            loads.append(os.getloadavg()[0])
             before = _server_totals(url)
             run_dir = RUN[who](url, d, tmp_path / f"{who}{k}")
             after = _server_totals(url)
@@ -219,20 +222,38 @@ def test_peer_round_trip_matches_our_own_run_and_the_server(served, tmp_path, pe
     ours, theirs = med["ours"], med[peer]
 
     def tolerance(key: str) -> float:
-        """5%, widened by how far our own runs of the same load moved apart (our A/A spread): a peer cannot be
-        expected to agree with us more closely than we agree with ourselves."""
-        mine = [values(*r)[key] for r in runs["ours"]]
-        return 0.05 + (max(mine) - min(mine)) / statistics.mean(mine)
+        """5%, widened by how far each client's own runs of the same load moved apart (its A/A spread): two
+        clients cannot be expected to agree more closely than each agrees with itself."""
+        spread = 0.0
+        for who in ("ours", peer):
+            xs = [values(*r)[key] for r in runs[who]]
+            spread += (max(xs) - min(xs)) / statistics.mean(xs)
+        return 0.05 + spread
 
+    # The load each client really issued: requests in flight, averaged over its run (sum of latencies over the span).
+    # A peer that keeps fewer than `concurrency` in flight part of the time gives latencies another distribution (one
+    # AIPerf run: e2e p50 over its mean 0.87 in both rounds, ours 1.0, the means agreeing with the server's), so
+    # percentiles are compared only where the loads match within 5%.
+    inflight = {who: statistics.median(a.e2e.mean * a.requests_ok / a.wall_s for a, _, _ in rs) for who, rs in runs.items()}
+    print(f"requests in flight, time-averaged: {peer} {inflight[peer]:.2f}, ours {inflight['ours']:.2f}")
+    assert inflight["ours"] == pytest.approx(CONCURRENCY, rel=0.05)
+    same_load = inflight[peer] == pytest.approx(inflight["ours"], rel=0.05)
+    # Percentiles of 32 requests are only as steady as the machine: where other work competed for the CPU (load
+    # average above the CPU count + 1: this test itself keeps about two busy), they are reported, not asserted.
+    quiet = max(loads) <= (os.cpu_count() or 1) + 1
+    print(f"load average before each run: {[round(x, 1) for x in loads]} ({'quiet' if quiet else 'busy'})")
     # (a) drift-free: each run's statistic over the server's own mean for that run's window
-    checked = [f"{stat}/server" for stat in COMPARED[peer]]
+    checked = [f"{stat}/server" for stat in STATS if stat.endswith(".mean") or (same_load and quiet)]
+    if not (same_load and quiet):
+        print(f"percentiles reported, not asserted: {'a busy machine' if same_load else 'another load'}")
     speeds = [(p[1]["e2e"], o[1]["e2e"]) for p, o in zip(runs[peer], runs["ours"])]
-    if all(x == pytest.approx(y, rel=0.05) for x, y in speeds):
+    if same_load and quiet and all(x == pytest.approx(y, rel=0.05) for x, y in speeds):
         # (b) raw, when the server ran as fast under both clients in every round; and the latencies the ledger prices
-        checked += [*COMPARED[peer], *(["priced ttft_p50", "priced e2e_p95"] if peer == "aiperf" else [])]
+        checked += [*STATS, "priced ttft_p50", "priced e2e_p95"]
     else:
-        print(f"raw comparison not checked: the server itself ran at another speed under {peer} than under ours "
-              f"in some round (its mean e2e per round, {peer} vs ours: {speeds})")
+        print(f"raw comparison not checked (server's mean e2e per round, {peer} vs ours: {speeds})")
+    for key in [k for k in values(*runs["ours"][0]) if k not in checked and "/server" in k]:
+        print(f"{key}: {peer} {theirs[key]:.3f} ours {ours[key]:.3f} (reported only)")
     for key in checked:
         tol = tolerance(key)
         print(f"{key}: {peer} {theirs[key]:.3f} ours {ours[key]:.3f} (tolerance {tol:.1%})")
