@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench clean llama-server
+.PHONY: demo test install bench clean llama-server peers
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,11 @@ test: install
 SPECLEDGER_CACHE ?= $(CURDIR)/.cache
 llama-server:
 	bash scripts/build-llama-server.sh "$(SPECLEDGER_CACHE)"
+
+# The benchmark clients the peer tests drive (AIPerf, GuideLLM; PyPI), each in its own venv under $(SPECLEDGER_CACHE)/peers.
+# GuideLLM borrows this venv's CPU torch (it requires torch; pip would pull a CUDA build).
+peers: install
+	TORCH_PYTHON=$(abspath $(BIN))/python bash scripts/install-peers.sh "$(SPECLEDGER_CACHE)"
 
 bench: install
 	$(BIN)/python benchmarks/ar_engine.py

@@ -9,21 +9,32 @@ the batching gain are both read off one table.
 
 Every request generates exactly --new-tokens tokens (eos ignored) from a ~100-300-token prompt.
 
-With --methods (e.g. ar,ar-aa,lookup,lookup-k3) the contenders run side by side on the scheduler
+With --methods (e.g. ar,ar-aa,lookup,lookup-k3,draft,eagle) the contenders run side by side on the scheduler
 instead, interleaved: --rounds rounds, each visiting every concurrency with the contenders in a
 fresh random order, so machine drift hits all alike. "ar-aa" is AR run again (the A/A pair: its
 ratio to "ar" is the noise floor); "lookup" is prompt lookup with the draft length planned per
 sequence per step from the measured cost surface T(rows) (decoding/draft_budget.py); "lookup-k3"
 drafts whatever lookup finds, up to 3 tokens, every step (no planning: what speculation without
-the cost surface does under load). Per concurrency: median tok/s over rounds, and each method's
+the cost surface does under load); "draft" a chain from the W4A16 copy of the target (not on a W4A16
+target: that would be the target itself) and "eagle" the shipped EAGLE head, both batched and planned
+per sequence per step like lookup. Per concurrency: median tok/s over rounds, and each method's
 ratio to "ar" paired by round (geometric mean, 95% bootstrap interval over rounds); a difference
 is real only where the interval excludes 1 and the A/A interval is tight.
 
     python benchmarks/concurrency.py --methods ar,ar-aa,lookup,lookup-k3 --precisions fp32,int4 \
         --concurrency 1,2,4,8,16 --rounds 5 --requests 16 --new-tokens 64 --json conc.json
 
-Not yet here (issue 11): draft/eagle batched, and llama-server driven through
-`specledger bench --backend openai`.
+With --servers the contenders are HTTP servers instead, side by side in one run per precision with llama.cpp's
+server on the same GGUF (benchmarks/concurrency_servers.py): `specledger serve` for each --methods entry (ar,
+ar-aa, lookup, draft, eagle; the server batches all of them) and
+`llama-server --parallel <max concurrency>` for each --llama entry (ar, ar-aa, ngram = its --spec-type
+ngram-simple), each a managed server driven by `specledger bench --backend openai`, interleaved:
+
+    python benchmarks/concurrency.py --servers --precisions fp32,bf16,int4 --methods ar,ar-aa,lookup,draft,eagle \
+        --llama ar,ar-aa,ngram --concurrency 1,2,4,8,16 --requests 16 --new-tokens 64 --out conc-servers
+    python benchmarks/concurrency.py --servers --quick        # int4, ar/ar-aa/lookup vs llama ar/ngram, c=1,4
+
+Needs llama-server (`make llama-server`). Each run directory stays under --out for `specledger show|report`.
 """
 
 from __future__ import annotations
@@ -53,6 +64,9 @@ from specledger.decoding.scheduler import Scheduler  # noqa: E402
 from specledger.engine.loader import default_dtype, load_model  # noqa: E402
 
 console = Console(width=160)
+# in-process methods batched through a strategy's own drafter (the draft model: the target's W4A16 copy)
+BATCH_METHODS = {"draft": {"draft": {"model": "target", "quant": "int4", "dtype": "bf16"}}, "eagle": {}}
+METHODS = ("ar", "ar-aa", "lookup", "lookup-k3", *BATCH_METHODS)
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -85,6 +99,8 @@ def run_batched(lm, prompts: list[list[int]], sp: SamplingParams, n: int, n_requ
     if method.startswith("lookup"):
         drafter = LookupDrafter(3 if method == "lookup-k3" else 8)
         cost = (lambda rows: 1.0) if method == "lookup-k3" else None  # a flat cost: draft all it finds
+    elif method in BATCH_METHODS:
+        drafter = make_strategy(method, target=lm, **BATCH_METHODS[method]).batch_drafter(n)
     s = Scheduler(lm, max_batch=n, prefill_chunk=chunk, drafter=drafter, cost=cost)
     submitted = 0
     results = []
@@ -172,11 +188,23 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16, help="requests per level (at least the concurrency)")
     ap.add_argument("--prefill-chunk", type=int, default=256, help="prompt rows per pass at most")
     ap.add_argument("--methods", default=None,
-                    help="comma list of ar, ar-aa, lookup, lookup-k3: side by side, interleaved (see the docstring)")
-    ap.add_argument("--rounds", type=int, default=3, help="with --methods: interleaved rounds")
+                    help="comma list of ar, ar-aa, lookup, lookup-k3, draft, eagle: side by side, interleaved "
+                         "(see the docstring)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="with --methods: interleaved rounds (default 3); with --servers: passes over the workload per level (default 1)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--servers", action="store_true",
+                    help="HTTP servers side by side with llama-server (see the docstring)")
+    ap.add_argument("--llama", default="ar,ar-aa,ngram", help="with --servers: llama-server configurations "
+                    "(ar, ar-aa, ngram; empty for none)")
+    ap.add_argument("--quick", action="store_true", help="with --servers: int4 only, ar,ar-aa,lookup vs llama ar,ngram, "
+                    "c=1,4, 8 requests of 32 tokens")
+    ap.add_argument("--out", default=None, help="with --servers: folder for the run directories (default: a new one)")
     a = ap.parse_args()
+    if a.servers:
+        run_servers(a)
+        return
     if a.threads:
         torch.set_num_threads(a.threads)
     levels = [int(x) for x in a.concurrency.split(",")]
@@ -190,14 +218,15 @@ def main() -> None:
         run_batched(lm, prompts, SamplingParams(max_new_tokens=4, ignore_eos=True), 2, 2)  # warm-up
         if a.methods:
             methods = a.methods.split(",")
-            unknown = set(methods) - {"ar", "ar-aa", "lookup", "lookup-k3"}
+            unknown = set(methods) - set(METHODS)
             if unknown or "ar" not in methods:
-                sys.exit(f"error: --methods takes ar, ar-aa, lookup, lookup-k3 and must include ar "
-                         f"(got {a.methods!r})")
+                sys.exit(f"error: --methods takes {', '.join(METHODS)} and must include ar (got {a.methods!r})")
+            if quant == "int4":  # a draft from the W4A16 copy of a W4A16 target is the target itself
+                methods = [m for m in methods if m != "draft"]
             surface = cost_surface(lm, max_rows=4 * max(levels), n_seqs=min(8, max(levels)))  # before timing
             console.print(f"cost surface {lm.label}: " + ", ".join(
                 f"T({r})={1e3 * t:.1f}ms" for r, t in zip(surface.rows, surface.seconds)))
-            rows = run_methods(lm, prompts, sp, methods, levels, a.rounds, a.requests, a.prefill_chunk)
+            rows = run_methods(lm, prompts, sp, methods, levels, a.rounds or 3, a.requests, a.prefill_chunk)
             console.print(methods_table(lm.label, rows, methods, levels))
             out["precisions"][lm.label] = {"surface": dict(zip(surface.rows, surface.seconds)), "rows": rows}
             continue
@@ -216,6 +245,48 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)
+
+
+def run_servers(a: argparse.Namespace) -> None:
+    import tempfile
+    from pathlib import Path
+
+    import concurrency_servers as cs
+
+    if a.quick:
+        a.precisions, a.methods, a.llama, a.concurrency, a.requests, a.new_tokens = (
+            "int4", "ar,ar-aa,lookup", "ar,ngram", "1,4", 8, 32)
+    methods = (a.methods or "ar,ar-aa,lookup").split(",")
+    llama = [m for m in a.llama.split(",") if m]
+    bad = [m for m in methods if m not in cs.SERVE_METHODS] + [m for m in llama if m not in cs.LLAMA_METHODS]
+    bad += [p for p in a.precisions.split(",") if p not in cs.PRECISION_FLAGS]
+    if bad or "ar" not in methods:
+        sys.exit(f"error: unknown {bad} (methods {sorted(cs.SERVE_METHODS)}, llama {sorted(cs.LLAMA_METHODS)}, "
+                 f"precisions {sorted(cs.PRECISION_FLAGS)}); --methods must include ar")
+    if llama:
+        from specledger.bench.managed import find_llama_server
+
+        if find_llama_server() is None:
+            sys.exit("error: no llama-server binary: `make llama-server` (or --llama '' to leave it out)")
+    levels = [int(x) for x in a.concurrency.split(",")]
+    out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="conc-servers-"))
+    out.mkdir(parents=True, exist_ok=True)
+    threads = a.threads or os.cpu_count() or 1
+    wl = cs.workload(out / "prompts.jsonl", long_prompts(8), a.new_tokens)
+    console.print(f"{now()}  {machine()}  -> {out}")
+    result: dict = {"machine": machine(), "date": now(), "new_tokens": a.new_tokens, "threads": threads,
+                    "precisions": {}}
+    for i, prec in enumerate(a.precisions.split(",")):
+        cfg = cs.run_config(prec, methods, llama, levels, requests=a.requests, new_tokens=a.new_tokens,
+                            threads=threads, repeats=a.rounds or 1, wl=wl, seed=i)
+        rows = cs.with_ratios(cs.rows_of(cs.bench(cfg, out, f"servers-{prec}")))
+        cs.print_table(f"Servers under concurrency: specledger serve {prec} vs llama-server (Q4_1 GGUF), "
+                       f"{a.new_tokens} tokens per answer, {threads} threads each", rows)
+        console.print(cs.summary(rows))
+        result["precisions"][prec] = {"run_dir": str(out / f"servers-{prec}"), "rows": rows}
+    path = Path(a.json) if a.json else out / "concurrency_servers.json"
+    path.write_text(json.dumps(result, indent=2))
+    console.print(f"results: {path}")
 
 
 if __name__ == "__main__":

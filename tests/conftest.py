@@ -108,3 +108,28 @@ def lm() -> LoadedModel:
     from varied_model import batching_model
 
     return batching_model()
+
+
+@pytest.fixture
+def require_tool():
+    """An external program a test drives (llama-server, AIPerf, GuideLLM): skipped where it is absent, except
+    where SPECLEDGER_REQUIRE_ENGINES=1 (set by .ci/run, which builds and installs them first): there its absence
+    fails the test with the last lines of the build or install log, and the rest of the suite runs on."""
+    import os
+    from pathlib import Path
+
+    def check(path: Path | None, what: str, how: str, log: Path | None = None) -> Path:
+        if path is not None and path.exists():
+            return path
+        msg = f"{what} is not available: {how}"
+        if not os.environ.get("SPECLEDGER_REQUIRE_ENGINES"):
+            pytest.skip(msg)
+        tail = ""
+        if log is not None and log.is_file():
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            tail = f"\nlast lines of {log}:\n{tail}"
+        pytest.fail(f"{msg} (SPECLEDGER_REQUIRE_ENGINES is set: the CI set-up step should have provided it){tail}",
+                    pytrace=False)
+        raise AssertionError  # unreachable: for type checkers
+
+    return check

@@ -64,8 +64,9 @@ def token_text(k: int) -> str:
 
 
 class FakeOpenAIServer:
-    def __init__(self, settings: FakeSettings | None = None, port: int = 0):
+    def __init__(self, settings: FakeSettings | None = None, port: int = 0, fast_loop: bool = False):
         self.settings = settings or FakeSettings()
+        self.fast_loop = fast_loop  # uvloop's event loop (for the load-generator benchmark), where installed
         self.stats = FakeStats()
         self.port = port
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -82,7 +83,12 @@ class FakeOpenAIServer:
         ready = threading.Event()
 
         def run() -> None:
-            self._loop = asyncio.new_event_loop()
+            if self.fast_loop:
+                import uvloop
+
+                self._loop = uvloop.new_event_loop()
+            else:
+                self._loop = asyncio.new_event_loop()
             asyncio.set_event_loop(self._loop)
             self._server = self._loop.run_until_complete(
                 asyncio.start_server(self._handle, "127.0.0.1", self.port, backlog=1024))
@@ -281,9 +287,14 @@ def main() -> None:
     ap.add_argument("--ttft", type=float, default=0.0)
     ap.add_argument("--gap", type=float, default=0.0)
     ap.add_argument("--tokens-per-chunk", type=int, default=1)
+    ap.add_argument("--spec-steps", type=int, default=0, help="> 0: report speculation (see FakeSettings)")
+    ap.add_argument("--accepted-per-step", type=int, default=2)
+    ap.add_argument("--uvloop", action="store_true", help="serve on uvloop's event loop (faster; must be installed)")
     args = ap.parse_args()
     server = FakeOpenAIServer(FakeSettings(ttft_s=args.ttft, chunk_gap_s=args.gap,
-                                           tokens_per_chunk=args.tokens_per_chunk), port=args.port).start()
+                                           tokens_per_chunk=args.tokens_per_chunk, spec_steps=args.spec_steps,
+                                           accepted_per_step=args.accepted_per_step), port=args.port,
+                              fast_loop=args.uvloop).start()
     print(f"PORT {server.port}", flush=True)
     print(json.dumps(asdict(server.settings)), flush=True)
     try:

@@ -175,6 +175,12 @@ def test_vllm_per_request_spec_decode_metrics(server, tmp_path):
     assert r.extra["accepted_per_position"] == [4, 2, 2]
     assert r.extra["vllm_speculative_decoding"]["acceptance_histogram"] == [1, 2, 0, 2]
     assert result.configs[0].loads[0].aggregate.tau == pytest.approx(2.6)
+    # the level's acceptance per position: summed over requests, over their drafting steps (5 each)
+    wl2 = write_workload(tmp_path / "w2.jsonl", ["x", "y"])
+    result, _, _ = run(config(server, tmp_path, wl2, fake=fake), tmp_path, name="two")
+    (a,) = result.configs[0].loads[0].aggregate.acceptance
+    assert (a.name, a.drafts, a.accepted_per_position) == ("draft", 10, [8, 4, 4])
+    assert a.position_rates == pytest.approx([0.8, 0.4, 0.4])
 
 
 def test_concurrency_sweep_and_lossless_gate_on_text(server, tmp_path):

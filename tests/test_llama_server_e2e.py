@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specledger.bench.managed import find_llama_server, port_is_free
+from specledger.bench.managed import LLAMA_SERVER_VERSION, find_llama_server, port_is_free, repo_cache
 from specledger.bench.results import load_run, read_requests
+from specledger.report.positions import position_rows
 
 pytestmark = pytest.mark.slow
 
@@ -63,10 +64,10 @@ def _bench(tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
-@pytest.mark.skipif(find_llama_server() is None,
-                    reason="llama-server is not built: run `make llama-server` once (~15-25 min on 2 cores; cached "
-                           "in .cache/ or $SPECLEDGER_CACHE), or set SPECLEDGER_LLAMA_SERVER")
-def test_tau_measured_by_specledger_matches_llama_servers_counters(tmp_path):
+def test_tau_measured_by_specledger_matches_llama_servers_counters(tmp_path, require_tool):
+    require_tool(find_llama_server(), "llama-server",
+                 "run `make llama-server` once (~7-25 min on 2 cores; cached in .cache/ or $SPECLEDGER_CACHE), or set "
+                 "SPECLEDGER_LLAMA_SERVER", repo_cache() / f"llama-server-{LLAMA_SERVER_VERSION}" / "build.log")
     path = _bench(tmp_path)
     run = load_run(path)
     recs = read_requests(path)
@@ -97,6 +98,10 @@ def test_tau_measured_by_specledger_matches_llama_servers_counters(tmp_path):
         assert tele["tau"]["llamacpp"] >= a.tau - 1e-9
         rates = theirs.position_rates
         assert rates and all(x >= y - 1e-12 for x, y in zip(rates, rates[1:]))  # position i needs i-1 accepted
+        assert theirs.drafts and sum(theirs.accepted_per_position) == theirs.accepted
+        # the report's table per configuration and level shows the server's rates
+        shown = {(r.config, r.load, r.source): r.rates for r in position_rows(run)}
+        assert shown[("llama-ngram", lr.load, "server counters: llamacpp")] == rates
         print(f"{lr.load}: tau specledger {a.tau:.3f} server(all steps) {tau_server:.3f} "
               f"server(drafting steps) {tele['tau']['llamacpp']:.3f}; acceptance {ours.accepted}/{ours.proposed} "
               f"vs {theirs.accepted}/{theirs.proposed}; per position {[round(x, 2) for x in rates]}")

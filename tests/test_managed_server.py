@@ -181,6 +181,25 @@ def test_bench_run_starts_the_configured_server_and_keeps_its_log(tmp_path):
     assert "managed" in result.conditions.backends["fake srv"]
 
 
+def test_interleaved_managed_servers_each_keep_their_own_counters(tmp_path):
+    """Two managed servers measured request by request (interleaved, c=1): each is its own server, so each
+    configuration gets its own /metrics window (their configured base_url is the same unused default)."""
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [f"q{i}"]}) + "\n"
+                          for i in range(3)))
+    configs = [{"name": f"fake{acc}", "backend": "openai", "model": "fake-model", "max_new_tokens": 4,
+                "openai": {"server": {"command": "{python} " + FAKE + f" --port {{port}} --spec-steps 2 "
+                                      f"--accepted-per-step {acc}", "startup_timeout_s": 30}}} for acc in (1, 2)]
+    cfg = parse_run_config({"configs": configs, "workload": {"spec": str(wl)}, "interleave": True,
+                            "load": {"concurrency": [1], "warmup": 0}, "bootstrap": 0, "verify_curve": False})
+    result, _ = run_benchmark(cfg, run_dir=tmp_path / "run", show_progress=False)
+    assert result.conditions.interleaved
+    for acc in (1, 2):
+        lr = result.config(f"fake{acc}").loads[0]
+        theirs = {a.name: a for a in lr.telemetry_levels}["vllm"]
+        assert (theirs.proposed, theirs.accepted) == (3 * 2 * 3, 3 * 2 * acc)
+
+
 @pytest.mark.slow
 def test_bench_on_a_managed_specledger_serve(tmp_path):
     """The project's own server as a managed contender: started, measured, its counters read, stopped."""
@@ -210,18 +229,46 @@ def test_bench_on_a_managed_specledger_serve(tmp_path):
 
 @pytest.mark.slow
 def test_twenty_start_stop_cycles_leave_nothing_behind(tmp_path):
-    """The issue's goal: 20 cycles (every fourth one abandoned mid-start by a failing health wait)."""
-    pids, ports = [], []
+    """The issue's goal: 20 cycles of five kinds, four each -- stopped after use, abandoned mid-start by a failing
+    health wait, and a run (the process that started the server) killed with SIGKILL, SIGTERM or SIGINT."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    parent_script = _parent_script(tmp_path)
+    kinds = ["stop", "abandoned", signal.SIGKILL, signal.SIGTERM, signal.SIGINT]
+    pids, ports, seen = [], [], {str(k): 0 for k in kinds}
     for i in range(20):
+        kind = kinds[i % len(kinds)]
+        if isinstance(kind, signal.Signals):
+            parent = subprocess.Popen([sys.executable, str(parent_script), str(tmp_path / f"{i}.log")],
+                                      stdout=subprocess.PIPE, text=True, env=env)
+            try:
+                pid, port = map(int, parent.stdout.readline().split())
+                parent.send_signal(kind)
+                parent.wait(30)
+            finally:
+                if parent.poll() is None:
+                    parent.kill()
+            pids.append(pid)
+            ports.append(port)
+            seen[str(kind)] += 1
+            continue
         s = ManagedServer("{python} " + FAKE + " --port {port}", model="m", log_path=tmp_path / f"{i}.log",
-                          health="/health-that-404s" if i % 4 == 3 else None, startup_timeout_s=1.0 if i % 4 == 3 else 30)
+                          health="/health-that-404s" if kind == "abandoned" else None,
+                          startup_timeout_s=1.0 if kind == "abandoned" else 30)
         try:
             s.start()
             pids.append(s.proc.pid)
             ports.append(s.port)
         except SpecLedgerError:
-            pass
+            assert kind == "abandoned"
+            seen[kind] += 1
+            if s.port:
+                ports.append(s.port)
+        else:
+            assert kind == "stop"
+            seen[kind] += 1
         finally:
             s.stop()
-    assert len(pids) == 15
-    assert all(gone(p) for p in pids) and all(eventually(lambda p=p: port_is_free(p)) for p in ports)
+    assert set(seen.values()) == {4} and len(pids) == 16
+    assert all(gone(p, 15) for p in pids), [p for p in pids if alive(p)]
+    assert all(eventually(lambda p=p: port_is_free(p), 10) for p in ports)

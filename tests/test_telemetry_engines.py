@@ -136,3 +136,25 @@ def test_server_speculation_table_lists_positions_and_flags_gauges():
     text = console.export_text()
     assert "60%" in text and "50%" in text and "40%" in text and "2.50" in text
     assert "instantaneous" in text
+
+
+def _record(i: int, proposed: int, accepted: int, steps: int | None, positions=None):
+    from specledger.bench.results import RequestRecord
+
+    return RequestRecord(run_id="r", config="c", request_id=f"c|c=1|{i}|t1", item=i, question_id=str(i), category="x",
+                         kind="qa", turn=1, turns=1, load="c=1", status="ok", arrival_t=0.0, end_t=1.0,
+                         levels=[LevelStats(name="draft", proposed=proposed, accepted=accepted, steps=steps,
+                                            drafts=None if positions is None else steps,
+                                            accepted_per_position=positions or [])])
+
+
+def test_per_request_positions_sum_only_when_every_drafting_request_has_them():
+    from specledger.bench.metrics import acceptance
+
+    # 4 + 6 drafting steps; positions of different lengths are summed element by element
+    (a,) = acceptance([_record(0, 12, 7, 4, [4, 2, 1]), _record(1, 12, 5, 6, [3, 2]), _record(2, 0, 0, 0)])
+    assert (a.proposed, a.accepted, a.drafts, a.accepted_per_position) == (24, 12, 10, [7, 4, 1])
+    assert a.position_rates == pytest.approx([0.7, 0.4, 0.1])
+    # one drafting request without positions: no per-position figures at all (a partial sum would understate)
+    (b,) = acceptance([_record(0, 12, 7, 4, [4, 2, 1]), _record(1, 12, 5, 6)])
+    assert (b.proposed, b.accepted, b.drafts, b.accepted_per_position, b.position_rates) == (24, 12, None, [], [])

@@ -88,7 +88,7 @@ CHAT = [
     {"messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Capital of France?"}],
      "max_tokens": 8, "answer": "Paris", "category": "qa"},
     {"custom_id": "r2", "body": {"messages": [{"role": "user", "content": [{"type": "text", "text": "Say 4."}]}],
-                                 "max_tokens": 4}},
+                                 "max_tokens": 4, "min_tokens": 4}},
     {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
                   {"role": "user", "content": "Bye"}]},
     "not json",
@@ -105,7 +105,8 @@ def test_chat_jsonl_messages_max_tokens_references(tmp_path):
     a, b, c = w.questions
     assert (a.question_id, a.kind, a.turns, a.reference, a.max_new_tokens, a.system) == (
         "L1", "qa", ("Capital of France?",), ("Paris",), 8, "You are terse.")
-    assert (b.question_id, b.turns, b.max_new_tokens) == ("r2", ("Say 4.",), 4)
+    assert (b.question_id, b.turns, b.max_new_tokens, b.min_new_tokens) == ("r2", ("Say 4.",), 4, 4)
+    assert a.min_new_tokens is None
     assert c.turns == ("Hi", "Bye") and c.reference == ("Hello", "")  # the recorded reply is turn 1's reference
     assert w.info.skipped == {"unreadable": 1, "multi_turn": 3}
     with pytest.raises(BadInput, match=rf"{path}:4: bad JSON"):

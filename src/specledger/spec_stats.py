@@ -56,23 +56,24 @@ class LevelStats(BaseModel):
 
 def merge_levels(groups: Iterable[Iterable[LevelStats]]) -> list[LevelStats]:
     """Levels of many requests summed by name (first-seen order). A count some source left out (None) stays
-    None in the sum, so a total never mixes requests that reported it with requests that did not."""
+    None in the sum, so a total never mixes requests that reported it with requests that did not (a partial
+    sum of positions would understate); a level that proposed nothing adds nothing and leaves them as they are."""
     out: dict[str, LevelStats] = {}
     for levels in groups:
         for lv in levels:
-            if lv.name not in out:
-                out[lv.name] = lv.model_copy(deep=True)
-                continue
-            s = out[lv.name]
+            s = out.get(lv.name)
+            if s is None:
+                out[lv.name] = s = LevelStats(name=lv.name, steps=0, drafts=0)
             s.proposed += lv.proposed
             s.accepted += lv.accepted
             s.steps = None if s.steps is None or lv.steps is None else s.steps + lv.steps
-            s.drafts = None if s.drafts is None or lv.drafts is None else s.drafts + lv.drafts
-            if s.drafts is None:
-                s.accepted_per_position = []
-            else:
+            if lv.proposed and lv.drafts is None:
+                s.drafts, s.accepted_per_position = None, []
+            elif s.drafts is not None:
+                s.drafts += lv.drafts or 0
                 a, b = s.accepted_per_position, lv.accepted_per_position
                 s.accepted_per_position = [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0)
                                            for i in range(max(len(a), len(b)))]
-            s.time_s = None if s.time_s is None and lv.time_s is None else (s.time_s or 0.0) + (lv.time_s or 0.0)
+            if lv.time_s is not None:
+                s.time_s = (s.time_s or 0.0) + lv.time_s
     return list(out.values())

@@ -35,6 +35,16 @@ class Level:
     questions: list[Question] | None = None
 
 
+def _server_of(bc: BenchConfig) -> str | None:
+    """Which server a configuration's /metrics come from: a managed server is its own (its URL is assigned
+    at start), else the base URL(s) it names."""
+    if bc.openai is None:
+        return None
+    if bc.openai.server is not None:
+        return f"managed:{bc.name}"
+    return " ".join(bc.openai.base_urls) or bc.openai.base_url
+
+
 class Levels:
     def __init__(self, cfg: RunConfig, rec: RunRecorder, questions: list[Question], *, meter: EnergyMeter,
                  progress: Progress, noise_probe: Callable[[str], None]):
@@ -58,7 +68,7 @@ class Levels:
         total = sum(len(qs[i % len(qs)].turns)
                     for bc in todo for i in range(n) if i not in done[bc.name])
         self._task = self.progress.add_task(f"{len(todo)} configurations interleaved {label}", total=total)
-        urls = [bc.openai.base_url for bc in todo if bc.openai is not None]
+        servers = [_server_of(bc) for bc in todo]
         energy: dict[str, float | None] = {bc.name: 0.0 for bc in todo}
         before = {bc.name: await backends[bc.name].scrape_metrics() for bc in todo}
         started = now()
@@ -82,7 +92,7 @@ class Levels:
             lr = self.rec.load_result(bc, level.load, levels[bc.name].records,
                                       energy=energy[bc.name] if single else None, started=started, interleaved=True)
             # a server shared by several configurations mixes their counters: no per-configuration delta
-            if single and (bc.openai is None or urls.count(bc.openai.base_url) == 1):
+            if single and (bc.openai is None or servers.count(_server_of(bc)) == 1):
                 lr.telemetry, lr.telemetry_levels = telemetry_delta(before[bc.name], after[bc.name])
             self.rec.finish_level(bc, lr)
         self.progress.update(self._task, completed=total)

@@ -41,6 +41,7 @@ class BatchDrafting:
         self.device = lm.model.device
         # a pass holds at most ~4 rows per sequence in practice
         self.cost = cost if cost is not None else cost_surface(lm, max_rows=4 * max_batch, n_seqs=min(8, max_batch))
+        drafter.draft_cost([1])  # whatever the drafter measures of its own cost, now rather than in a request
         self.last_drafted = 0  # draft tokens in the latest pass
 
     @property

@@ -123,6 +123,17 @@ def _workload(run_dir: str | Path) -> dict | None:
                       "passes": kind_passes(run, k) or "–"} for k in kinds]}
 
 
+def _positions(run_dir: str | Path) -> dict | None:
+    """Acceptance per draft position per configuration and load level (report/positions.py)."""
+    try:
+        from specledger.bench.results import load_run
+        from specledger.report.positions import position_table
+
+        return position_table(load_run(run_dir))
+    except Exception:  # the report still renders from the ledger alone
+        return None
+
+
 def _json_for_script(obj: object) -> str:
     text = json.dumps(obj, allow_nan=False, default=lambda o: None)
     return text.replace("</", "<\\/").replace("<!--", "<\\!--")
@@ -175,7 +186,7 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
                            "verdict_detail": r["verdict_detail"]} for r in rows]
                    for name, rows in ledger.scenarios.items()},
         charts=figs, tornado_config=tornado_config, chart_sections=CHART_SECTIONS,
-        workload=_workload(run_dir or ledger.run_dir),
+        workload=_workload(run_dir or ledger.run_dir), positions=_positions(run_dir or ledger.run_dir),
         interaction_rows=inter, interaction_table=inter_table, precisions=precisions, reference=ledger.reference,
         data_json=_json_for_script(_clean({"calculator": ledger.calculator})),
         calculator_js=(ASSETS / "calculator.js").read_text(encoding="utf-8"),

@@ -4,8 +4,9 @@ The shape of logged production traffic and of fine-tuning sets; an OpenAI batch 
 {"messages", "max_tokens"}}) is read through its body. A JSON array of such records is accepted too. `content`
 may be a string or a list of text parts. User messages become turns; a recorded assistant reply becomes that
 turn's reference unless a reference/answer field is given (see conversation.py); `max_tokens` (or
-`max_completion_tokens`) caps the answer. Optional `category` / `kind` fields give the task kind, else --kind,
-else multi_turn. Ids (`id`, `custom_id`) that repeat get "~2", "~3" appended; without one, L<line>.
+`max_completion_tokens`) caps the answer; `min_tokens` (vLLM's and specledger's extension) asks for at least that
+many (with max_tokens: a fixed answer length, as load tests send). Optional `category` / `kind` fields give the
+task kind, else --kind, else multi_turn. Ids (`id`, `custom_id`) that repeat get "~2", "~3" appended; without one, L<line>.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def parse_record(obj: Any, lineno: int, opts: ReadOptions) -> Question:
     return to_question(record_id(obj, lineno, "id", "custom_id", "question_id"), messages,
                        category=obj.get("category"), explicit_kind=obj.get("kind"), opts=opts,
                        default_category="chat", record=obj,
-                       max_new_tokens=max_tokens(body))
+                       max_new_tokens=max_tokens(body), min_new_tokens=max_tokens(body, ("min_tokens",)))
 
 
 def read(path: Path, bad: BadLines, opts: ReadOptions) -> Iterator[Question]:

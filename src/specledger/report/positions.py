@@ -1,0 +1,65 @@
+"""Acceptance per draft position, per configuration and load level: how often the i-th drafted token survived
+verification. Position i can only be accepted when 1..i-1 were, so the rates fall with i; where they fall tells
+how long a draft is worth proposing. Read from the run as measured: the servers' own counters over each level's
+window (llama.cpp `llamacpp:spec_decode_*`, vLLM `num_accepted_tokens_per_pos`), and the per-request figures
+summed over the level (vLLM's per-request `speculative_decoding`, or any backend reporting positions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specledger.bench.results import RunResult
+from specledger.spec_stats import LevelStats
+
+MAX_POSITIONS = 10  # columns shown; a longer draft's tail is in run.json
+
+
+@dataclass
+class PositionRow:
+    config: str
+    load: str
+    source: str  # "server counters: llamacpp" or "per request: draft"
+    drafts: int | None
+    proposed: int
+    accepted: int
+    rates: list[float] = field(default_factory=list)  # accepted at position i / drafting steps
+
+
+def _row(config: str, load: str, source: str, a: LevelStats) -> PositionRow | None:
+    if not a.position_rates:
+        return None
+    return PositionRow(config=config, load=load, source=f"{source}: {a.name}", drafts=a.drafts, proposed=a.proposed,
+                       accepted=a.accepted, rates=list(a.position_rates))
+
+
+def position_rows(run: RunResult) -> list[PositionRow]:
+    """Every (configuration, load level, source, drafting level) that has per-position acceptance."""
+    rows = []
+    for c in run.configs:
+        for lr in c.loads:
+            for a in lr.telemetry_levels:
+                row = _row(c.name, lr.load, "server counters", a)
+                if row:
+                    rows.append(row)
+            for a in lr.aggregate.acceptance:
+                row = _row(c.name, lr.load, "per request", a)
+                if row:
+                    rows.append(row)
+    return rows
+
+
+def position_table(run: RunResult) -> dict | None:
+    """The report's table: one column per draft position (up to MAX_POSITIONS), cells as percentages with a
+    bar width; None when nothing in the run carries positions."""
+    rows = position_rows(run)
+    if not rows:
+        return None
+    width = min(MAX_POSITIONS, max(len(r.rates) for r in rows))
+    out = []
+    for r in rows:
+        cells = [{"text": f"{x:.0%}", "pct": round(100 * max(0.0, min(1.0, x)))} if i < len(r.rates) else None
+                 for i, x in enumerate(r.rates[:width] + [0.0] * (width - len(r.rates)))]
+        out.append({"config": r.config, "load": r.load, "source": r.source,
+                    "drafts": "–" if r.drafts is None else str(r.drafts), "proposed": r.proposed,
+                    "accepted": r.accepted, "cells": cells, "more": max(0, len(r.rates) - width)})
+    return {"positions": list(range(1, width + 1)), "rows": out}
