@@ -12,7 +12,7 @@ from fake_backend import SleepBackend
 from specledger.bench.config import parse_run_config
 from specledger.bench.runner import Runner
 from specledger.ledger.inputs import load_inputs, parse_inputs
-from specledger.ledger.measurements import ConfigMeasurement, RequestPoint
+from specledger.ledger.measurements import ConfigMeasurement, RequestPoint, item_grades, measurements_from_run
 from specledger.ledger.cost_model import Case
 from specledger.ledger.montecarlo import simulate
 from specledger.ledger.paired import mcnemar, paired_speedup
@@ -101,3 +101,41 @@ def test_a_a_pair_is_indistinguishable_and_never_cheapest_or_dominated(tmp_path)
     assert not any(b.field == "pass_rate" for b in ledger.break_even)  # identical outputs: no quality crossing
     (q,) = ledger.quality
     assert q["a_only"] == q["b_only"] == 0 and q["items"] == 30
+
+
+def test_repeats_count_each_graded_item_once(tmp_path):
+    """Greedy repeats are copies of one answer: 3 repeats of 10 items are 10 graded items, not 30 (the
+    interval would otherwise be sqrt(3) too narrow)."""
+    cfg = parse_run_config({
+        "configs": [{"name": "ar", "max_new_tokens": 8}],
+        "workload": {"spec": _workload(tmp_path, 10)}, "load": {"concurrency": [1], "warmup": 0},
+        "repeats": 3, "bootstrap": 0, "verify_curve": False, "calibration": False,
+    })
+    calls: list[str] = []
+    Runner(cfg, tmp_path / "rep", show_progress=False,
+           backend_factory=lambda bc: SleepBackend(bc, calls, lambda n, bc: 0.0)).run()
+    assert len(calls) == 30
+    (m,) = measurements_from_run(tmp_path / "rep")
+    assert (m.graded, m.passes) == (10, 5) and sorted(m.grades) == sorted(str(i) for i in range(10))
+    assert m.by_kind["qa"].graded == 10 and m.by_kind["qa"].passes == 5
+    row = price_run(tmp_path / "rep", load_inputs(None), samples=0).config("ar")
+    assert row.pass_rate_source == "measured 5/10"
+    # Jeffreys 95% interval of 5/10, not of 15/30
+    assert (row.pass_low, row.pass_high) == pytest.approx((0.2235, 0.7765), abs=1e-3)
+
+
+def test_repeats_that_disagree_grade_an_item_by_its_share():
+    """Sampled repeats are more answers to the same item: the item passes by the share that passed, and the
+    paired test counts it for the configuration with the larger share (McNemar's sign test)."""
+    from specledger.bench.results import RequestGrade, RequestRecord
+
+    def rec(q, rep, passed):
+        return RequestRecord(run_id="r", config="c", request_id=f"{q}|{rep}", item=rep, question_id=q,
+                             category="qa", kind="qa", turn=1, turns=1, load="c=1", repeat=rep, status="ok",
+                             arrival_t=0.0, end_t=1.0, grade=RequestGrade(passed=passed))
+
+    grades = item_grades([rec("a", 0, True), rec("a", 1, False), rec("a", 2, True), rec("a", 3, True),
+                          rec("b", 0, False), rec("b", 1, False)])
+    assert grades == {"a": 0.75, "b": 0.0}
+    t = mcnemar("x", {"a": 0.75, "b": 0.0, "c": 1.0}, "y", {"a": 0.5, "b": 0.5, "c": 1.0})
+    assert (t.items, t.a_only, t.b_only) == (3, 1, 1)

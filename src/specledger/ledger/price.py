@@ -134,7 +134,7 @@ def _case(m: ConfigMeasurement, res: Resolved, inputs: CostInputs, sweep: list[t
     if x["acceptance"]["pass_rate"] is not None:
         source = "cost file"
     elif m.graded:
-        source = f"measured {m.passes}/{m.graded}" + (f", {m.requests_failed} failed" if m.requests_failed else "")
+        source = f"measured {m.passes:g}/{m.graded}" + (f", {m.requests_failed} failed" if m.requests_failed else "")
     else:
         raise BadInput(
             f"{m.name}: no graded requests, so no measured pass rate; set configs.{m.name}.acceptance.pass_rate "
