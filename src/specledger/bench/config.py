@@ -391,6 +391,9 @@ class RunConfig(_Strict):
     repeats: int = Field(1, ge=1)  # passes over the workload per load level (paired statistics pool them)
     quality: QualitySettings | None = None
     calibration: bool = True  # time a fixed matrix product before, during and after the run (bench/calibration.py)
+    # torch threads for in-process configurations; None: chosen by a short probe of the targets at 1, 2, ...
+    # threads before the run (bench/threads.py), recorded with the run either way
+    threads: int | None = Field(None, ge=1)
 
     def quality_source(self, bc: BenchConfig) -> str | None:
         """Which configuration's quality level stands for bc's (None: no quality level in this run)."""

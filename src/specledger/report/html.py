@@ -82,8 +82,11 @@ def _noise(run_dir: str | Path) -> dict | None:
     n = run.noise
     probes = ", ".join(f"{p.when} {p.ms:.2f} ms" + (f" (load {p.load_avg[0]:g})" if p.load_avg else "")
                        for p in n.probes)
+    from specledger.bench.threads import describe
+
     return {"warning": n.warning, "probes": probes, "drift": _f(n.drift, ".0%"),
             "threads": ", ".join(f"{k} {v}" for k, v in n.threads.items()),
+            "chosen": describe(n.thread_choice) if n.thread_choice is not None else None,
             "interleaved": run.conditions.interleaved}
 
 
