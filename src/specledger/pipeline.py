@@ -40,6 +40,7 @@ class Size:
     max_new_tokens: int
     quick: bool
     quality_items: int  # graded items (bench/graded.py) per target precision: the pass rate's power
+    concurrency: tuple[int, ...] = (1, 4)  # closed-loop levels swept: where each speculation method stops paying
 
 
 # Speed: one MT-Bench category keeps the multi-turn kind (its first turn's answer is the second turn's
@@ -84,7 +85,7 @@ def default_configs(size: Size, model: str = EMBEDDED) -> list[dict[str, Any]]:
 def default_matrix(*, quick: bool = False, max_new_tokens: int | None = None, model: str = EMBEDDED) -> RunConfig:
     size = QUICK if quick else FULL
     data = {"configs": default_configs(size, model), "workload": size.workload, "output_dir": "runs",
-            "load": {"concurrency": [1], "warmup_max_new_tokens": 16},
+            "load": {"concurrency": list(size.concurrency), "warmup_max_new_tokens": 16},
             "quality": {"spec": "builtin-graded", "limit": size.quality_items}}
     config = parse_run_config(data, source="default matrix")
     return with_max_new_tokens(config, max_new_tokens)

@@ -206,7 +206,10 @@ class Runner:
                 and QUALITY_LEVEL not in self.rec.complete(bc))
 
     def _quality_level(self) -> Level:
-        return Level(LoadLevel(QUALITY_LEVEL, concurrency=1), questions=self.quality_questions)
+        """The graded items, `quality.concurrency` in flight (batched configurations: one pass for all)."""
+        q = self.cfg.quality
+        return Level(LoadLevel(QUALITY_LEVEL, concurrency=q.concurrency if q is not None else 1),
+                     questions=self.quality_questions)
 
     async def _run_config(self, bc: BenchConfig) -> None:
         cr = self.rec.config_result(bc)
@@ -254,9 +257,11 @@ class Runner:
                 else:
                     for bc in rng.sample(todo, len(todo)):
                         await self.levels.run(backends[bc.name], bc, Level(lv))
+            # the quality level is not timed for the ledger: each source's items in flight together, the
+            # sources in seeded random order
             todo = [bc for bc in live if self._needs_quality(bc)]
-            if todo:
-                await self.levels.interleaved(backends, todo, self._quality_level(), rng)
+            for bc in rng.sample(todo, len(todo)):
+                await self.levels.run(backends[bc.name], bc, self._quality_level())
         finally:
             for b in backends.values():
                 await b.close()

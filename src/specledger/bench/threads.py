@@ -23,6 +23,7 @@ from typing import Any
 from specledger.bench.results import ThreadChoice, ThreadProbe
 
 TIE = 0.03  # within 3% of the fastest: take the fewer threads
+DROP = 1.5  # a count this many times slower than one thread after a round is not timed again
 SIZES = (1, 8)  # new tokens per timed forward: a decode step, a verification pass (or 8 batched rows)
 CONTEXT = 64
 ROUNDS = 3
@@ -49,10 +50,9 @@ def time_forwards(models: dict[str, Any], counts: list[int], *, sizes: tuple[int
                   context: int = CONTEXT, rounds: int = ROUNDS) -> list[ThreadProbe]:
     """Median seconds of each model's forward of n new tokens on `context` cached ones, at each thread count.
     Each round visits every count (in a rotated order); after a switch one forward is left untimed (the pool
-    spins up)."""
+    spins up). A count already DROP times slower than one thread after the first round is not timed again
+    (on a loaded machine extra threads can be many times slower, and the probe should stay short)."""
     import torch
-
-    from specledger.engine.timing import clock
 
     before = torch.get_num_threads()
     times: dict[tuple[str, int, int], list[float]] = {}
@@ -65,20 +65,31 @@ def time_forwards(models: dict[str, Any], counts: list[int], *, sizes: tuple[int
                 cache = m.new_cache(context + max(sizes))
                 m.hidden(torch.randint(0, m.cfg.vocab_size, (1, context), generator=gen).to(dev), cache)
                 xs = {n: torch.randint(0, m.cfg.vocab_size, (1, n), generator=gen).to(dev) for n in sizes}
+                live = list(counts)
                 for r in range(rounds):
-                    for t in counts[r % len(counts):] + counts[:r % len(counts)]:
+                    for t in live[r % len(live):] + live[:r % len(live)]:
                         torch.set_num_threads(t)
-                        for timed in (False, True):
-                            for n in sizes:
-                                cache.rollback(context)
-                                t0 = clock(dev)
-                                m.logits(m.hidden(xs[n], cache))
-                                if timed:
-                                    times.setdefault((label, n, t), []).append(clock(dev) - t0)
+                        _forward(m, cache, xs[sizes[0]], context)  # untimed: the pool spins up after a switch
+                        for n in sizes:
+                            times.setdefault((label, n, t), []).append(_forward(m, cache, xs[n], context))
+                    if r == 0:  # counts already far slower than one thread: not timed again
+                        one = {n: times[(label, n, counts[0])][0] for n in sizes}
+                        live = [t for t in live if t == counts[0]
+                                or min(times[(label, n, t)][0] / one[n] for n in sizes) < DROP]
     finally:
         torch.set_num_threads(before)
     return [ThreadProbe(model=label, tokens=n, threads=t, ms=round(1000 * statistics.median(v), 3))
             for (label, n, t), v in times.items()]
+
+
+def _forward(m: Any, cache: Any, x: Any, context: int) -> float:
+    """Seconds of one forward of x's tokens after `context` cached ones (logits at every new position)."""
+    from specledger.engine.timing import clock
+
+    cache.rollback(context)
+    t0 = clock(m.device)
+    m.logits(m.hidden(x, cache))
+    return clock(m.device) - t0
 
 
 def pick(probes: list[ThreadProbe], counts: list[int]) -> tuple[int, dict[int, float]]:
