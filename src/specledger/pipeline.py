@@ -44,11 +44,12 @@ class Size:
 
 
 # Speed: one MT-Bench category keeps the multi-turn kind (its first turn's answer is the second turn's
-# context), one question of each other kind; every configuration runs them, interleaved.
-# Quality: 272 graded short-answer items per target precision (fp32, W8A16, W4A16; speculation is lossless, so
-# it shares its target's pass rate): a 95% interval of at most +-6 points, at ~16 tokens per answer.
+# context), one question of each other kind, 48 new tokens; every configuration runs them at concurrency 1
+# (interleaved) and 4. Quality: 272 graded short-answer items per target precision (fp32, W8A16, W4A16;
+# speculation is lossless, so it shares its target's pass rate): a 95% interval of at most +-6 points (1.96 x
+# sqrt(0.25 / 272) = 5.9), at <= 16 tokens per answer, 16 items in flight (batched).
 FULL = Size({"spec": "builtin", "categories": ["writing", "translation", "summarization", "qa", "math_reasoning",
-                                               "rag"], "per_category": 1}, max_new_tokens=64, quick=False,
+                                               "rag"], "per_category": 1}, max_new_tokens=48, quick=False,
             quality_items=272)
 QUICK = Size({"spec": "builtin-quick"}, max_new_tokens=32, quick=True, quality_items=40)
 

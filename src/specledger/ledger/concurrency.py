@@ -102,7 +102,10 @@ def break_even_concurrency(levels: Sequence[LevelRow]) -> list[ConcurrencyBreakE
                       + f": break-even above {hi_c}")
         elif all(y < 1.0 for y in ys):
             b.status = "never pays"
-            b.note = f"slower than {b.base or 'autoregressive'} at every concurrency measured: break-even below {lo_c}"
+            sure = has_ci and all((v or 0.0) < 1.0 for v in highs)
+            b.note = (f"slower than {b.base or 'autoregressive'} at every concurrency measured ({lo_c}–{hi_c})"
+                      + ("" if sure or not has_ci else "; not distinguishable from 1 at some levels")
+                      + f": break-even below {lo_c}")
         elif b.value is not None:
             b.status = "stops paying"
             b.note = f"speed-up crosses 1 at concurrency ≈ {_fmt(b.value)}{ci}"
