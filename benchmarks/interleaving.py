@@ -10,7 +10,11 @@ twins, its paired 95% interval (same prompts under both, bootstrap), the ledger'
 
     python benchmarks/interleaving.py [--workload builtin] [--max-new-tokens 24] [--repeats 1]
                                       [--hog] [--hog-delay 20] [--hog-seconds 60]
-Goal (issue 12): interleaved ratio within 1.00 +- 0.05 with the hog; sequential typically is not.
+                                      [--runs N] [--modes sequential,interleaved]
+Goal (issue 12): interleaved ratio within 1.00 +- 0.05 with the hog; sequential typically is not. With
+--runs N (each run its own seed) it also prints, per mode, the share of runs in which the twins were called
+indistinguishable by the ledger in every scenario of the default cost file and neither was "cheapest" or
+"dominated" (goal: >= 95%), and the share whose paired interval held 1.00.
 """
 
 from __future__ import annotations
@@ -68,8 +72,10 @@ def measure(interleave: bool, args, out: Path) -> dict:
     pr = paired_speedup(a, b, resamples=2000, seed=args.seed)
     ledger = price_run(run_dir, None, samples=2000, seed=args.seed)
     verdicts = {r.name: r.verdict for r in ledger.configs}
+    scenarios = [verdicts] + [{r["name"]: r["verdict"] for r in rows} for rows in ledger.scenarios.values()]
+    told_apart = any(v["ar-a"] != "indistinguishable" or v["ar-b"] != "indistinguishable" for v in scenarios)
     return {"mode": "interleaved" if interleave else "sequential", "ratio": pr.ratio, "low": pr.low,
-            "high": pr.high, "n": pr.n, "tok_s": (ms["ar-a"].tok_s, ms["ar-b"].tok_s), "verdicts": verdicts,
+            "high": pr.high, "n": pr.n, "tok_s": (ms["ar-a"].tok_s, ms["ar-b"].tok_s), "verdicts": verdicts, "told_apart": told_apart,
             "drift": run.noise.drift if run.noise else None, "warning": run.noise.warning if run.noise else None,
             "wall_s": wall}
 
@@ -83,6 +89,8 @@ def main() -> None:
     ap.add_argument("--hog", action="store_true", help="a background process takes a core for part of each run")
     ap.add_argument("--hog-delay", type=float, default=20.0)
     ap.add_argument("--hog-seconds", type=float, default=60.0)
+    ap.add_argument("--runs", type=int, default=1, help="repeat each mode, seeds seed..seed+runs-1")
+    ap.add_argument("--modes", default="sequential,interleaved")
     args = ap.parse_args()
 
     from common import machine, now
@@ -90,17 +98,32 @@ def main() -> None:
     print(f"# A/A interleaving — {now()} — {machine()}")
     print(f"workload {args.workload}, {args.max_new_tokens} new tokens, repeats {args.repeats}, "
           f"hog {'on: +%gs for %gs' % (args.hog_delay, args.hog_seconds) if args.hog else 'off'}")
-    with tempfile.TemporaryDirectory() as tmp:
-        for interleave in (False, True):
-            r = measure(interleave, args, Path(tmp))
-            ok = r["low"] is not None and r["low"] <= 1.0 <= r["high"]
-            within = r["ratio"] is not None and abs(r["ratio"] - 1.0) <= 0.05
-            drift = "–" if r["drift"] is None else f"{r['drift']:.0%}"
-            print(f"{r['mode']:>11}: ar-a/ar-b {r['ratio']:.3f}x [{r['low']:.3f}–{r['high']:.3f}] over {r['n']} "
-                  f"prompts (tok/s {r['tok_s'][0]:.1f} vs {r['tok_s'][1]:.1f}); interval holds 1: {ok}; "
-                  f"within ±5%: {within}; verdicts {r['verdicts']}; probe drift {drift}; {r['wall_s']:.0f} s")
-            if r["warning"]:
-                print(f"{'':>13}warning: {r['warning']}")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    tally = {m: {"runs": 0, "indistinguishable": 0, "holds_1": 0} for m in modes}
+    first_seed = args.seed
+    for k in range(args.runs):
+        args.seed = first_seed + k
+        with tempfile.TemporaryDirectory() as tmp:
+            for mode in modes:
+                r = measure(mode == "interleaved", args, Path(tmp))
+                ok = r["low"] is not None and r["low"] <= 1.0 <= r["high"]
+                within = r["ratio"] is not None and abs(r["ratio"] - 1.0) <= 0.05
+                drift = "–" if r["drift"] is None else f"{r['drift']:.0%}"
+                t = tally[mode]
+                t["runs"] += 1
+                t["indistinguishable"] += not r["told_apart"]
+                t["holds_1"] += ok
+                print(f"{r['mode']:>11} seed {args.seed}: ar-a/ar-b {r['ratio']:.3f}x [{r['low']:.3f}–{r['high']:.3f}] "
+                      f"over {r['n']} prompts (tok/s {r['tok_s'][0]:.1f} vs {r['tok_s'][1]:.1f}); interval holds 1: "
+                      f"{ok}; within ±5%: {within}; verdicts {r['verdicts']}; probe drift {drift}; {r['wall_s']:.0f} s",
+                      flush=True)
+                if r["warning"]:
+                    print(f"{'':>13}warning: {r['warning']}")
+    if args.runs > 1:
+        for mode, t in tally.items():
+            print(f"{mode}: twins indistinguishable in every scenario (neither cheapest nor dominated) in "
+                  f"{t['indistinguishable']}/{t['runs']} runs ({t['indistinguishable'] / t['runs']:.0%}); paired "
+                  f"interval held 1.00 in {t['holds_1']}/{t['runs']}")
 
 
 if __name__ == "__main__":

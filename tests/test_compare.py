@@ -218,3 +218,15 @@ def test_compare_quick_end_to_end(tmp_path):
     assert all(len(c.verify_curve) == len(CURVE_SIZES) for c in run.configs)
     html = (out / "report.html").read_text()
     assert "recorded no verification-cost curve" not in html and "lookup-w4" in html
+    # concurrency swept by default: every configuration at c=1 and c=4, and where lookup stops paying
+    assert all([lr.load for lr in c.loads if lr.load != "quality"] == ["c=1", "c=4"] for c in run.configs)
+    assert {b["config"] for b in ledger["concurrency"]} == {"lookup-fp32", "lookup-w4"}
+    assert 'id="concurrency-table"' in html and "Throughput and speed-up vs concurrency" in flat
+    # torch's thread count chosen by the probe (both targets timed) and recorded
+    choice = run.noise.thread_choice
+    assert choice.source == "probe" and {p.model for p in choice.probes} == {"smollm2-135m:fp32",
+                                                                             "smollm2-135m:bf16-int4g32"}
+    # the quality level: 40 graded items per target, each once, 16 in flight
+    quality = next(lr for lr in by["ar-fp32"].loads if lr.load == "quality")
+    assert quality.concurrency == 16
+    assert next(r for r in ledger["configs"] if r["name"] == "lookup-fp32")["pass_rate_source"].endswith("/40")

@@ -18,6 +18,7 @@ def test_seeded_large_and_covers_every_kind():
     assert set(Counter(q.kind for q in qs)) == set(KINDS)
     assert set(Counter(q.kind for q in qs[:8])) == set(KINDS)  # any prefix covers every kind
     assert all(q.max_new_tokens and q.max_new_tokens <= 24 for q in qs)  # short answers
+    assert all(q.system == "Answer with the answer only." for q in qs)  # ... asked for as such
 
 
 def test_every_item_is_graded_and_its_reference_answer_passes():

@@ -49,7 +49,9 @@ def test_rows_levels_and_verdicts(run_dir):
     candidates = [r for r in ledger.configs if r.verdict in ("cheapest", "indistinguishable", "dominated", "trade-off")]
     best = min(candidates, key=lambda r: r.total)
     assert best.verdict == "indistinguishable" and not any(r.verdict == "cheapest" for r in ledger.configs)
-    assert {r.name for r in candidates if r.verdict == "indistinguishable"} == {"eagle-fp32", "ar-fp32"}
+    # (lookup-fp32 costs ~0.15% more per task, an interval that excludes zero but lies inside the 1% margin of
+    # a material difference: no verdict either)
+    assert {r.name for r in candidates if r.verdict == "indistinguishable"} == {"eagle-fp32", "ar-fp32", "lookup-fp32"}
     assert rows["ar-w4"].verdict == "dominated" and "by eagle-fp32" in rows["ar-w4"].verdict_detail
     for r in ledger.configs:
         if r in candidates:

@@ -40,14 +40,16 @@ class Size:
     max_new_tokens: int
     quick: bool
     quality_items: int  # graded items (bench/graded.py) per target precision: the pass rate's power
+    concurrency: tuple[int, ...] = (1, 4)  # closed-loop levels swept: where each speculation method stops paying
 
 
 # Speed: one MT-Bench category keeps the multi-turn kind (its first turn's answer is the second turn's
-# context), one question of each other kind; every configuration runs them, interleaved.
-# Quality: 272 graded short-answer items per target precision (fp32, W8A16, W4A16; speculation is lossless, so
-# it shares its target's pass rate): a 95% interval of at most +-6 points, at ~16 tokens per answer.
+# context), one question of each other kind, 48 new tokens; every configuration runs them at concurrency 1
+# (interleaved) and 4. Quality: 272 graded short-answer items per target precision (fp32, W8A16, W4A16;
+# speculation is lossless, so it shares its target's pass rate): a 95% interval of at most +-6 points (1.96 x
+# sqrt(0.25 / 272) = 5.9), at <= 16 tokens per answer, 16 items in flight (batched).
 FULL = Size({"spec": "builtin", "categories": ["writing", "translation", "summarization", "qa", "math_reasoning",
-                                               "rag"], "per_category": 1}, max_new_tokens=64, quick=False,
+                                               "rag"], "per_category": 1}, max_new_tokens=48, quick=False,
             quality_items=272)
 QUICK = Size({"spec": "builtin-quick"}, max_new_tokens=32, quick=True, quality_items=40)
 
@@ -84,7 +86,7 @@ def default_configs(size: Size, model: str = EMBEDDED) -> list[dict[str, Any]]:
 def default_matrix(*, quick: bool = False, max_new_tokens: int | None = None, model: str = EMBEDDED) -> RunConfig:
     size = QUICK if quick else FULL
     data = {"configs": default_configs(size, model), "workload": size.workload, "output_dir": "runs",
-            "load": {"concurrency": [1], "warmup_max_new_tokens": 16},
+            "load": {"concurrency": list(size.concurrency), "warmup_max_new_tokens": 16},
             "quality": {"spec": "builtin-graded", "limit": size.quality_items}}
     config = parse_run_config(data, source="default matrix")
     return with_max_new_tokens(config, max_new_tokens)

@@ -359,13 +359,17 @@ class GateSettings(_Strict):
 
 
 class QualitySettings(_Strict):
-    """A graded workload run once per target and precision (label "quality", concurrency 1): the pass rate
-    with power (n items: a 95% interval of about +-1/sqrt(n)). Speculative configurations are lossless, so
-    they share the pass rate of the greedy autoregressive configuration of their target."""
+    """A graded workload run once per target and precision (label "quality"): the pass rate with power (n items:
+    a 95% interval of about +-1/sqrt(n)). Speculative configurations are lossless, so they share the pass rate
+    of the greedy autoregressive configuration of their target. Its items are not timed for the ledger, so they
+    run `concurrency` at a time: a continuously batched configuration decodes that many in one pass (greedy
+    fp32 outputs in a batch are token-identical to alone; 16-bit ones may round differently at near-ties, as
+    they do between a k-token verification and k one-token passes)."""
 
     spec: str = "builtin-graded"
     limit: int | None = Field(None, ge=1)
     seed: int = 0
+    concurrency: int = Field(16, ge=1)
 
 
 QUALITY_LEVEL = "quality"
@@ -390,6 +394,9 @@ class RunConfig(_Strict):
     repeats: int = Field(1, ge=1)  # passes over the workload per load level (paired statistics pool them)
     quality: QualitySettings | None = None
     calibration: bool = True  # time a fixed matrix product before, during and after the run (bench/calibration.py)
+    # torch threads for in-process configurations; None: chosen by a short probe of the targets at 1, 2, ...
+    # threads before the run (bench/threads.py), recorded with the run either way
+    threads: int | None = Field(None, ge=1)
 
     def quality_source(self, bc: BenchConfig) -> str | None:
         """Which configuration's quality level stands for bc's (None: no quality level in this run)."""

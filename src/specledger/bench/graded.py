@@ -6,6 +6,11 @@ some of the time (a 135M model: small sums, picking a field out of a sentence, f
 copying, single-word translations, yes/no facts, a number remembered across two turns). Answers are
 a word or a number, so `max_new_tokens` stays small and the whole set runs in minutes.
 
+Every item carries a short system message (SYSTEM) in place of the chat template's default one: the
+model is told to answer with the answer only, so prompts are ~10 tokens shorter, answers stop sooner and
+pass more often (on the embedded model, 64 items: fp32 19 -> 24 passed, W4A16 22 -> 26, answers 13.5 -> 11
+tokens), which is what a graded short-answer set wants.
+
 Generated from a seed (same seed, same items, same order); the families are interleaved, so any
 prefix (`limit`) covers every task kind. `builtin-graded` in bench/workload.py reads it.
 """
@@ -13,12 +18,14 @@ prefix (`limit`) covers every task kind. `builtin-graded` in bench/workload.py r
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Callable
 
 from specledger.bench.question import Question
 
 DEFAULT_SIZE = 320
 MAX_NEW_TOKENS = 16
+SYSTEM = "Answer with the answer only."
 
 _CITIES = "Paris Lisbon Madrid Berlin Vienna Dublin Oslo Rome Prague Warsaw Athens Cairo Tokyo Lima".split()
 _NAMES = "Anna Ben Clara David Emma Felix Grace Henry Iris Jack Laura Marco Nina Oscar Paula Sam".split()
@@ -121,4 +128,5 @@ FAMILIES: tuple[Callable[[random.Random, int], Question], ...] = (
 def graded_questions(n: int = DEFAULT_SIZE, seed: int = 0) -> list[Question]:
     """n items, the families taken in turn, each family drawing from its own seeded stream."""
     streams = [random.Random(f"{seed}:{f.__name__}") for f in FAMILIES]
-    return [FAMILIES[i % len(FAMILIES)](streams[i % len(FAMILIES)], i // len(FAMILIES)) for i in range(n)]
+    return [replace(FAMILIES[i % len(FAMILIES)](streams[i % len(FAMILIES)], i // len(FAMILIES)), system=SYSTEM)
+            for i in range(n)]

@@ -237,11 +237,33 @@ class NoiseProbe(_Model):
     load_avg: list[float] | None = None  # os.getloadavg(): 1, 5, 15 minutes
 
 
+class ThreadProbe(_Model):
+    """One model's forward of `tokens` new tokens at `threads` torch threads (median ms)."""
+
+    model: str
+    tokens: int
+    threads: int
+    ms: float
+
+
+class ThreadChoice(_Model):
+    """torch's thread count for the run's in-process work and how it was decided (bench/threads.py)."""
+
+    threads: int
+    source: Literal["given", "probe", "unchanged"]
+    candidates: list[int] = Field(default_factory=list)
+    probes: list[ThreadProbe] = Field(default_factory=list)
+    relative: dict[str, float] = Field(default_factory=dict)  # threads -> time relative to 1 thread (geo. mean)
+    probe_s: float | None = None
+    note: str = ""
+
+
 class Noise(_Model):
     """How steady the machine was during the run (bench/calibration.py)."""
 
     probes: list[NoiseProbe] = Field(default_factory=list)
     threads: dict[str, Any] = Field(default_factory=dict)  # torch threads, *_NUM_THREADS variables, cpu count
+    thread_choice: ThreadChoice | None = None  # how the torch thread count was decided
     drift: float | None = None  # (slowest - fastest probe) / fastest
     warning: str | None = None  # set when drift or load passes the thresholds, naming the cause
 

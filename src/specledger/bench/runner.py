@@ -14,7 +14,7 @@ import random
 import time
 import uuid
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -94,6 +94,7 @@ class Runner:
         self.rec.open()
         try:
             with self.progress:
+                self._choose_threads()
                 self._noise_probe("before")
                 if self.interleaving:
                     await self._run_interleaved()
@@ -119,6 +120,39 @@ class Runner:
             self.rec.close()
             self.models.release()
         return result
+
+    def _choose_threads(self) -> None:
+        """torch's thread count for the run, before any backend starts its workers (bench/threads.py): as
+        given, else from a probe of the in-process targets (interleaved: every distinct one, all loaded for
+        the run anyway; one after another: the first configuration's). Backends given by the caller (tests)
+        are not probed."""
+        from specledger.bench.threads import choose_threads, describe
+
+        inproc = [bc for bc in self.cfg.configs if bc.backend == "inprocess"]
+        if not inproc or (self.backend_factory is not None and self.cfg.threads is None):
+            return
+        task = self.progress.add_task("torch threads: loading the targets, probing", total=None)
+        try:
+            models: dict[str, Any] = {}
+            if self.cfg.threads is None:
+                for bc in inproc if self.interleaving else inproc[:1]:
+                    try:
+                        lm = self.models.load_target(bc)
+                    except SpecLedgerError:
+                        if bc.optional:  # skipped with its note when it fails to start
+                            continue
+                        raise
+                    models.setdefault(getattr(lm, "label", bc.name), lm)
+            choice = choose_threads(models, given=self.cfg.threads)
+        except ImportError:  # no torch: an HTTP-only install
+            return
+        finally:
+            self.progress.remove_task(task)
+        noise = self.rec.result.noise or Noise()
+        noise.thread_choice = choice
+        noise.threads = thread_settings()
+        self.rec.result.noise = noise
+        self.console.print(f"torch threads: {describe(choice)}")
 
     def _noise_probe(self, when: str) -> None:
         """Time the calibration probe; the run keeps every probe and the drift between them."""
@@ -172,7 +206,10 @@ class Runner:
                 and QUALITY_LEVEL not in self.rec.complete(bc))
 
     def _quality_level(self) -> Level:
-        return Level(LoadLevel(QUALITY_LEVEL, concurrency=1), questions=self.quality_questions)
+        """The graded items, `quality.concurrency` in flight (batched configurations: one pass for all)."""
+        q = self.cfg.quality
+        return Level(LoadLevel(QUALITY_LEVEL, concurrency=q.concurrency if q is not None else 1),
+                     questions=self.quality_questions)
 
     async def _run_config(self, bc: BenchConfig) -> None:
         cr = self.rec.config_result(bc)
@@ -220,9 +257,11 @@ class Runner:
                 else:
                     for bc in rng.sample(todo, len(todo)):
                         await self.levels.run(backends[bc.name], bc, Level(lv))
+            # the quality level is not timed for the ledger: each source's items in flight together, the
+            # sources in seeded random order
             todo = [bc for bc in live if self._needs_quality(bc)]
-            if todo:
-                await self.levels.interleaved(backends, todo, self._quality_level(), rng)
+            for bc in rng.sample(todo, len(todo)):
+                await self.levels.run(backends[bc.name], bc, self._quality_level())
         finally:
             for b in backends.values():
                 await b.close()

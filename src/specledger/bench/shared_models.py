@@ -55,6 +55,16 @@ class SharedModels:
                 self.pool.put(k, models[role])
                 self.mine.add(k)
 
+    def load_target(self, bc: BenchConfig) -> Any:
+        """bc's target, loaded into the pool now (in this thread) for the configurations that use it."""
+        from specledger.engine.loader import load_model
+
+        key = self.keys(bc)["target"]
+        self.mine.add(key)
+        t = bc.target
+        return self.pool.load(key, lambda: load_model(t.model, dtype=t.dtype, quant=t.quant,
+                                                      group_size=t.group_size, device=bc.device))
+
     def reference(self, bc: BenchConfig) -> Any:
         if self.reference_factory is not None:
             return self.reference_factory(bc)

@@ -141,6 +141,9 @@ def register(app: typer.Typer) -> None:
         interleave: Optional[bool] = typer.Option(None, "--interleave/--no-interleave",
                                                   help="run configurations request by request in random block "
                                                        "order (default) or one after another"),
+        threads: Optional[int] = typer.Option(None, "--threads", min=1,
+                                              help="torch threads for in-process configurations (default: chosen "
+                                                   "by a short probe at 1, 2, ... threads; recorded)"),
     ) -> None:
         """Measure configurations over a workload and load levels; results go to a run directory."""
         from specledger.bench.runner import resume_benchmark, run_benchmark
@@ -160,7 +163,7 @@ def register(app: typer.Typer) -> None:
                 "load.rate": _floats(rate, "rate"), "load.replay": _floats(replay, "replay"),
                 "load.num_requests": num_requests, "load.warmup": warmup,
                 "slo": slo or None, "output_dir": output_dir, "run_id": run_id, "bootstrap": bootstrap,
-                "repeats": repeats, "interleave": interleave,
+                "repeats": repeats, "interleave": interleave, "threads": threads,
             }
             cfg = build_config(config_file, strategies=strategy, backend=backend, model=model, dtype=dtype,
                                quant=quant, group_size=group_size, params=param, max_new_tokens=max_new_tokens,

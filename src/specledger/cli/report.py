@@ -61,6 +61,10 @@ def register(app: typer.Typer) -> None:
         samples: int = typer.Option(2000, "--samples", min=0, help="Monte Carlo samples"),
         no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
         repeats: int = typer.Option(1, "--repeats", min=1, help="passes over the workload (interleaved)"),
+        concurrency: Optional[str] = typer.Option(None, "--concurrency",
+                                                  help="closed-loop levels to sweep, e.g. 1,4 (the default matrix's)"),
+        threads: Optional[int] = typer.Option(None, "--threads", min=1,
+                                              help="torch threads (default: chosen by a short probe; recorded)"),
     ) -> None:
         """The main job: run the configurations side by side (default: the embedded model's matrix), apply the
         quality gates, price each accepted task, print the table and write the report."""
@@ -70,8 +74,9 @@ def register(app: typer.Typer) -> None:
             config, quick=quick, max_new_tokens=max_new_tokens,
             workload={"spec": workload, "limit": limit, "sample": sample, "per_category": per_category,
                       "kind": kind, "prompt_column": prompt_column, "on_bad_line": on_bad_line},
-            load={"replay": _floats(replay, "replay")})
-        if repeats > 1:
-            run_config = run_config.model_copy(update={"repeats": repeats})
+            load={"replay": _floats(replay, "replay"),
+                  "concurrency": [int(c) for c in _floats(concurrency, "concurrency") or []] or None})
+        if repeats > 1 or threads is not None:
+            run_config = run_config.model_copy(update={"repeats": repeats, "threads": threads})
         run_compare(run_config, run_dir=out, inputs=inputs, report=not no_report, samples=samples,
                     show_progress=not no_progress)

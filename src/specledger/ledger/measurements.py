@@ -32,7 +32,7 @@ class KindMeasurement(BaseModel):
     requests: int = 0
     tok_s: float | None = None
     tau: float | None = None
-    passes: int = 0
+    passes: float = 0  # as ConfigMeasurement's: graded items, each once
     graded: int = 0
 
 
@@ -69,14 +69,16 @@ class ConfigMeasurement(BaseModel):
     e2e_p95: float | None = None
     requests: list[RequestPoint] = Field(default_factory=list)
     tau: float | None = None
-    passes: int = 0
-    graded: int = 0  # graded answers + failed requests (each a failed attempt), when anything was graded
+    # Graded items, each counted once however many times it was asked (--repeats): an item passes by the share
+    # of its answers that passed (greedy repeats are copies: 0 or 1), so repeats never inflate n.
+    passes: float = 0
+    graded: int = 0  # graded items + failed requests (each a failed attempt), when anything was graded
     comparable: bool = True
     comparable_reason: str = ""
     energy_j: float | None = None  # measurement phase, all devices
     by_kind: dict[str, KindMeasurement] = Field(default_factory=dict)
     verify_curve: list[CurvePoint] = Field(default_factory=list)
-    grades: dict[str, bool] = Field(default_factory=dict)  # graded item (question|repeat) -> passed
+    grades: dict[str, float] = Field(default_factory=dict)  # graded item (question id) -> share of its answers passed
     outputs: str | None = None  # digest of every output: equal digests, equal outputs (and equal quality)
 
     @property
@@ -155,6 +157,8 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
             if a.requests_ok > 0 and a.wall_s <= 0:
                 raise BadInput(f"{where}.wall_s: missing or 0; the ledger needs the device time of the measurement phase")
             mine = [r for r in records if r.config == c.name and r.load == lr.load]
+            grades = graded if graded is not None else item_grades(mine)
+            kind_grades = {k: item_grades([r for r in mine if r.kind == k]) for k in lr.by_kind}
             reqs = [
                 RequestPoint(
                     ttft_s=r.ttft_s,
@@ -191,18 +195,19 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
                     e2e_p95=a.e2e.p95,
                     requests=reqs,
                     tau=a.tau,
-                    passes=a.passed if graded is None else sum(graded.values()),
-                    graded=_attempts_judged(a.graded if graded is None else len(graded), a.requests_failed),
+                    passes=sum(grades.values()),
+                    graded=_attempts_judged(len(grades), a.requests_failed),
                     comparable=c.comparable,
                     comparable_reason=c.comparable_reason,
                     energy_j=a.energy_j,
                     by_kind={
                         k: KindMeasurement(requests=g.requests_ok, tok_s=g.output_tok_s, tau=g.tau,
-                                           passes=g.passed, graded=_attempts_judged(g.graded, g.requests_failed))
+                                           passes=sum(kind_grades.get(k, {}).values()),
+                                           graded=_attempts_judged(len(kind_grades.get(k, {})), g.requests_failed))
                         for k, g in lr.by_kind.items()
                     },
                     verify_curve=curve,
-                    grades=graded if graded is not None else _grades(mine),
+                    grades=grades,
                     outputs=_digest(mine),
                 )
             )
@@ -211,18 +216,24 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
     return out
 
 
-def _grades(records) -> dict[str, bool]:
-    return {f"{r.question_id}|r{r.repeat}": bool(r.grade.passed) for r in records
-            if r.grade is not None and r.grade.passed is not None}
-
-
-def _quality_grades(records) -> dict[str, dict[str, bool]]:
-    """Configuration -> its graded quality level (question -> passed)."""
-    out: dict[str, dict[str, bool]] = {}
+def item_grades(records) -> dict[str, float]:
+    """Question -> share of its graded answers that passed. Each item counts once: repeats of a question
+    (--repeats) are more answers to the same item, not more items (greedy ones are copies), so they never
+    inflate the n behind a pass rate's interval. Multi-turn questions are graded on their last turn."""
+    seen: dict[str, list[bool]] = {}
     for r in records:
-        if r.load == QUALITY_LEVEL and r.turn == r.turns and r.grade is not None and r.grade.passed is not None:
-            out.setdefault(r.config, {})[f"{r.question_id}|r{r.repeat}"] = bool(r.grade.passed)
-    return out
+        if r.turn == r.turns and r.grade is not None and r.grade.passed is not None:
+            seen.setdefault(r.question_id, []).append(bool(r.grade.passed))
+    return {q: sum(v) / len(v) for q, v in seen.items()}
+
+
+def _quality_grades(records) -> dict[str, dict[str, float]]:
+    """Configuration -> its graded quality level (question -> share passed)."""
+    by_config: dict[str, list] = {}
+    for r in records:
+        if r.load == QUALITY_LEVEL:
+            by_config.setdefault(r.config, []).append(r)
+    return {c: g for c, rs in by_config.items() if (g := item_grades(rs))}
 
 
 def _digest(records) -> str | None:

@@ -64,7 +64,7 @@ class QualityTest:
     config_a: str
     config_b: str
     items: int  # graded under both
-    a_only: int  # passed under A, failed under B
+    a_only: int  # passed under A, failed under B (with repeats: A passed the larger share of its answers)
     b_only: int
     p_value: float
     note: str
@@ -74,11 +74,13 @@ class QualityTest:
         return self.p_value < 1 - LEVEL
 
 
-def mcnemar(name_a: str, a: dict[str, bool], name_b: str, b: dict[str, bool]) -> QualityTest:
-    """Only discordant items carry information; under "same quality" each is A's win with probability 1/2."""
+def mcnemar(name_a: str, a: dict[str, float], name_b: str, b: dict[str, float]) -> QualityTest:
+    """Only discordant items carry information; under "same quality" each is A's win with probability 1/2.
+    An item is graded 1 (passed) or 0, or with repeats by the share of its answers that passed; it is A's
+    when A's share is larger: the sign test, which is McNemar's exact test for pass/fail items."""
     keys = a.keys() & b.keys()
-    a_only = sum(1 for k in keys if a[k] and not b[k])
-    b_only = sum(1 for k in keys if b[k] and not a[k])
+    a_only = sum(1 for k in keys if a[k] > b[k])
+    b_only = sum(1 for k in keys if b[k] > a[k])
     n = a_only + b_only
     if not keys:
         return QualityTest(name_a, name_b, 0, 0, 0, 1.0, "no item graded under both")

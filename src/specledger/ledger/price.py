@@ -12,6 +12,7 @@ from scipy.stats import beta
 
 from specledger.errors import BadInput
 from specledger.ledger.breakeven import BreakEven, break_even
+from specledger.ledger.concurrency import ConcurrencyBreakEven, break_even_concurrency
 from specledger.ledger.inputs import CostInputs, Range, Resolved, _is_range, _map_leaves, load_inputs
 from specledger.ledger.measurements import ConfigMeasurement, measurements_from_run
 from specledger.ledger.cost_model import Breakdown, Case, objective_misses, replicas_needed
@@ -91,6 +92,8 @@ class LedgerResult(BaseModel):
     configs: list[ConfigCost]  # one row per configuration: its priced load level
     levels: list[ConfigCost]  # every configuration x load level
     break_even: list[BreakEven] = Field(default_factory=list)
+    # each speculative configuration's speed-up along the concurrency sweep and where it stops paying
+    concurrency: list[ConcurrencyBreakEven] = Field(default_factory=list)
     quality: list[dict] = Field(default_factory=list)  # paired (McNemar) tests against the reference
     scenario: str | None = None  # the headline scenario these rows price (when the cost file names scenarios)
     scenarios: dict[str, list[dict]] = Field(default_factory=dict)  # the other scenarios, one summary per row
@@ -134,7 +137,7 @@ def _case(m: ConfigMeasurement, res: Resolved, inputs: CostInputs, sweep: list[t
     if x["acceptance"]["pass_rate"] is not None:
         source = "cost file"
     elif m.graded:
-        source = f"measured {m.passes}/{m.graded}" + (f", {m.requests_failed} failed" if m.requests_failed else "")
+        source = f"measured {m.passes:g}/{m.graded}" + (f", {m.requests_failed} failed" if m.requests_failed else "")
     else:
         raise BadInput(
             f"{m.name}: no graded requests, so no measured pass rate; set configs.{m.name}.acceptance.pass_rate "
@@ -251,7 +254,13 @@ def price_measurements(
             r.p_feasible = i.p_feasible
             r.p_cheapest = i.p_cheapest if r.name in eligible else None
         tested_verdicts(rows, {n: i.costs for n, i in mc.items() if i.costs is not None})
-    _paired_speedups(rows, [c[3] for c in chosen], ms, seed=seed)
+    _paired_speedups(levels, ms, seed=seed)
+    level_of = {(r.name, r.load): r for r in levels}
+    for r in rows:  # each priced row is one of its configuration's levels
+        lv = level_of.get((r.name, r.load))
+        if lv is not None:
+            r.speedup, r.speedup_low, r.speedup_high, r.speedup_base = (lv.speedup, lv.speedup_low, lv.speedup_high,
+                                                                        lv.speedup_base)
 
     ref = _reference([c[3] for c in chosen])
     sens = {}
@@ -279,7 +288,7 @@ def price_measurements(
     }
     return LedgerResult(
         run_dir=str(run_dir), inputs_source=inputs.source, reference=ref, configs=rows, levels=levels,
-        break_even=bes, quality=quality, sensitivity=sens, samples=samples, seed=seed, measurements=ms, calculator=calculator,
+        break_even=bes, concurrency=break_even_concurrency(levels), quality=quality, sensitivity=sens, samples=samples, seed=seed, measurements=ms, calculator=calculator,
     )
 
 
@@ -289,21 +298,37 @@ def _summary(r: ConfigCost) -> dict:
             "labour_share": r.shares.get("labour")}
 
 
-def _paired_speedups(rows: list[ConfigCost], priced: list[ConfigMeasurement], ms: list[ConfigMeasurement], *,
-                     seed: int) -> None:
-    """Each speed-up's paired interval: the same prompts under the configuration and its autoregressive base."""
-    row_of = {r.name: r for r in rows}
-    for m in priced:
-        r = row_of[m.name]
+def _occupancy(m: ConfigMeasurement) -> float | None:
+    """Requests in service at once, on average: summed service time over the level's device time (1 when one
+    request is served at a time; about the batch size when continuously batched)."""
+    svc = sum(q.service_s for q in m.requests if q.service_s)
+    return svc / m.wall_s if svc > 0 and m.wall_s > 0 else None
+
+
+def _paired_speedups(rows: list[ConfigCost], ms: list[ConfigMeasurement], *, seed: int) -> None:
+    """Each level's speed-up with its paired interval: the same prompts under the configuration and its
+    autoregressive base at the same load. Per prompt, tokens over service seconds; scaled by each side's
+    occupancy so that the point is the ratio of aggregate throughputs at any concurrency (a batched request's
+    service time is shared with the batch; a queued one's is not)."""
+    by_level = {(m.name, m.load): m for m in ms}
+    for r in rows:
+        m = by_level.get((r.name, r.load))
+        if m is None or r.speedup is None:
+            continue
         base = next((b for b in ms if b.strategy == "ar" and b.model == m.model and b.precision == m.precision
                      and b.load == m.load and b.tok_s and b.name != m.name), None)
-        if base is None or r.speedup is None:
+        if base is None:
             continue
         pr = paired_speedup({q.key: (q.service_s, q.output_tokens) for q in m.requests if q.key and q.service_s},
                             {q.key: (q.service_s, q.output_tokens) for q in base.requests if q.key and q.service_s},
                             seed=seed)
-        if pr.ratio is not None:
-            r.speedup, r.speedup_low, r.speedup_high, r.speedup_base = pr.ratio, pr.low, pr.high, base.name
+        ka, kb = _occupancy(m), _occupancy(base)
+        if pr.ratio is None or ka is None or kb is None:
+            continue
+        k = ka / kb
+        r.speedup, r.speedup_base = pr.ratio * k, base.name
+        r.speedup_low = None if pr.low is None else pr.low * k
+        r.speedup_high = None if pr.high is None else pr.high * k
 
 
 def _plausible(b: BreakEven) -> bool:

@@ -1,10 +1,14 @@
 """Verdicts: which configuration is cheapest, which are dominated, and which cannot be told apart.
 
 A configuration is "cheapest" only when the 95% interval of its cost difference with every other
-candidate excludes zero, and "dominated" only when some other configuration is cheaper with an
-interval that excludes zero and is no slower. Candidates whose difference with the cheapest
-straddles zero are "indistinguishable" (an A/A pair always is). The differences come from Monte
-Carlo samples drawn with common random numbers (ledger/montecarlo.py), so they are paired.
+candidate lies beyond a material difference (MATERIAL, a share of the cheaper one's cost per task), and
+"dominated" only when some other configuration is cheaper by such an interval and is no slower.
+Candidates whose difference with the cheapest is not that clear are "indistinguishable". An interval
+that merely excludes zero would split an A/A pair in about 5% of runs (more with few prompts, where a
+bootstrap interval is too narrow); a difference of under 1% of the cost per task is not a verdict worth
+naming anyway (with a person reviewing every task, decoding choices often move the cost by less).
+The differences come from Monte Carlo samples drawn with common random numbers (ledger/montecarlo.py),
+so they are paired.
 
 Without samples (--samples 0, and the page's calculator) only point estimates exist: the point
 verdicts below say what the central values give, and nothing about noise.
@@ -52,8 +56,13 @@ def _total(r: Row) -> float:
     return r.total
 
 
-def _separated(d: Difference | None) -> bool:
-    return d is not None and d.excludes_zero
+MATERIAL = 0.01  # a cost difference under 1% of the cheaper configuration's cost per task is no difference
+
+
+def _separated(d: Difference | None, scale: float) -> bool:
+    """The difference's 95% interval lies beyond +-MATERIAL x scale (the cheaper one's cost per task)."""
+    margin = MATERIAL * abs(scale)
+    return d is not None and (d.low > margin or d.high < -margin)
 
 
 def _no_slower(o: Row, r: Row) -> bool:
@@ -96,12 +105,13 @@ def tested_verdicts(rows: list[Row], costs: dict[str, np.ndarray]) -> None:
         return
     best = min(eligible, key=_total)
     diffs = {r.name: difference(costs[r.name], costs[best.name]) for r in eligible if r is not best}
-    ties = [r for r in eligible if r is not best and not _separated(diffs[r.name])]
+    ties = [r for r in eligible if r is not best and not _separated(diffs[r.name], _total(best))]
     if not ties:
         best.verdict = "cheapest"
         closest = min((d for d in diffs.values() if d is not None), key=lambda d: d.low, default=None)
         best.verdict_detail = ("" if closest is None else
-                               f"every other costs more per task, by at least {_money(closest.low)[1:]} (95%)")
+                               f"every other costs more per task, by at least {_money(closest.low)[1:]} (95%; "
+                               f"differences under {MATERIAL:.0%} of the cost count as none)")
     else:
         group = [best] + ties
         for r in group:
@@ -117,7 +127,7 @@ def tested_verdicts(rows: list[Row], costs: dict[str, np.ndarray]) -> None:
             if o is r:
                 continue
             d = difference(costs[r.name], costs[o.name])
-            if d is not None and d.low > 0 and _no_slower(o, r):
+            if d is not None and d.low > MATERIAL * _total(o) and _no_slower(o, r):
                 better.append((o, d))
         if better:
             o, d = min(better, key=lambda od: _total(od[0]))
@@ -128,3 +138,8 @@ def tested_verdicts(rows: list[Row], costs: dict[str, np.ndarray]) -> None:
             assert d is not None  # r is not a tie, so its difference exists
             r.verdict = "trade-off"
             r.verdict_detail = f"{_money(d.low)} to {_money(d.high)} per task vs {best.name} (95%), but faster"
+        # the rows out of the cheapest group that cannot be told apart from r (an A/A pair among them)
+        peers = [o.name for o in eligible if o is not r and o is not best and o not in ties
+                 and not _separated(difference(costs[r.name], costs[o.name]), min(_total(r), _total(o)))]
+        if peers:
+            r.verdict_detail += f"; indistinguishable from {', '.join(peers)}"

@@ -147,17 +147,25 @@ def concurrency_sweep(ledger: LedgerResult) -> str | None:
         return None
     fig = _figure(7.5, 3.2)
     ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    speed = {(r.name, r.load): r.speedup for r in ledger.levels}
+    speed = {(r.name, r.load): r for r in ledger.levels}
+    crossing = {b.config: b.value for b in ledger.concurrency if b.value is not None}
     for i, (name, levels) in enumerate(swept.items()):
         c = [m.concurrency for m in levels]
-        ax1.plot(c, [m.tok_s for m in levels], marker="o", label=name, color=PALETTE[i % len(PALETTE)])
-        ups = [speed.get((name, m.load)) for m in levels]
-        if any(u is not None for u in ups):
-            ax2.plot(c, [np.nan if u is None else u for u in ups], marker="o", label=name, color=PALETTE[i % len(PALETTE)])
+        color = PALETTE[i % len(PALETTE)]
+        ax1.plot(c, [m.tok_s for m in levels], marker="o", label=name, color=color)
+        rows = [speed.get((name, m.load)) for m in levels]
+        ups = [np.nan if r is None or r.speedup is None else r.speedup for r in rows]
+        if levels[0].strategy == "ar" or all(np.isnan(ups)):
+            continue
+        lo = [0.0 if r is None or r.speedup_low is None else u - r.speedup_low for r, u in zip(rows, ups)]
+        hi = [0.0 if r is None or r.speedup_high is None else r.speedup_high - u for r, u in zip(rows, ups)]
+        ax2.errorbar(c, ups, yerr=[lo, hi], marker="o", capsize=3, label=name, color=color)
+        if name in crossing:  # where it stops paying
+            ax2.plot([crossing[name]], [1.0], marker="x", ms=8, color=color)
     ax1.set_xlabel("concurrency")
     ax1.set_ylabel("output tok/s")
     ax2.set_xlabel("concurrency")
-    ax2.set_ylabel("speed-up over autoregressive")
+    ax2.set_ylabel("speed-up over autoregressive\n(95% paired; x: break-even)")
     ax2.axhline(1.0, color="#444", lw=0.8, ls="--")
     ticks = sorted({m.concurrency for v in swept.values() for m in v})
     for ax in (ax1, ax2):

@@ -69,6 +69,37 @@ def _interaction_table(rows: list[dict]) -> tuple[list[str], list[dict]]:
     return precisions, table
 
 
+def _concurrency_table(ledger: LedgerResult) -> dict | None:
+    """Every swept configuration: tok/s and paired speed-up at each concurrency, and where it stops paying."""
+    from specledger.report.terminal import break_even_cell
+
+    levels = sorted({r.concurrency for r in ledger.levels if r.concurrency is not None})
+    names = [n for n in dict.fromkeys(r.name for r in ledger.levels)
+             if sum(1 for r in ledger.levels if r.name == n and r.concurrency is not None and r.tok_s) >= 2]
+    if len(levels) < 2 or not names:
+        return None
+    at = {(r.name, r.concurrency): r for r in ledger.levels}
+    be = {b.config: b for b in ledger.concurrency}
+    rows = []
+    for n in names:
+        first = next(r for r in ledger.levels if r.name == n)
+        cells = []
+        for c in levels:
+            r = at.get((n, c))
+            if r is None or r.tok_s is None:
+                cells.append("–")
+                continue
+            up = "" if r.speedup is None or r.strategy == "ar" else (
+                f"{r.speedup:.2f}×" + ("" if r.speedup_low is None else f" [{r.speedup_low:.2f}–{r.speedup_high:.2f}]"))
+            cells.append(f"{r.tok_s:.1f} tok/s" + (f" · {up}" if up else ""))
+        b = be.get(n)
+        rows.append({"name": n, "strategy": first.strategy, "precision": first.precision, "cells": cells,
+                     "break_even": "baseline" if first.strategy == "ar" else
+                     (break_even_cell(b).replace("\n[dim]", " (").replace("[/dim]", ")") if b else "–"),
+                     "note": b.note if b else ""})
+    return {"levels": levels, "rows": rows}
+
+
 def _noise(run_dir: str | Path) -> dict | None:
     """The run's calibration probes and, past the threshold, the warning naming the cause."""
     try:
@@ -82,8 +113,11 @@ def _noise(run_dir: str | Path) -> dict | None:
     n = run.noise
     probes = ", ".join(f"{p.when} {p.ms:.2f} ms" + (f" (load {p.load_avg[0]:g})" if p.load_avg else "")
                        for p in n.probes)
+    from specledger.bench.threads import describe
+
     return {"warning": n.warning, "probes": probes, "drift": _f(n.drift, ".0%"),
             "threads": ", ".join(f"{k} {v}" for k, v in n.threads.items()),
+            "chosen": describe(n.thread_choice) if n.thread_choice is not None else None,
             "interleaved": run.conditions.interleaved}
 
 
@@ -179,7 +213,7 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
     return env.get_template("report.html.j2").render(
         title=Path(str(ledger.run_dir)).name or run_id, run_id=run_id, created=created, conditions=conditions,
         ledger=ledger, rows=[_row(r) for r in ledger.configs], levels=levels, break_even=break_even,
-        noise=_noise(run_dir or ledger.run_dir),
+        noise=_noise(run_dir or ledger.run_dir), concurrency=_concurrency_table(ledger),
         scenarios={name: [{"name": r["name"], "total": money(r["total"]) if r["total"] is not None else "–",
                            "interval": "–" if r["p5"] is None else f"{money(r['p5'])}–{money(r['p95'])}",
                            "compute": _f(r["compute_share"], ".0%"), "verdict": r["verdict"],

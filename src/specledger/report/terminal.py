@@ -6,6 +6,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from specledger.ledger.concurrency import ConcurrencyBreakEven
 from specledger.ledger.price import ConfigCost, LedgerResult
 from specledger.report.interaction import interaction_rows
 
@@ -193,11 +194,59 @@ def render_interaction(ledger: LedgerResult) -> Table | None:
     return t
 
 
+def break_even_cell(b: ConcurrencyBreakEven) -> str:
+    """Where a method stops paying: "≈2.1 (1.4–2.8)", "> 4" (pays throughout), "< 1" (never pays)."""
+    c = [p.concurrency for p in b.points if p.speedup is not None]
+    if b.status == "pays throughout":
+        return f"> {c[-1]}"
+    if b.status == "never pays":
+        return f"< {c[0]}"
+    if b.value is None:
+        return "pays again"
+    lo = f"≤{c[0]}" if b.low is None else f"{b.low:.2g}"
+    hi = f"≥{c[-1]}" if b.high is None else f"{b.high:.2g}"
+    return f"≈{b.value:.2g}\n[dim]{lo}–{hi}[/dim]"
+
+
+def render_concurrency(ledger: LedgerResult) -> Table | None:
+    """Throughput and speed-up at each measured concurrency, and where each method stops paying (80 columns;
+    the HTML report has the chart)."""
+    levels = sorted({r.concurrency for r in ledger.levels if r.concurrency is not None})
+    swept = [n for n in dict.fromkeys(r.name for r in ledger.levels)
+             if sum(1 for r in ledger.levels if r.name == n and r.concurrency is not None and r.tok_s) >= 2]
+    if len(levels) < 2 or not swept:
+        return None
+    be = {b.config: b for b in ledger.concurrency}
+    t = Table(title="Throughput and speed-up vs concurrency", title_justify="left", header_style="bold",
+              caption="tok/s, then speed-up over ar on the same precision at the same concurrency (95%, paired by "
+                      "prompt); break-even: where the speed-up crosses 1", caption_justify="left")
+    t.add_column("configuration", no_wrap=True)
+    for c in levels:
+        t.add_column(f"c={c}", justify="right", no_wrap=True)
+    t.add_column("break-even\n[dim]concurrency[/dim]", justify="right", no_wrap=True)
+    at = {(r.name, r.concurrency): r for r in ledger.levels}
+    for name in swept:
+        cells = []
+        first = next(r for r in ledger.levels if r.name == name)
+        for c in levels:
+            r = at.get((name, c))
+            if r is None or r.tok_s is None:
+                cells.append("–")
+                continue
+            up = "" if r.speedup is None or r.strategy == "ar" else f"\n[dim]{r.speedup:.2f}×" + (
+                "" if r.speedup_low is None else f" {r.speedup_low:.2f}–{r.speedup_high:.2f}") + "[/dim]"
+            cells.append(f"{r.tok_s:.1f}{up}")
+        b = be.get(name)
+        t.add_row(f"{name}\n[dim]{first.precision}[/dim]", *cells,
+                  "[dim]baseline[/dim]" if first.strategy == "ar" else (break_even_cell(b) if b else "–"))
+    return t
+
+
 def print_ledger(ledger: LedgerResult, console: Console | None = None) -> None:
     console = console or Console()
     parts = [render_cost_table(ledger), render_notes(ledger)]
     parts += [render_scenario(ledger, name) for name in ledger.scenarios]
-    for extra in (render_break_even(ledger), render_sensitivity(ledger)):
+    for extra in (render_concurrency(ledger), render_break_even(ledger), render_sensitivity(ledger)):
         if extra is not None:
             parts.append(extra)
     console.print(Group(*parts))
