@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-SOURCE = Path(__file__).with_name("csrc") / "qmm.cpp"
+SOURCES = [Path(__file__).with_name("csrc") / name for name in ("qmm.cpp", "fused.cpp")]
 ISAS = {0: "none", 1: "avx2", 2: "avx512-vnni"}
 FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno", "-Wno-unused-function"]
 
@@ -42,7 +42,10 @@ def cache_dir() -> Path:
 
 
 def _compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name:
+            return shutil.which(name)  # CXX, when set, is the only one tried
+    return None
 
 
 def _command(cxx: str, out: Path) -> list[str]:
@@ -51,12 +54,13 @@ def _command(cxx: str, out: Path) -> list[str]:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     lib = os.path.join(os.path.dirname(torch.__file__), "lib")
     inc = [f"-I{p}" for p in cpp_extension.include_paths()]
-    return [cxx, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *inc, str(SOURCE), "-o", str(out),
+    return [cxx, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *inc, *map(str, SOURCES), "-o", str(out),
             f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch", f"-Wl,-rpath,{lib}"]
 
 
 def library_path() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    text = b"".join(p.read_bytes() for p in SOURCES)
+    key = hashlib.sha256(text + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
     return cache_dir() / f"qmm-{key}.so"
 
 
@@ -69,7 +73,7 @@ def build(quiet: bool = False) -> Path:
         return path
     cxx = _compiler()
     if cxx is None:
-        raise RuntimeError("no C++ compiler found (set CXX)")
+        raise RuntimeError(f"no C++ compiler found ({os.environ.get('CXX') or 'c++, g++, clang++'}; set CXX)")
     path.parent.mkdir(parents=True, exist_ok=True)
     if not quiet:
         print(f"specledger: building the quantized-product kernel into {path.parent} (once)", file=sys.stderr)
@@ -78,8 +82,9 @@ def build(quiet: bool = False) -> Path:
     try:
         res = subprocess.run(_command(cxx, Path(tmp)), capture_output=True, text=True)
         if res.returncode:
-            last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise RuntimeError(f"compiler failed: {last}")
+            lines = res.stderr.strip().splitlines() or ["(no output)"]
+            first = next((ln for ln in lines if "error" in ln), lines[-1])
+            raise RuntimeError(f"compiler failed: {first.strip()[:300]}")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

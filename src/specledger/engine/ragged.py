@@ -16,7 +16,8 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 
-from specledger.engine.model import Block, Transformer, apply_rope, causal_mask, decode_attention, rope_at
+from specledger.engine.cpu_ops import apply_rope, batched_decode_attention, decode_attention
+from specledger.engine.model import Block, Transformer, causal_mask, rope_at
 from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
 
@@ -32,17 +33,6 @@ class Segment:
     slot: int
     n: int
     mask: torch.Tensor | None = None
-
-
-def _batched_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pad: torch.Tensor):
-    """One query per sequence, q (B, H, 1, D), over padded keys (B, KV, S, D); pad (B, S) True = not an entry."""
-    b, h, _, d = q.shape
-    kv, s = keys.shape[1], keys.shape[2]
-    q3 = q.reshape(b * kv, h // kv, d) * d**-0.5
-    scores = torch.bmm(q3, keys.reshape(b * kv, s, d).transpose(1, 2)).view(b, kv, h // kv, s)
-    scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
-    p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype).view(b * kv, h // kv, s)
-    return torch.bmm(p, values.reshape(b * kv, s, d)).view(b, h, 1, d)
 
 
 def ragged_hidden(
@@ -79,7 +69,8 @@ def ragged_hidden(
         for s, st in zip(segments, starts):
             valid[s.slot] = st + 1
         top, longest = len(valid), max(valid)
-        pad = torch.arange(longest, device=dev)[None, :] >= torch.tensor(valid, device=dev)[:, None]
+        lengths = torch.tensor(valid, device=dev)
+        pad = torch.arange(longest, device=dev)[None, :] >= lengths[:, None]
     offsets = [0]
     for s in segments:
         offsets.append(offsets[-1] + s.n)
@@ -106,7 +97,7 @@ def ragged_hidden(
             values = cache.v[i].narrow(0, 0, top).narrow(2, 0, longest)
             qb = q.new_zeros((top, a.n_heads, a.hd), dtype=keys.dtype)
             qb[slot_idx] = q.transpose(0, 1).to(keys.dtype)
-            yb = _batched_decode_attention(qb[:, :, None], keys, values, pad)[:, :, 0]  # (top, H, D)
+            yb = batched_decode_attention(qb[:, :, None], keys, values, lengths, pad)[:, :, 0]  # (top, H, D)
             y = yb.index_select(0, slot_idx)
         else:
             ys = []
