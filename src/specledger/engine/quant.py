@@ -137,25 +137,33 @@ class Int8Linear(nn.Module):
     a multiple of 32). Backends: the engine's kernel (CPU), PyTorch's per-channel int8 kernel (CPU without it:
     the block codes re-quantized per channel), dequantized weights (CUDA)."""
 
+    weight: torch.Tensor  # buffers (the backend's layout)
+    scales: torch.Tensor
+    mins: torch.Tensor
+
     def __init__(self, weight: torch.Tensor | Int8Grid, act_dtype: torch.dtype, device: torch.device | None = None):
         super().__init__()
-        grid = weight if isinstance(weight, Int8Grid) else None
-        dev = torch.device(device) if device is not None else (grid.codes.device if grid else weight.device)
-        self.out_features, self.in_features = (grid.codes if grid else weight).shape
+        if isinstance(weight, Int8Grid):
+            grid: Int8Grid | None = weight
+            dense: torch.Tensor | None = None
+            dev, shape = weight.codes.device, weight.codes.shape
+        else:
+            grid, dense, dev, shape = None, weight, weight.device, weight.shape
+        dev = torch.device(device) if device is not None else dev
+        self.out_features, self.in_features = int(shape[0]), int(shape[1])
         self.act_dtype = act_dtype
         self.isa, self.digits = qkernel.requested_isa(), qkernel.activation_digits()
-        if grid is None and self.in_features % BLOCK == 0:
-            grid = int8_grid(weight)
+        if grid is None and dense is not None and self.in_features % BLOCK == 0:
+            grid = int8_grid(dense)
         self._op = _kernel_for(dev, self.in_features) if grid is not None and _fits_fp16(grid.scale) else None
-        if self._op is not None:
-            assert grid is not None
+        if self._op is not None and grid is not None:
             codes, scales = pack_int8(grid)
             self.register_buffer("weight", codes.to(dev))
             self.register_buffer("scales", scales.to(dev))
             self.register_buffer("mins", torch.empty(0, dtype=torch.float16, device=dev))
             self.backend = "kernel"
             return
-        w = grid.dequantize() if grid is not None else weight.float()
+        w = grid.dequantize() if grid is not None else torch.as_tensor(dense).float()
         if dev.type == "cuda":
             self.register_buffer("weight", w.to(device=dev, dtype=act_dtype))
             self.backend = "dense"
@@ -192,6 +200,11 @@ class Int8Linear(nn.Module):
 @direct_call
 class Int4Linear(nn.Module):
     """Group-wise asymmetric int4 weights: the engine's kernel on CPU, else PyTorch's packed int4 kernels."""
+
+    weight: torch.Tensor  # buffers (the backend's layout)
+    scales: torch.Tensor
+    mins: torch.Tensor
+    scales_and_zeros: torch.Tensor
 
     def __init__(self, grid: Int4Grid, act_dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
