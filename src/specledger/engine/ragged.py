@@ -104,12 +104,12 @@ def ragged_hidden(
             for s, st, o, m in zip(segments, starts, offsets, masks):
                 keys, values = cache.write(i, s.slot, st, k[:, o : o + s.n], v[:, o : o + s.n])
                 qs = q[:, o : o + s.n][None].to(keys.dtype)
-                if m is None:
-                    ys.append(decode_attention(qs, keys[None], values[None])[0])
+                if m is None:  # (in the compute dtype already: one cast fewer per layer)
+                    ys.append(decode_attention(qs, keys[None], values[None], compute)[0])
                 else:
                     ys.append(F.scaled_dot_product_attention(
                         qs, keys[None], values[None], attn_mask=m, enable_gqa=a.n_kv != a.n_heads)[0])
-            y = torch.cat(ys, dim=1).transpose(0, 1)  # (N, H, D)
+            y = (ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)).transpose(0, 1)  # (N, H, D)
         x = x + a.wo(y.reshape(1, n_rows, -1).to(compute))
         x = x + layer.feed_forward(layer.ffn_norm(x))
     for s, st in zip(segments, starts):
