@@ -82,4 +82,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
 
 
+def attend_new_token(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, start: int, n_heads: int, out_dtype: torch.dtype) -> torch.Tensor | None:
+    """One new token per sequence in one call: RoPE on its q and k (qkv (B, 1, (H + 2 KV) D), the fused
+    projection's output), k and v written into the caches (B, KV, S, D) at `start`, attention over [0, start];
+    (B, 1, H D) in out_dtype. None where the fused op does not apply: the caller runs the op-by-op path."""
+    if not (qkv.device.type == "cpu" and k_cache.dtype == torch.float32 and qkv.is_contiguous() and qkv.shape[1] == 1
+            and cos.dtype == qkv.dtype and cos.is_contiguous() and sin.is_contiguous() and k_cache.shape[-1] % 16 == 0
+            and k_cache.stride(-1) == 1 and _fused()):
+        return None
+    return torch.ops.specledger.attend_new_token(qkv, cos, sin, k_cache, v_cache, start, n_heads, out_dtype)
+
+
 _NO_LENGTHS = torch.empty(0, dtype=torch.long)

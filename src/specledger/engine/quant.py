@@ -184,6 +184,14 @@ class Int8Linear(nn.Module):
             rows = rows.float() * self.scales.index_select(0, ids).float()[:, None]
         return Int8Linear(rows.float(), self.act_dtype, self.weight.device)
 
+    def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + self(x), the residual stream's add fused into the product where the kernel serves it."""
+        if self._op is None or residual.dtype != torch.float32 or not residual.is_contiguous():
+            return residual + self(x)
+        y = self._op(x.reshape(-1, x.shape[-1]).contiguous(), self.weight, self.scales, self.mins, 8, BLOCK,
+                     self.out_features, self.digits, self.isa, residual)
+        return y.view(residual.shape)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
@@ -234,6 +242,14 @@ class Int4Linear(nn.Module):
         self.register_buffer("weight", packed)
         self.register_buffer("scales_and_zeros", sz.to(device=device, dtype=act_dtype))
         self.backend = "torch"
+
+    def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + self(x), the residual stream's add fused into the product where the kernel serves it."""
+        if self._op is None or residual.dtype != torch.float32 or not residual.is_contiguous():
+            return residual + self(x)
+        y = self._op(x.reshape(-1, x.shape[-1]).contiguous(), self.weight, self.scales, self.mins, 4, self.group_size,
+                     self.out_features, self.digits, self.isa, residual)
+        return y.view(residual.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

@@ -16,7 +16,7 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 
-from specledger.engine.cpu_ops import apply_rope, batched_decode_attention, decode_attention
+from specledger.engine.cpu_ops import apply_rope, attend_new_token, batched_decode_attention, decode_attention
 from specledger.engine.model import Block, Transformer, causal_mask, rope_at
 from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
@@ -78,10 +78,19 @@ def ragged_hidden(
     compute = model.dtype
     cos, sin = rope_at(model.rope_cos, model.rope_sin, positions, compute)
     x = model.tok_embeddings(tokens[None]).float()  # (1, N, hidden): the residual stream stays fp32
+    one_token = len(segments) == 1 and segments[0].n == 1 and masks[0] is None
     for i, module in enumerate(model.layers):
         layer = cast(Block, module)  # ModuleList yields nn.Module; every entry is a Block
         a = layer.attention
         qkv = a.wqkv(layer.attention_norm(x))
+        if one_token:  # one sequence decoding: RoPE, the cache write and attention in one call where it can
+            slot = segments[0].slot
+            y1 = attend_new_token(qkv, cos, sin, cache.slot_k[i][slot][None], cache.slot_v[i][slot][None], starts[0],
+                                  a.n_heads, compute)
+            if y1 is not None:
+                x = a.wo.add_to(y1, x)
+                x = layer.feed_forward(layer.ffn_norm(x), x)
+                continue
         qk_out = a.split[0] + a.split[1]
         qk = apply_rope(qkv[..., :qk_out].view(1, n_rows, a.n_heads + a.n_kv, a.hd), cos, sin)[0]
         q = qk[:, : a.n_heads].transpose(0, 1)  # (H, N, D)
@@ -110,8 +119,8 @@ def ragged_hidden(
                     ys.append(F.scaled_dot_product_attention(
                         qs, keys[None], values[None], attn_mask=m, enable_gqa=a.n_kv != a.n_heads)[0])
             y = (ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)).transpose(0, 1)  # (N, H, D)
-        x = x + a.wo(y.reshape(1, n_rows, -1).to(compute))
-        x = x + layer.feed_forward(layer.ffn_norm(x))
+        x = a.wo.add_to(y.reshape(1, n_rows, -1).to(compute), x)
+        x = layer.feed_forward(layer.ffn_norm(x), x)
     for s, st in zip(segments, starts):
         cache.lengths[s.slot] = st + s.n
     return model.norm(x)[0]

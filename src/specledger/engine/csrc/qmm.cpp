@@ -31,6 +31,8 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <vector>
 
 namespace {
 
@@ -59,7 +61,8 @@ struct Args {
   const float* da;      // activation scales [M, nb]
   const float* sa;      // activation sums d * sum(Q) per weight group [M, g] (bits 4)
   const int32_t* qs;    // activation code sums sum(Q) per block [M, nb] (bits 8)
-  void* y;              // [M, N], in the activations' dtype
+  void* y;              // [M, N], in the activations' dtype (float32 with a residual)
+  const float* res;     // [M, N] float32 added to the product, or nullptr
   int64_t out_kind;     // 0 float32, 1 bfloat16, 2 float16
   int64_t k, nb, g, gshift, gd, gdshift, n;
 };
@@ -143,7 +146,9 @@ SL_AVX2 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 inline void store(const Args& a, int64_t row, int64_t c0, int64_t cols, const float* v) {
   for (int64_t c = 0; c < cols && c0 + c < a.n; ++c) {
     const int64_t i = row * a.n + c0 + c;
-    if (a.out_kind == 1)
+    if (a.res)
+      static_cast<float*>(a.y)[i] = a.res[i] + v[c];
+    else if (a.out_kind == 1)
       static_cast<at::BFloat16*>(a.y)[i] = at::BFloat16(v[c]);
     else if (a.out_kind == 2)
       static_cast<at::Half*>(a.y)[i] = at::Half(v[c]);
@@ -322,6 +327,17 @@ void tiles(int64_t isa, const Args& a, int64_t rows, int64_t t0, int64_t t1) {
   }
 }
 
+struct Scratch {
+  std::vector<int8_t> qa, qb;
+  std::vector<float> da, sa;
+  std::vector<int32_t> qs;
+  void fit(int64_t m, int64_t k, int64_t nb, int64_t g) {
+    if (static_cast<int64_t>(qa.size()) < m * k) qa.resize(m * k), qb.resize(m * k);
+    if (static_cast<int64_t>(da.size()) < m * nb) da.resize(m * nb), qs.resize(m * nb);
+    if (static_cast<int64_t>(sa.size()) < m * g) sa.resize(m * g);
+  }
+};
+
 template <typename T>
 void quantize_rows(const at::Tensor& x, int64_t gshift, int8_t* q, int8_t* qlo, float* d, int32_t* qs, float* s) {
   const T* xp = x.const_data_ptr<T>();
@@ -333,7 +349,8 @@ void quantize_rows(const at::Tensor& x, int64_t gshift, int8_t* q, int8_t* qlo, 
 }
 
 at::Tensor qmm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-               int64_t bits, int64_t group, int64_t n, int64_t digits, int64_t isa) {
+               int64_t bits, int64_t group, int64_t n, int64_t digits, int64_t isa,
+               const std::optional<at::Tensor>& residual) {
   TORCH_CHECK(x.device().is_cpu() && codes.device().is_cpu(), "specledger qmm: CPU tensors only");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "specledger qmm: x must be a contiguous matrix");
   TORCH_CHECK(bits == 4 || bits == 8, "specledger qmm: bits must be 4 or 8");
@@ -355,28 +372,31 @@ at::Tensor qmm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& s
   if (bits == 4)
     TORCH_CHECK(mins.scalar_type() == at::kHalf && mins.is_contiguous() && mins.sizes() == scales.sizes(),
                 "specledger qmm: mins layout");
-  auto fopt = x.options().dtype(at::kFloat);
-  at::Tensor qa = at::empty({m, k}, x.options().dtype(at::kChar));
-  at::Tensor qb = digits == 2 ? at::empty({m, k}, x.options().dtype(at::kChar)) : at::Tensor();
-  at::Tensor da = at::empty({m, nb}, fopt);
-  at::Tensor qs = at::empty({m, nb}, x.options().dtype(at::kInt));
-  at::Tensor sa = at::empty({m, g}, fopt);
-  int8_t* qp = qa.data_ptr<int8_t>();
-  int8_t* qbp = digits == 2 ? qb.data_ptr<int8_t>() : nullptr;
-  float *dp = da.data_ptr<float>(), *sp = sa.data_ptr<float>();
-  int32_t* qsp = qs.data_ptr<int32_t>();
+  // the quantized activations live in this thread's scratch (no allocator calls per product: a decode step
+  // makes ~120 of them); the parallel workers below only write disjoint rows of it
+  thread_local Scratch scratch;
+  scratch.fit(m, k, nb, g);
+  int8_t* qp = scratch.qa.data();
+  int8_t* qbp = digits == 2 ? scratch.qb.data() : nullptr;
+  float *dp = scratch.da.data(), *sp = scratch.sa.data();
+  int32_t* qsp = scratch.qs.data();
   switch (x.scalar_type()) {
     case at::kFloat: quantize_rows<float>(x, gshift, qp, qbp, dp, qsp, sp); break;
     case at::kBFloat16: quantize_rows<at::BFloat16>(x, gshift, qp, qbp, dp, qsp, sp); break;
     case at::kHalf: quantize_rows<at::Half>(x, gshift, qp, qbp, dp, qsp, sp); break;
     default: TORCH_CHECK(false, "specledger qmm: x must be float32, bfloat16 or float16");
   }
-  at::Tensor y = at::empty({m, n}, x.options());
+  // with a residual r (float32 [M, N]): y = r + x W^T in float32, the residual stream's add fused in
+  const bool has_res = residual.has_value() && residual->defined();
+  if (has_res)
+    TORCH_CHECK(residual->scalar_type() == at::kFloat && residual->is_contiguous() && residual->numel() == m * n,
+                "specledger qmm: residual must be a contiguous float32 [M, N]");
+  at::Tensor y = at::empty({m, n}, has_res ? x.options().dtype(at::kFloat) : x.options());
   const int64_t out_kind = x.scalar_type() == at::kBFloat16 ? 1 : x.scalar_type() == at::kHalf ? 2 : 0;
   const Args a{static_cast<const uint8_t*>(codes.const_data_ptr()),
                static_cast<const uint16_t*>(scales.const_data_ptr()),
                bits == 4 ? static_cast<const uint16_t*>(mins.const_data_ptr()) : nullptr,
-               qp, qbp, dp, sp, qsp, y.data_ptr(), out_kind,
+               qp, qbp, dp, sp, qsp, y.data_ptr(), has_res ? residual->const_data_ptr<float>() : nullptr, out_kind,
                k, nb, g, gshift, bits == 4 ? g : nb, bits == 4 ? gshift : 0, n};
   // one chunk of tiles per thread (a tile is 16 weight rows)
   const int64_t threads = at::get_num_threads();
@@ -395,7 +415,8 @@ int64_t qmm_isa() { return host_isa(); }
 }  // namespace
 
 TORCH_LIBRARY(specledger, lib) {
-  lib.def("qmm(Tensor x, Tensor codes, Tensor scales, Tensor mins, int bits, int group, int n, int digits, int isa) -> Tensor");
+  lib.def("qmm(Tensor x, Tensor codes, Tensor scales, Tensor mins, int bits, int group, int n, int digits, int isa, "
+          "Tensor? residual=None) -> Tensor");
   lib.def("qmm_isa() -> int", &qmm_isa);
 }
 
