@@ -175,6 +175,44 @@ def test_fused_ops_equal_the_pytorch_expressions():
         torch.testing.assert_close(cpu_ops.apply_rope(xr, c, sn), torch.addcmul(xr * c, xr.roll(8, -1), sn))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_new_token_attention_equals_rope_cache_write_and_attention(dtype):
+    """attend_new_token: one call for what the model otherwise does in ~25 ops (RoPE on q and k, both written
+    into the cache at `start`, attention of q over [0, start])."""
+    torch.manual_seed(8)
+    b, h, kv, d, start, cap = 2, 6, 2, 16, 9, 20
+    qkv = torch.randn(b, 1, (h + 2 * kv) * d).to(dtype)
+    kc, vc = torch.randn(b, kv, cap, d), torch.randn(b, kv, cap, d)
+    cos_t, sin_t = rope_tables(tiny_model().config)
+    c, sn = rope_at(cos_t, sin_t, torch.tensor([[start], [start]]), dtype)
+    k_ref, v_ref = kc.clone(), vc.clone()
+    y = cpu_ops.attend_new_token(qkv, c, sn, kc, vc, start, h, dtype)
+    assert y is not None and y.shape == (b, 1, h * d) and y.dtype == dtype
+    x = qkv.float()
+    qk = torch.addcmul(x[..., : (h + kv) * d].view(b, 1, h + kv, d) * c.float(),
+                       x[..., : (h + kv) * d].view(b, 1, h + kv, d).roll(d // 2, -1), sn.float())
+    k_ref[:, :, start] = qk[:, 0, h:]
+    v_ref[:, :, start] = x[..., (h + kv) * d :].view(b, kv, d)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(kc, k_ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(vc, v_ref, atol=tol, rtol=tol)
+    q = qk[:, :, :h].transpose(1, 2)  # (B, H, 1, D)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k_ref[:, :, : start + 1], v_ref[:, :, : start + 1],
+                                                           enable_gqa=True)
+    torch.testing.assert_close(y.float(), ref.transpose(1, 2).reshape(b, 1, h * d), atol=tol, rtol=tol)
+
+
+def test_residual_add_fused_into_the_product():
+    torch.manual_seed(9)
+    lin4 = Int4Linear(int4_grid(torch.randn(40, 64), 32), torch.bfloat16, CPU)
+    lin8 = Int8Linear(torch.randn(40, 64), torch.bfloat16)
+    x, r = torch.randn(1, 3, 64).bfloat16(), torch.randn(1, 3, 40)
+    for lin in (lin4, lin8):
+        y = lin.add_to(x, r)
+        assert y.dtype == torch.float32 and y.shape == r.shape
+        torch.testing.assert_close(y, r + lin(x).float(), atol=3e-2, rtol=1e-2)  # the product unrounded: closer
+
+
 def test_a_failed_build_is_one_line_and_the_engine_still_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(qkernel, "_state", {})
     monkeypatch.setenv("SPECLEDGER_CACHE", str(tmp_path))
