@@ -213,6 +213,23 @@ def test_residual_add_fused_into_the_product():
         torch.testing.assert_close(y, r + lin(x).float(), atol=3e-2, rtol=1e-2)  # the product unrounded: closer
 
 
+def test_gradients_take_the_pytorch_expressions():
+    """The fused ops have no backward: where a gradient is needed (EAGLE head training) the PyTorch path runs."""
+    torch.manual_seed(10)
+    x = torch.randn(2, 32, requires_grad=True)
+    w = torch.randn(32, requires_grad=True)
+    cpu_ops.rms_norm(x, w, 1e-5, torch.float32).square().sum().backward()
+    gx, gw = x.grad, w.grad
+    x.grad = w.grad = None
+    torch.nn.functional.rms_norm(x, (32,), w, 1e-5).square().sum().backward()
+    assert gx is not None and gw is not None
+    torch.testing.assert_close(gx, x.grad)
+    torch.testing.assert_close(gw, w.grad)
+    x13 = torch.randn(3, 64, requires_grad=True)
+    cpu_ops.swiglu(x13, 32).sum().backward()
+    assert x13.grad is not None and x13.grad.abs().sum() > 0
+
+
 def test_a_failed_build_is_one_line_and_the_engine_still_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(qkernel, "_state", {})
     monkeypatch.setenv("SPECLEDGER_CACHE", str(tmp_path))
