@@ -7,6 +7,10 @@ The difference is everything else: norms, RoPE, attention, casts and per-op over
 
     python benchmarks/decode_step.py [--configs fp32,bf16,int8,int4] [--context 300] [--ref HEAD~3] [--threads 1]
 
+A quantized config may name the kernel it runs on: int4@torch / int8@torch (PyTorch's packed kernels, the
+engine's own kernel disabled), int4@avx2 (the engine's kernel forced onto its AVX2 path), int4@a8 (one int8
+digit per activation, llama.cpp's precision); plain int4 / int8 take the engine's default.
+
 With --ref, each measurement also runs in a subprocess importing `specledger` from a worktree of
 that revision (created under a temporary directory and removed afterwards).
 """
@@ -24,13 +28,24 @@ import time
 import torch
 
 CONFIGS = {"fp32": ("none", "fp32"), "bf16": ("none", "bf16"), "int8": ("int8", "bf16"), "int4": ("int4", "bf16")}
+KERNELS = {"": {}, "torch": {"SPECLEDGER_QKERNEL": "off"}, "avx2": {"SPECLEDGER_QKERNEL": "avx2"},
+           "a8": {"SPECLEDGER_QKERNEL_ACT": "int8"}}
+
+
+def split_config(config: str) -> tuple[str, dict[str, str]]:
+    """'int4@avx2' -> ('int4', the environment that selects that kernel)."""
+    base, _, kernel = config.partition("@")
+    if base not in CONFIGS or kernel not in KERNELS or (kernel and base not in ("int4", "int8")):
+        sys.exit(f"unknown config {config!r}; choose from {', '.join(CONFIGS)}, optionally int4/int8@"
+                 f"{'|'.join(k for k in KERNELS if k)}")
+    return base, KERNELS[kernel]
 
 
 def measure(config: str, context: int, reps: int = 5, inner: int = 20) -> dict:
     """Median ms of a whole decode step and of its Linear products alone (this process's specledger)."""
     from specledger.engine.loader import load_model
 
-    quant, dtype = CONFIGS[config]
+    quant, dtype = CONFIGS[split_config(config)[0]]
     m = load_model("smollm2-135m", quant=quant, dtype=dtype).model
     cache = m.new_cache(context + 8)
     linears = [mod for blk in m.layers for mod in (blk.attention.wqkv, blk.attention.wo, blk.feed_forward.w13,
@@ -73,14 +88,14 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     configs = a.configs.split(",")
-    if bad := [c for c in configs if c not in CONFIGS]:
-        sys.exit(f"unknown config(s) {bad}; choose from {', '.join(CONFIGS)}")
+    for c in configs:
+        split_config(c)
     if a.child:  # one measurement, as JSON, for the parent
         print(json.dumps(measure(configs[0], a.context)))
         return
 
     def run(config: str, src: str) -> dict:
-        env = dict(os.environ, PYTHONPATH=src)
+        env = dict(os.environ, PYTHONPATH=src, **split_config(config)[1])
         cmd = [sys.executable, __file__, "--child", "--configs", config, "--context", str(a.context),
                "--threads", str(a.threads)]
         res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
@@ -103,11 +118,11 @@ def main() -> None:
             if a.ref:
                 subprocess.run(["git", "worktree", "remove", "--force", wt], capture_output=True)
     print(f"decode step on a {a.context}-token cache, smollm2-135m, {a.threads} thread(s); best of {a.rounds} rounds")
-    print(f"{'config':6} {'tree':24} {'step ms':>8} {'linears ms':>11} {'rest ms':>8} {'tok/s bound':>12}")
+    print(f"{'config':10} {'tree':24} {'step ms':>8} {'linears ms':>11} {'rest ms':>8} {'tok/s bound':>12}")
     for c in configs:
         for t in trees:
             r = min(res[(c, t)], key=lambda x: x["step_ms"])
-            print(f"{c:6} {t:24} {r['step_ms']:8.1f} {r['linears_ms']:11.1f} {r['step_ms'] - r['linears_ms']:8.1f} "
+            print(f"{c:10} {t:24} {r['step_ms']:8.1f} {r['linears_ms']:11.1f} {r['step_ms'] - r['linears_ms']:8.1f} "
                   f"{1000 / r['step_ms']:12.1f}")
 
 

@@ -188,9 +188,8 @@ def draft_lm_head(head: EagleHead, base: Transformer) -> Callable[[torch.Tensor]
         w = out.weight.detach() if ids is None else out.weight.detach().index_select(0, ids)
         sub = nn.Linear(out.in_features, w.shape[0], bias=False, device=base.device, dtype=head.dtype)
         sub.weight = nn.Parameter(w.to(head.dtype).clone(), requires_grad=False)
-    elif isinstance(out, Int8Linear) and ids is not None:  # per-row scales: re-quantizing rows keeps the codes
-        rows = out.weight.index_select(0, ids).float() * out.scales.index_select(0, ids).float()[:, None]
-        sub = _Rows(Int8Linear(rows, out.scales.dtype).to(base.device), None, out.scales.dtype)
+    elif isinstance(out, Int8Linear) and ids is not None:  # the same codes and scales, fewer rows
+        sub = _Rows(out.select_rows(ids), None, out.act_dtype)
     else:
         sub = _Rows(out, ids, base.dtype)
     return sub

@@ -1,4 +1,4 @@
-"""Read a Llama-family GGUF file: config, dequantized tensors, and Q4_1 codes kept as-is."""
+"""Read a Llama-family GGUF file: config, dequantized tensors, and Q4_1 / Q8_0 codes kept as-is."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from specledger.engine.config import ModelConfig
-from specledger.engine.quant import Int4Grid
+from specledger.engine.quant import Int4Grid, Int8Grid
 from specledger.errors import BadInput, UnsupportedModel
 
 SUPPORTED_ARCHS = ("llama",)
@@ -88,12 +88,23 @@ def _q4_1_grid(raw: np.ndarray, rows: int, cols: int) -> Int4Grid:
     return Int4Grid(torch.from_numpy(codes.astype(np.uint8)), d_t, m_t + 8 * d_t, 32)
 
 
-def read_tensors(reader, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], dict[str, Int4Grid]]:
-    """Canonical float32 tensors (HF orientation [out, in]) and the Q4_1 grids of the tensors stored so."""
+def _q8_0_grid(raw: np.ndarray, rows: int, cols: int) -> Int8Grid:
+    """Q8_0 blocks: fp16 d, then 32 int8 codes, per 32 values (w = d * q)."""
+    blocks = raw.reshape(rows, cols // 32, 34)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, cols)
+    return Int8Grid(torch.from_numpy(codes), torch.from_numpy(d))
+
+
+Grid = Int4Grid | Int8Grid
+
+
+def read_tensors(reader, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], dict[str, Grid]]:
+    """Canonical float32 tensors (HF orientation [out, in]) and the Q4_1 / Q8_0 grids of the tensors stored so."""
     from gguf import GGMLQuantizationType, dequantize
 
     tensors: dict[str, torch.Tensor] = {}
-    grids: dict[str, Int4Grid] = {}
+    grids: dict[str, Grid] = {}
     for t in reader.tensors:
         name = t.name
         if name == "token_embd.weight":
@@ -114,14 +125,18 @@ def read_tensors(reader, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], dic
         arr = dequantize(t.data, t.tensor_type)
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
         w = torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(shape)
-        grid = None
+        grid: Grid | None = None
         if t.tensor_type == GGMLQuantizationType.Q4_1 and len(shape) == 2:
             grid = _q4_1_grid(np.asarray(t.data), *shape)
+        elif t.tensor_type == GGMLQuantizationType.Q8_0 and len(shape) == 2:
+            grid = _q8_0_grid(np.asarray(t.data), *shape)
         if key.endswith((".q", ".k")):
             heads = cfg.n_heads if key.endswith(".q") else cfg.n_kv_heads
             w = _unpermute(w, heads)
-            if grid is not None:
+            if isinstance(grid, Int4Grid):
                 grid = Int4Grid(_unpermute(grid.codes, heads), _unpermute(grid.scale, heads), _unpermute(grid.zero, heads), 32)
+            elif isinstance(grid, Int8Grid):
+                grid = Int8Grid(_unpermute(grid.codes, heads), _unpermute(grid.scale, heads))
         tensors[key] = w
         if grid is not None:
             grids[key] = grid

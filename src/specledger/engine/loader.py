@@ -11,7 +11,7 @@ from torch import nn
 from specledger.engine import gguf_loader, hf_loader
 from specledger.engine.config import ModelConfig
 from specledger.engine.model import Transformer
-from specledger.engine.quant import QUANTS, Int4Grid, Int4Linear, Int8Linear, check_group_size, int4_grid
+from specledger.engine.quant import QUANTS, Int4Grid, Int4Linear, Int8Grid, Int8Linear, check_group_size, int4_grid
 from specledger.engine.registry import identify_model
 from specledger.engine.tokenizer import Tokenizer
 from specledger.errors import BadInput
@@ -51,8 +51,8 @@ def default_dtype(quant: str) -> str:
     return "fp32" if quant == "none" else "bf16"
 
 
-def _concat_grids(grids: list[Int4Grid | None]) -> Int4Grid | None:
-    if any(g is None for g in grids):
+def _concat_grids(grids: list) -> Int4Grid | None:
+    if not all(isinstance(g, Int4Grid) for g in grids):
         return None
     return Int4Grid(
         torch.cat([g.codes for g in grids]),
@@ -62,10 +62,20 @@ def _concat_grids(grids: list[Int4Grid | None]) -> Int4Grid | None:
     )
 
 
+def _concat_int8_grids(grids: list) -> Int8Grid | None:
+    if not all(isinstance(g, Int8Grid) for g in grids):
+        return None
+    return Int8Grid(torch.cat([g.codes for g in grids]), torch.cat([g.scale for g in grids]))
+
+
+def _fp32(tensors: dict[str, torch.Tensor], layer: int, parts: list[str], dev: torch.device) -> torch.Tensor:
+    return torch.cat([tensors[f"layers.{layer}.{x}"] for x in parts]).to(dev)
+
+
 def build_model(
     cfg: ModelConfig,
     tensors: dict[str, torch.Tensor],
-    grids: dict[str, Int4Grid] | None = None,
+    grids: dict[str, Int4Grid | Int8Grid] | None = None,
     *,
     dtype: str = "fp32",
     quant: str = "none",
@@ -109,15 +119,23 @@ def build_model(
             for mod, parts in fused.items():
                 owner_name, attr = mod.split(".")
                 owner = getattr(block, owner_name)
-                lin: nn.Linear = getattr(owner, attr)
+                # quantized from the fp32 source (not the compute-dtype copy), or the file's own codes
+                src = [grids.get(f"layers.{i}.{x}") for x in parts]
+                new: nn.Module
                 if quant == "int8":
-                    new = Int8Linear(lin.weight.data, tdtype)
+                    g8 = _concat_int8_grids(src)
+                    new = Int8Linear(g8 if g8 is not None else _fp32(tensors, i, parts, dev), tdtype, dev)
                 else:
-                    grid = _concat_grids([grids.get(f"layers.{i}.{x}") for x in parts]) if group_size == 32 else None
-                    new = Int4Linear(grid or int4_grid(lin.weight.data, group_size), tdtype, dev)
-                setattr(owner, attr, new.to(dev))
-        # The output layer (the GGUF's Q8_0 embedding when tied) is kept at 8 bits in both modes.
-        model.output = Int8Linear(model.output.weight.data, tdtype).to(dev)
+                    grid = _concat_grids(src) if group_size == 32 else None
+                    new = Int4Linear(grid or int4_grid(_fp32(tensors, i, parts, dev), group_size), tdtype, dev)
+                setattr(owner, attr, new)
+        # The output layer (the GGUF's Q8_0 embedding when tied) is kept at 8 bits in both modes, on the
+        # file's own codes where it stores them so.
+        head = grids.get("output") if "output" in tensors else grids.get("embed")
+        if isinstance(head, Int8Grid):
+            model.output = Int8Linear(Int8Grid(head.codes.to(dev), head.scale.to(dev)), tdtype)
+        else:
+            model.output = Int8Linear(tensors.get("output", tensors["embed"]).to(dev), tdtype)
     return model.eval().requires_grad_(False)
 
 
@@ -151,7 +169,7 @@ def load_model(
     t0 = time.perf_counter()
     ref = identify_model(name_or_path)
     path = ref.path
-    grids: dict[str, Int4Grid] = {}
+    grids: dict[str, Int4Grid | Int8Grid] = {}
     if path.is_dir():
         cfg = hf_loader.read_config(path)
         tensors = hf_loader.read_tensors(path, cfg)

@@ -1,7 +1,10 @@
-"""Weight-only quantization (W8A16, W4A16) with PyTorch's packed-int kernels.
+"""Weight-only quantization (W8A16, W4A16): packed weights and the products that use them.
 
-Weights are stored packed (the bytes really shrink) and multiplied by the fused kernels;
-nothing is dequantized to full size at load or per call.
+Weights are stored packed (the bytes really shrink) and never dequantized to full size on CPU. On an x86
+CPU the products run in the engine's own kernel (engine/qkernel.py, csrc/qmm.cpp: AVX2 or AVX-512 VNNI,
+activations quantized per block of 32 inside the product as llama.cpp does); without it, and on CUDA,
+PyTorch's own packed kernels (int4) or dequantized weights (int8 on CUDA) serve, so nothing requires the
+kernel. Both grids are the GGUF's: Int4Grid holds Q4_1 codes exactly, Int8Grid Q8_0's.
 """
 
 from __future__ import annotations
@@ -9,12 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from specledger.engine import qkernel
 from specledger.engine.model import direct_call
 from specledger.errors import BadInput
 
 QUANTS = ("none", "int8", "int4")
+BLOCK = 32  # the int8 grid's block and the kernel's activation block (GGUF's QK)
 
 
 @dataclass
@@ -31,6 +37,21 @@ class Int4Grid:
     group_size: int
 
 
+@dataclass
+class Int8Grid:
+    """Block-wise symmetric codes: w = q * scale per block of 32 inputs, q in [-127, 127] (GGUF Q8_0)."""
+
+    codes: torch.Tensor  # int8 [N, K]
+    scale: torch.Tensor  # [N, K // 32], values representable in fp16
+
+    def rows(self, ids: torch.Tensor) -> Int8Grid:
+        return Int8Grid(self.codes.index_select(0, ids), self.scale.index_select(0, ids))
+
+    def dequantize(self) -> torch.Tensor:
+        n, k = self.codes.shape
+        return (self.codes.float().reshape(n, k // BLOCK, BLOCK) * self.scale.float()[..., None]).reshape(n, k)
+
+
 def int4_grid(w: torch.Tensor, group_size: int) -> Int4Grid:
     n, k = w.shape
     g = w.float().reshape(n, k // group_size, group_size)
@@ -38,6 +59,15 @@ def int4_grid(w: torch.Tensor, group_size: int) -> Int4Grid:
     scale = ((hi - lo) / 15).clamp(min=1e-8)
     q = ((g - lo[..., None]) / scale[..., None]).round().clamp(0, 15).reshape(n, k)
     return Int4Grid(q.to(torch.uint8), scale, lo + 8 * scale, group_size)
+
+
+def int8_grid(w: torch.Tensor) -> Int8Grid:
+    """Q8_0's quantization: scale = amax / 127 per block, rounded to fp16 first so the codes fit the stored scale."""
+    n, k = w.shape
+    b = w.float().reshape(n, k // BLOCK, BLOCK)
+    scale = (b.abs().amax(-1) / 127).half().float()
+    q = (b / scale.clamp(min=1e-30)[..., None]).round().clamp(-127, 127)
+    return Int8Grid(q.reshape(n, k).to(torch.int8), scale)
 
 
 def check_group_size(in_features: int, group_size: int, name: str = "weight") -> None:
@@ -51,33 +81,153 @@ def check_group_size(in_features: int, group_size: int, name: str = "weight") ->
         )
 
 
+# --- the kernel's layout (csrc/qmm.cpp's header says why) ---------------------------------------------
+
+
+def _tiles(t: torch.Tensor) -> torch.Tensor:
+    """[N, ...] -> [N/16, 16, ...], the rows padded with zeros to a multiple of 16."""
+    pad = -t.shape[0] % 16
+    if pad:
+        t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])])
+    return t.reshape(-1, 16, *t.shape[1:])
+
+
+def _tiled_groups(t: torch.Tensor) -> torch.Tensor:
+    """Per-group values [N, G] -> fp16 [N/16, G, 16]: one load gives a group's value for 16 weight rows."""
+    return _tiles(t.float()).transpose(1, 2).half().contiguous()
+
+
+def pack_int4(grid: Int4Grid) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes in the kernel's tiles, two per byte, with fp16 scales d and mins m = zero - 8 d (w = d u + m)."""
+    n, k = grid.codes.shape
+    c = _tiles(grid.codes.to(torch.uint8).reshape(n, k // 32, 4, 2, 4))  # [T, row, block, chunk, nibble, input]
+    c = c.permute(0, 2, 3, 4, 1, 5).reshape(-1, k // 32, 4, 2, 64)  # [T, block, chunk, nibble, row * 4 + input]
+    packed = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(-1, k // 32, 256).contiguous()
+    mins = grid.zero.float() - 8 * grid.scale.float()
+    return packed, _tiled_groups(grid.scale), _tiled_groups(mins)
+
+
+def pack_int8(grid: Int8Grid) -> tuple[torch.Tensor, torch.Tensor]:
+    n, k = grid.codes.shape
+    c = _tiles(grid.codes.reshape(n, k // 32, 8, 4)).permute(0, 2, 3, 1, 4)  # [T, block, step, row, input]
+    return c.reshape(-1, k // 32, 512).contiguous(), _tiled_groups(grid.scale)
+
+
+def unpack_int8(codes: torch.Tensor, scales: torch.Tensor, n: int) -> Int8Grid:
+    """The grid back from the kernel's tiles (pack_int8 inverted)."""
+    t, nb, _ = codes.shape
+    c = codes.reshape(t, nb, 8, 16, 4).permute(0, 3, 1, 2, 4).reshape(t * 16, nb * 32)
+    return Int8Grid(c[:n].contiguous(), scales.transpose(1, 2).reshape(t * 16, nb)[:n].float())
+
+
+def _fits_fp16(*ts: torch.Tensor) -> bool:
+    return all(bool(t.float().abs().max() < 65504) for t in ts)
+
+
+def _kernel_for(device: torch.device, in_features: int):
+    """The engine's kernel op where it serves this product (CPU, inputs in blocks of 32), else None."""
+    if device.type != "cpu" or in_features % BLOCK:
+        return None
+    return qkernel.op()
+
+
 @direct_call
 class Int8Linear(nn.Module):
-    """Per-output-channel symmetric int8 weights."""
+    """Int8 weights, w = q * scale per block of 32 inputs (GGUF Q8_0; per output channel where the width is not
+    a multiple of 32). Backends: the engine's kernel (CPU), PyTorch's per-channel int8 kernel (CPU without it:
+    the block codes re-quantized per channel), dequantized weights (CUDA)."""
 
-    def __init__(self, weight: torch.Tensor, act_dtype: torch.dtype) -> None:
+    weight: torch.Tensor  # buffers (the backend's layout)
+    scales: torch.Tensor
+    mins: torch.Tensor
+
+    def __init__(self, weight: torch.Tensor | Int8Grid, act_dtype: torch.dtype, device: torch.device | None = None):
         super().__init__()
-        w = weight.float()
+        if isinstance(weight, Int8Grid):
+            grid: Int8Grid | None = weight
+            dense: torch.Tensor | None = None
+            dev, shape = weight.codes.device, weight.codes.shape
+        else:
+            grid, dense, dev, shape = None, weight, weight.device, weight.shape
+        dev = torch.device(device) if device is not None else dev
+        self.out_features, self.in_features = int(shape[0]), int(shape[1])
+        self.act_dtype = act_dtype
+        self.isa, self.digits = qkernel.requested_isa(), qkernel.activation_digits()
+        if grid is None and dense is not None and self.in_features % BLOCK == 0:
+            grid = int8_grid(dense)
+        self._op = _kernel_for(dev, self.in_features) if grid is not None and _fits_fp16(grid.scale) else None
+        if self._op is not None and grid is not None:
+            codes, scales = pack_int8(grid)
+            self.register_buffer("weight", codes.to(dev))
+            self.register_buffer("scales", scales.to(dev))
+            self.register_buffer("mins", torch.empty(0, dtype=torch.float16, device=dev))
+            self.backend = "kernel"
+            return
+        w = grid.dequantize() if grid is not None else torch.as_tensor(dense).float()
+        if dev.type == "cuda":
+            self.register_buffer("weight", w.to(device=dev, dtype=act_dtype))
+            self.backend = "dense"
+            return
         scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-8)
-        q = (w / scale[:, None]).round().clamp(-128, 127).to(torch.int8)
-        self.out_features, self.in_features = w.shape
-        self.register_buffer("weight", q)
-        self.register_buffer("scales", scale.to(act_dtype))
+        self.register_buffer("weight", (w / scale[:, None]).round().clamp(-128, 127).to(torch.int8).to(dev))
+        self.register_buffer("scales", scale.to(device=dev, dtype=act_dtype))
+        self.backend = "torch"
+
+    def select_rows(self, ids: torch.Tensor) -> Int8Linear:
+        """The product for a subset of output rows (a restricted LM head), on the same codes and scales."""
+        ids = ids.to(self.weight.device)
+        if self.backend == "kernel":
+            return Int8Linear(unpack_int8(self.weight, self.scales, self.out_features).rows(ids), self.act_dtype,
+                              self.weight.device)
+        rows = self.weight.index_select(0, ids)
+        if self.backend == "torch":
+            rows = rows.float() * self.scales.index_select(0, ids).float()[:, None]
+        return Int8Linear(rows.float(), self.act_dtype, self.weight.device)
+
+    def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + self(x), the residual stream's add fused into the product where the kernel serves it."""
+        if self._op is None or residual.dtype != torch.float32 or not residual.is_contiguous():
+            return residual + self(x)
+        y = self._op(x.reshape(-1, x.shape[-1]).contiguous(), self.weight, self.scales, self.mins, 8, BLOCK,
+                     self.out_features, self.digits, self.isa, residual)
+        return y.view(residual.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = torch.ops.aten._weight_int8pack_mm.default(x.reshape(-1, shape[-1]), self.weight, self.scales)
+        x2 = x.reshape(-1, shape[-1])
+        if self._op is not None:
+            y = self._op(x2.contiguous(), self.weight, self.scales, self.mins, 8, BLOCK, self.out_features,
+                         self.digits, self.isa)
+        elif self.backend == "dense":
+            y = F.linear(x2, self.weight)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm.default(x2, self.weight, self.scales)
         return y.reshape(*shape[:-1], self.out_features)
 
 
 @direct_call
 class Int4Linear(nn.Module):
-    """Group-wise asymmetric int4 weights in the packed layout of the int4 matmul kernels."""
+    """Group-wise asymmetric int4 weights: the engine's kernel on CPU, else PyTorch's packed int4 kernels."""
+
+    weight: torch.Tensor  # buffers (the backend's layout)
+    scales: torch.Tensor
+    mins: torch.Tensor
+    scales_and_zeros: torch.Tensor
 
     def __init__(self, grid: Int4Grid, act_dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.out_features, self.in_features = grid.codes.shape
         self.group_size = grid.group_size
+        self.isa, self.digits = qkernel.requested_isa(), qkernel.activation_digits()
+        device = torch.device(device)
+        self._op = _kernel_for(device, self.in_features) if _fits_fp16(grid.scale, grid.zero) else None
+        if self._op is not None:
+            codes, scales, mins = pack_int4(grid)
+            self.register_buffer("weight", codes)
+            self.register_buffer("scales", scales)
+            self.register_buffer("mins", mins)
+            self.backend = "kernel"
+            return
         codes = grid.codes.to(device)
         # The packed layout is device-specific, so the kernel is chosen here, once (an OpOverload
         # called directly also skips the packet's overload resolution on every call).
@@ -91,8 +241,22 @@ class Int4Linear(nn.Module):
         sz = torch.stack([grid.scale, grid.zero], dim=-1).transpose(0, 1).contiguous()  # [K/g, N, 2]
         self.register_buffer("weight", packed)
         self.register_buffer("scales_and_zeros", sz.to(device=device, dtype=act_dtype))
+        self.backend = "torch"
+
+    def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + self(x), the residual stream's add fused into the product where the kernel serves it."""
+        if self._op is None or residual.dtype != torch.float32 or not residual.is_contiguous():
+            return residual + self(x)
+        y = self._op(x.reshape(-1, x.shape[-1]).contiguous(), self.weight, self.scales, self.mins, 4, self.group_size,
+                     self.out_features, self.digits, self.isa, residual)
+        return y.view(residual.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = self._mm(x.reshape(-1, shape[-1]), self.weight, self.group_size, self.scales_and_zeros)
+        x2 = x.reshape(-1, shape[-1])
+        if self._op is not None:
+            y = self._op(x2.contiguous(), self.weight, self.scales, self.mins, 4, self.group_size, self.out_features,
+                         self.digits, self.isa)
+        else:
+            y = self._mm(x2, self.weight, self.group_size, self.scales_and_zeros)
         return y.reshape(*shape[:-1], self.out_features)

@@ -16,7 +16,8 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 
-from specledger.engine.model import Block, Transformer, apply_rope, causal_mask, decode_attention, rope_at
+from specledger.engine.cpu_ops import apply_rope, attend_new_token, batched_decode_attention, decode_attention
+from specledger.engine.model import Block, Transformer, causal_mask, rope_at
 from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
 
@@ -34,17 +35,6 @@ class Segment:
     mask: torch.Tensor | None = None
 
 
-def _batched_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pad: torch.Tensor):
-    """One query per sequence, q (B, H, 1, D), over padded keys (B, KV, S, D); pad (B, S) True = not an entry."""
-    b, h, _, d = q.shape
-    kv, s = keys.shape[1], keys.shape[2]
-    q3 = q.reshape(b * kv, h // kv, d) * d**-0.5
-    scores = torch.bmm(q3, keys.reshape(b * kv, s, d).transpose(1, 2)).view(b, kv, h // kv, s)
-    scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
-    p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype).view(b * kv, h // kv, s)
-    return torch.bmm(p, values.reshape(b * kv, s, d)).view(b, h, 1, d)
-
-
 @dataclass
 class RaggedPass:
     """How one pass's rows map onto the slots: per segment its slot, cached length, row offset and mask, and for
@@ -59,7 +49,13 @@ class RaggedPass:
     start_idx: torch.Tensor | None = None
     top: int = 0  # slots [0, top) take part in the batched attention (those outside the pass are dropped)
     longest: int = 0
+    lengths: torch.Tensor | None = None  # valid entries per slot of [0, top) after the new row
     pad: torch.Tensor | None = None
+
+    @property
+    def one_token(self) -> bool:
+        """One sequence adding one token under the plain causal rule (a decode step of one sequence)."""
+        return len(self.segments) == 1 and self.segments[0].n == 1 and self.masks[0] is None
 
     @property
     def n_rows(self) -> int:
@@ -92,7 +88,8 @@ def plan_pass(segments: list[Segment], cache: SlotCache, device: torch.device) -
         for s, st in zip(segments, starts):
             valid[s.slot] = st + 1
         plan.top, plan.longest = len(valid), max(valid)
-        plan.pad = torch.arange(plan.longest, device=device)[None, :] >= torch.tensor(valid, device=device)[:, None]
+        plan.lengths = torch.tensor(valid, device=device)
+        plan.pad = torch.arange(plan.longest, device=device)[None, :] >= plan.lengths[:, None]
     return plan
 
 
@@ -103,6 +100,13 @@ def ragged_block(layer: Block, i: int, x: torch.Tensor, cos: torch.Tensor, sin: 
     n_rows = plan.n_rows
     h = layer.attention_norm(x)  # in the compute dtype
     qkv = a.wqkv(h)
+    if plan.one_token:  # one sequence decoding: RoPE, the cache write and attention in one call where it can
+        slot = plan.segments[0].slot
+        y1 = attend_new_token(qkv, cos, sin, cache.slot_k[i][slot][None], cache.slot_v[i][slot][None], plan.starts[0],
+                              a.n_heads, h.dtype)
+        if y1 is not None:
+            x = a.wo.add_to(y1, x)
+            return layer.feed_forward(layer.ffn_norm(x), x)
     qk_out = a.split[0] + a.split[1]
     qk = apply_rope(qkv[..., :qk_out].view(1, n_rows, a.n_heads + a.n_kv, a.hd), cos, sin)[0]
     q = qk[:, : a.n_heads].transpose(0, 1)  # (H, N, D)
@@ -113,27 +117,28 @@ def ragged_block(layer: Block, i: int, x: torch.Tensor, cos: torch.Tensor, sin: 
         # over slots [0, top) padded to the longest; views, no copies of the cache (slots in the
         # range but not in the pass are computed and dropped)
         assert plan.slot_idx is not None and plan.start_idx is not None and plan.pad is not None
+        assert plan.lengths is not None
         cache.k[i][plan.slot_idx, :, plan.start_idx] = k.transpose(0, 1).to(cache.k.dtype)
         cache.v[i][plan.slot_idx, :, plan.start_idx] = v.transpose(0, 1).to(cache.v.dtype)
         keys = cache.k[i].narrow(0, 0, plan.top).narrow(2, 0, plan.longest)
         values = cache.v[i].narrow(0, 0, plan.top).narrow(2, 0, plan.longest)
         qb = q.new_zeros((plan.top, a.n_heads, a.hd), dtype=keys.dtype)
         qb[plan.slot_idx] = q.transpose(0, 1).to(keys.dtype)
-        yb = _batched_decode_attention(qb[:, :, None], keys, values, plan.pad)[:, :, 0]  # (top, H, D)
+        yb = batched_decode_attention(qb[:, :, None], keys, values, plan.lengths, plan.pad)[:, :, 0]  # (top, H, D)
         y = yb.index_select(0, plan.slot_idx)
     else:
         ys = []
         for s, st, o, m in zip(plan.segments, plan.starts, plan.offsets, plan.masks):
             keys, values = cache.write(i, s.slot, st, k[:, o : o + s.n], v[:, o : o + s.n])
             qs = q[:, o : o + s.n][None].to(keys.dtype)
-            if m is None:
-                ys.append(decode_attention(qs, keys[None], values[None])[0])
+            if m is None:  # (in the compute dtype already: one cast fewer per layer)
+                ys.append(decode_attention(qs, keys[None], values[None], h.dtype)[0])
             else:
                 ys.append(F.scaled_dot_product_attention(
                     qs, keys[None], values[None], attn_mask=m, enable_gqa=a.n_kv != a.n_heads)[0])
-        y = torch.cat(ys, dim=1).transpose(0, 1)  # (N, H, D)
-    x = x + a.wo(y.reshape(1, n_rows, -1).to(h.dtype))
-    return x + layer.feed_forward(layer.ffn_norm(x))
+        y = (ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)).transpose(0, 1)  # (N, H, D)
+    x = a.wo.add_to(y.reshape(1, n_rows, -1).to(h.dtype), x)
+    return layer.feed_forward(layer.ffn_norm(x), x)
 
 
 def finish_pass(plan: RaggedPass, cache: SlotCache) -> None:

@@ -1,0 +1,423 @@
+// Weight-only quantized matrix products on x86 CPUs, for specledger's engine (engine/qkernel.py builds
+// and loads this file; engine/quant.py packs the weights and calls it).
+//
+// y[M, N] = x[M, K] @ W^T with W stored as
+//   bits 4: unsigned 4-bit codes u, w = d * u + m per group of `group` inputs (the GGUF Q4_1 form)
+//   bits 8: signed 8-bit codes q,   w = d * q     per block of 32 inputs   (the GGUF Q8_0 form)
+// Activations are quantized on the fly per block of 32 into integers Q, so each 32-block is an integer dot
+// product scaled once in float: with `digits` 2 (the default), Q = 254 q + r has two int8 digits (~15 bits
+// against the block's largest value, finer than bf16's 8-bit mantissa; twice the integer work); with 1,
+// Q = q is one int8 digit (scale amax / 127), as llama.cpp quantizes activations for its own products.
+//
+// The SIMD lanes are weight rows, not inputs: a tile is 16 weight rows, stored so that one load gives
+// 4 consecutive inputs of each of them (AVX2 takes 8 rows per register, AVX-512 16), multiplied by those
+// 4 inputs of one activation row broadcast to every lane (AVX2 maddubs, AVX-512 VNNI dpbusd). A tile's
+// weights are loaded and unpacked once for a group of up to 4 activation rows and stay in L1 while the
+// other groups pass, and no horizontal sums are needed: more rows cost arithmetic, not memory traffic.
+//
+// Layout (quant.py's pack_int4 / pack_int8 write it; N is padded to a multiple of 16 with zeros):
+//   bits 4: [N/16, K/32, 4, 64] bytes: chunk j of block b holds, at byte 4 c + e, input 32 b + 8 j + e of
+//           weight row c (0..15) in its low nibble and input 32 b + 8 j + 4 + e in its high nibble;
+//   bits 8: [N/16, K/32, 8, 64] int8: step j, byte 4 c + e = input 32 b + 4 j + e of weight row c;
+//   scales d (and mins m, bits 4): [N/16, groups, 16] fp16.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+namespace {
+
+#define SL_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define SL_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+enum Isa : int64_t { kNone = 0, kAvx2 = 1, kVnni = 2 };
+
+int64_t host_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vnni"))
+    return kVnni;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    return kAvx2;
+  return kNone;
+}
+
+struct Args {
+  const uint8_t* w;     // packed codes
+  const uint16_t* d;    // fp16 scales [N/16, gd, 16]
+  const uint16_t* m;    // fp16 mins [N/16, g, 16] (bits 4)
+  const int8_t* qa;     // activation codes [M, K] (the high digit when there are two)
+  const int8_t* qb;     // the low digit [M, K], or nullptr
+  const float* da;      // activation scales [M, nb]
+  const float* sa;      // activation sums d * sum(Q) per weight group [M, g] (bits 4)
+  const int32_t* qs;    // activation code sums sum(Q) per block [M, nb] (bits 8)
+  void* y;              // [M, N], in the activations' dtype (float32 with a residual)
+  const float* res;     // [M, N] float32 added to the product, or nullptr
+  int64_t out_kind;     // 0 float32, 1 bfloat16, 2 float16
+  int64_t k, nb, g, gshift, gd, gdshift, n;
+};
+
+// ---------------------------------------------------------------------------------------------
+// activation quantization
+
+template <typename T>
+SL_AVX2 inline __m256 load8(const T* p);
+template <>
+SL_AVX2 inline __m256 load8<float>(const float* p) { return _mm256_loadu_ps(p); }
+template <>
+SL_AVX2 inline __m256 load8<at::BFloat16>(const at::BFloat16* p) {
+  __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+template <>
+SL_AVX2 inline __m256 load8<at::Half>(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+SL_AVX2 inline int32_t hsum8i(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// One row, per block of 32: v = x * 127 / amax, the high digit q = round(v) (ties to even) and, with two
+// digits, the low digit r = round((v - q) * 254), so x = d * Q with Q = 254 q + r, d = amax / (127 * 254)
+// (one digit: Q = q, d = amax / 127). Also the blocks' sums of Q, and d * sum(Q) per weight group.
+SL_AVX2 inline __m256i pack32(const __m256i* i32) {
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i p16a = _mm256_packs_epi32(i32[0], i32[1]), p16b = _mm256_packs_epi32(i32[2], i32[3]);
+  return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), perm);
+}
+
+template <typename T>
+SL_AVX2 void quantize_row(const T* x, int64_t k, int64_t gshift, int8_t* q, int8_t* qlo, float* d, int32_t* qs,
+                          float* s) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const int64_t nb = k / 32;
+  constexpr int R = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  for (int64_t g = 0; g < (nb >> gshift); ++g) s[g] = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = load8<T>(x + b * 32 + i * 8);
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                              _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const __m256 mul = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    __m256i hi[4], lo[4];
+    __m256i tot = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+      const __m256 sv = _mm256_mul_ps(v[i], mul);
+      const __m256 h = _mm256_round_ps(sv, R);
+      hi[i] = _mm256_cvtps_epi32(h);
+      if (qlo) {
+        lo[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(sv, h), _mm256_set1_ps(254.f)), R));
+        tot = _mm256_add_epi32(tot, _mm256_add_epi32(_mm256_mullo_epi32(hi[i], _mm256_set1_epi32(254)), lo[i]));
+      } else {
+        tot = _mm256_add_epi32(tot, hi[i]);
+      }
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * 32), pack32(hi));
+    if (qlo) _mm256_storeu_si256(reinterpret_cast<__m256i*>(qlo + b * 32), pack32(lo));
+    d[b] = qlo ? amax / (127.f * 254.f) : amax / 127.f;
+    qs[b] = hsum8i(tot);
+    s[b >> gshift] += d[b] * static_cast<float>(qs[b]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// tiles: MB activation rows x 8 (AVX2) or 16 (AVX-512) weight rows; the SIMD lanes are weight rows
+
+SL_AVX2 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+inline void store(const Args& a, int64_t row, int64_t c0, int64_t cols, const float* v) {
+  for (int64_t c = 0; c < cols && c0 + c < a.n; ++c) {
+    const int64_t i = row * a.n + c0 + c;
+    if (a.res)
+      static_cast<float*>(a.y)[i] = a.res[i] + v[c];
+    else if (a.out_kind == 1)
+      static_cast<at::BFloat16*>(a.y)[i] = at::BFloat16(v[c]);
+    else if (a.out_kind == 2)
+      static_cast<at::Half*>(a.y)[i] = at::Half(v[c]);
+    else
+      static_cast<float*>(a.y)[i] = v[c];
+  }
+}
+
+SL_AVX2 inline __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// AVX2: the 8 weight rows of half h of tile t.
+template <int MB, int BITS, int DIG>
+SL_AVX2 void tile_avx2(const Args& a, int64_t r0, int64_t t, int h) {
+  constexpr int64_t BB = BITS == 4 ? 256 : 512;  // bytes per block per tile of 16 weight rows
+  const uint8_t* wt = a.w + t * a.nb * BB + h * 32;
+  const uint16_t* dt = a.d + t * a.gd * 16 + h * 8;
+  const uint16_t* mt = BITS == 4 ? a.m + t * a.g * 16 + h * 8 : nullptr;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MB];
+  for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
+  const int64_t gmask = (int64_t{1} << a.gshift) - 1;
+  for (int64_t b = 0; b < a.nb; ++b) {
+    __m256i s[MB], s2[MB];
+    for (int r = 0; r < MB; ++r) s[r] = s2[r] = _mm256_setzero_si256();
+    if (BITS == 4) {
+      // int16 sums: 8 steps of 2 products each, |15 * 127 * 2 * 8| < 2^15. Not unrolled: gcc would
+      // reassociate the sums and keep every product live at once (spilling to the stack).
+#pragma GCC unroll 1
+      for (int j = 0; j < 4; ++j) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wt + b * BB + j * 64));
+        const __m256i w0 = _mm256_and_si256(raw, m4), w1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        for (int r = 0; r < MB; ++r) {
+          const int64_t off = (r0 + r) * a.k + b * 32 + j * 8;
+          s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(w0, bcast4(a.qa + off)));
+          s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(w1, bcast4(a.qa + off + 4)));
+          if (DIG == 2) {
+            s2[r] = _mm256_add_epi16(s2[r], _mm256_maddubs_epi16(w0, bcast4(a.qb + off)));
+            s2[r] = _mm256_add_epi16(s2[r], _mm256_maddubs_epi16(w1, bcast4(a.qb + off + 4)));
+          }
+        }
+      }
+      for (int r = 0; r < MB; ++r) {
+        s[r] = _mm256_madd_epi16(s[r], ones);
+        if (DIG == 2) s2[r] = _mm256_madd_epi16(s2[r], ones);
+      }
+    } else {
+      // signed x signed: |w| * sign(x, w) keeps maddubs' int16 pairs in range (128 * 127 * 2)
+#pragma GCC unroll 1
+      for (int j = 0; j < 8; ++j) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wt + b * BB + j * 64));
+        const __m256i wa = _mm256_sign_epi8(w, w);
+        for (int r = 0; r < MB; ++r) {
+          const int64_t off = (r0 + r) * a.k + b * 32 + j * 4;
+          const __m256i x = bcast4(a.qa + off);
+          s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, w)), ones));
+          if (DIG == 2) {
+            const __m256i x2 = bcast4(a.qb + off);
+            s2[r] = _mm256_add_epi32(s2[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(x2, w)), ones));
+          }
+        }
+      }
+    }
+    if (DIG == 2)  // Q = 254 q + r: the two digits' sums combined exactly
+      for (int r = 0; r < MB; ++r) s[r] = _mm256_add_epi32(_mm256_mullo_epi32(s[r], _mm256_set1_epi32(254)), s2[r]);
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dt + (b >> a.gdshift) * 16)));
+    for (int r = 0; r < MB; ++r)
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]), _mm256_mul_ps(dw, _mm256_set1_ps(a.da[(r0 + r) * a.nb + b])),
+                               acc[r]);
+    if (BITS == 4 && (b & gmask) == 0) {  // the group's min term: m * d_x * sum(q_x) over the group
+      const int64_t g = b >> a.gshift;
+      const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mt + g * 16)));
+      for (int r = 0; r < MB; ++r) acc[r] = _mm256_fmadd_ps(mv, _mm256_set1_ps(a.sa[(r0 + r) * a.g + g]), acc[r]);
+    }
+  }
+  alignas(32) float out[8];
+  for (int r = 0; r < MB; ++r) {
+    _mm256_store_ps(out, acc[r]);
+    store(a, r0 + r, t * 16 + h * 8, 8, out);
+  }
+}
+
+SL_VNNI inline __m512i bcast4z(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// AVX-512 VNNI: all 16 weight rows of tile t.
+template <int MB, int BITS, int DIG>
+SL_VNNI void tile_vnni(const Args& a, int64_t r0, int64_t t) {
+  constexpr int64_t BB = BITS == 4 ? 256 : 512;
+  const uint8_t* wt = a.w + t * a.nb * BB;
+  const uint16_t* dt = a.d + t * a.gd * 16;
+  const uint16_t* mt = BITS == 4 ? a.m + t * a.g * 16 : nullptr;
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[MB];
+  for (int r = 0; r < MB; ++r) acc[r] = _mm512_setzero_ps();
+  const int64_t gmask = (int64_t{1} << a.gshift) - 1;
+  for (int64_t b = 0; b < a.nb; ++b) {
+    __m512i s[MB], s2[MB];
+    for (int r = 0; r < MB; ++r) s[r] = s2[r] = _mm512_setzero_si512();
+    if (BITS == 4) {
+      for (int j = 0; j < 4; ++j) {
+        const __m512i raw = _mm512_loadu_si512(wt + b * BB + j * 64);
+        const __m512i w0 = _mm512_and_si512(raw, m4), w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+        for (int r = 0; r < MB; ++r) {
+          const int64_t off = (r0 + r) * a.k + b * 32 + j * 8;
+          s[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s[r], w0, bcast4z(a.qa + off)), w1, bcast4z(a.qa + off + 4));
+          if (DIG == 2)
+            s2[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s2[r], w0, bcast4z(a.qb + off)), w1, bcast4z(a.qb + off + 4));
+        }
+      }
+    } else {  // signed codes + 128 are unsigned for dpbusd; the 128 * sum(q_x) that adds is taken off below
+      for (int j = 0; j < 8; ++j) {
+        const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(wt + b * BB + j * 64), flip);
+        for (int r = 0; r < MB; ++r) {
+          const int64_t off = (r0 + r) * a.k + b * 32 + j * 4;
+          s[r] = _mm512_dpbusd_epi32(s[r], w, bcast4z(a.qa + off));
+          if (DIG == 2) s2[r] = _mm512_dpbusd_epi32(s2[r], w, bcast4z(a.qb + off));
+        }
+      }
+    }
+    if (DIG == 2)
+      for (int r = 0; r < MB; ++r) s[r] = _mm512_add_epi32(_mm512_mullo_epi32(s[r], _mm512_set1_epi32(254)), s2[r]);
+    if (BITS == 8)
+      for (int r = 0; r < MB; ++r) s[r] = _mm512_sub_epi32(s[r], _mm512_set1_epi32(128 * a.qs[(r0 + r) * a.nb + b]));
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dt + (b >> a.gdshift) * 16)));
+    for (int r = 0; r < MB; ++r)
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]), _mm512_mul_ps(dw, _mm512_set1_ps(a.da[(r0 + r) * a.nb + b])),
+                               acc[r]);
+    if (BITS == 4 && (b & gmask) == 0) {
+      const int64_t g = b >> a.gshift;
+      const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mt + g * 16)));
+      for (int r = 0; r < MB; ++r) acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.sa[(r0 + r) * a.g + g]), acc[r]);
+    }
+  }
+  alignas(64) float out[16];
+  for (int r = 0; r < MB; ++r) {
+    _mm512_store_ps(out, acc[r]);
+    store(a, r0 + r, t * 16, 16, out);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// dispatch over row groups
+
+constexpr int kMB = 4;  // activation rows per tile
+
+template <int MB, int BITS, int DIG>
+void tile(int64_t isa, const Args& a, int64_t r0, int64_t t) {
+  if (isa == kVnni) {
+    tile_vnni<MB, BITS, DIG>(a, r0, t);
+  } else {
+    tile_avx2<MB, BITS, DIG>(a, r0, t, 0);
+    tile_avx2<MB, BITS, DIG>(a, r0, t, 1);
+  }
+}
+
+template <int BITS, int DIG>
+void tiles(int64_t isa, const Args& a, int64_t rows, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) {  // a tile's weights stay in L1 while every row group passes
+    int64_t r = 0;
+    for (; r + kMB <= rows; r += kMB) tile<kMB, BITS, DIG>(isa, a, r, t);
+    switch (rows - r) {
+      case 3: tile<3, BITS, DIG>(isa, a, r, t); break;
+      case 2: tile<2, BITS, DIG>(isa, a, r, t); break;
+      case 1: tile<1, BITS, DIG>(isa, a, r, t); break;
+      default: break;
+    }
+  }
+}
+
+struct Scratch {
+  std::vector<int8_t> qa, qb;
+  std::vector<float> da, sa;
+  std::vector<int32_t> qs;
+  void fit(int64_t m, int64_t k, int64_t nb, int64_t g) {
+    if (static_cast<int64_t>(qa.size()) < m * k) qa.resize(m * k), qb.resize(m * k);
+    if (static_cast<int64_t>(da.size()) < m * nb) da.resize(m * nb), qs.resize(m * nb);
+    if (static_cast<int64_t>(sa.size()) < m * g) sa.resize(m * g);
+  }
+};
+
+template <typename T>
+void quantize_rows(const at::Tensor& x, int64_t gshift, int8_t* q, int8_t* qlo, float* d, int32_t* qs, float* s) {
+  const T* xp = x.const_data_ptr<T>();
+  const int64_t m = x.size(0), k = x.size(1), nb = k / 32, g = nb >> gshift;
+  at::parallel_for(0, m, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      quantize_row<T>(xp + r * k, k, gshift, q + r * k, qlo ? qlo + r * k : nullptr, d + r * nb, qs + r * nb, s + r * g);
+  });
+}
+
+at::Tensor qmm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+               int64_t bits, int64_t group, int64_t n, int64_t digits, int64_t isa,
+               const std::optional<at::Tensor>& residual) {
+  TORCH_CHECK(x.device().is_cpu() && codes.device().is_cpu(), "specledger qmm: CPU tensors only");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "specledger qmm: x must be a contiguous matrix");
+  TORCH_CHECK(bits == 4 || bits == 8, "specledger qmm: bits must be 4 or 8");
+  TORCH_CHECK(digits == 1 || digits == 2, "specledger qmm: activations take 1 or 2 int8 digits");
+  TORCH_CHECK(group >= 32 && (group & (group - 1)) == 0 && (bits == 4 || group == 32), "specledger qmm: bad group");
+  const int64_t hw = host_isa();
+  TORCH_CHECK(hw != kNone, "specledger qmm: this CPU lacks AVX2/FMA/F16C");
+  if (isa == kNone || isa > hw) isa = hw;
+  const int64_t m = x.size(0), k = x.size(1), nb = k / 32, tiles_n = codes.size(0);
+  int64_t gshift = 0;
+  while ((int64_t{32} << gshift) < group) ++gshift;
+  const int64_t g = nb >> gshift;
+  TORCH_CHECK(k % group == 0 && codes.dim() == 3 && codes.size(1) == nb && codes.size(2) == (bits == 4 ? 256 : 512) &&
+                  tiles_n * 16 >= n && codes.is_contiguous(),
+              "specledger qmm: codes do not match the input width");
+  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.dim() == 3 &&
+                  scales.size(0) == tiles_n && scales.size(1) == (bits == 4 ? g : nb) && scales.size(2) == 16,
+              "specledger qmm: scales layout");
+  if (bits == 4)
+    TORCH_CHECK(mins.scalar_type() == at::kHalf && mins.is_contiguous() && mins.sizes() == scales.sizes(),
+                "specledger qmm: mins layout");
+  // the quantized activations live in this thread's scratch (no allocator calls per product: a decode step
+  // makes ~120 of them); the parallel workers below only write disjoint rows of it
+  thread_local Scratch scratch;
+  scratch.fit(m, k, nb, g);
+  int8_t* qp = scratch.qa.data();
+  int8_t* qbp = digits == 2 ? scratch.qb.data() : nullptr;
+  float *dp = scratch.da.data(), *sp = scratch.sa.data();
+  int32_t* qsp = scratch.qs.data();
+  switch (x.scalar_type()) {
+    case at::kFloat: quantize_rows<float>(x, gshift, qp, qbp, dp, qsp, sp); break;
+    case at::kBFloat16: quantize_rows<at::BFloat16>(x, gshift, qp, qbp, dp, qsp, sp); break;
+    case at::kHalf: quantize_rows<at::Half>(x, gshift, qp, qbp, dp, qsp, sp); break;
+    default: TORCH_CHECK(false, "specledger qmm: x must be float32, bfloat16 or float16");
+  }
+  // with a residual r (float32 [M, N]): y = r + x W^T in float32, the residual stream's add fused in
+  const bool has_res = residual.has_value() && residual->defined();
+  if (has_res)
+    TORCH_CHECK(residual->scalar_type() == at::kFloat && residual->is_contiguous() && residual->numel() == m * n,
+                "specledger qmm: residual must be a contiguous float32 [M, N]");
+  at::Tensor y = at::empty({m, n}, has_res ? x.options().dtype(at::kFloat) : x.options());
+  const int64_t out_kind = x.scalar_type() == at::kBFloat16 ? 1 : x.scalar_type() == at::kHalf ? 2 : 0;
+  const Args a{static_cast<const uint8_t*>(codes.const_data_ptr()),
+               static_cast<const uint16_t*>(scales.const_data_ptr()),
+               bits == 4 ? static_cast<const uint16_t*>(mins.const_data_ptr()) : nullptr,
+               qp, qbp, dp, sp, qsp, y.data_ptr(), has_res ? residual->const_data_ptr<float>() : nullptr, out_kind,
+               k, nb, g, gshift, bits == 4 ? g : nb, bits == 4 ? gshift : 0, n};
+  // one chunk of tiles per thread (a tile is 16 weight rows)
+  const int64_t threads = at::get_num_threads();
+  const int64_t grain = std::max<int64_t>(1, (tiles_n + threads - 1) / threads);
+  at::parallel_for(0, tiles_n, grain, [&](int64_t t0, int64_t t1) {
+    if (bits == 4)
+      digits == 2 ? tiles<4, 2>(isa, a, m, t0, t1) : tiles<4, 1>(isa, a, m, t0, t1);
+    else
+      digits == 2 ? tiles<8, 2>(isa, a, m, t0, t1) : tiles<8, 1>(isa, a, m, t0, t1);
+  });
+  return y;
+}
+
+int64_t qmm_isa() { return host_isa(); }
+
+}  // namespace
+
+TORCH_LIBRARY(specledger, lib) {
+  lib.def("qmm(Tensor x, Tensor codes, Tensor scales, Tensor mins, int bits, int group, int n, int digits, int isa, "
+          "Tensor? residual=None) -> Tensor");
+  lib.def("qmm_isa() -> int", &qmm_isa);
+}
+
+TORCH_LIBRARY_IMPL(specledger, CPU, lib) { lib.impl("qmm", &qmm); }

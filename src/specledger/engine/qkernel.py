@@ -1,0 +1,158 @@
+"""The engine's own quantized-product kernel (csrc/qmm.cpp): built once with the installed torch, cached, loaded.
+
+PyTorch's CPU int4/int8 weight-only kernels are fast only on AVX-512 hosts and cost grows with every row
+(benchmarks/linear_rows.py); this kernel runs integer dot products on AVX2 or AVX-512 VNNI (chosen at run
+time) and reuses each unpacked weight block across a tile of rows. It is compiled by the system's C++
+compiler against the venv's own torch (no build isolation, no CUDA), into the cache directory, keyed by
+the source, the torch version and the flags. Where it cannot be had (another OS or architecture, no
+compiler, a failed build) `op()` returns None after one line on stderr and the engine uses PyTorch's
+kernels. SPECLEDGER_QKERNEL=off disables it; =avx2 forces the AVX2 path on an AVX-512 host (tests).
+
+    python -m specledger.engine.qkernel      # build now (make install does), print where and which ISA
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SOURCES = [Path(__file__).with_name("csrc") / name for name in ("qmm.cpp", "fused.cpp")]
+ISAS = {0: "none", 1: "avx2", 2: "avx512-vnni"}
+FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno", "-Wno-unused-function"]
+
+_state: dict[str, Any] = {}
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("SPECLEDGER_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "specledger"
+    )
+    return Path(base) / "kernels"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name:
+            return shutil.which(name)  # CXX, when set, is the only one tried
+    return None
+
+
+def _command(cxx: str, out: Path) -> list[str]:
+    from torch.utils import cpp_extension
+
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    inc = [f"-I{p}" for p in cpp_extension.include_paths()]
+    return [cxx, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *inc, *map(str, SOURCES), "-o", str(out),
+            f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch", f"-Wl,-rpath,{lib}"]
+
+
+def library_path() -> Path:
+    text = b"".join(p.read_bytes() for p in SOURCES)
+    key = hashlib.sha256(text + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    return cache_dir() / f"qmm-{key}.so"
+
+
+def build(quiet: bool = False) -> Path:
+    """Compile the kernel into the cache (atomically: concurrent builds are harmless); return its path."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or sys.platform not in ("linux", "darwin"):
+        raise RuntimeError(f"no kernel for {sys.platform}/{platform.machine()} (x86-64 Linux or macOS only)")
+    path = library_path()
+    if path.exists():
+        return path
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError(f"no C++ compiler found ({os.environ.get('CXX') or 'c++, g++, clang++'}; set CXX)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not quiet:
+        print(f"specledger: building the quantized-product kernel into {path.parent} (once)", file=sys.stderr)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+    os.close(fd)
+    try:
+        res = subprocess.run(_command(cxx, Path(tmp)), capture_output=True, text=True)
+        if res.returncode:
+            lines = res.stderr.strip().splitlines() or ["(no output)"]
+            first = next((ln for ln in lines if "error" in ln), lines[-1])
+            raise RuntimeError(f"compiler failed: {first.strip()[:300]}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def _notice(msg: str) -> None:
+    print(f"specledger: {msg}; using PyTorch's quantized kernels", file=sys.stderr)
+
+
+def op() -> Any | None:
+    """torch.ops.specledger.qmm, built and loaded on first use; None where it cannot run (said once)."""
+    if _state.get("disabled"):
+        return None
+    if "op" in _state:
+        return _state["op"]
+    _state["op"] = None
+    if os.environ.get("SPECLEDGER_QKERNEL", "").lower() in ("off", "0", "no", "torch"):
+        return None
+    try:
+        path = build()
+        if not hasattr(torch.ops.specledger, "qmm"):
+            torch.ops.load_library(str(path))
+        if torch.ops.specledger.qmm_isa() == 0:
+            raise RuntimeError("this CPU lacks AVX2/FMA/F16C")
+    except Exception as exc:  # any failure means: use PyTorch's kernels, and say so once
+        _notice(f"quantized-product kernel unavailable ({exc})")
+        return None
+    _state["op"] = torch.ops.specledger.qmm.default
+    return _state["op"]
+
+
+@contextmanager
+def disabled() -> Iterator[None]:
+    """Modules built inside use PyTorch's kernels (benchmarks side by side, tests of the fallback)."""
+    saved = _state.get("disabled", False)
+    _state["disabled"] = True
+    try:
+        yield
+    finally:
+        _state["disabled"] = saved
+
+
+def host_isa() -> str:
+    """The instruction set the kernel runs with on this host ('none' when it is unavailable)."""
+    return ISAS[int(torch.ops.specledger.qmm_isa())] if op() is not None else "none"
+
+
+def requested_isa() -> int:
+    """0 = the best this host has; 1 = AVX2 (SPECLEDGER_QKERNEL=avx2)."""
+    return 1 if os.environ.get("SPECLEDGER_QKERNEL", "").lower() == "avx2" else 0
+
+
+def activation_digits() -> int:
+    """Int8 digits per activation inside the product: 2 (~15 bits, the default) or 1 (SPECLEDGER_QKERNEL_ACT=int8,
+    llama.cpp's activation precision: faster, a little less agreement with the unquantized model)."""
+    return 1 if os.environ.get("SPECLEDGER_QKERNEL_ACT", "").lower() in ("int8", "8", "1") else 2
+
+
+def main() -> None:
+    try:
+        path = build()
+    except Exception as exc:
+        _notice(f"quantized-product kernel not built ({exc})")
+        return
+    print(f"quantized-product kernel: {path} ({host_isa()})")
+
+
+if __name__ == "__main__":
+    main()

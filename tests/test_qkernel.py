@@ -1,0 +1,262 @@
+"""The engine's own CPU kernels (engine/qkernel.py: csrc/qmm.cpp, csrc/fused.cpp) against plain references.
+
+Quantized products: exact emulation of what the kernel computes (activations quantized per block of 32 into one
+or two int8 digits, fp16 scales), to float32 rounding, for rows 1..33, widths that are not multiples of the
+16-row tile, group sizes 32..256, both instruction-set paths (AVX2 is forced so it is tested on AVX-512 hosts
+too); and the dequantized fp32 product, within what the activation quantization costs. Fused ops: against the
+PyTorch expressions they replace. The fallback: modules built with the kernel disabled use PyTorch's kernels
+and agree; a failed build says so in one line and the engine still runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from varied_model import untied_tiny_model
+from specledger.engine import cpu_ops, qkernel
+from specledger.engine.model import rope_at, rope_tables
+from specledger.engine.quant import Int4Linear, Int8Grid, Int8Linear, int4_grid, int8_grid, pack_int8, unpack_int8
+
+pytestmark = pytest.mark.skipif(qkernel.op() is None, reason="the engine's kernel is unavailable on this host")
+
+ISAS = [1] + ([2] if qkernel.op() is not None and qkernel.host_isa() == "avx512-vnni" else [])
+CPU = torch.device("cpu")
+
+
+def quantized_activations(x: torch.Tensor, digits: int) -> torch.Tensor:
+    """What the kernel multiplies: x per block of 32 as d * Q (csrc/qmm.cpp, quantize_row)."""
+    m, k = x.shape
+    b = x.float().reshape(m, k // 32, 32)
+    amax = b.abs().amax(-1, keepdim=True)
+    v = b * torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))  # IEEE division
+    q = v.round()
+    if digits == 1:
+        return (q * (amax / 127)).reshape(m, k)
+    r = ((v - q) * 254).round()
+    return ((254 * q + r) * (amax / (127 * 254))).reshape(m, k)
+
+
+def int4_reference(grid) -> torch.Tensor:
+    """The dequantized weight with the kernel's fp16 scale and min (w = d u + m)."""
+    n, k = grid.codes.shape
+    g = grid.group_size
+    d, m = grid.scale.half().float(), (grid.zero - 8 * grid.scale).half().float()
+    return (grid.codes.float().reshape(n, k // g, g) * d[..., None] + m[..., None]).reshape(n, k)
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.float() - ref).abs().max() / ref.abs().max())
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("digits", [1, 2])
+@pytest.mark.parametrize("n,k,group", [(37, 96, 32), (50, 256, 64), (33, 512, 128), (70, 512, 256), (16, 64, 32)])
+def test_int4_product_equals_its_reference(isa, digits, n, k, group):
+    torch.manual_seed(n + k)
+    grid = int4_grid(torch.randn(n, k), group)
+    lin = Int4Linear(grid, torch.float32, CPU)
+    assert lin.backend == "kernel"
+    lin.isa, lin.digits = isa, digits
+    w = int4_reference(grid)
+    for rows in range(1, 34):
+        x = torch.randn(rows, k) * (1 + 10 * (torch.arange(k) % 7 == 0))  # some outlier inputs
+        y = lin(x)
+        assert y.shape == (rows, n) and y.dtype == torch.float32
+        assert rel_err(y, quantized_activations(x, digits) @ w.t()) < 2e-5, rows
+        assert rel_err(y, x @ w.t()) < (2e-4 if digits == 2 else 3e-2), rows
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("digits", [1, 2])
+def test_int8_product_equals_its_reference(isa, digits):
+    torch.manual_seed(1)
+    n, k = 45, 160
+    grid = int8_grid(torch.randn(n, k))
+    lin = Int8Linear(grid, torch.float32)
+    assert lin.backend == "kernel"
+    lin.isa, lin.digits = isa, digits
+    w = grid.dequantize()
+    for rows in range(1, 34):
+        x = torch.randn(rows, k)
+        assert rel_err(lin(x), quantized_activations(x, digits) @ w.t()) < 2e-5, rows
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_activations_in_and_out(dtype):
+    torch.manual_seed(2)
+    grid = int4_grid(torch.randn(40, 128), 32)
+    lin = Int4Linear(grid, dtype, CPU)
+    x = torch.randn(2, 5, 128).to(dtype)  # leading dimensions are kept
+    y = lin(x)
+    assert y.shape == (2, 5, 40) and y.dtype == dtype
+    ref = quantized_activations(x.reshape(10, 128).float(), 2) @ int4_reference(grid).t()
+    assert rel_err(y.reshape(10, 40), ref) < 8e-3  # the output's own 16-bit rounding
+
+
+def test_int8_tiles_round_trip_and_row_selection():
+    torch.manual_seed(3)
+    grid = int8_grid(torch.randn(21, 64))
+    codes, scales = pack_int8(grid)
+    back = unpack_int8(codes, scales, 21)
+    assert torch.equal(back.codes, grid.codes) and torch.equal(back.scale, grid.scale)
+    lin = Int8Linear(grid, torch.float32)
+    ids = torch.tensor([20, 3, 7])
+    x = torch.randn(4, 64)
+    torch.testing.assert_close(lin.select_rows(ids)(x), lin(x)[:, ids], atol=1e-5, rtol=1e-5)
+
+
+def test_q8_0_codes_are_kept_exactly():
+    """A Q8_0 block (fp16 d, 32 int8 codes) becomes the kernel's weights unchanged."""
+    torch.manual_seed(4)
+    codes = torch.randint(-127, 128, (16, 64), dtype=torch.int8)
+    scale = (torch.rand(16, 2) * 0.01).half().float()
+    lin = Int8Linear(Int8Grid(codes, scale), torch.float32)
+    back = unpack_int8(lin.weight, lin.scales, 16)
+    assert torch.equal(back.codes, codes) and torch.equal(back.scale, scale)
+
+
+def test_fallback_modules_use_pytorch_kernels_and_agree():
+    torch.manual_seed(5)
+    w = torch.randn(48, 128)
+    x = torch.randn(3, 128, dtype=torch.bfloat16)
+    grid = int4_grid(w, 32)
+    fast, q8 = Int4Linear(grid, torch.bfloat16, CPU), Int8Linear(w, torch.bfloat16)
+    with qkernel.disabled():
+        slow, s8 = Int4Linear(grid, torch.bfloat16, CPU), Int8Linear(w, torch.bfloat16)
+        assert slow.backend == "torch" and s8.backend == "torch" and qkernel.op() is None
+        ys, y8s = slow(x).float(), s8(x).float()
+    assert fast.backend == "kernel" and q8.backend == "kernel"
+    assert rel_err(fast(x), ys) < 2e-2 and rel_err(q8(x), y8s) < 2e-2
+
+
+def test_model_with_and_without_the_kernels_agrees():
+    """The whole engine (quantized products and fused ops) against PyTorch's kernels and ops, same weights."""
+    ids = torch.randint(0, 64, (1, 24), generator=torch.Generator().manual_seed(6))
+    fast = untied_tiny_model(quant="int4", dtype="bf16", hidden=128, heads=4, kv_heads=2)
+    with qkernel.disabled():
+        slow = untied_tiny_model(quant="int4", dtype="bf16", hidden=128, heads=4, kv_heads=2)
+        ref = slow.model(ids, slow.model.new_cache(32))
+        ref_step = slow.model(ids[:, -1:], slow.model.new_cache(32))
+    out = fast.model(ids, fast.model.new_cache(32))
+    assert (out.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+    assert (out - ref).norm() / ref.norm() < 0.03
+    step = fast.model(ids[:, -1:], fast.model.new_cache(32))  # the one-row path (fused attention)
+    assert (step - ref_step).norm() / ref_step.norm() < 0.03
+
+
+def test_fused_ops_equal_the_pytorch_expressions():
+    torch.manual_seed(7)
+    x, w = torch.randn(3, 2, 96), torch.randn(96)
+    ref = torch.nn.functional.rms_norm(x, (96,), w, 1e-5)
+    torch.testing.assert_close(cpu_ops.rms_norm(x, w, 1e-5, torch.float32), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cpu_ops.rms_norm(x, w, 1e-5, torch.bfloat16).float(), ref, atol=3e-2, rtol=1e-2)
+    for b, h, kv, s, d in [(1, 9, 3, 300, 64), (3, 4, 2, 13, 16), (2, 8, 8, 7, 128)]:
+        q = torch.randn(b, h, 1, d)
+        k, v = torch.randn(b, kv, s + 3, d)[:, :, :s], torch.randn(b, kv, s + 3, d)[:, :, :s]  # cache views
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        torch.testing.assert_close(cpu_ops.decode_attention(q, k, v), sdpa, atol=1e-5, rtol=1e-5)
+        lengths = torch.randint(1, s + 1, (b,))
+        pad = torch.arange(s)[None] >= lengths[:, None]
+        fused = cpu_ops.batched_decode_attention(q, k, v, lengths, pad)
+        with qkernel.disabled():
+            torch.testing.assert_close(fused, cpu_ops.batched_decode_attention(q, k, v, lengths, pad), atol=1e-5,
+                                       rtol=1e-5)
+    x13 = torch.randn(2, 3, 2 * 80)
+    gate, up = x13.split(80, -1)
+    torch.testing.assert_close(cpu_ops.swiglu(x13, 80), torch.nn.functional.silu(gate) * up, atol=1e-5, rtol=1e-5)
+    cos_t, sin_t = rope_tables(tiny_model().config)
+    for pos in (torch.arange(3, 8), torch.tensor([[1, 2, 3], [5, 6, 7]])):
+        bb, n = (1, 5) if pos.dim() == 1 else (2, 3)
+        qkv = torch.randn(bb, n, 6 * 16 + 5)
+        xr = qkv[..., : 6 * 16].view(bb, n, 6, 16)  # a view of the fused projection, as the model passes it
+        c, sn = rope_at(cos_t, sin_t, pos, torch.float32)
+        torch.testing.assert_close(cpu_ops.apply_rope(xr, c, sn), torch.addcmul(xr * c, xr.roll(8, -1), sn))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_new_token_attention_equals_rope_cache_write_and_attention(dtype):
+    """attend_new_token: one call for what the model otherwise does in ~25 ops (RoPE on q and k, both written
+    into the cache at `start`, attention of q over [0, start])."""
+    torch.manual_seed(8)
+    b, h, kv, d, start, cap = 2, 6, 2, 16, 9, 20
+    qkv = torch.randn(b, 1, (h + 2 * kv) * d).to(dtype)
+    kc, vc = torch.randn(b, kv, cap, d), torch.randn(b, kv, cap, d)
+    cos_t, sin_t = rope_tables(tiny_model().config)
+    c, sn = rope_at(cos_t, sin_t, torch.tensor([[start], [start]]), dtype)
+    k_ref, v_ref = kc.clone(), vc.clone()
+    y = cpu_ops.attend_new_token(qkv, c, sn, kc, vc, start, h, dtype)
+    assert y is not None and y.shape == (b, 1, h * d) and y.dtype == dtype
+    x = qkv.float()
+    qk = torch.addcmul(x[..., : (h + kv) * d].view(b, 1, h + kv, d) * c.float(),
+                       x[..., : (h + kv) * d].view(b, 1, h + kv, d).roll(d // 2, -1), sn.float())
+    k_ref[:, :, start] = qk[:, 0, h:]
+    v_ref[:, :, start] = x[..., (h + kv) * d :].view(b, kv, d)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(kc, k_ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(vc, v_ref, atol=tol, rtol=tol)
+    q = qk[:, :, :h].transpose(1, 2)  # (B, H, 1, D)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k_ref[:, :, : start + 1], v_ref[:, :, : start + 1],
+                                                           enable_gqa=True)
+    torch.testing.assert_close(y.float(), ref.transpose(1, 2).reshape(b, 1, h * d), atol=tol, rtol=tol)
+
+
+def test_residual_add_fused_into_the_product():
+    torch.manual_seed(9)
+    lin4 = Int4Linear(int4_grid(torch.randn(40, 64), 32), torch.bfloat16, CPU)
+    lin8 = Int8Linear(torch.randn(40, 64), torch.bfloat16)
+    x, r = torch.randn(1, 3, 64).bfloat16(), torch.randn(1, 3, 40)
+    for lin in (lin4, lin8):
+        y = lin.add_to(x, r)
+        assert y.dtype == torch.float32 and y.shape == r.shape
+        torch.testing.assert_close(y, r + lin(x).float(), atol=3e-2, rtol=1e-2)  # the product unrounded: closer
+
+
+def test_gradients_take_the_pytorch_expressions():
+    """The fused ops have no backward: where a gradient is needed (EAGLE head training) the PyTorch path runs."""
+    torch.manual_seed(10)
+    x = torch.randn(2, 32, requires_grad=True)
+    w = torch.randn(32, requires_grad=True)
+    cpu_ops.rms_norm(x, w, 1e-5, torch.float32).square().sum().backward()
+    gx, gw = x.grad, w.grad
+    x.grad = w.grad = None
+    torch.nn.functional.rms_norm(x, (32,), w, 1e-5).square().sum().backward()
+    assert gx is not None and gw is not None
+    torch.testing.assert_close(gx, x.grad)
+    torch.testing.assert_close(gw, w.grad)
+    x13 = torch.randn(3, 64, requires_grad=True)
+    cpu_ops.swiglu(x13, 32).sum().backward()
+    assert x13.grad is not None and x13.grad.abs().sum() > 0
+
+
+def test_a_failed_build_is_one_line_and_the_engine_still_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(qkernel, "_state", {})
+    monkeypatch.setenv("SPECLEDGER_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    assert qkernel.op() is None and qkernel.op() is None  # said once
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "kernel unavailable" in err[0] and "PyTorch" in err[0]
+    lin = Int4Linear(int4_grid(torch.randn(16, 64), 32), torch.bfloat16, CPU)
+    assert lin.backend == "torch" and lin(torch.randn(2, 64, dtype=torch.bfloat16)).shape == (2, 16)
+
+
+@pytest.mark.slow
+def test_embedded_model_keeps_the_files_grids_and_its_agreement(smollm, smollm_int4):
+    """The GGUF's Q4_1 layers and Q8_0 head are served as stored; teacher-forced agreement with the fp32 model
+    stays where the int4 gate wants it (session figures: 0.973 with PyTorch's kernels, 0.978 with these)."""
+    from specledger.data import quality_text
+    from specledger.engine import gguf_loader
+    from specledger.quality.agreement import teacher_forced_agreement
+
+    head = smollm_int4.model.output
+    assert isinstance(head, Int8Linear) and head.backend == "kernel"
+    reader = gguf_loader.open_gguf(smollm_int4.source)
+    _, grids = gguf_loader.read_tensors(reader, smollm_int4.config)
+    stored = grids["embed"]
+    assert isinstance(stored, Int8Grid)
+    back = unpack_int8(head.weight, head.scales, head.out_features)
+    assert torch.equal(back.codes, stored.codes) and torch.equal(back.scale, stored.scale)
+    ids = smollm.tokenizer.encode(quality_text())
+    agreement = teacher_forced_agreement(smollm, smollm_int4, ids)
+    assert agreement.top1_agreement >= 0.97 and agreement.mean_kl < 0.002
