@@ -283,12 +283,24 @@ def test_inprocess_backend_batches_ar_concurrency(tmp_path):
     wl.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]}) + "\n" for i, t in
                           enumerate(["abc", "a longer question here", "xyz xyz", "q", "what now?"])))
     cfg = parse_run_config({
-        "configs": [{"name": "batched", "strategy": "ar", "max_new_tokens": 10, "max_batch": 4},
+        "configs": [{"name": "batched", "strategy": "ar", "max_new_tokens": 10, "max_batch": 4, "prefill_chunk": 5},
                     {"name": "serial", "strategy": "ar", "max_new_tokens": 10, "batching": False}],
         "workload": {"spec": str(wl)}, "load": {"concurrency": [4], "warmup": 0}, "bootstrap": 20,
     })
-    BenchRunner(cfg, tmp_path / "run", show_progress=False,
-                backend_factory=lambda bc: InProcessBackend(bc, models={"target": lm})).run()
+    from specledger.decoding import scheduler
+
+    chunks = []
+
+    class Recording(scheduler.Scheduler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            chunks.append(self.prefill_chunk)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scheduler, "Scheduler", Recording)
+        BenchRunner(cfg, tmp_path / "run", show_progress=False,
+                    backend_factory=lambda bc: InProcessBackend(bc, models={"target": lm})).run()
+    assert chunks == [5]  # the configuration's prefill chunk reaches the scheduler
     recs = read_requests(tmp_path / "run")
     by = {(r.config, r.question_id): r for r in recs}
     assert len(by) == 10 and all(r.status == "ok" for r in recs)

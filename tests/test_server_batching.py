@@ -57,7 +57,7 @@ async def many(url: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def batch_server(smollm):
     with ServerThread(create_app(smollm, make_strategy("ar", target=smollm), max_queue=N_CLIENTS,
-                                 max_batch=16)) as srv:
+                                 max_batch=16, prefill_chunk=32)) as srv:
         yield srv
 
 
@@ -81,6 +81,7 @@ def test_64_concurrent_streams_none_lost_metrics_add_up(batch_server, smollm):
     assert delta("specledger:time_to_first_token_seconds_count") == N_CLIENTS
     # they really ran together, and the gauges are back to idle
     assert max(r["ext"]["params"]["max_batch"] for r in results) == 16
+    assert {r["ext"]["params"]["prefill_chunk"] for r in results} == {32}
     assert any(r["ext"]["queue_s"] > 0 for r in results)
     assert after[("specledger:num_requests_running", ())] == 0 and after[("specledger:num_requests_waiting", ())] == 0
     assert after[("specledger:batch_size", ())] == 0

@@ -168,3 +168,22 @@ def test_every_command_rejects_a_typo_before_loading(monkeypatch, tmp_path, args
     assert isinstance(r.exception, BadInput), r.output
     assert "strategy 'lookup' has no parameter 'num_tokns'; did you mean num_tokens?" in str(r.exception)
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("flag, message", [
+    (["--max-batch", "0"], "--max-batch must be >= 1 (got 0)"),
+    (["--prefill-chunk", "0"], "--prefill-chunk must be >= 1 (got 0)"),
+])
+def test_serve_rejects_bad_batching_flags_before_loading(monkeypatch, flag, message):
+    from typer.testing import CliRunner
+
+    from specledger.cli import app
+    from specledger.engine import loader
+
+    def no_loading(*a, **kw):
+        raise AssertionError("a model was loaded before the flags were checked")
+
+    monkeypatch.setattr(loader, "load_model", no_loading)
+    r = CliRunner().invoke(app, ["serve", *flag])
+    assert isinstance(r.exception, BadInput), r.output
+    assert str(r.exception) == message

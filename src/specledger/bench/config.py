@@ -185,6 +185,7 @@ class BenchConfig(_Strict):
     # in BATCHED_STRATEGIES (a drafting strategy then plans each sequence's draft per step, zero included)
     batching: bool | None = None
     max_batch: int = Field(16, ge=1)  # in-process batching: sequences in one pass at most (more wait)
+    prefill_chunk: int = Field(256, ge=1)  # in-process batching: prompt rows per pass at most (ITL vs TTFT)
 
     @field_validator("params", mode="before")
     @classmethod

@@ -54,8 +54,11 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port"),
     max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait for a place in the batch."),
-    max_batch: int = typer.Option(8, "--max-batch", help="Requests decoded together in one pass (strategies ar "
-                                  "and lookup; the others serve one at a time)."),
+    max_batch: int = typer.Option(8, "--max-batch", help="Requests decoded together in one pass (every strategy "
+                                  "but hier, which serves one at a time)."),
+    prefill_chunk: int = typer.Option(256, "--prefill-chunk", help="Prompt tokens fed in one batched pass at most: "
+                                      "smaller shortens the running requests' stalls while a prompt joins, "
+                                      "at the cost of the joining request's TTFT."),
     shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help="Seconds in-flight requests get."),
     log_level: str = typer.Option("info", "--log-level"),
     api_key: list[str] = typer.Option([], "--api-key", help="Require this key on /v1/* (Authorization: Bearer); "
@@ -75,6 +78,8 @@ def serve(
         raise BadInput(f"--max-queue must be >= 0 (got {max_queue})")
     if max_batch < 1:
         raise BadInput(f"--max-batch must be >= 1 (got {max_batch})")
+    if prefill_chunk < 1:
+        raise BadInput(f"--prefill-chunk must be >= 1 (got {prefill_chunk})")
     if strategy not in STRATEGIES:
         raise BadInput(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
     params = parse_params(strategy_param)
@@ -99,7 +104,8 @@ def serve(
     lm = load_model(model, dtype=dtype, quant=quant, group_size=group_size, device=device, max_seq_len=max_seq_len)
     strat = make_strategy(strategy, target=lm, **params)
     app = create_app(lm, strat, served_name=served_model_name, max_queue=max_queue, api_keys=keys,
-                     metrics_require_key=metrics_require_key, max_batch=max_batch)
+                     metrics_require_key=metrics_require_key, max_batch=max_batch,
+                     prefill_chunk=prefill_chunk)
     name = served_model_name or lm.name
     door = f", {len(keys)} API key{'s' if len(keys) != 1 else ''} accepted" if keys else ""
     typer.echo(f"serving {name} ({lm.label}, strategy {strat.name} {strat.params()}) "

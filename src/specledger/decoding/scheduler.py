@@ -177,9 +177,10 @@ class Scheduler:
 
     def params(self) -> dict:
         """What a result reports as its strategy's parameters."""
+        batch = {"max_batch": self.max_batch, "prefill_chunk": self.prefill_chunk}
         if self.drafter is None:
-            return {"max_batch": self.max_batch}
-        return {**self.drafter.params(), "max_batch": self.max_batch, "draft_length": "adaptive"}
+            return batch
+        return {**self.drafter.params(), **batch, "draft_length": "adaptive"}
 
     @property
     def n_waiting(self) -> int:

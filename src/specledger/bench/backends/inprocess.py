@@ -76,7 +76,8 @@ class InProcessBackend(Backend):
                 drafter = self.strategy.batch_drafter(c.max_batch)
             except SpecLedgerError as exc:
                 raise SpecLedgerError(f"configuration {c.name!r}: {exc}") from None
-            self.worker = BatchWorker(Scheduler(self.models["target"], max_batch=c.max_batch, drafter=drafter))
+            self.worker = BatchWorker(Scheduler(self.models["target"], max_batch=c.max_batch,
+                                                prefill_chunk=c.prefill_chunk, drafter=drafter))
 
     async def close(self) -> None:
         if self.worker is not None:
