@@ -11,7 +11,13 @@ VERSION="11434.0.0"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 CACHE="${1:-${SPECLEDGER_CACHE:-$ROOT/.cache}}/llama-server-$VERSION"
 BIN="$CACHE/build/bin/llama-server"
-if [ -x "$BIN" ] && "$BIN" --version >/dev/null 2>&1; then
+# ggml's AMX matrix kernels (compiled in by -march=native on a host with AMX, whatever GGML_AMX says) crash with
+# SIGSEGV on the first product on the AMX hosts seen here: the build keeps them out explicitly (GCC and Clang let an
+# explicit -mno-* win over -march=native). The flags are stamped beside the binary, so a binary built otherwise
+# (e.g. before this line) is rebuilt rather than reused.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+FLAGS="Release tests=OFF examples=OFF server=ON ui=OFF openssl=OFF amx=OFF native=ON cflags=$NO_AMX"
+if [ -x "$BIN" ] && [ "$(cat "$CACHE/build/flags" 2>/dev/null)" = "$FLAGS" ] && "$BIN" --version >/dev/null 2>&1; then
   echo "$BIN"
   exit 0
 fi
@@ -55,7 +61,8 @@ JOBS="${LLAMA_BUILD_JOBS:-$(nproc)}"
   nice -n 10 cmake -S "$SRC/llama.cpp" -B "$CACHE/build" -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DGGML_AMX=OFF \
-    -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON
+    -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX"
   nice -n 10 cmake --build "$CACHE/build" --target llama-server -j "$JOBS"
 } >"$CACHE/build.log" 2>&1 || { tail -n 30 "$CACHE/build.log" >&2; echo "llama-server build failed; log: $CACHE/build.log" >&2; exit 1; }
+echo "$FLAGS" >"$CACHE/build/flags"
 echo "$BIN"
