@@ -31,3 +31,28 @@ def test_cost_tables_fit_80_columns_with_whole_names(tmp_path):
     automated = text.split("Cost per accepted task — fully-automated")[1]
     for name in ("ar-fp32", "eagle-w4-long-config-name"):
         assert name in automated
+
+
+def test_run_tables_fit_80_columns_with_whole_names(tmp_path):
+    """`bench` and `show` at 80 columns: the run and per-category tables keep whole names and values (they
+    were cut to "llama-serv…", "T…"); at a wide console the full layout keeps every column."""
+    from specledger.bench.results import load_run
+    from specledger.bench.tables import WIDE, render_run
+
+    specs = [Spec("llama-server-ngram-parallel4", "lookup", tau=1.7), Spec("specledger-int4-torch", "ar")]
+    run = load_run(make_run(tmp_path, specs, n=12))
+    for c in run.configs:
+        for lr in c.loads:
+            lr.by_category = lr.by_kind
+    console = Console(width=80, record=True, force_terminal=False, color_system=None)
+    console.print(render_run(run, width=console.width))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80, max(text.splitlines(), key=len)
+    assert "…" not in text
+    for s in specs:
+        assert re.search(rf"│ {re.escape(s.name)}\s", text), s.name  # the run table's first column
+        assert f"{s.name} @c=1" in text  # the head of its block of categories
+    assert "1.70" in text  # tau, whole
+    wide = Console(width=WIDE, record=True, force_terminal=False, color_system=None)
+    wide.print(render_run(run, width=wide.width))
+    assert "goodput" in wide.export_text() and "goodput" not in text

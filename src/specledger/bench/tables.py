@@ -24,14 +24,23 @@ def _acc(a: Aggregate) -> str:
 def conditions_line(run: RunResult) -> str:
     c = run.conditions
     parts = [f"run {run.run_id} ({run.status})", f"python {c.python}", f"torch {c.torch}",
-             f"specledger {c.specledger}", c.cpu_model or "cpu ?", f"{c.torch_threads} threads"]
+             f"specledger {c.specledger}", c.cpu_model or "cpu ?"]
+    if c.torch_threads is not None:  # None: no in-process configuration (HTTP servers choose their own)
+        parts.append(f"{c.torch_threads} threads")
     if c.gpu:
         parts.append(c.gpu)
     parts.append(f"energy: {c.energy}")
     return " | ".join(str(p) for p in parts)
 
 
-def run_table(run: RunResult) -> Table:
+# Below this console width the run's tables are stacked (two lines a row, fewer columns) so that every column
+# keeps whole values and whole configuration names at 80 columns; the full layouts need ~180.
+WIDE = 180
+
+
+def run_table(run: RunResult, width: int = WIDE) -> Table:
+    if width < WIDE:
+        return _run_table_stacked(run)
     t = Table(title="Per configuration and load level (latencies in ms; tok/s over the measurement phase)",
               title_justify="left")
     for col in ("config", "strategy", "load", "ok/failed", "TTFT p50", "TTFT p99", "TPOT p50", "ITL p50",
@@ -50,28 +59,61 @@ def run_table(run: RunResult) -> Table:
     return t
 
 
+def _run_table_stacked(run: RunResult) -> Table:
+    """The run table in 80 columns: each cell two values, the second dimmed (the HTML report has goodput and
+    ITL p50)."""
+    t = Table(title="Per configuration and load level (ms; tok/s over the measurement phase)", title_justify="left",
+              header_style="bold")
+    for head in ("configuration\n[dim]strategy @load ok/failed[/dim]", "TTFT\n[dim]p99[/dim]",
+                 "TPOT\n[dim]ITL p99[/dim]", "e2e p50\n[dim]req/s[/dim]", "tok/s\n[dim]τ[/dim]",
+                 "pass\n[dim]accepted[/dim]"):
+        t.add_column(head, justify="left" if head.startswith("configuration") else "right", no_wrap=True)
+    for c in run.configs:
+        pass_rate = "-" if c.pass_rate is None else f"{c.pass_rate:.0%}"
+        mark = "" if c.comparable else " [red]not comparable[/red]"
+        for lr in c.loads:
+            a = lr.aggregate
+            acc = "/".join(f"{x.rate:.0%}" for x in a.acceptance if x.rate is not None) or "-"
+            t.add_row(f"{c.name}{mark}\n[dim]{c.strategy} @{lr.load} {a.requests_ok}/{a.requests_failed}[/dim]",
+                      f"{_ms(a.ttft.p50)}\n[dim]{_ms(a.ttft.p99)}[/dim]",
+                      f"{_ms(a.tpot.p50)}\n[dim]{_ms(a.itl.p99)}[/dim]",
+                      f"{_ms(a.e2e.p50)}\n[dim]{_f(a.requests_s)}[/dim]",
+                      f"{_f(a.output_tok_s, '{:.1f}')}\n[dim]{_f(a.tau)}[/dim]",
+                      f"{pass_rate}\n[dim]{acc}[/dim]")
+    return t
+
+
 def _reference(run: RunResult, c: ConfigResult) -> ConfigResult | None:
     key = (c.backend, c.model, c.dtype, c.quant)
     return next((o for o in run.configs if o.strategy == "ar" and (o.backend, o.model, o.dtype, o.quant) == key),
                 None)
 
 
-def category_table(run: RunResult) -> Table:
-    """tau and speed-up (tok/s vs the `ar` configuration of the same target) per category."""
+def category_table(run: RunResult, width: int = WIDE) -> Table:
+    """tau and speed-up (tok/s vs the `ar` configuration of the same target) per category; narrower than WIDE,
+    each configuration and load heads its block of categories instead of filling two columns of every row."""
+    stacked = width < WIDE
     t = Table(title="Per category (speed-up: output tok/s vs autoregressive, same target and load)",
               title_justify="left")
-    for col in ("config", "load", "category", "requests", "tok/s", "tau", "speed-up", "pass"):
-        t.add_column(col, justify="left" if col in ("config", "load", "category") else "right")
+    cols = ("category", "n", "tok/s", "τ", "×ar", "pass") if stacked else \
+        ("config", "load", "category", "requests", "tok/s", "tau", "speed-up", "pass")
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("config", "load", "category") else "right", no_wrap=stacked)
     for c in run.configs:
         ref = _reference(run, c)
         for lr in c.loads:
             ref_lr = next((x for x in ref.loads if x.load == lr.load), None) if ref else None
+            if stacked and lr.by_category:
+                t.add_row(f"[bold]{c.name} @{lr.load}[/bold]", *[""] * (len(cols) - 1))
             for cat, a in lr.by_category.items():
                 ra = ref_lr.by_category.get(cat) if ref_lr else None
                 speed = (a.output_tok_s / ra.output_tok_s) if ra and ra.output_tok_s and a.output_tok_s else None
-                passed = f"{a.passed}/{a.graded}" if a.graded else "-"
-                t.add_row(c.name, lr.load, cat, str(a.requests_ok), _f(a.output_tok_s, "{:.1f}"), _f(a.tau),
-                          _f(speed, "{:.2f}x"), passed)
+                values = (str(a.requests_ok), _f(a.output_tok_s, "{:.1f}"), _f(a.tau), _f(speed, "{:.2f}x"),
+                          f"{a.passed}/{a.graded}" if a.graded else "-")
+                if stacked:
+                    t.add_row(f"  {cat}", *values)
+                else:
+                    t.add_row(c.name, lr.load, cat, *values)
     return t
 
 
@@ -173,13 +215,14 @@ def workload_text(run: RunResult) -> Text:
     return out
 
 
-def render_run(run: RunResult, *, categories: bool = True) -> Group:
-    parts = [Text(conditions_line(run), style="dim"), run_table(run)]
+def render_run(run: RunResult, *, categories: bool = True, width: int = WIDE) -> Group:
+    """Everything `bench` and `show` print of a run, laid out for a console `width` columns wide."""
+    parts = [Text(conditions_line(run), style="dim"), run_table(run, width)]
     failures = failures_text(run)
     if failures:
         parts.append(failures)
     if categories and any(lr.by_category for c in run.configs for lr in c.loads):
-        parts.append(category_table(run))
+        parts.append(category_table(run, width))
     if _has_server_speculation(run):
         parts.append(server_speculation_table(run))
     parts.append(gates_text(run))
@@ -188,7 +231,8 @@ def render_run(run: RunResult, *, categories: bool = True) -> Group:
 
 
 def print_run(run: RunResult, console: Console | None = None) -> None:
-    (console or Console()).print(render_run(run))
+    console = console or Console()
+    console.print(render_run(run, width=console.width))
 
 
 _DIFF = (
