@@ -156,6 +156,12 @@ def test_a_new_request_starts_from_what_the_drafters_recent_requests_accepted(lm
         proposed.append(r.levels[0].proposed)
     assert proposed[0] > 0 and proposed[1] < proposed[0]
     assert sched.spec is not None and sched.spec.population.a < PRIOR
+    # passes that draft nothing (here every row costs its share) teach nothing: the estimate drifts back up
+    low = sched.spec.population.a
+    sched.spec.cost = lambda n: float(n)
+    sched.submit(repetitive_prompts()[1], sp)
+    [r] = sched.run()
+    assert r.levels[0].proposed == 0 and low < sched.spec.population.a < PRIOR
 
 
 def test_acceptance_estimates_drift_back_to_the_prior_without_evidence():
