@@ -14,11 +14,13 @@ import torch
 from varied_model import BATCHING_VOCAB, alone, batching_model, run_joining
 
 from specledger.decoding.draft_budget import (
+    PRIOR,
     AcceptanceEMA,
     CostSurface,
     expected_accepted,
     measure_cost_surface,
     plan_drafts,
+    RankAcceptance,
 )
 from specledger.decoding.lookup import LookupDrafter
 from specledger.decoding.sampling import SamplingParams
@@ -139,6 +141,37 @@ def test_a_sequence_whose_drafts_fail_stops_drafting(lm):
     lv = r.levels[0]
     assert 0 < lv.proposed <= 10 and lv.steps >= 30
     assert r.token_ids == alone(lm, repetitive_prompts()[0], SamplingParams(max_new_tokens=40, temperature=0.0)).token_ids
+
+
+def test_a_new_request_starts_from_what_the_drafters_recent_requests_accepted(lm):
+    """The second request does not spend its first passes unlearning the default prior: it starts from the
+    acceptance the first one's failed drafts left (below the break-even), so it drafts less, if at all."""
+    surface = CostSurface((1, 2, 3, 9), (1.0, 1.3, 1.6, 3.4))
+    sched = Scheduler(lm, max_batch=1, drafter=WrongDrafter(4), cost=surface)
+    sp = SamplingParams(max_new_tokens=40, temperature=0.0)
+    proposed = []
+    for _ in range(2):
+        sched.submit(repetitive_prompts()[0], sp)
+        [r] = sched.run()
+        proposed.append(r.levels[0].proposed)
+    assert proposed[0] > 0 and proposed[1] < proposed[0]
+    assert sched.spec is not None and sched.spec.population.a < PRIOR
+    # passes that draft nothing (here every row costs its share) teach nothing: the estimate drifts back up
+    low = sched.spec.population.a
+    sched.spec.cost = lambda n: float(n)
+    sched.submit(repetitive_prompts()[1], sp)
+    [r] = sched.run()
+    assert r.levels[0].proposed == 0 and low < sched.spec.population.a < PRIOR
+
+
+def test_acceptance_estimates_drift_back_to_the_prior_without_evidence():
+    chain, tree = AcceptanceEMA(a=0.1), RankAcceptance(a=0.1)
+    tree.update(2, [])
+    chain.relax(0.5)
+    tree.relax(0.5)
+    assert chain.a == pytest.approx(0.35)
+    assert tree.hits[0] == pytest.approx((0.1 * 0.85 + PRIOR) / 2)
+    assert tree.hits[1] == pytest.approx((0.01 * 0.85 + PRIOR**2) / 2)
 
 
 def test_inprocess_backend_batches_lookup_with_the_same_tokens_and_reports_acceptance(tmp_path):

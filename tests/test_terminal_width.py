@@ -39,7 +39,8 @@ def test_run_tables_fit_80_columns_with_whole_names(tmp_path):
     from specledger.bench.results import load_run
     from specledger.bench.tables import WIDE, render_run
 
-    specs = [Spec("llama-server-ngram-parallel4", "lookup", tau=1.7), Spec("specledger-int4-torch", "ar")]
+    specs = [Spec("llama-server-ngram-parallel4", "lookup", tau=1.7, comparable=False, reason="lossless"),
+             Spec("specledger-int4-torch", "ar", service_s=95.0, ttft_s=12.5, concurrency=(1, 16))]
     run = load_run(make_run(tmp_path, specs, n=12))
     for c in run.configs:
         for lr in c.loads:
@@ -52,7 +53,8 @@ def test_run_tables_fit_80_columns_with_whole_names(tmp_path):
     for s in specs:
         assert re.search(rf"│ {re.escape(s.name)}\s", text), s.name  # the run table's first column
         assert f"{s.name} @c=1" in text  # the head of its block of categories
-    assert "1.70" in text  # tau, whole
+    assert "1.70" in text and "not comparable" in text  # tau whole; comparability on a line of its own
+    assert re.search(r"│ *1[0-9]{4} │", text)  # a p50 TTFT of ~12.5 s (queued at c=16) whole: "12345", no decimals
     wide = Console(width=WIDE, record=True, force_terminal=False, color_system=None)
     wide.print(render_run(run, width=wide.width))
     assert "goodput" in wide.export_text() and "goodput" not in text

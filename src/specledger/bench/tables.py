@@ -13,6 +13,13 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.1f}"
 
 
+def _ms_short(x: float | None) -> str:
+    """Milliseconds in at most 6 characters: a decimal only below 100 ms."""
+    if x is None:
+        return "-"
+    return f"{x * 1000:.1f}" if x < 0.1 else f"{x * 1000:.0f}"
+
+
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
 
@@ -70,14 +77,14 @@ def _run_table_stacked(run: RunResult) -> Table:
         t.add_column(head, justify="left" if head.startswith("configuration") else "right", no_wrap=True)
     for c in run.configs:
         pass_rate = "-" if c.pass_rate is None else f"{c.pass_rate:.0%}"
-        mark = "" if c.comparable else " [red]not comparable[/red]"
+        mark = "" if c.comparable else "\n[red]not comparable[/red]"  # a line of its own: names stay whole
         for lr in c.loads:
             a = lr.aggregate
             acc = "/".join(f"{x.rate:.0%}" for x in a.acceptance if x.rate is not None) or "-"
-            t.add_row(f"{c.name}{mark}\n[dim]{c.strategy} @{lr.load} {a.requests_ok}/{a.requests_failed}[/dim]",
-                      f"{_ms(a.ttft.p50)}\n[dim]{_ms(a.ttft.p99)}[/dim]",
-                      f"{_ms(a.tpot.p50)}\n[dim]{_ms(a.itl.p99)}[/dim]",
-                      f"{_ms(a.e2e.p50)}\n[dim]{_f(a.requests_s)}[/dim]",
+            t.add_row(f"{c.name}\n[dim]{c.strategy} @{lr.load} {a.requests_ok}/{a.requests_failed}[/dim]{mark}",
+                      f"{_ms_short(a.ttft.p50)}\n[dim]{_ms_short(a.ttft.p99)}[/dim]",
+                      f"{_ms_short(a.tpot.p50)}\n[dim]{_ms_short(a.itl.p99)}[/dim]",
+                      f"{_ms_short(a.e2e.p50)}\n[dim]{_f(a.requests_s)}[/dim]",
                       f"{_f(a.output_tok_s, '{:.1f}')}\n[dim]{_f(a.tau)}[/dim]",
                       f"{pass_rate}\n[dim]{acc}[/dim]")
     return t

@@ -8,6 +8,7 @@ the sequence's running acceptance; after verification each request's statistics 
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel
 from specledger.engine.timing import clock
 from specledger.spec_stats import LevelStats
+
+RELAX = 0.005  # per pass without any draft: the population estimate's pull back toward the prior
 
 
 @dataclass
@@ -43,6 +46,10 @@ class BatchDrafting:
         self.cost = cost if cost is not None else cost_surface(lm, max_rows=4 * max_batch, n_seqs=min(8, max_batch))
         drafter.draft_cost([1])  # whatever the drafter measures of its own cost, now rather than in a request
         self.last_drafted = 0  # draft tokens in the latest pass
+        # What this drafter's recent drafts accepted, over every request: a new request starts from it rather than
+        # from the default prior (a short request would spend most of its passes unlearning an optimistic one).
+        # With no draft verified it drifts back toward the prior, so speculation is tried again once it may pay.
+        self.population: AcceptanceEMA | RankAcceptance = RankAcceptance() if drafter.tree else AcceptanceEMA()
 
     @property
     def wants_features(self) -> bool:
@@ -55,7 +62,7 @@ class BatchDrafting:
         t0 = clock(self.device)
         seq = DraftSeq(key, tokens, sp, gen)
         self.drafter.begin(seq, features if self.drafter.wants_features else None)
-        acc = RankAcceptance() if self.drafter.tree else AcceptanceEMA()
+        acc = copy.deepcopy(self.population)
         return DraftState(seq, LevelStats(name=self.drafter.name, steps=0, drafts=0), acc, clock(self.device) - t0)
 
     def plan(self, states: list[DraftState], caps: list[int], prefill_rows: int) -> list[Tree]:
@@ -67,6 +74,8 @@ class BatchDrafting:
         ks = plan_drafts([s.acc.gains(n) for s, n in zip(states, avail)], len(states) + prefill_rows, len(states),
                          self.cost, d.draft_cost)
         self.last_drafted = sum(ks)
+        if not self.last_drafted:
+            self.population.relax(RELAX)
         drafting = [i for i, k in enumerate(ks) if k]
         trees = [Tree() for _ in states]
         if drafting:
@@ -85,6 +94,7 @@ class BatchDrafting:
         st.level.observe(len(tree), len(path))
         if len(tree):
             st.acc.update(len(tree), path)
+            self.population.update(len(tree), path)
 
     def end(self, st: DraftState) -> LevelStats:
         self.drafter.end(st.seq)

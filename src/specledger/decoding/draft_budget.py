@@ -90,6 +90,9 @@ def plan_drafts(gains: list[list[float]], base_rows: int, base_tokens: float, co
     return ks
 
 
+PRIOR = 0.6  # per-token acceptance assumed before anything has been verified
+
+
 @dataclass
 class AcceptanceEMA:
     """Running per-token acceptance of one sequence's chains: an EMA over verified chain positions.
@@ -97,7 +100,7 @@ class AcceptanceEMA:
     A k-token chain with n accepted tells: positions 1..n accepted, position n+1 rejected (if n < k); the
     j-th drafted token is then worth a^j."""
 
-    a: float = 0.6
+    a: float = PRIOR
     weight: float = 0.15
 
     def update(self, drafted: int, path: list[int]) -> None:
@@ -108,13 +111,17 @@ class AcceptanceEMA:
     def gains(self, n: int) -> list[float]:
         return [self.a**j for j in range(1, n + 1)]
 
+    def relax(self, weight: float) -> None:
+        """Drift back toward the default prior (no draft was verified: nothing was learnt this pass)."""
+        self.a += weight * (PRIOR - self.a)
+
 
 @dataclass
 class RankAcceptance:
     """Per rank, the chance that a sequence's r-th best draft-tree node is on the accepted path: an EMA over
     its verified trees (nodes best first), a^r before a rank has been seen; never increasing in r."""
 
-    a: float = 0.6
+    a: float = PRIOR
     weight: float = 0.15
     hits: list[float] = field(default_factory=list)
 
@@ -131,6 +138,11 @@ class RankAcceptance:
             low = min(low, self.hits[r] if r < len(self.hits) else self.a ** (r + 1))
             out.append(low)
         return out
+
+    def relax(self, weight: float) -> None:
+        """Drift back toward the default prior (no draft was verified: nothing was learnt this pass)."""
+        for r, h in enumerate(self.hits):
+            self.hits[r] = h + weight * (PRIOR ** (r + 1) - h)
 
 
 @torch.inference_mode()
