@@ -242,9 +242,11 @@ def test_a_failed_build_is_one_line_and_the_engine_still_runs(tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_embedded_model_keeps_the_files_grids_and_its_agreement(smollm, smollm_int4):
+def test_embedded_model_keeps_the_files_grids_and_its_agreement(smollm, smollm_int4, monkeypatch):
     """The GGUF's Q4_1 layers and Q8_0 head are served as stored; teacher-forced agreement with the fp32 model
-    stays where the int4 gate wants it (session figures: 0.973 with PyTorch's kernels, 0.978 with these)."""
+    keeps the figure of PyTorch's kernels on the same host (KL no worse, top-1 within a point: top-1 over ~700
+    tokens moves by ~0.7 points between hosts, e.g. 0.978 with these kernels on an AMD AVX-512 host, 0.968 on an
+    Intel AMX host against PyTorch's 0.971 there, while KL was 0.0006 vs 0.0023) and passes the int4 gate."""
     from specledger.data import quality_text
     from specledger.engine import gguf_loader
     from specledger.quality.agreement import teacher_forced_agreement
@@ -259,4 +261,11 @@ def test_embedded_model_keeps_the_files_grids_and_its_agreement(smollm, smollm_i
     assert torch.equal(back.codes, stored.codes) and torch.equal(back.scale, stored.scale)
     ids = smollm.tokenizer.encode(quality_text())
     agreement = teacher_forced_agreement(smollm, smollm_int4, ids)
-    assert agreement.top1_agreement >= 0.97 and agreement.mean_kl < 0.002
+    monkeypatch.setattr(qkernel, "_state", {"op": None})  # PyTorch's packed kernels for the next load
+    from specledger.engine.loader import load_model
+
+    torch_int4 = load_model("smollm2-135m", quant="int4")
+    assert torch_int4.model.output.backend == "torch"
+    theirs = teacher_forced_agreement(smollm, torch_int4, ids)
+    assert agreement.mean_kl <= theirs.mean_kl and agreement.mean_kl < 0.002
+    assert agreement.top1_agreement >= theirs.top1_agreement - 0.01 and agreement.top1_agreement >= 0.95

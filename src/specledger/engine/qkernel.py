@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 SOURCES = [Path(__file__).with_name("csrc") / name for name in ("qmm.cpp", "fused.cpp")]
+HEADER = Path(__file__).with_name("csrc") / "simd.h"  # included by both: part of the cache key
 ISAS = {0: "none", 1: "avx2", 2: "avx512-vnni"}
 FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno", "-Wno-unused-function"]
 
@@ -59,7 +60,7 @@ def _command(cxx: str, out: Path) -> list[str]:
 
 
 def library_path() -> Path:
-    text = b"".join(p.read_bytes() for p in SOURCES)
+    text = b"".join(p.read_bytes() for p in (*SOURCES, HEADER))
     key = hashlib.sha256(text + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
     return cache_dir() / f"qmm-{key}.so"
 

@@ -10,15 +10,16 @@
 
 #include <immintrin.h>
 
+#include "simd.h"
+
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 namespace {
 
-#define SF_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-SF_AVX2 inline float hsum(__m256 v) {
+SL_AVX2 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -27,7 +28,7 @@ SF_AVX2 inline float hsum(__m256 v) {
 
 // e^x for x <= 88: 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p the degree-6 Taylor polynomial (relative
 // error ~1e-7, under float32's rounding of the result); very negative x give 0.
-SF_AVX2 inline __m256 exp8(__m256 x) {
+SL_AVX2 inline __m256 exp8(__m256 x) {
   x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.f)), _mm256_set1_ps(-87.f));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -44,26 +45,14 @@ SF_AVX2 inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-template <typename T>
-SF_AVX2 inline __m256 load8(const T* p);
-template <>
-SF_AVX2 inline __m256 load8<float>(const float* p) { return _mm256_loadu_ps(p); }
-template <>
-SF_AVX2 inline __m256 load8<at::BFloat16>(const at::BFloat16* p) {
-  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-}
-template <>
-SF_AVX2 inline __m256 load8<at::Half>(const at::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+using specledger_simd::load8;
 
 template <typename T>
-SF_AVX2 inline void store8(T* p, __m256 v);
+SL_AVX2 inline void store8(T* p, __m256 v);
 template <>
-SF_AVX2 inline void store8<float>(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+SL_AVX2 inline void store8<float>(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
 template <>
-SF_AVX2 inline void store8<at::BFloat16>(at::BFloat16* p, __m256 v) {
+SL_AVX2 inline void store8<at::BFloat16>(at::BFloat16* p, __m256 v) {
   // round to nearest even, as c10::BFloat16(float) does (the engine's activations are finite)
   const __m256i b = _mm256_castps_si256(v);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
@@ -72,7 +61,7 @@ SF_AVX2 inline void store8<at::BFloat16>(at::BFloat16* p, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
 }
 template <>
-SF_AVX2 inline void store8<at::Half>(at::Half* p, __m256 v) {
+SL_AVX2 inline void store8<at::Half>(at::Half* p, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 }
 
@@ -90,7 +79,7 @@ inline bool avx2() {
 // --- RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w, fp32 in, the compute dtype out ----------------------
 
 template <typename T>
-SF_AVX2 void rms_row(const float* x, const float* w, int64_t n, float eps, T* y) {
+SL_AVX2 void rms_row(const float* x, const float* w, int64_t n, float eps, T* y) {
   __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -134,7 +123,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, at::Sc
 // Output (B, H, D) in out dtype.
 
 // Eight dot products' partial vectors -> one vector of their eight sums.
-SF_AVX2 inline __m256 hsum8x8(const __m256* a) {
+SL_AVX2 inline __m256 hsum8x8(const __m256* a) {
   const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
   const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
   const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
@@ -143,7 +132,7 @@ SF_AVX2 inline __m256 hsum8x8(const __m256* a) {
 
 // out[c] (c < NC vectors of 8) = sum over s of p[s] * v[s][c]
 template <int NC>
-SF_AVX2 inline void weighted_sum(const float* p, const float* v, int64_t s_stride, int64_t len, float* out) {
+SL_AVX2 inline void weighted_sum(const float* p, const float* v, int64_t s_stride, int64_t len, float* out) {
   __m256 acc[NC];
   for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
   for (int64_t s = 0; s < len; ++s) {
@@ -153,7 +142,7 @@ SF_AVX2 inline void weighted_sum(const float* p, const float* v, int64_t s_strid
   for (int c = 0; c < NC; ++c) _mm256_storeu_ps(out + 8 * c, acc[c]);
 }
 
-SF_AVX2 void attend_group(const float* q, int64_t qs_h, int64_t nh, const float* k, const float* v, int64_t s_stride,
+SL_AVX2 void attend_group(const float* q, int64_t qs_h, int64_t nh, const float* k, const float* v, int64_t s_stride,
                           int64_t len, int64_t d, float* scores, float* out) {
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   for (int64_t h = 0; h < nh; ++h) {
@@ -234,7 +223,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
 // --- SwiGLU: silu(gate) * up of a fused [gate | up] projection ----------------------------------------
 
 template <typename T>
-SF_AVX2 void swiglu_rows(const T* x, int64_t rows, int64_t inter, T* y) {
+SL_AVX2 void swiglu_rows(const T* x, int64_t rows, int64_t inter, T* y) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* g = x + r * 2 * inter;
     const T* u = g + inter;
@@ -276,7 +265,7 @@ at::Tensor swiglu(const at::Tensor& x) {
 // attends to [0, start]. Returns (B, 1, H D) in `out`. Replaces ~25 small eager ops per layer.
 
 template <typename T>
-SF_AVX2 void rope_into(const T* x, const T* c, const T* sn, int64_t d, float* o) {
+SL_AVX2 void rope_into(const T* x, const T* c, const T* sn, int64_t d, float* o) {
   const int64_t half = d / 2;
   for (int64_t j = 0; j < half; j += 8) {
     const __m256 lo = load8<T>(x + j), hi = load8<T>(x + half + j);
@@ -286,12 +275,12 @@ SF_AVX2 void rope_into(const T* x, const T* c, const T* sn, int64_t d, float* o)
 }
 
 template <typename T>
-SF_AVX2 void copy_into(const T* x, int64_t d, float* o) {
+SL_AVX2 void copy_into(const T* x, int64_t d, float* o) {
   for (int64_t j = 0; j < d; j += 8) _mm256_storeu_ps(o + j, load8<T>(x + j));
 }
 
 template <typename T, typename O>
-SF_AVX2 void new_token_seq(const T* qkv, const T* c, const T* sn, int64_t h, int64_t kv, int64_t d, float* kc, float* vc,
+SL_AVX2 void new_token_seq(const T* qkv, const T* c, const T* sn, int64_t h, int64_t kv, int64_t d, float* kc, float* vc,
                            int64_t hstride, int64_t sstride, int64_t start, float* qbuf, float* scores, float* obuf,
                            O* y) {
   for (int64_t i = 0; i < h; ++i) rope_into<T>(qkv + i * d, c, sn, d, qbuf + i * d);
@@ -352,7 +341,7 @@ at::Tensor attend_new_token(const at::Tensor& qkv, const at::Tensor& c, const at
 // in D (a view of the fused QKV projection), cos/sin (B or 1, n, 1, D); out contiguous in x's dtype.
 
 template <typename T>
-SF_AVX2 void rope_span(const at::Tensor& x, const at::Tensor& c, const at::Tensor& sn, at::Tensor& out, int64_t i0,
+SL_AVX2 void rope_span(const at::Tensor& x, const at::Tensor& c, const at::Tensor& sn, at::Tensor& out, int64_t i0,
                        int64_t i1) {
   const int64_t n = x.size(1), nh = x.size(2), d = x.size(3), half = d / 2;
   const T* xp = x.const_data_ptr<T>();

@@ -28,6 +28,8 @@
 
 #include <immintrin.h>
 
+#include "simd.h"
+
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
@@ -36,7 +38,6 @@
 
 namespace {
 
-#define SL_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define SL_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 enum Isa : int64_t { kNone = 0, kAvx2 = 1, kVnni = 2 };
@@ -70,19 +71,7 @@ struct Args {
 // ---------------------------------------------------------------------------------------------
 // activation quantization
 
-template <typename T>
-SL_AVX2 inline __m256 load8(const T* p);
-template <>
-SL_AVX2 inline __m256 load8<float>(const float* p) { return _mm256_loadu_ps(p); }
-template <>
-SL_AVX2 inline __m256 load8<at::BFloat16>(const at::BFloat16* p) {
-  __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-}
-template <>
-SL_AVX2 inline __m256 load8<at::Half>(const at::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+using specledger_simd::load8;
 
 SL_AVX2 inline int32_t hsum8i(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
