@@ -37,11 +37,27 @@ install_aiperf() {
   touch "$stamp"
 }
 
+link_torch() {  # link_torch DIR: the project's CPU torch made importable in the venv DIR (symlinks + a .pth file)
+  local dir="$1" torch_dir site
+  torch_dir="$("$TORCH_PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')" &&
+  site="$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" &&
+  rm -rf "$dir/project-torch" && mkdir -p "$dir/project-torch" &&
+  for pkg in "$torch_dir" "$(dirname "$torch_dir")"/torchgen "$(dirname "$torch_dir")"/functorch \
+             "$(dirname "$torch_dir")"/torch-*.dist-info; do
+    if [ -e "$pkg" ]; then ln -sfn "$pkg" "$dir/project-torch/"; fi
+  done &&
+  echo "$dir/project-torch" >"$site/project-torch.pth"
+}
+
 install_guidellm() {
   local dir="$DEST/guidellm" stamp="$DEST/guidellm/.installed-$GUIDELLM_VERSION" log="$DEST/guidellm.log"
-  [ -f "$stamp" ] && [ -x "$dir/bin/guidellm" ] && return 0
-  : >"$log"
   [ -x "$TORCH_PY" ] || { echo "install-peers: GuideLLM needs the project's venv for torch ($TORCH_PY): make install" >&2; exit 1; }
+  if [ -f "$stamp" ] && [ -x "$dir/bin/guidellm" ]; then
+    # installed before, maybe against another checkout's venv (a shared cache): its torch links must still resolve
+    "$dir/bin/python" -c "import torch, guidellm" >/dev/null 2>&1 && return 0
+    link_torch "$dir" && "$dir/bin/python" -c "import torch, guidellm" >>"$log" 2>&1 && return 0
+  fi
+  : >"$log"
   {
     venv guidellm &&
     "$dir/bin/pip" install -q --no-deps "guidellm==$GUIDELLM_VERSION" >>"$log" 2>&1 &&
@@ -63,18 +79,13 @@ EOF
 )" &&
     mapfile -t req_list <<<"$reqs" &&
     "$dir/bin/pip" install -q "${req_list[@]}" >>"$log" 2>&1 &&
-    torch_dir="$("$TORCH_PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')" &&
-    site="$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" &&
-    mkdir -p "$dir/project-torch" &&
-    for pkg in "$torch_dir" "$(dirname "$torch_dir")"/torchgen "$(dirname "$torch_dir")"/functorch \
-               "$(dirname "$torch_dir")"/torch-*.dist-info; do
-      if [ -e "$pkg" ]; then ln -sfn "$pkg" "$dir/project-torch/"; fi
-    done &&
-    echo "$dir/project-torch" >"$site/project-torch.pth" &&
+    link_torch "$dir" &&
     "$dir/bin/python" -c "import torch, guidellm" >>"$log" 2>&1 &&
     "$dir/bin/guidellm" --help >/dev/null 2>&1
   } || fail "GuideLLM $GUIDELLM_VERSION" "$log"
   # no CUDA build may have come in through a dependency
+  local site
+  site="$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   if ls "$site" | grep -qiE '^(nvidia|triton)'; then
     echo "install-peers: a CUDA package entered the GuideLLM venv" >&2; exit 1
   fi

@@ -63,8 +63,9 @@ def test_quantization_quality_bounds(smollm, smollm_int4):
 
     ids = smollm.tokenizer.encode(quality_text())
     a4 = teacher_forced_agreement(smollm, smollm_int4, ids)
-    # the Q4_1 codes are reused as they are: W4A16 g32 is (almost) the same model
-    assert a4.top1_agreement >= 0.97 and a4.mean_kl < 0.01
+    # the Q4_1 codes are reused as they are: W4A16 g32 is (almost) the same model. KL is the steady figure
+    # (0.0006-0.0007 on the hosts seen); top-1 over ~700 tokens moves by a point between hosts (0.968-0.978)
+    assert a4.top1_agreement >= 0.95 and a4.mean_kl < 0.002
     int8 = load_model("smollm2-135m", quant="int8")
     a8 = teacher_forced_agreement(smollm, int8, ids)
     assert a8.top1_agreement >= 0.93 and a8.mean_kl < 0.02
