@@ -7,7 +7,7 @@ prompts, answers of exactly 16 tokens, concurrency 2) alternate against one serv
 ours); each run is imported (the peer's) and priced (`specledger cost`). Checked, per run: the request count and the
 generated tokens equal the server's own /metrics over that run's window; each client's mean TTFT and end-to-end
 latency within 5% of the server's own histograms over its window. Between the two clients, medians over the rounds of
-TTFT mean and p50, end-to-end mean, p50 and p95: (a) each
+TTFT mean (its p50 is printed: bimodal at concurrency 2, see below), end-to-end mean, p50 and p95: (a) each
 divided by the server's own mean for its window, so the comparison holds while the machine's speed drifts between
 runs (on a shared 2-core machine the server's own mean latency moved 2x between windows); (b) raw, and as priced, when the server ran at the same speed under both in
 every round (its mean end-to-end latency within 5%). Percentiles are compared where the two clients issued the same
@@ -252,6 +252,11 @@ def test_peer_round_trip_matches_our_own_run_and_the_server(served, tmp_path, pe
         checked += [*STATS, "priced ttft_p50", "priced e2e_p95"]
     else:
         print(f"raw comparison not checked (server's mean e2e per round, {peer} vs ours: {speeds})")
+    # TTFT's median is reported, not asserted: at concurrency 2 a request's TTFT is one of two modes (its prefill
+    # alone, or beside the other stream's), and which mode holds the median of 32 depends on the two streams' phase,
+    # which differs between clients by design (seen on a quiet machine: p50 over the server's mean TTFT 1.13 ours,
+    # 1.02 GuideLLM, with the means within 1%).
+    checked = [k for k in checked if not k.startswith("ttft.p50") and k != "priced ttft_p50"]
     for key in [k for k in values(*runs["ours"][0]) if k not in checked and "/server" in k]:
         print(f"{key}: {peer} {theirs[key]:.3f} ours {ours[key]:.3f} (reported only)")
     for key in checked:
