@@ -95,6 +95,49 @@ def test_ragged_pass_equals_each_sequence_run_alone(lm):
     assert [cache.lengths[s] for s in slots] == [len(seqs[0]), len(seqs[1]), len(seqs[2]) + len(tree)]
 
 
+def test_decode_rows_attend_together_beside_segments_attending_alone(lm):
+    """Two decode rows attend in one batched call (with slots in their range that are not in the pass) while a
+    drafted chain, a tree and a prefill chunk attend one by one, the chunk's rows first; every row as if alone."""
+    from specledger.decoding.batch_runner import tree_rows
+
+    m = lm.model
+    seqs = prompts(7, seed=3)  # lengths 3, 41, 1, 17, 29, 8, 60
+    held = {0: 1, 3: 1, 4: 3, 5: 1, 6: 20}  # sequence -> tokens left for the pass
+    cache = new_slot_cache(m, 8)
+    slots = {i: cache.alloc() for i in range(7)}  # slots 1 and 2 stay out of the pass
+    for i, k in held.items():
+        n = len(seqs[i]) - k
+        ragged_hidden(m, torch.tensor(seqs[i][:n]), torch.arange(n), [Segment(slots[i], n)], cache)
+    tree = Tree(tokens=[5, 6, 8], parents=[-1, -1, 0])
+    start5 = len(seqs[5]) - 1
+    p5, m5 = tree_rows(start5, 1, tree, "cpu")
+    order = [6, 0, 4, 5, 3]  # the decode rows are not the pass's first rows
+    toks, pos, segs = [], [], []
+    for i in order:
+        k = held[i]
+        toks += seqs[i][-k:] + (tree.tokens if i == 5 else [])
+        pos.append(p5 if i == 5 else torch.arange(len(seqs[i]) - k, len(seqs[i])))
+        segs.append(Segment(slots[i], k + len(tree), m5) if i == 5 else Segment(slots[i], k))
+    h = ragged_hidden(m, torch.tensor(toks), torch.cat(pos), segs, cache)
+    logits = m.logits(h)
+
+    def ref(ids):
+        return m(torch.tensor([ids]), m.new_cache(128))[0]
+
+    row = 0
+    for i in order:
+        k = held[i]
+        if i == 5:
+            for node, path in {-1: [], 0: [5], 1: [6], 2: [5, 8]}.items():
+                torch.testing.assert_close(logits[row + 1 + node], ref(seqs[5] + path)[-1], atol=1e-4, rtol=1e-4)
+            row += k + len(tree)
+        else:
+            torch.testing.assert_close(logits[row : row + k], ref(seqs[i])[-k:], atol=1e-4, rtol=1e-4)
+            row += k
+    assert [cache.lengths[slots[i]] for i in order] == [len(seqs[i]) + (len(tree) if i == 5 else 0) for i in order]
+    assert cache.lengths[slots[1]] == cache.lengths[slots[2]] == 0
+
+
 @pytest.mark.parametrize("dtype,quant,tol", [("fp32", "none", 1e-4), ("bf16", "none", 0.1), ("bf16", "int4", 0.1)])
 def test_batched_decode_pass_equals_single_decode(dtype, quant, tol):
     """Every sequence adds one token (the one-call attention over padded slots), slots not contiguous;

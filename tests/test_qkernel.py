@@ -157,12 +157,27 @@ def test_fused_ops_equal_the_pytorch_expressions():
         k, v = torch.randn(b, kv, s + 3, d)[:, :, :s], torch.randn(b, kv, s + 3, d)[:, :, :s]  # cache views
         sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         torch.testing.assert_close(cpu_ops.decode_attention(q, k, v), sdpa, atol=1e-5, rtol=1e-5)
-        lengths = torch.randint(1, s + 1, (b,))
-        pad = torch.arange(s)[None] >= lengths[:, None]
-        fused = cpu_ops.batched_decode_attention(q, k, v, lengths, pad)
+        # rows on sequences of the cache, several rows per sequence, out of order, each its own length
+        slots = torch.tensor([b - 1, 0, b - 1, 0, b // 2])
+        lengths = torch.randint(1, s + 1, (5,))
+        qr = torch.randn(5, h, d)
+        fused = cpu_ops.rows_attention(qr, k, v, slots, lengths)
         with qkernel.disabled():
-            torch.testing.assert_close(fused, cpu_ops.batched_decode_attention(q, k, v, lengths, pad), atol=1e-5,
+            torch.testing.assert_close(fused, cpu_ops.rows_attention(qr, k, v, slots, lengths), atol=1e-5, rtol=1e-5)
+        allow = torch.rand(5, s) < 0.5
+        allow[:, 0] = True  # (every row sees something)
+        masked = cpu_ops.rows_attention(qr, k, v, slots, lengths, allow)
+        with qkernel.disabled():
+            torch.testing.assert_close(masked, cpu_ops.rows_attention(qr, k, v, slots, lengths, allow), atol=1e-5,
                                        rtol=1e-5)
+        for r in range(5):
+            kr, vr = k[slots[r], :, : lengths[r]][None], v[slots[r], :, : lengths[r]][None]
+            one = torch.nn.functional.scaled_dot_product_attention(qr[r][None, :, None], kr, vr, enable_gqa=True)
+            torch.testing.assert_close(fused[r], one[0, :, 0], atol=1e-5, rtol=1e-5)
+            m = allow[r, : lengths[r]][None, None, None]
+            one = torch.nn.functional.scaled_dot_product_attention(qr[r][None, :, None], kr, vr, attn_mask=m,
+                                                                   enable_gqa=True)
+            torch.testing.assert_close(masked[r], one[0, :, 0], atol=1e-5, rtol=1e-5)
     x13 = torch.randn(2, 3, 2 * 80)
     gate, up = x13.split(80, -1)
     torch.testing.assert_close(cpu_ops.swiglu(x13, 80), torch.nn.functional.silu(gate) * up, atol=1e-5, rtol=1e-5)

@@ -45,7 +45,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_dtyp
     b, h, n, d = q.shape
     out = out_dtype or v.dtype
     if n == 1 and _fits(q, k, v):
-        y = torch.ops.specledger.decode_attention(q.to(k.dtype).view(b, h, d), k, v, _NO_LENGTHS, out)
+        y = torch.ops.specledger.decode_attention(q.to(k.dtype).view(b, h, d), k, v, _NONE, _NONE, _NONE, out)
         return y.view(b, h, 1, d)
     kv, s = k.shape[1], k.shape[2]
     q3 = q.reshape(b * kv, (h // kv) * n, d) * d**-0.5
@@ -54,19 +54,26 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_dtyp
     return torch.bmm(p, v.reshape(b * kv, s, d)).view(b, h, n, d).to(out)
 
 
-def batched_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
-                             pad: torch.Tensor) -> torch.Tensor:
-    """One query per sequence, q (B, H, 1, D), over padded keys (B, KV, S, D): sequence i sees its first
-    lengths[i] entries (pad (B, S) True = not an entry: the same thing as a mask, for the PyTorch path)."""
-    b, h, _, d = q.shape
+def rows_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
+                   lengths: torch.Tensor, allow: torch.Tensor | None = None) -> torch.Tensor:
+    """One query per row, q (R, H, D): row r over the first lengths[r] entries of sequence slots[r] of the
+    cache (B, KV, S, D), of those only where allow (R, S) is True if given; in the cache's dtype, (R, H, D).
+    Decode rows, draft chains and draft trees (a tree row sees the cache and its ancestors) of many sequences
+    in one call."""
     if _fits(q, keys, values):
-        return torch.ops.specledger.decode_attention(q.view(b, h, d), keys, values, lengths, values.dtype).view(b, h, 1, d)
+        return torch.ops.specledger.decode_attention(q, keys, values, lengths, slots,
+                                                     _NONE if allow is None else allow, values.dtype)
+    r, h, d = q.shape
     kv, s = keys.shape[1], keys.shape[2]
-    q3 = q.reshape(b * kv, h // kv, d) * d**-0.5
-    scores = torch.bmm(q3, keys.reshape(b * kv, s, d).transpose(1, 2)).view(b, kv, h // kv, s)
-    scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
-    p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype).view(b * kv, h // kv, s)
-    return torch.bmm(p, values.reshape(b * kv, s, d)).view(b, h, 1, d)
+    k, v = keys.index_select(0, slots), values.index_select(0, slots)  # copies: the fallback's price
+    q3 = q.reshape(r * kv, h // kv, d) * d**-0.5
+    scores = torch.bmm(q3, k.reshape(r * kv, s, d).transpose(1, 2)).view(r, kv, h // kv, s)
+    hide = torch.arange(s, device=q.device)[None, :] >= lengths[:, None]
+    if allow is not None:
+        hide |= ~allow[:, :s]
+    scores = scores.masked_fill(hide[:, None, None, :], float("-inf"))
+    p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype).view(r * kv, h // kv, s)
+    return torch.bmm(p, v.reshape(r * kv, s, d)).view(r, h, d)
 
 
 def swiglu(x13: torch.Tensor, inter: int) -> torch.Tensor:
@@ -98,4 +105,4 @@ def attend_new_token(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_
     return torch.ops.specledger.attend_new_token(qkv, cos, sin, k_cache, v_cache, start, n_heads, out_dtype)
 
 
-_NO_LENGTHS = torch.empty(0, dtype=torch.long)
+_NONE = torch.empty(0, dtype=torch.long)  # no lengths / no slots: every entry, row r on sequence r

@@ -5,18 +5,20 @@ embeddings, norms, the QKV/output projections, the MLP and the LM head run once 
 rows, which is the bulk of the cost and where batching pays. Attention runs per segment
 against that sequence's own slot of a SlotCache, under its own mask: causal over its cache
 and its own new tokens by default, or any (n, cached + n) mask (a draft tree's ancestors).
-A decode step (every segment one row, no mask) attends in one batched call over the slots.
+Every row of a pass's decode steps, draft chains and draft trees attends in one call over the slots (each
+row its own slot, length and, in a tree, mask), whatever else the pass carries; prefill chunks attend one by
+one. So a sequence that drafts costs its rows, not every sequence of the batch a slower attention path.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import torch
 import torch.nn.functional as F
 
-from specledger.engine.cpu_ops import apply_rope, attend_new_token, batched_decode_attention, decode_attention
+from specledger.engine.cpu_ops import apply_rope, attend_new_token, decode_attention, rows_attention
 from specledger.engine.model import Block, Transformer, causal_mask, rope_at
 from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
@@ -35,22 +37,35 @@ class Segment:
     mask: torch.Tensor | None = None
 
 
+SMALL = 16  # segments of at most this many rows attend in the rows' one call; longer ones (prefill) alone
+
+
+@dataclass
+class Batched:
+    """The pass's rows that attend in one call: every row of its decode steps, draft chains and draft trees
+    (segments of up to SMALL rows), each at its place in the pass (row) and in the cache (slot, pos), seeing its
+    slot's first `lengths` entries (a chain's row: up to itself), of those what `allow` lets it (a tree's row)."""
+
+    rows: torch.Tensor
+    slots: torch.Tensor
+    pos: torch.Tensor
+    lengths: torch.Tensor
+    longest: int
+    all_rows: bool  # the pass is these rows, in order
+    allow: torch.Tensor | None = None  # (R, longest) where a tree is in the call: what each row may see
+
+
 @dataclass
 class RaggedPass:
-    """How one pass's rows map onto the slots: per segment its slot, cached length, row offset and mask, and for
-    a pure decode pass (every segment one row, B > 1) the index tensors of its one batched attention."""
+    """How one pass's rows map onto the slots: per segment its slot, cached length, row offset and mask; the
+    rows attending in one call (decode steps, chains, trees); the rest (prefill chunks) attend one by one."""
 
     segments: list[Segment]
     starts: list[int]
     offsets: list[int]
     masks: list[torch.Tensor | None]
-    decode_only: bool
-    slot_idx: torch.Tensor | None = None
-    start_idx: torch.Tensor | None = None
-    top: int = 0  # slots [0, top) take part in the batched attention (those outside the pass are dropped)
-    longest: int = 0
-    lengths: torch.Tensor | None = None  # valid entries per slot of [0, top) after the new row
-    pad: torch.Tensor | None = None
+    batched: Batched | None = None
+    alone: list[int] = field(default_factory=list)  # segments attending one by one
 
     @property
     def one_token(self) -> bool:
@@ -79,18 +94,43 @@ def plan_pass(segments: list[Segment], cache: SlotCache, device: torch.device) -
     offsets = [0]
     for s in segments:
         offsets.append(offsets[-1] + s.n)
-    plan = RaggedPass(segments, starts, offsets, masks,
-                      decode_only=all(s.n == 1 and m is None for s, m in zip(segments, masks)) and len(segments) > 1)
-    if plan.decode_only:
-        plan.slot_idx = torch.tensor(slots, device=device)
-        plan.start_idx = torch.tensor(starts, device=device)
-        valid = [1] * (max(slots) + 1)  # slots outside the pass: anything finite, the rows are dropped
-        for s, st in zip(segments, starts):
-            valid[s.slot] = st + 1
-        plan.top, plan.longest = len(valid), max(valid)
-        plan.lengths = torch.tensor(valid, device=device)
-        plan.pad = torch.arange(plan.longest, device=device)[None, :] >= plan.lengths[:, None]
+    plan = RaggedPass(segments, starts, offsets, masks)
+    short = [j for j, s in enumerate(segments) if s.n <= SMALL]
+    if not short or (len(short) == 1 and segments[short[0]].n == 1 and masks[short[0]] is None):
+        plan.alone = list(range(len(segments)))  # (one decode row: the one-token path)
+        return plan
+    plan.alone = [j for j in range(len(segments)) if j not in set(short)]
+    rows = [r for j in short for r in range(offsets[j], offsets[j + 1])]
+    rslots = [segments[j].slot for j in short for _ in range(segments[j].n)]
+    pos = [p for j in short for p in range(starts[j], starts[j] + segments[j].n)]
+    trees = [j for j in short if segments[j].mask is not None]
+    # every row sees its slot up to itself (a tree's nodes come after their ancestors), a tree's row what its mask allows
+    t = torch.tensor([rows, rslots, pos], device=device)
+    longest = max(pos) + 1
+    allow = None
+    if trees:
+        allow = torch.arange(longest, device=device)[None, :] <= t[2][:, None]
+        at = 0
+        for j in short:
+            n = segments[j].n
+            if j in trees:
+                allow[at : at + n, : starts[j] + n] = masks[j]
+            at += n
+    plan.batched = Batched(t[0], t[1], t[2], t[2] + 1, longest, not plan.alone, allow)
     return plan
+
+
+def _batched_attention(b: Batched, cache: SlotCache, i: int, q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor) -> torch.Tensor:
+    """Write the rows' new entries with one scatter, attend with one call; (R, H, D), a row each.
+
+    q (H, N, D), k / v (KV, N, D): the pass's rows; the cache is read in place, no copies."""
+    if not b.all_rows:
+        q, k, v = (t.index_select(1, b.rows) for t in (q, k, v))
+    cache.k[i][b.slots, :, b.pos] = k.transpose(0, 1).to(cache.k.dtype)
+    cache.v[i][b.slots, :, b.pos] = v.transpose(0, 1).to(cache.v.dtype)
+    keys, values = cache.k[i].narrow(2, 0, b.longest), cache.v[i].narrow(2, 0, b.longest)
+    return rows_attention(q.transpose(0, 1).to(keys.dtype), keys, values, b.slots, b.lengths, b.allow)
 
 
 def ragged_block(layer: Block, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: RaggedPass,
@@ -112,31 +152,23 @@ def ragged_block(layer: Block, i: int, x: torch.Tensor, cos: torch.Tensor, sin: 
     q = qk[:, : a.n_heads].transpose(0, 1)  # (H, N, D)
     k = qk[:, a.n_heads :].transpose(0, 1)  # (KV, N, D)
     v = qkv[0, :, qk_out:].view(n_rows, a.n_kv, a.hd).transpose(0, 1)
-    if plan.decode_only:
-        # every sequence adds one token: one scatter writes them all, then one batched attention
-        # over slots [0, top) padded to the longest; views, no copies of the cache (slots in the
-        # range but not in the pass are computed and dropped)
-        assert plan.slot_idx is not None and plan.start_idx is not None and plan.pad is not None
-        assert plan.lengths is not None
-        cache.k[i][plan.slot_idx, :, plan.start_idx] = k.transpose(0, 1).to(cache.k.dtype)
-        cache.v[i][plan.slot_idx, :, plan.start_idx] = v.transpose(0, 1).to(cache.v.dtype)
-        keys = cache.k[i].narrow(0, 0, plan.top).narrow(2, 0, plan.longest)
-        values = cache.v[i].narrow(0, 0, plan.top).narrow(2, 0, plan.longest)
-        qb = q.new_zeros((plan.top, a.n_heads, a.hd), dtype=keys.dtype)
-        qb[plan.slot_idx] = q.transpose(0, 1).to(keys.dtype)
-        yb = batched_decode_attention(qb[:, :, None], keys, values, plan.lengths, plan.pad)[:, :, 0]  # (top, H, D)
-        y = yb.index_select(0, plan.slot_idx)
+    gqa = a.n_kv != a.n_heads
+    b = plan.batched
+    if b is not None and b.all_rows:
+        y = _batched_attention(b, cache, i, q, k, v)  # (N, H, D)
     else:
-        ys = []
-        for s, st, o, m in zip(plan.segments, plan.starts, plan.offsets, plan.masks):
+        y = q.new_empty((n_rows, a.n_heads, a.hd), dtype=h.dtype)
+        if b is not None:
+            y.index_copy_(0, b.rows, _batched_attention(b, cache, i, q, k, v).to(h.dtype))
+        for j in plan.alone:
+            s, st, o, m = plan.segments[j], plan.starts[j], plan.offsets[j], plan.masks[j]
             keys, values = cache.write(i, s.slot, st, k[:, o : o + s.n], v[:, o : o + s.n])
             qs = q[:, o : o + s.n][None].to(keys.dtype)
             if m is None:  # (in the compute dtype already: one cast fewer per layer)
-                ys.append(decode_attention(qs, keys[None], values[None], h.dtype)[0])
+                ys = decode_attention(qs, keys[None], values[None], h.dtype)[0]
             else:
-                ys.append(F.scaled_dot_product_attention(
-                    qs, keys[None], values[None], attn_mask=m, enable_gqa=a.n_kv != a.n_heads)[0])
-        y = (ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)).transpose(0, 1)  # (N, H, D)
+                ys = F.scaled_dot_product_attention(qs, keys[None], values[None], attn_mask=m, enable_gqa=gqa)[0]
+            y[o : o + s.n] = ys.transpose(0, 1)
     x = a.wo.add_to(y.reshape(1, n_rows, -1).to(h.dtype), x)
     return layer.feed_forward(layer.ffn_norm(x), x)
 

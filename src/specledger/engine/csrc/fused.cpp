@@ -142,8 +142,9 @@ SL_AVX2 inline void weighted_sum(const float* p, const float* v, int64_t s_strid
   for (int c = 0; c < NC; ++c) _mm256_storeu_ps(out + 8 * c, acc[c]);
 }
 
+// allow: nullptr, or len flags (1 = may attend): a draft tree's row sees the cache and its own ancestors only.
 SL_AVX2 void attend_group(const float* q, int64_t qs_h, int64_t nh, const float* k, const float* v, int64_t s_stride,
-                          int64_t len, int64_t d, float* scores, float* out) {
+                          int64_t len, int64_t d, float* scores, float* out, const uint8_t* allow = nullptr) {
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   for (int64_t h = 0; h < nh; ++h) {
     const float* qh = q + h * qs_h;
@@ -163,6 +164,9 @@ SL_AVX2 void attend_group(const float* q, int64_t qs_h, int64_t nh, const float*
       for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(k + s * s_stride + i), acc);
       sc[s] = hsum(acc) * scale;
     }
+    if (allow)
+      for (s = 0; s < len; ++s)
+        if (!allow[s]) sc[s] = -INFINITY;  // (exp8 clamps: e^-87, nothing beside the row's largest e^0)
     float mx = -INFINITY;
     for (s = 0; s < len; ++s) mx = sc[s] > mx ? sc[s] : mx;
     float sum = 0.f;
@@ -187,12 +191,16 @@ SL_AVX2 void attend_group(const float* q, int64_t qs_h, int64_t nh, const float*
   }
 }
 
+// q (R, H, D) fp32, one query per row; k, v (B, KV, S, D) fp32. Row r attends the first lengths[r] entries (all
+// S where lengths is empty) of sequence slots[r] (r itself where slots is empty), of those only the ones that
+// allow[r] flags where allow (R, >= max length) is given: decode rows, draft chains and draft trees of many
+// sequences in one call, each against its own slot of the cache.
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lengths,
-                            at::ScalarType out) {
+                            const at::Tensor& slots, const at::Tensor& allow, at::ScalarType out) {
   TORCH_CHECK(avx2(), "specledger decode_attention: AVX2 required");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
               "specledger decode_attention: fp32 q, k, v");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.sizes() == k.sizes() && q.size(0) == k.size(0) &&
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.sizes() == k.sizes() && (slots.numel() || q.size(0) == k.size(0)) &&
                   q.size(2) == k.size(3) && q.size(1) % k.size(1) == 0 && k.size(3) % 8 == 0,
               "specledger decode_attention: shapes");
   TORCH_CHECK(q.stride(2) == 1 && k.stride(3) == 1 && v.stride(3) == 1 && k.strides() == v.strides(),
@@ -204,17 +212,32 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
                 "specledger decode_attention: lengths");
     lp = lengths.const_data_ptr<int64_t>();
   }
+  const int64_t* sp = nullptr;
+  if (slots.numel()) {
+    TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == b && slots.is_contiguous(),
+                "specledger decode_attention: slots");
+    sp = slots.const_data_ptr<int64_t>();
+    for (int64_t r = 0; r < b; ++r)
+      TORCH_CHECK(sp[r] >= 0 && sp[r] < k.size(0), "specledger decode_attention: slot out of range");
+  }
+  const uint8_t* ap = nullptr;
+  if (allow.numel()) {
+    TORCH_CHECK((allow.scalar_type() == at::kBool || allow.scalar_type() == at::kByte) && allow.dim() == 2 &&
+                    allow.size(0) == b && allow.size(1) >= s && allow.stride(1) == 1,
+                "specledger decode_attention: allow (R, >= S) bool");
+    ap = static_cast<const uint8_t*>(allow.const_data_ptr());
+  }
   at::Tensor o = at::empty({b, h, d}, q.options());
   const float *qp = q.const_data_ptr<float>(), *kp = k.const_data_ptr<float>(), *vp = v.const_data_ptr<float>();
   float* op = o.data_ptr<float>();
   at::parallel_for(0, b * kv, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores(g * s);
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t bi = i / kv, j = i % kv;
+      const int64_t bi = i / kv, j = i % kv, si = sp ? sp[bi] : bi;
       const int64_t len = lp ? std::min<int64_t>(std::max<int64_t>(lp[bi], 1), s) : s;
-      attend_group(qp + bi * q.stride(0) + j * g * q.stride(1), q.stride(1), g, kp + bi * k.stride(0) + j * k.stride(1),
-                   vp + bi * v.stride(0) + j * v.stride(1), k.stride(2), len, d, scores.data(),
-                   op + (bi * h + j * g) * d);
+      attend_group(qp + bi * q.stride(0) + j * g * q.stride(1), q.stride(1), g, kp + si * k.stride(0) + j * k.stride(1),
+                   vp + si * v.stride(0) + j * v.stride(1), k.stride(2), len, d, scores.data(),
+                   op + (bi * h + j * g) * d, ap ? ap + bi * allow.stride(0) : nullptr);
     }
   });
   return out == at::kFloat ? o : o.to(out);
@@ -392,7 +415,7 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& c, const at::Tensor& sn) 
 
 TORCH_LIBRARY_FRAGMENT(specledger, lib) {
   lib.def("rms_norm(Tensor x, Tensor weight, float eps, ScalarType out) -> Tensor");
-  lib.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor lengths, ScalarType out) -> Tensor");
+  lib.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor lengths, Tensor slots, Tensor allow, ScalarType out) -> Tensor");
   lib.def("swiglu(Tensor x) -> Tensor");
   lib.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   lib.def("attend_new_token(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, int start, "
