@@ -21,6 +21,7 @@ from specledger.decoding.draft_budget import (
     measure_cost_surface,
     plan_drafts,
     RankAcceptance,
+    StepOverhead,
 )
 from specledger.decoding.lookup import LookupDrafter
 from specledger.decoding.sampling import SamplingParams
@@ -108,6 +109,51 @@ def test_planner_stops_where_the_expected_rate_peaks(surface):
 def test_planner_looks_past_a_bump_in_the_surface():
     """One token does not pay for the 1 -> 2 row jump, four do: draft four, not none."""
     assert plan_chains([8], [0.7], 1, 1, CostSurface((1, 2, 5, 9), (1.0, 1.8, 1.9, 3.5))) == [4]
+
+
+def test_planner_charges_each_sequence_that_drafts():
+    """What a drafting sequence adds outside the pass (verifying, accepting) is paid once per sequence drafting."""
+    gains = [[0.9, 0.8], [0.9, 0.8]]
+    assert plan_drafts(gains, 2, 2, FLAT) == [2, 2]
+    assert plan_drafts(gains, 2, 2, FLAT, per_drafting=0.4) == [2, 2]  # (2 + 3.4) / 1.8 beats 2 / 1
+    assert plan_drafts(gains, 2, 2, FLAT, per_drafting=5.0) == [0, 0]  # no draft pays for its sequence's share
+    # a weak sequence's token pays for its row but not for its sequence's share: (2 + 2.7) / 1.5 > (2 + 3.0) / 2
+    assert plan_drafts([[0.9, 0.9, 0.9], [0.3]], 2, 2, FLAT) == [3, 1]
+    assert plan_drafts([[0.9, 0.9, 0.9], [0.3]], 2, 2, FLAT, per_drafting=0.5) == [3, 0]
+
+
+def test_step_overhead_is_what_drafting_sequences_add():
+    o = StepOverhead(weight=0.5)
+    o.observe(0.030, 3, 2)  # nothing known yet of a plain sequence's share: nothing learnt
+    assert o.base is None and o.extra == 0.0
+    o.observe(0.008, 8, 0)
+    assert o.base == pytest.approx(0.001)
+    for _ in range(20):
+        o.observe(0.008 + 3 * 0.002, 8, 3)
+    assert o.extra == pytest.approx(0.002, rel=1e-3) and o.base == pytest.approx(0.001)
+    o.observe(0.001, 8, 3)  # noise below the base: never a negative cost
+    assert o.extra >= 0.0
+
+
+def test_the_scheduler_measures_the_step_overhead_of_drafting_passes(lm):
+    """Every pass without prefill reports its decoding and drafting sequences; passes with prefill none."""
+    seen = []
+
+    class Recorder(StepOverhead):
+        def observe(self, seconds, n_seqs, n_drafting):
+            seen.append((seconds, n_seqs, n_drafting, sched.last_batch, sched.last_drafted, sched.last_rows))
+            super().observe(seconds, n_seqs, n_drafting)
+
+    sched = Scheduler(lm, max_batch=3, prefill_chunk=8, drafter=LookupDrafter(4), cost=FLAT)  # prompts over passes
+    assert sched.spec is not None
+    sched.spec.overhead = Recorder()
+    for p in repetitive_prompts()[:5]:  # the last two join while the first decode
+        sched.submit(p, SamplingParams(max_new_tokens=12, temperature=0.0))
+    sched.run()
+    assert seen and any(d for _, _, d, *_ in seen) and any(not d for _, _, d, *_ in seen)
+    for seconds, n, d, batch, drafted, rows in seen:
+        assert seconds > 0 and n == batch and 0 <= d <= min(n, drafted) and rows == n + drafted  # no prefill rows
+    assert sched.spec.overhead.base is not None
 
 
 def test_acceptance_estimate_moves_with_outcomes():

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specledger.decoding.draft_budget import AcceptanceEMA, CostSurface, RankAcceptance, cost_surface, plan_drafts
+from specledger.decoding.draft_budget import (AcceptanceEMA, CostSurface, RankAcceptance, StepOverhead, cost_surface,
+                                               plan_drafts)
 from specledger.decoding.drafter import Drafter, DraftSeq
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.tree import Tree
@@ -50,6 +51,8 @@ class BatchDrafting:
         # from the default prior (a short request would spend most of its passes unlearning an optimistic one).
         # With no draft verified it drifts back toward the prior, so speculation is tried again once it may pay.
         self.population: AcceptanceEMA | RankAcceptance = RankAcceptance() if drafter.tree else AcceptanceEMA()
+        self.overhead = StepOverhead()  # what a drafting sequence adds outside the pass (the scheduler measures)
+        self.last_plan_s = 0.0  # seconds the latest plan took (proposals included)
 
     @property
     def wants_features(self) -> bool:
@@ -72,7 +75,7 @@ class BatchDrafting:
         seqs = [s.seq for s in states]
         avail = d.candidates(seqs, [min(c, d.max_tokens) for c in caps])
         ks = plan_drafts([s.acc.gains(n) for s, n in zip(states, avail)], len(states) + prefill_rows, len(states),
-                         self.cost, d.draft_cost)
+                         self.cost, d.draft_cost, self.overhead.extra)
         self.last_drafted = sum(ks)
         if not self.last_drafted:
             self.population.relax(RELAX)
@@ -81,9 +84,9 @@ class BatchDrafting:
         if drafting:
             for i, t in zip(drafting, d.propose([seqs[i] for i in drafting], [ks[i] for i in drafting])):
                 trees[i] = t
-        spent = (time.perf_counter() - t0) / len(states)
+        self.last_plan_s = time.perf_counter() - t0
         for s in states:
-            s.draft_s += spent
+            s.draft_s += self.last_plan_s / len(states)
         return trees
 
     def accepted(self, st: DraftState, tokens: list[int], tree: Tree, path: list[int],

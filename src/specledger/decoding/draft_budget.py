@@ -64,7 +64,7 @@ def expected_accepted(a: float, k: int) -> float:
 
 
 def plan_drafts(gains: list[list[float]], base_rows: int, base_tokens: float, cost: Callable[[int], float],
-                draft_cost: Callable[[list[int]], float] | None = None) -> list[int]:
+                draft_cost: Callable[[list[int]], float] | None = None, per_drafting: float = 0.0) -> list[int]:
     """Draft tokens per sequence that maximise the pass's expected tokens per second.
 
     gains[i][j]: the expected tokens the (j+1)-th draft node of sequence i adds (non-increasing in j: a
@@ -72,16 +72,21 @@ def plan_drafts(gains: list[list[float]], base_rows: int, base_tokens: float, co
     most are the m largest gains anywhere in the batch, and T depends on the total rows only; so the plan is
     the best m: argmax (E0 + top-m gains) / (T(rows0 + m) + drafting time), looked at over every m, so a bump
     in T (e.g. 1 -> 2 rows on a CPU) does not hide a larger draft that pays. base_rows / base_tokens: rows of
-    the pass and tokens it yields with no draft; draft_cost(ks): seconds to draft ks (default none).
+    the pass and tokens it yields with no draft; draft_cost(ks): seconds to draft ks (default none);
+    per_drafting: seconds each sequence that drafts adds outside the pass and the drafting (verifying its
+    tree, accepting, the drafter following what was kept: StepOverhead), charged as the m nodes bring
+    sequences in (the order stays by gain: a near-optimal plan, not an exhaustive one).
     """
     order = sorted(((g, i) for i, gs in enumerate(gains) for g in gs if g > 0), key=lambda x: -x[0])
     ks = [0] * len(gains)
     best_m, best_rate = 0, base_tokens / cost(base_rows)
     tokens = float(base_tokens)
+    drafting = 0
     for m, (g, i) in enumerate(order, start=1):
         tokens += g
+        drafting += ks[i] == 0
         ks[i] += 1
-        rate = tokens / (cost(base_rows + m) + (draft_cost(ks) if draft_cost else 0.0))
+        rate = tokens / (cost(base_rows + m) + (draft_cost(ks) if draft_cost else 0.0) + per_drafting * drafting)
         if rate > best_rate:
             best_m, best_rate = m, rate
     ks = [0] * len(gains)
@@ -143,6 +148,29 @@ class RankAcceptance:
         """Drift back toward the default prior (no draft was verified: nothing was learnt this pass)."""
         for r, h in enumerate(self.hits):
             self.hits[r] = h + weight * (PRIOR ** (r + 1) - h)
+
+
+@dataclass
+class StepOverhead:
+    """What a sequence that drafts adds to a step outside the forward pass and the drafter's proposals:
+    verifying its tree, accepting (compacting its slot) and the drafter following what was kept. Measured
+    online from passes without prefill: per sequence in passes where none drafted (base), and over that per
+    drafting sequence (extra), each an EMA. Nothing of it is in the cost surface T(rows), and at a few
+    sequences a pass it is a real share of a short pass."""
+
+    base: float | None = None
+    extra: float = 0.0
+    weight: float = 0.1
+
+    def observe(self, seconds: float, n_seqs: int, n_drafting: int) -> None:
+        if n_seqs <= 0:
+            return
+        if not n_drafting:
+            per = seconds / n_seqs
+            self.base = per if self.base is None else self.base + self.weight * (per - self.base)
+        elif self.base is not None:
+            per = max(0.0, (seconds - self.base * n_seqs) / n_drafting)
+            self.extra += self.weight * (per - self.extra)
 
 
 @torch.inference_mode()

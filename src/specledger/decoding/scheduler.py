@@ -235,7 +235,9 @@ class Scheduler:
             return finished
         self.last_batch = len(items)
         self.passes += 1
+        t_fwd = clock(self.runner.device)
         fwds = self.runner.forward(items)
+        t_fwd = clock(self.runner.device) - t_fwd  # (clock waits for the device: the pass, not its launch)
         self.last_rows = sum(f.hidden.shape[0] for f in fwds)
         emitted: list[tuple[_Live, list[int]]] = []
         for lv, it, fwd in zip(live_in, items, fwds):
@@ -267,6 +269,9 @@ class Scheduler:
                 lv.appended += len(new)
                 emitted.append((lv, new))
         now = clock(self.runner.device)
+        if self.spec is not None and decoding and not runs:  # (a prefill's pass also begins drafters: not measured)
+            self.spec.overhead.observe(time.perf_counter() - t0 - t_fwd - self.spec.last_plan_s, len(decoding),
+                                       len(chains))
         for lv in live_in:
             lv.passes += 1
             lv.batch_sum += len(items)
