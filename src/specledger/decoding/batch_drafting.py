@@ -73,7 +73,7 @@ class BatchDrafting:
         t0 = time.perf_counter()
         d = self.drafter
         seqs = [s.seq for s in states]
-        avail = d.candidates(seqs, [min(c, d.max_tokens) for c in caps])
+        avail = d.candidates(seqs, caps)  # (each drafter caps at its max_tokens; caps: the tokens left)
         ks = plan_drafts([s.acc.gains(n) for s, n in zip(states, avail)], len(states) + prefill_rows, len(states),
                          self.cost, d.draft_cost, self.overhead.extra)
         self.last_drafted = sum(ks)

@@ -45,7 +45,7 @@ class CostSurface:
             mono.append(top)
         object.__setattr__(self, "seconds", tuple(mono))
 
-    def __call__(self, n: int) -> float:
+    def __call__(self, n: float) -> float:
         xs, ys = self.rows, self.seconds
         if n <= xs[0]:
             return ys[0]

@@ -30,19 +30,27 @@ class ModelDrafter:
     """A smaller (or quantized) model drafting chains for many sequences at once: its own slot cache, one
     ragged pass per drafted position over every sequence still drafting (the first pass also feeds what the
     verifier accepted since). Sampling draws each token from the request's own distribution and generator,
-    and keeps it as q for the verifier."""
+    and keeps it as q for the verifier.
+
+    lazy (the batched drafter): a sequence's prompt is not prefilled when it begins but fed by its first
+    proposal, with whatever else it fell behind by while it was not drafting, and draft_cost prices that
+    catch-up (beyond one chain's worth of tokens, spread over the drafting steps the sequence has left). At a
+    batch where drafting does not pay, the draft model then costs nothing at all, where an eager prefill of
+    every joining prompt stalled the batch for a draft that was never made."""
 
     name = "draft"
     wants_features = False
     tree = False
 
-    def __init__(self, draft: LoadedModel, num_tokens: int, *, n_slots: int = 1, max_len: int | None = None) -> None:
+    def __init__(self, draft: LoadedModel, num_tokens: int, *, n_slots: int = 1, max_len: int | None = None,
+                 lazy: bool = False) -> None:
         if not 1 <= num_tokens <= 64:
             raise BadInput(f"draft num_tokens must be in 1..64 (got {num_tokens})")
-        self.lm, self.max_tokens = draft, num_tokens
+        self.lm, self.max_tokens, self.lazy = draft, num_tokens, lazy
         self.runner = BatchRunner(draft, n_slots, max_len)
         self.seqs: dict[Hashable, Sequence] = {}
         self._surface: CostSurface | None = None
+        self._catchup: list[float] = []  # per sequence of the latest candidates(): extra rows its first pass prices
 
     def params(self) -> dict:
         return {"num_tokens": self.max_tokens, "draft": self.lm.label}
@@ -51,7 +59,7 @@ class ModelDrafter:
     def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
         """Take a slot and prefill the prompt (every token but the pending one): the draft model's prefill."""
         s = self.seqs[seq.key] = self.runner.open(seq.tokens)
-        if len(seq.tokens) > 1:
+        if len(seq.tokens) > 1 and not self.lazy:
             self.runner.forward([BatchItem(s, max_run=len(seq.tokens) - 1)])
 
     def accept(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
@@ -87,16 +95,26 @@ class ModelDrafter:
         return [Tree.chain(t, None if s.sp.greedy else q) for t, q, s in zip(toks, qs, seqs)]
 
     def candidates(self, seqs: list[DraftSeq], caps: list[int]) -> list[int]:
+        """caps: also the tokens each sequence has left, over which a long catch-up is spread."""
+        chain = self.max_tokens + 1  # what a drafting step feeds again at most: its accepted tokens and the next
+        self._catchup = []
+        for s, c in zip(seqs, caps):
+            behind = max(0, len(s.tokens) - 1 - self.runner.cached(self.seqs[s.key]))
+            self._catchup.append(min(behind, chain) + max(0, behind - chain) / max(1.0, c / chain))
         return [min(c, self.max_tokens) for c in caps]
 
     def draft_cost(self, budgets: list[int]) -> float:
-        """Pass d carries one row per sequence drafting at least d tokens: the draft model's own cost surface."""
+        """Pass d carries one row per sequence drafting at least d tokens, the first pass also what each fell
+        behind by (as of the latest candidates() over the same sequences): the draft model's own surface."""
         if not any(budgets):
             return 0.0
         if self._surface is None:
             n = self.runner.cache.n_slots
             self._surface = cost_surface(self.lm, max_rows=n, n_seqs=min(8, n), rows_per_seq=1)
-        return sum(self._surface(sum(1 for b in budgets if b > d)) for d in range(max(budgets)))
+        behind = self._catchup if len(self._catchup) == len(budgets) else [0.0] * len(budgets)
+        first = sum(c for c, b in zip(behind, budgets) if b > 0)
+        return self._surface(sum(1 for b in budgets if b > 0) + first) + sum(
+            self._surface(sum(1 for b in budgets if b > d)) for d in range(1, max(budgets)))
 
 
 class DraftModel(Speculative):
@@ -118,4 +136,4 @@ class DraftModel(Speculative):
         return ModelDrafter(self.draft_lm, self.k, max_len=ctx.target.max_len)
 
     def batch_drafter(self, n_slots: int) -> ModelDrafter:
-        return ModelDrafter(self.draft_lm, self.k, n_slots=n_slots, max_len=self.target.config.max_seq_len)
+        return ModelDrafter(self.draft_lm, self.k, n_slots=n_slots, max_len=self.target.config.max_seq_len, lazy=True)

@@ -113,8 +113,9 @@ def plan_pass(segments: list[Segment], cache: SlotCache, device: torch.device) -
         at = 0
         for j in short:
             n = segments[j].n
-            if j in trees:
-                allow[at : at + n, : starts[j] + n] = masks[j]
+            m = masks[j]
+            if m is not None:
+                allow[at : at + n, : starts[j] + n] = m
             at += n
     plan.batched = Batched(t[0], t[1], t[2], t[2] + 1, longest, not plan.alone, allow)
     return plan
