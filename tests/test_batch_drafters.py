@@ -101,7 +101,9 @@ def test_batched_eagle_proposal_equals_each_sequence_alone():
 def test_batched_drafter_never_drafts_when_every_row_costs_its_share(name):
     lm = varied_model()
     drafter = strategy(name, lm).batch_drafter(3)
-    sched = Scheduler(lm, max_batch=3, drafter=drafter, cost=lambda n: float(n))
+    # chunks of 4 prompt rows: the short prompt decodes beside the others' chunks (a draft must not look cheap
+    # against the chunk's rows)
+    sched = Scheduler(lm, max_batch=3, prefill_chunk=4, drafter=drafter, cost=lambda n: float(n))
     passes = []
     if name == "draft":  # nor does the draft model run: a joining prompt's prefill waits for a draft that pays
         real = drafter.runner.forward

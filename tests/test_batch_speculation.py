@@ -122,6 +122,19 @@ def test_planner_charges_each_sequence_that_drafts():
     assert plan_drafts([[0.9, 0.9, 0.9], [0.3]], 2, 2, FLAT, per_drafting=0.5) == [3, 0]
 
 
+def test_planner_weighs_a_draft_beside_a_prefill_chunk_against_the_decode_rate():
+    """A joining prompt's 300 rows make the pass slow, not its decode tokens cheap: a draft that does not pay
+    in a decode pass does not pay beside the chunk either; one that pays still does (its rows' marginal cost)."""
+    linear = CostSurface((1, 1000), (1.0, 1000.0))  # every row costs as much as a one-row pass
+    weak = [[0.5]] * 4
+    assert plan_drafts(weak, 4, 4, linear) == [0, 0, 0, 0]
+    assert plan_drafts(weak, 4, 4, linear, beside=300) == [0, 0, 0, 0]
+    knee = CostSurface((1, 8, 16, 1000), (1.0, 1.05, 1.6, 70.0))  # rows cheap up to 8, then ~0.07 each
+    strong = [[0.9, 0.8]] * 4
+    assert plan_drafts(strong, 4, 4, knee) == [2, 2, 2, 2]
+    assert plan_drafts(strong, 4, 4, knee, beside=300) == [2, 2, 2, 2]  # (4 + 6.8) / (1.02 + 8 * 0.07) > 4 / 1.02
+
+
 def test_step_overhead_is_what_drafting_sequences_add():
     o = StepOverhead(weight=0.5)
     o.observe(0.030, 3, 2)  # nothing known yet of a plain sequence's share: nothing learnt

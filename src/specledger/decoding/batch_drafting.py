@@ -74,8 +74,8 @@ class BatchDrafting:
         d = self.drafter
         seqs = [s.seq for s in states]
         avail = d.candidates(seqs, caps)  # (each drafter caps at its max_tokens; caps: the tokens left)
-        ks = plan_drafts([s.acc.gains(n) for s, n in zip(states, avail)], len(states) + prefill_rows, len(states),
-                         self.cost, d.draft_cost, self.overhead.extra)
+        ks = plan_drafts([s.acc.gains(n) for s, n in zip(states, avail)], len(states), len(states), self.cost,
+                         d.draft_cost, self.overhead.extra, beside=prefill_rows)
         self.last_drafted = sum(ks)
         if not self.last_drafted:
             self.population.relax(RELAX)

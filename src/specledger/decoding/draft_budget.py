@@ -64,7 +64,8 @@ def expected_accepted(a: float, k: int) -> float:
 
 
 def plan_drafts(gains: list[list[float]], base_rows: int, base_tokens: float, cost: Callable[[int], float],
-                draft_cost: Callable[[list[int]], float] | None = None, per_drafting: float = 0.0) -> list[int]:
+                draft_cost: Callable[[list[int]], float] | None = None, per_drafting: float = 0.0,
+                beside: int = 0) -> list[int]:
     """Draft tokens per sequence that maximise the pass's expected tokens per second.
 
     gains[i][j]: the expected tokens the (j+1)-th draft node of sequence i adds (non-increasing in j: a
@@ -76,17 +77,26 @@ def plan_drafts(gains: list[list[float]], base_rows: int, base_tokens: float, co
     per_drafting: seconds each sequence that drafts adds outside the pass and the drafting (verifying its
     tree, accepting, the drafter following what was kept: StepOverhead), charged as the m nodes bring
     sequences in (the order stays by gain: a near-optimal plan, not an exhaustive one).
+
+    beside: rows of the same pass that are not decoding (a joining prompt's chunk). A draft pays its rows'
+    marginal cost in that pass, but is weighed against the decode rate of a pass without them: the chunk's
+    seconds earn no decode tokens, so against the whole pass's rate every drafted token would look worth it.
     """
     order = sorted(((g, i) for i, gs in enumerate(gains) for g in gs if g > 0), key=lambda x: -x[0])
     ks = [0] * len(gains)
-    best_m, best_rate = 0, base_tokens / cost(base_rows)
+    t0 = cost(base_rows)
+
+    def seconds(m: int) -> float:  # the decode rows' share of a pass with m drafted rows
+        return t0 + cost(base_rows + beside + m) - cost(base_rows + beside) if beside else cost(base_rows + m)
+
+    best_m, best_rate = 0, base_tokens / t0
     tokens = float(base_tokens)
     drafting = 0
     for m, (g, i) in enumerate(order, start=1):
         tokens += g
         drafting += ks[i] == 0
         ks[i] += 1
-        rate = tokens / (cost(base_rows + m) + (draft_cost(ks) if draft_cost else 0.0) + per_drafting * drafting)
+        rate = tokens / (seconds(m) + (draft_cost(ks) if draft_cost else 0.0) + per_drafting * drafting)
         if rate > best_rate:
             best_m, best_rate = m, rate
     ks = [0] * len(gains)
