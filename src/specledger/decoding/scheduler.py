@@ -100,6 +100,12 @@ class _Live:
         assert self.seq is not None
         return self.seq
 
+    def first_token(self, logits: torch.Tensor) -> int:
+        if self.sp.greedy:
+            return int(logits.argmax())
+        assert self.gen is not None  # admission gives every sampled request its generator
+        return sample(probs_from_logits(logits, self.sp), self.gen)
+
     def emit(self, new: list[int], now: float, tok: Tokenizer | None) -> None:
         """Append a step's tokens with generate()'s stop rules (eos after min tokens, max tokens, stop strings)."""
         sp = self.sp
@@ -246,12 +252,7 @@ class Scheduler:
             if fwd.logits is None:  # a prefill chunk that did not reach the prompt's end
                 continue
             if lv.prefilling:
-                logits = fwd.logits[0]
-                if lv.sp.greedy:
-                    first = int(logits.argmax())
-                else:
-                    assert lv.gen is not None  # admission gives every sampled request its generator
-                    first = sample(probs_from_logits(logits, lv.sp), lv.gen)
+                first = lv.first_token(fwd.logits[0])
                 lv.running_seq.tokens.append(first)
                 if self.spec is not None:
                     feats = torch.cat(lv.prefill_h) if lv.prefill_h else None
