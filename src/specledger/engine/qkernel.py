@@ -29,7 +29,7 @@ import torch
 
 SOURCES = [Path(__file__).with_name("csrc") / name for name in ("qmm.cpp", "fused.cpp")]
 HEADER = Path(__file__).with_name("csrc") / "simd.h"  # included by both: part of the cache key
-ISAS = {0: "none", 1: "avx2", 2: "avx512-vnni"}
+ISAS = {0: "none", 1: "avx2", 2: "avx512-vnni", 3: "avx512-vnni+amx"}
 FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno", "-Wno-unused-function"]
 
 _state: dict[str, Any] = {}
@@ -136,8 +136,9 @@ def host_isa() -> str:
 
 
 def requested_isa() -> int:
-    """0 = the best this host has; 1 = AVX2 (SPECLEDGER_QKERNEL=avx2)."""
-    return 1 if os.environ.get("SPECLEDGER_QKERNEL", "").lower() == "avx2" else 0
+    """0 = the best this host has for each product's rows; 1 = AVX2 (SPECLEDGER_QKERNEL=avx2), 2 = AVX-512 VNNI
+    without AMX (=vnni), 3 = AMX for every product, however few its rows (=amx)."""
+    return {"avx2": 1, "vnni": 2, "amx": 3}.get(os.environ.get("SPECLEDGER_QKERNEL", "").lower(), 0)
 
 
 def activation_digits() -> int:

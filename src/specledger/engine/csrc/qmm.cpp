@@ -26,28 +26,54 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <cpuid.h>
 #include <immintrin.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "simd.h"
 
+#include <array>
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace {
 
 #define SL_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
-enum Isa : int64_t { kNone = 0, kAvx2 = 1, kVnni = 2 };
+#define SL_AMX \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")))
+
+enum Isa : int64_t { kNone = 0, kAvx2 = 1, kVnni = 2, kAmx = 3 };
+
+// AMX needs the tile units (cpuid 7.0 edx: AMX-TILE bit 24, AMX-INT8 bit 25) and, on Linux, the kernel's leave:
+// the 8 KB of tile state is handed out per process on request (ARCH_REQ_XCOMP_PERM for XTILEDATA); asked once.
+bool amx_usable() {
+  static const bool ok = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !(edx & (1u << 24)) || !(edx & (1u << 25)))
+      return false;
+#ifdef __linux__
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+    return false;
+#endif
+  }();
+  return ok;
+}
 
 int64_t host_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("avx512vnni"))
-    return kVnni;
+    return amx_usable() ? kAmx : kVnni;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
     return kAvx2;
   return kNone;
@@ -288,9 +314,108 @@ SL_VNNI void tile_vnni(const Args& a, int64_t r0, int64_t t) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// AMX: 16 activation rows x 16 weight rows per block in one tile product per digit. A block's 32 inputs of 16
+// activation rows are an A tile (16 x 32 bytes, row stride K), a block of a weight tile is a B tile as stored
+// (bits 8: 8 rows of 4 inputs x 16 weight rows; bits 4 after splitting the nibbles); the int32 sums C (16 x 16)
+// go through memory into the same float accumulation as tile_vnni, so the products are bit-identical to it.
+
+// tmm0/1: A, the high/low activation digit; tmm2: B; tmm3/4: C of the two digits
+struct TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+constexpr TileConfig amx_layout() {
+  TileConfig c{};
+  c.palette = 1;
+  c.rows[0] = c.rows[1] = 16, c.colsb[0] = c.colsb[1] = 32;
+  c.rows[2] = 8, c.colsb[2] = 64;
+  c.rows[3] = c.rows[4] = 16, c.colsb[3] = c.colsb[4] = 64;
+  return c;
+}
+
+// in memory, not built on the stack: ldtilecfg's asm tells the compiler it reads 8 bytes, not 64
+alignas(64) constexpr TileConfig kTileConfig = amx_layout();
+
+// the tile intrinsics' asm names no memory it reads: stores the tile loads depend on are fenced with this
+inline void compiler_fence() { asm volatile("" ::: "memory"); }
+
+// bits 4: a weight tile's blocks as B tiles (low nibbles of chunk j are inputs 8j..8j+3, high ones 8j+4..8j+7)
+SL_AMX void unpack_int4(const uint8_t* wt, int64_t nb, uint8_t* out) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < nb; ++b)
+    for (int j = 0; j < 4; ++j) {
+      const __m512i raw = _mm512_loadu_si512(wt + b * 256 + j * 64);
+      _mm512_storeu_si512(out + b * 512 + j * 128, _mm512_and_si512(raw, m4));
+      _mm512_storeu_si512(out + b * 512 + j * 128 + 64, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4));
+    }
+}
+
+// MR (<= 16) activation rows from r0 against weight tile t, whose B tiles start at wb (512 bytes per block). The A
+// tiles always take 16 rows (the scratch is padded to a multiple of 16 rows); the rows past MR are not used.
+template <int MR, int BITS, int DIG>
+SL_AMX void tile_amx(const Args& a, int64_t r0, int64_t t, const uint8_t* wb) {
+  const uint16_t* dt = a.d + t * a.gd * 16;
+  const uint16_t* mt = BITS == 4 ? a.m + t * a.g * 16 : nullptr;
+  const int8_t* xa = a.qa + r0 * a.k;
+  const int8_t* xb = DIG == 2 ? a.qb + r0 * a.k : nullptr;
+  alignas(64) int32_t c[2][16][16];
+  __m512 acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+  const int64_t gmask = (int64_t{1} << a.gshift) - 1;
+  for (int64_t b = 0; b < a.nb; ++b) {
+    _tile_loadd(2, wb + b * 512, 64);
+    _tile_loadd(0, xa + b * 32, a.k);
+    _tile_zero(3);
+    if (BITS == 4)  // activations signed, codes unsigned, as dpbusd takes them
+      _tile_dpbsud(3, 0, 2);
+    else  // both signed: the exact sums tile_vnni reaches by flipping the codes' sign bit and taking 128 sum(q) off
+      _tile_dpbssd(3, 0, 2);
+    _tile_stored(3, c[0], 64);
+    if (DIG == 2) {
+      _tile_loadd(1, xb + b * 32, a.k);
+      _tile_zero(4);
+      if (BITS == 4)
+        _tile_dpbsud(4, 1, 2);
+      else
+        _tile_dpbssd(4, 1, 2);
+      _tile_stored(4, c[1], 64);
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dt + (b >> a.gdshift) * 16)));
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      __m512i s = _mm512_load_si512(c[0][r]);
+      if (DIG == 2)  // 254 s + s2 (mod 2^32, as mullo): two shifts instead of a multiply
+        s = _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(s, 8), _mm512_slli_epi32(s, 1)),
+                             _mm512_load_si512(c[1][r]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(a.da[(r0 + r) * a.nb + b])),
+                               acc[r]);
+    }
+    if (BITS == 4 && (b & gmask) == 0) {
+      const int64_t g = b >> a.gshift;
+      const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mt + g * 16)));
+      for (int r = 0; r < MR; ++r) acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.sa[(r0 + r) * a.g + g]), acc[r]);
+    }
+  }
+  alignas(64) float out[16];
+  for (int r = 0; r < MR; ++r) {
+    _mm512_store_ps(out, acc[r]);
+    store(a, r0 + r, t * 16, 16, out);
+  }
+}
+
+template <int BITS, int DIG, int... R>
+constexpr auto amx_tiles(std::integer_sequence<int, R...>) {
+  return std::array<void (*)(const Args&, int64_t, int64_t, const uint8_t*), sizeof...(R)>{
+      &tile_amx<R + 1, BITS, DIG>...};
+}
+
+// ---------------------------------------------------------------------------------------------
 // dispatch over row groups
 
 constexpr int kMB = 4;  // activation rows per tile
+constexpr int64_t kAmxRows = 8;  // from this many rows up the best ISA (isa 0) is AMX where the host has it
 
 template <int MB, int BITS, int DIG>
 void tile(int64_t isa, const Args& a, int64_t r0, int64_t t) {
@@ -316,12 +441,33 @@ void tiles(int64_t isa, const Args& a, int64_t rows, int64_t t0, int64_t t1) {
   }
 }
 
+// AMX: rows in groups of 16 per weight tile (the tile configured in this worker thread: the configuration is per
+// thread, and other code, oneDNN's bf16 kernels, may have loaded its own since the last product)
+template <int BITS, int DIG>
+SL_AMX void tiles_amx(const Args& a, int64_t rows, int64_t t0, int64_t t1) {
+  static constexpr auto by_rows = amx_tiles<BITS, DIG>(std::make_integer_sequence<int, 16>{});
+  thread_local std::vector<uint8_t> unpacked;
+  if (BITS == 4 && static_cast<int64_t>(unpacked.size()) < a.nb * 512) unpacked.resize(a.nb * 512);
+  _tile_loadconfig(&kTileConfig);
+  for (int64_t t = t0; t < t1; ++t) {
+    const uint8_t* wb = a.w + t * a.nb * (BITS == 4 ? 256 : 512);
+    if (BITS == 4) {
+      unpack_int4(wb, a.nb, unpacked.data());
+      compiler_fence();
+      wb = unpacked.data();
+    }
+    for (int64_t r = 0; r < rows; r += 16) by_rows[std::min<int64_t>(16, rows - r) - 1](a, r, t, wb);
+  }
+  _tile_release();
+}
+
 struct Scratch {
   std::vector<int8_t> qa, qb;
   std::vector<float> da, sa;
   std::vector<int32_t> qs;
   void fit(int64_t m, int64_t k, int64_t nb, int64_t g) {
-    if (static_cast<int64_t>(qa.size()) < m * k) qa.resize(m * k), qb.resize(m * k);
+    const int64_t m16 = (m + 15) / 16 * 16;  // AMX loads activations 16 rows at a time
+    if (static_cast<int64_t>(qa.size()) < m16 * k) qa.resize(m16 * k), qb.resize(m16 * k);
     if (static_cast<int64_t>(da.size()) < m * nb) da.resize(m * nb), qs.resize(m * nb);
     if (static_cast<int64_t>(sa.size()) < m * g) sa.resize(m * g);
   }
@@ -347,11 +493,14 @@ at::Tensor qmm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& s
   TORCH_CHECK(group >= 32 && (group & (group - 1)) == 0 && (bits == 4 || group == 32), "specledger qmm: bad group");
   const int64_t hw = host_isa();
   TORCH_CHECK(hw != kNone, "specledger qmm: this CPU lacks AVX2/FMA/F16C");
-  if (isa == kNone || isa > hw) isa = hw;
   const int64_t m = x.size(0), k = x.size(1), nb = k / 32, tiles_n = codes.size(0);
   int64_t gshift = 0;
   while ((int64_t{32} << gshift) < group) ++gshift;
   const int64_t g = nb >> gshift;
+  if (isa == kNone)  // the best for this many rows: AMX's tile products pay once there are enough rows to fill them
+    isa = hw == kAmx && m < kAmxRows ? kVnni : hw;
+  else if (isa > hw)
+    isa = hw;
   TORCH_CHECK(k % group == 0 && codes.dim() == 3 && codes.size(1) == nb && codes.size(2) == (bits == 4 ? 256 : 512) &&
                   tiles_n * 16 >= n && codes.is_contiguous(),
               "specledger qmm: codes do not match the input width");
@@ -391,7 +540,12 @@ at::Tensor qmm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& s
   const int64_t threads = at::get_num_threads();
   const int64_t grain = std::max<int64_t>(1, (tiles_n + threads - 1) / threads);
   at::parallel_for(0, tiles_n, grain, [&](int64_t t0, int64_t t1) {
-    if (bits == 4)
+    if (isa == kAmx) {
+      if (bits == 4)
+        digits == 2 ? tiles_amx<4, 2>(a, m, t0, t1) : tiles_amx<4, 1>(a, m, t0, t1);
+      else
+        digits == 2 ? tiles_amx<8, 2>(a, m, t0, t1) : tiles_amx<8, 1>(a, m, t0, t1);
+    } else if (bits == 4)
       digits == 2 ? tiles<4, 2>(isa, a, m, t0, t1) : tiles<4, 1>(isa, a, m, t0, t1);
     else
       digits == 2 ? tiles<8, 2>(isa, a, m, t0, t1) : tiles<8, 1>(isa, a, m, t0, t1);
