@@ -326,17 +326,24 @@ struct TileConfig {
   uint8_t rows[16];
 };
 
-constexpr TileConfig amx_layout() {
+// rows: the activation rows of A and C (1..16); fewer rows load and store fewer lines
+constexpr TileConfig amx_layout(int rows) {
   TileConfig c{};
   c.palette = 1;
-  c.rows[0] = c.rows[1] = 16, c.colsb[0] = c.colsb[1] = 32;
+  c.rows[0] = c.rows[1] = static_cast<uint8_t>(rows), c.colsb[0] = c.colsb[1] = 32;
   c.rows[2] = 8, c.colsb[2] = 64;
-  c.rows[3] = c.rows[4] = 16, c.colsb[3] = c.colsb[4] = 64;
+  c.rows[3] = c.rows[4] = static_cast<uint8_t>(rows), c.colsb[3] = c.colsb[4] = 64;
   return c;
 }
 
+constexpr std::array<TileConfig, 16> amx_layouts() {
+  std::array<TileConfig, 16> out{};
+  for (int r = 0; r < 16; ++r) out[r] = amx_layout(r + 1);
+  return out;
+}
+
 // in memory, not built on the stack: ldtilecfg's asm tells the compiler it reads 8 bytes, not 64
-alignas(64) constexpr TileConfig kTileConfig = amx_layout();
+alignas(64) constexpr std::array<TileConfig, 16> kTileConfigs = amx_layouts();
 
 // the tile intrinsics' asm names no memory it reads: stores the tile loads depend on are fenced with this
 inline void compiler_fence() { asm volatile("" ::: "memory"); }
@@ -352,50 +359,72 @@ SL_AMX void unpack_int4(const uint8_t* wt, int64_t nb, uint8_t* out) {
     }
 }
 
-// MR (<= 16) activation rows from r0 against weight tile t, whose B tiles start at wb (512 bytes per block). The A
-// tiles always take 16 rows (the scratch is padded to a multiple of 16 rows); the rows past MR are not used.
+constexpr int64_t kAmxChunk = 8;  // blocks whose sums are stored before any is read (loads of a tile store's
+                                  // memory stall until it is written: the vector work waits for a whole chunk)
+
+constexpr int64_t kAmxAhead = 4;  // blocks (bits 8: of the weights as stored, tiles one after the other)
+
+// C starts from these zeros: tilezero followed by a product on the same tile costs ~3x a load (measured, SPR)
+alignas(64) constexpr int32_t kZeros[16 * 16] = {};
+
+// One block's integer sums for the 16 activation rows from xa (xb: the low digit) into c[0] (c[1]).
+template <int BITS, int DIG>
+SL_AMX inline void amx_block(const uint8_t* wb, const int8_t* xa, const int8_t* xb, int64_t stride, int32_t* c) {
+  _tile_loadd(2, wb, 64);
+  _tile_loadd(0, xa, stride);
+  _tile_loadd(3, kZeros, 64);
+  if (BITS == 4)  // activations signed, codes unsigned, as dpbusd takes them
+    _tile_dpbsud(3, 0, 2);
+  else  // both signed: the exact sums tile_vnni reaches by flipping the codes' sign bit and taking 128 sum(q) off
+    _tile_dpbssd(3, 0, 2);
+  if (DIG == 2) {
+    _tile_loadd(1, xb, stride);
+    _tile_loadd(4, kZeros, 64);
+    if (BITS == 4)
+      _tile_dpbsud(4, 1, 2);
+    else
+      _tile_dpbssd(4, 1, 2);
+  }
+  _tile_stored(3, c, 64);
+  if (DIG == 2) _tile_stored(4, c + 256, 64);  // c: [digit][16][16]
+}
+
+// MR (<= 16) activation rows from r0 against weight tile t, whose B tiles start at wb (512 bytes per block); the
+// tiles are configured for MR rows.
+// Software-pipelined by one block: the tile unit works on block b + 1 while the vector units take block b's sums.
 template <int MR, int BITS, int DIG>
 SL_AMX void tile_amx(const Args& a, int64_t r0, int64_t t, const uint8_t* wb) {
   const uint16_t* dt = a.d + t * a.gd * 16;
   const uint16_t* mt = BITS == 4 ? a.m + t * a.g * 16 : nullptr;
   const int8_t* xa = a.qa + r0 * a.k;
   const int8_t* xb = DIG == 2 ? a.qb + r0 * a.k : nullptr;
-  alignas(64) int32_t c[2][16][16];
+  alignas(64) int32_t c[kAmxChunk][DIG][16][16];  // [block][digit][activation row][weight row]
   __m512 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
   const int64_t gmask = (int64_t{1} << a.gshift) - 1;
-  for (int64_t b = 0; b < a.nb; ++b) {
-    _tile_loadd(2, wb + b * 512, 64);
-    _tile_loadd(0, xa + b * 32, a.k);
-    _tile_zero(3);
-    if (BITS == 4)  // activations signed, codes unsigned, as dpbusd takes them
-      _tile_dpbsud(3, 0, 2);
-    else  // both signed: the exact sums tile_vnni reaches by flipping the codes' sign bit and taking 128 sum(q) off
-      _tile_dpbssd(3, 0, 2);
-    _tile_stored(3, c[0], 64);
-    if (DIG == 2) {
-      _tile_loadd(1, xb + b * 32, a.k);
-      _tile_zero(4);
-      if (BITS == 4)
-        _tile_dpbsud(4, 1, 2);
-      else
-        _tile_dpbssd(4, 1, 2);
-      _tile_stored(4, c[1], 64);
+  for (int64_t b0 = 0; b0 < a.nb; b0 += kAmxChunk) {
+    const int64_t b1 = std::min<int64_t>(a.nb, b0 + kAmxChunk);
+    for (int64_t b = b0; b < b1; ++b) {
+      if (BITS == 8)  // tile loads wait for L2 where vector loads would not: the weights are fetched ahead
+        for (int l = 0; l < 512; l += 64) _mm_prefetch(reinterpret_cast<const char*>(wb + (b + kAmxAhead) * 512 + l), _MM_HINT_T0);
+      amx_block<BITS, DIG>(wb + b * 512, xa + b * 32, DIG == 2 ? xb + b * 32 : nullptr, a.k, &c[b - b0][0][0][0]);
     }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dt + (b >> a.gdshift) * 16)));
+    for (int64_t b = b0; b < b1; ++b) {
+      const auto& cb = c[b - b0];
+      const __m512 dw =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dt + (b >> a.gdshift) * 16)));
 #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      __m512i s = _mm512_load_si512(c[0][r]);
-      if (DIG == 2)  // 254 s + s2 (mod 2^32, as mullo): two shifts instead of a multiply
-        s = _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(s, 8), _mm512_slli_epi32(s, 1)),
-                             _mm512_load_si512(c[1][r]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(a.da[(r0 + r) * a.nb + b])),
-                               acc[r]);
-    }
-    if (BITS == 4 && (b & gmask) == 0) {
-      const int64_t g = b >> a.gshift;
-      const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mt + g * 16)));
-      for (int r = 0; r < MR; ++r) acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.sa[(r0 + r) * a.g + g]), acc[r]);
+      for (int r = 0; r < MR; ++r) {
+        __m512i s = _mm512_load_si512(cb[0][r]);
+        if (DIG == 2) s = _mm512_add_epi32(_mm512_mullo_epi32(s, _mm512_set1_epi32(254)), _mm512_load_si512(cb[DIG - 1][r]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(a.da[(r0 + r) * a.nb + b])),
+                                 acc[r]);
+      }
+      if (BITS == 4 && (b & gmask) == 0) {
+        const int64_t g = b >> a.gshift;
+        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mt + g * 16)));
+        for (int r = 0; r < MR; ++r) acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.sa[(r0 + r) * a.g + g]), acc[r]);
+      }
     }
   }
   alignas(64) float out[16];
@@ -415,7 +444,7 @@ constexpr auto amx_tiles(std::integer_sequence<int, R...>) {
 // dispatch over row groups
 
 constexpr int kMB = 4;  // activation rows per tile
-constexpr int64_t kAmxRows = 8;  // from this many rows up the best ISA (isa 0) is AMX where the host has it
+constexpr int64_t kAmxRows = 5;  // from this many rows on AMX beats VNNI (benchmarks/linear_rows.py, SmolLM2 shapes)
 
 template <int MB, int BITS, int DIG>
 void tile(int64_t isa, const Args& a, int64_t r0, int64_t t) {
@@ -427,28 +456,32 @@ void tile(int64_t isa, const Args& a, int64_t r0, int64_t t) {
   }
 }
 
+// rows [r, rows) of tile t in groups of kMB
+template <int BITS, int DIG>
+void row_groups(int64_t isa, const Args& a, int64_t r, int64_t rows, int64_t t) {
+  for (; r + kMB <= rows; r += kMB) tile<kMB, BITS, DIG>(isa, a, r, t);
+  switch (rows - r) {
+    case 3: tile<3, BITS, DIG>(isa, a, r, t); break;
+    case 2: tile<2, BITS, DIG>(isa, a, r, t); break;
+    case 1: tile<1, BITS, DIG>(isa, a, r, t); break;
+    default: break;
+  }
+}
+
 template <int BITS, int DIG>
 void tiles(int64_t isa, const Args& a, int64_t rows, int64_t t0, int64_t t1) {
-  for (int64_t t = t0; t < t1; ++t) {  // a tile's weights stay in L1 while every row group passes
-    int64_t r = 0;
-    for (; r + kMB <= rows; r += kMB) tile<kMB, BITS, DIG>(isa, a, r, t);
-    switch (rows - r) {
-      case 3: tile<3, BITS, DIG>(isa, a, r, t); break;
-      case 2: tile<2, BITS, DIG>(isa, a, r, t); break;
-      case 1: tile<1, BITS, DIG>(isa, a, r, t); break;
-      default: break;
-    }
-  }
+  for (int64_t t = t0; t < t1; ++t) row_groups<BITS, DIG>(isa, a, 0, rows, t);  // the tile stays in L1 meanwhile
 }
 
 // AMX: rows in groups of 16 per weight tile (the tile configured in this worker thread: the configuration is per
 // thread, and other code, oneDNN's bf16 kernels, may have loaded its own since the last product)
+// A last group of fewer than min_rows rows takes VNNI (a tile product costs the same for 1 row as for 16).
 template <int BITS, int DIG>
-SL_AMX void tiles_amx(const Args& a, int64_t rows, int64_t t0, int64_t t1) {
+SL_AMX void tiles_amx(const Args& a, int64_t rows, int64_t t0, int64_t t1, int64_t min_rows) {
   static constexpr auto by_rows = amx_tiles<BITS, DIG>(std::make_integer_sequence<int, 16>{});
   thread_local std::vector<uint8_t> unpacked;
   if (BITS == 4 && static_cast<int64_t>(unpacked.size()) < a.nb * 512) unpacked.resize(a.nb * 512);
-  _tile_loadconfig(&kTileConfig);
+  int configured = 0;  // rows of the loaded configuration (ldtilecfg costs ~140 cycles: only when they change)
   for (int64_t t = t0; t < t1; ++t) {
     const uint8_t* wb = a.w + t * a.nb * (BITS == 4 ? 256 : 512);
     if (BITS == 4) {
@@ -456,7 +489,15 @@ SL_AMX void tiles_amx(const Args& a, int64_t rows, int64_t t0, int64_t t1) {
       compiler_fence();
       wb = unpacked.data();
     }
-    for (int64_t r = 0; r < rows; r += 16) by_rows[std::min<int64_t>(16, rows - r) - 1](a, r, t, wb);
+    for (int64_t r = 0; r < rows; r += 16) {
+      const int mr = static_cast<int>(std::min<int64_t>(16, rows - r));
+      if (mr < min_rows) {
+        row_groups<BITS, DIG>(kVnni, a, r, rows, t);
+        break;
+      }
+      if (mr != configured) _tile_loadconfig(&kTileConfigs[mr - 1]), configured = mr;
+      by_rows[mr - 1](a, r, t, wb);
+    }
   }
   _tile_release();
 }
@@ -466,8 +507,7 @@ struct Scratch {
   std::vector<float> da, sa;
   std::vector<int32_t> qs;
   void fit(int64_t m, int64_t k, int64_t nb, int64_t g) {
-    const int64_t m16 = (m + 15) / 16 * 16;  // AMX loads activations 16 rows at a time
-    if (static_cast<int64_t>(qa.size()) < m16 * k) qa.resize(m16 * k), qb.resize(m16 * k);
+    if (static_cast<int64_t>(qa.size()) < m * k) qa.resize(m * k), qb.resize(m * k);
     if (static_cast<int64_t>(da.size()) < m * nb) da.resize(m * nb), qs.resize(m * nb);
     if (static_cast<int64_t>(sa.size()) < m * g) sa.resize(m * g);
   }
@@ -497,7 +537,9 @@ at::Tensor qmm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& s
   int64_t gshift = 0;
   while ((int64_t{32} << gshift) < group) ++gshift;
   const int64_t g = nb >> gshift;
-  if (isa == kNone)  // the best for this many rows: AMX's tile products pay once there are enough rows to fill them
+  // isa 0: the best for this many rows (AMX's tile products pay from kAmxRows rows on); 3: AMX for every row
+  const int64_t amx_min_rows = isa == kNone ? kAmxRows : 1;
+  if (isa == kNone)
     isa = hw == kAmx && m < kAmxRows ? kVnni : hw;
   else if (isa > hw)
     isa = hw;
@@ -542,9 +584,9 @@ at::Tensor qmm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& s
   at::parallel_for(0, tiles_n, grain, [&](int64_t t0, int64_t t1) {
     if (isa == kAmx) {
       if (bits == 4)
-        digits == 2 ? tiles_amx<4, 2>(a, m, t0, t1) : tiles_amx<4, 1>(a, m, t0, t1);
+        digits == 2 ? tiles_amx<4, 2>(a, m, t0, t1, amx_min_rows) : tiles_amx<4, 1>(a, m, t0, t1, amx_min_rows);
       else
-        digits == 2 ? tiles_amx<8, 2>(a, m, t0, t1) : tiles_amx<8, 1>(a, m, t0, t1);
+        digits == 2 ? tiles_amx<8, 2>(a, m, t0, t1, amx_min_rows) : tiles_amx<8, 1>(a, m, t0, t1, amx_min_rows);
     } else if (bits == 4)
       digits == 2 ? tiles<4, 2>(isa, a, m, t0, t1) : tiles<4, 1>(isa, a, m, t0, t1);
     else
