@@ -14,6 +14,10 @@
 // 4 inputs of one activation row broadcast to every lane (AVX2 maddubs, AVX-512 VNNI dpbusd). A tile's
 // weights are loaded and unpacked once for a group of up to 4 activation rows and stay in L1 while the
 // other groups pass, and no horizontal sums are needed: more rows cost arithmetic, not memory traffic.
+// That arithmetic makes VNNI compute-bound from a few rows on; with AMX-INT8 (isa 3) a block's 32 inputs of
+// 16 activation rows times 16 weight rows are one tile product per digit (the 8-bit layout below is already
+// AMX's B layout), costing about as much for 1 row as for 16, so products of kAmxRows rows or more take it.
+// Its int32 sums are VNNI's exactly and go through the same float steps: the products are bit-identical.
 //
 // Layout (quant.py's pack_int4 / pack_int8 write it; N is padded to a multiple of 16 with zeros):
 //   bits 4: [N/16, K/32, 4, 64] bytes: chunk j of block b holds, at byte 4 c + e, input 32 b + 8 j + e of
