@@ -254,6 +254,30 @@ SL_AVX2 void tile_avx2(const Args& a, int64_t r0, int64_t t, int h) {
   }
 }
 
+// store() for 16 whole columns in vectors: the same float add, and bfloat16 rounded as at::BFloat16 rounds (to nearest
+// even, NaN as 0x7FC0), so the outputs equal store()'s; float16 takes store()
+SL_VNNI inline void store16(const Args& a, int64_t row, int64_t c0, __m512 v) {
+  if (c0 + 16 > a.n || (!a.res && a.out_kind == 2)) {
+    alignas(64) float out[16];
+    _mm512_store_ps(out, v);
+    store(a, row, c0, 16, out);
+    return;
+  }
+  const int64_t i = row * a.n + c0;
+  if (a.res) {
+    _mm512_storeu_ps(static_cast<float*>(a.y) + i, _mm512_add_ps(_mm512_loadu_ps(a.res + i), v));
+  } else if (a.out_kind == 1) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                                          _mm512_set1_epi32(0x7FFF));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<at::BFloat16*>(a.y) + i), _mm512_cvtepi32_epi16(r));
+  } else {
+    _mm512_storeu_ps(static_cast<float*>(a.y) + i, v);
+  }
+}
+
 SL_VNNI inline __m512i bcast4z(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -310,11 +334,7 @@ SL_VNNI void tile_vnni(const Args& a, int64_t r0, int64_t t) {
       for (int r = 0; r < MB; ++r) acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.sa[(r0 + r) * a.g + g]), acc[r]);
     }
   }
-  alignas(64) float out[16];
-  for (int r = 0; r < MB; ++r) {
-    _mm512_store_ps(out, acc[r]);
-    store(a, r0 + r, t * 16, 16, out);
-  }
+  for (int r = 0; r < MB; ++r) store16(a, r0 + r, t * 16, acc[r]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -431,11 +451,7 @@ SL_AMX void tile_amx(const Args& a, int64_t r0, int64_t t, const uint8_t* wb) {
       }
     }
   }
-  alignas(64) float out[16];
-  for (int r = 0; r < MR; ++r) {
-    _mm512_store_ps(out, acc[r]);
-    store(a, r0 + r, t * 16, 16, out);
-  }
+  for (int r = 0; r < MR; ++r) store16(a, r0 + r, t * 16, acc[r]);
 }
 
 template <int BITS, int DIG, int... R>
