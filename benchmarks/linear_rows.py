@@ -7,7 +7,7 @@ ratio to the first row count. Contenders:
   fp32 / bf16            F.linear (MKL / oneDNN)
   torch W8A16 / W4A16    PyTorch's packed kernels (_weight_int8pack_mm, _weight_int4pack_mm_for_cpu)
   engine W8 / W4 g32     the engine's kernel (engine/qkernel.py) on this host's best ISA (on an AMX host: AMX
-                         from 5 rows on), and forced to VNNI without AMX (AMX hosts) and to AVX2
+                         from 6 rows on for W8, 10 for W4), and forced to VNNI without AMX (AMX hosts) and to AVX2
   --libs                 also the libraries that install from PyPI without a CUDA build, where importable:
                          bitsandbytes nf4 (Linear4bit), torchao int8 weight-only and intx int4 g32, hqq int4 g32,
                          optimum-quanto int8 (pip install torchao bitsandbytes hqq optimum-quanto --no-deps)

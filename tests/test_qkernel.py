@@ -90,15 +90,15 @@ def test_int8_product_equals_its_reference(isa, digits):
 @pytest.mark.parametrize("digits", [1, 2])
 @pytest.mark.parametrize("n,k,group", [(37, 96, 32), (50, 256, 64), (70, 512, 256), (16, 1536, 32)])
 def test_amx_products_equal_vnni_bit_for_bit(bits, digits, n, k, group):
-    """AMX (isa 3: every row; isa 0: from 5 rows on, a last group of fewer rows on VNNI) adds the same integer
-    sums in the same float order as VNNI, so the products are equal, not just close."""
+    """AMX (isa 3: every row; isa 0: from 6 rows on for 8-bit weights, 10 for 4-bit, a last group of fewer rows on
+    VNNI) adds the same integer sums in the same float order as VNNI, so the products are equal, not just close."""
     torch.manual_seed(n + k + bits)
     w = torch.randn(n, k)
     lin = (Int4Linear(int4_grid(w, group), torch.float32, CPU) if bits == 4
            else Int8Linear(int8_grid(w), torch.float32))
     lin.digits = digits
     ref_w = int4_reference(int4_grid(w, group)) if bits == 4 else int8_grid(w).dequantize()
-    for rows in (1, 4, 5, 16, 17, 21, 40):
+    for rows in (1, 4, 6, 10, 16, 17, 22, 26, 40):
         x = torch.randn(rows, k) * (1 + 10 * (torch.arange(k) % 7 == 0))
         ys = {}
         for isa in (2, 3, 0):

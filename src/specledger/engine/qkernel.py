@@ -3,7 +3,7 @@
 PyTorch's CPU int4/int8 weight-only kernels are fast only on AVX-512 hosts and cost grows with every row
 (benchmarks/linear_rows.py); this kernel runs integer dot products on AVX2 or AVX-512 VNNI (chosen at run
 time) and reuses each unpacked weight block across a tile of rows; where the CPU has AMX-INT8 (and Linux grants
-the tile state), products of 5 rows or more take tile products instead: VNNI's dot products are compute-bound
+the tile state), products of several rows (6 with 8-bit weights, 10 with 4-bit) take tile products instead: VNNI's dot products are compute-bound
 once there are several rows, a tile product costs the same for 1 row as for 16. AMX's results equal VNNI's bit
 for bit (the same integer sums, the same float order). It is compiled by the system's C++
 compiler against the venv's own torch (no build isolation, no CUDA), into the cache directory, keyed by

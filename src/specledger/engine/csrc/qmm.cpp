@@ -16,7 +16,7 @@
 // other groups pass, and no horizontal sums are needed: more rows cost arithmetic, not memory traffic.
 // That arithmetic makes VNNI compute-bound from a few rows on; with AMX-INT8 (isa 3) a block's 32 inputs of
 // 16 activation rows times 16 weight rows are one tile product per digit (the 8-bit layout below is already
-// AMX's B layout), costing about as much for 1 row as for 16, so products of kAmxRows rows or more take it.
+// AMX's B layout), costing about as much for 1 row as for 16, so products of enough rows (amx_rows) take it.
 // Its int32 sums are VNNI's exactly and go through the same float steps: the products are bit-identical.
 //
 // Layout (quant.py's pack_int4 / pack_int8 write it; N is padded to a multiple of 16 with zeros):
@@ -464,7 +464,9 @@ constexpr auto amx_tiles(std::integer_sequence<int, R...>) {
 // dispatch over row groups
 
 constexpr int kMB = 4;  // activation rows per tile
-constexpr int64_t kAmxRows = 5;  // from this many rows on AMX beats VNNI (benchmarks/linear_rows.py, SmolLM2 shapes)
+// From this many rows on AMX beats VNNI (SmolLM2-135M's four layer shapes summed, 1 thread): bits 8 from ~5-6,
+// bits 4 from ~10 (VNNI's 4-bit tiles are cheaper; AMX adds the nibbles' unpacking and the min term per row).
+constexpr int64_t amx_rows(int64_t bits) { return bits == 4 ? 10 : 6; }
 
 template <int MB, int BITS, int DIG>
 void tile(int64_t isa, const Args& a, int64_t r0, int64_t t) {
@@ -557,10 +559,10 @@ at::Tensor qmm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& s
   int64_t gshift = 0;
   while ((int64_t{32} << gshift) < group) ++gshift;
   const int64_t g = nb >> gshift;
-  // isa 0: the best for this many rows (AMX's tile products pay from kAmxRows rows on); 3: AMX for every row
-  const int64_t amx_min_rows = isa == kNone ? kAmxRows : 1;
+  // isa 0: the best for this many rows (AMX's tile products pay from amx_rows on); 3: AMX for every row
+  const int64_t amx_min_rows = isa == kNone ? amx_rows(bits) : 1;
   if (isa == kNone)
-    isa = hw == kAmx && m < kAmxRows ? kVnni : hw;
+    isa = hw == kAmx && m < amx_min_rows ? kVnni : hw;
   else if (isa > hw)
     isa = hw;
   TORCH_CHECK(k % group == 0 && codes.dim() == 3 && codes.size(1) == nb && codes.size(2) == (bits == 4 ? 256 : 512) &&
