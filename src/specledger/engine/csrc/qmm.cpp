@@ -383,8 +383,9 @@ SL_AMX void unpack_int4(const uint8_t* wt, int64_t nb, uint8_t* out) {
     }
 }
 
-constexpr int64_t kAmxChunk = 4;  // blocks whose sums are stored before any is read (loads of a tile store's
-                                  // memory stall until it is written: the vector work waits for a whole chunk)
+// blocks whose sums are stored before any is read: reading each block's sums right after its tile store was
+// slower (vector loads of a tile store's memory wait for it); 4 measured best of 2, 4, 8, 16 (noisy host)
+constexpr int64_t kAmxChunk = 4;
 
 constexpr int64_t kAmxAhead = 4;  // blocks (bits 8: of the weights as stored, tiles one after the other)
 
