@@ -51,6 +51,13 @@ namespace {
 
 #define SL_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
+// AMX intrinsics need gcc 11 / clang 12: an older compiler builds the kernel without them (VNNI at most)
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#define SL_HAVE_AMX 1
+#else
+#define SL_HAVE_AMX 0
+#endif
+
 #define SL_AMX \
   __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")))
 
@@ -63,7 +70,7 @@ bool amx_usable() {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !(edx & (1u << 24)) || !(edx & (1u << 25)))
       return false;
-#ifdef __linux__
+#if SL_HAVE_AMX && defined(__linux__)
     return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
 #else
     return false;
@@ -337,6 +344,7 @@ SL_VNNI void tile_vnni(const Args& a, int64_t r0, int64_t t) {
   for (int r = 0; r < MB; ++r) store16(a, r0 + r, t * 16, acc[r]);
 }
 
+#if SL_HAVE_AMX
 // ---------------------------------------------------------------------------------------------
 // AMX: 16 activation rows x 16 weight rows per block in one tile product per digit. A block's 32 inputs of 16
 // activation rows are an A tile (16 x 32 bytes, row stride K), a block of a weight tile is a B tile as stored
@@ -461,6 +469,8 @@ constexpr auto amx_tiles(std::integer_sequence<int, R...>) {
       &tile_amx<R + 1, BITS, DIG>...};
 }
 
+#endif  // SL_HAVE_AMX
+
 // ---------------------------------------------------------------------------------------------
 // dispatch over row groups
 
@@ -496,6 +506,7 @@ void tiles(int64_t isa, const Args& a, int64_t rows, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) row_groups<BITS, DIG>(isa, a, 0, rows, t);  // the tile stays in L1 meanwhile
 }
 
+#if SL_HAVE_AMX
 // AMX: rows in groups of 16 per weight tile (the tile configured in this worker thread: the configuration is per
 // thread, and other code, oneDNN's bf16 kernels, may have loaded its own since the last product)
 // A last group of fewer than min_rows rows takes VNNI (a tile product costs the same for 1 row as for 16).
@@ -524,6 +535,7 @@ SL_AMX void tiles_amx(const Args& a, int64_t rows, int64_t t0, int64_t t1, int64
   }
   _tile_release();
 }
+#endif  // SL_HAVE_AMX
 
 struct Scratch {
   std::vector<int8_t> qa, qb;
@@ -605,12 +617,16 @@ at::Tensor qmm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& s
   const int64_t threads = at::get_num_threads();
   const int64_t grain = std::max<int64_t>(1, (tiles_n + threads - 1) / threads);
   at::parallel_for(0, tiles_n, grain, [&](int64_t t0, int64_t t1) {
+#if SL_HAVE_AMX
     if (isa == kAmx) {
       if (bits == 4)
         digits == 2 ? tiles_amx<4, 2>(a, m, t0, t1, amx_min_rows) : tiles_amx<4, 1>(a, m, t0, t1, amx_min_rows);
       else
         digits == 2 ? tiles_amx<8, 2>(a, m, t0, t1, amx_min_rows) : tiles_amx<8, 1>(a, m, t0, t1, amx_min_rows);
-    } else if (bits == 4)
+      return;
+    }
+#endif
+    if (bits == 4)
       digits == 2 ? tiles<4, 2>(isa, a, m, t0, t1) : tiles<4, 1>(isa, a, m, t0, t1);
     else
       digits == 2 ? tiles<8, 2>(isa, a, m, t0, t1) : tiles<8, 1>(isa, a, m, t0, t1);
