@@ -6,7 +6,8 @@ rows, every contender alternating within each row count, median of several repea
 ratio to the first row count. Contenders:
   fp32 / bf16            F.linear (MKL / oneDNN)
   torch W8A16 / W4A16    PyTorch's packed kernels (_weight_int8pack_mm, _weight_int4pack_mm_for_cpu)
-  engine W8 / W4 g32     the engine's kernel (engine/qkernel.py) on this host's best ISA, and forced to AVX2
+  engine W8 / W4 g32     the engine's kernel (engine/qkernel.py) on this host's best ISA (on an AMX host: AMX
+                         from 6 rows on for W8, 10 for W4), and forced to VNNI without AMX (AMX hosts) and to AVX2
   --libs                 also the libraries that install from PyPI without a CUDA build, where importable:
                          bitsandbytes nf4 (Linear4bit), torchao int8 weight-only and intx int4 g32, hqq int4 g32,
                          optimum-quanto int8 (pip install torchao bitsandbytes hqq optimum-quanto --no-deps)
@@ -51,7 +52,8 @@ def engine_contenders(w: torch.Tensor) -> dict[str, Fn]:
     if qkernel.op() is None:
         return out
     isa = qkernel.host_isa()
-    for label, code in ((isa, 0), ("avx2", 1)) if isa != "avx2" else ((isa, 0),):
+    forced = {"avx512-vnni+amx": [("avx512-vnni", 2), ("avx2", 1)], "avx512-vnni": [("avx2", 1)]}.get(isa, [])
+    for label, code in [(isa, 0), *forced]:
         q8, q4 = Int8Linear(w, torch.bfloat16), Int4Linear(int4_grid(w, 32), torch.bfloat16, torch.device("cpu"))
         q8.isa = q4.isa = code
         out[f"engine W8 (Q8_0) {label}"] = q8

@@ -2,8 +2,9 @@
 
 Quantized products: exact emulation of what the kernel computes (activations quantized per block of 32 into one
 or two int8 digits, fp16 scales), to float32 rounding, for rows 1..33, widths that are not multiples of the
-16-row tile, group sizes 32..256, both instruction-set paths (AVX2 is forced so it is tested on AVX-512 hosts
-too); and the dequantized fp32 product, within what the activation quantization costs. Fused ops: against the
+16-row tile, group sizes 32..256, every instruction-set path the host has (AVX2 and VNNI are forced so they are
+tested on AVX-512 / AMX hosts too; AMX's products equal VNNI's bit for bit); and the dequantized fp32 product,
+within what the activation quantization costs. Fused ops: against the
 PyTorch expressions they replace. The fallback: modules built with the kernel disabled use PyTorch's kernels
 and agree; a failed build says so in one line and the engine still runs.
 """
@@ -21,7 +22,8 @@ from specledger.engine.quant import Int4Linear, Int8Grid, Int8Linear, int4_grid,
 
 pytestmark = pytest.mark.skipif(qkernel.op() is None, reason="the engine's kernel is unavailable on this host")
 
-ISAS = [1] + ([2] if qkernel.op() is not None and qkernel.host_isa() == "avx512-vnni" else [])
+HOST = qkernel.host_isa() if qkernel.op() is not None else "none"
+ISAS = [1] + ([2] if HOST in ("avx512-vnni", "avx512-vnni+amx") else []) + ([3] if HOST == "avx512-vnni+amx" else [])
 CPU = torch.device("cpu")
 
 
@@ -81,6 +83,36 @@ def test_int8_product_equals_its_reference(isa, digits):
     for rows in range(1, 34):
         x = torch.randn(rows, k)
         assert rel_err(lin(x), quantized_activations(x, digits) @ w.t()) < 2e-5, rows
+
+
+@pytest.mark.skipif(3 not in ISAS, reason="no AMX on this host")
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("digits", [1, 2])
+@pytest.mark.parametrize("n,k,group", [(37, 96, 32), (50, 256, 64), (70, 512, 256), (16, 1536, 32)])
+def test_amx_products_equal_vnni_bit_for_bit(bits, digits, n, k, group):
+    """AMX (isa 3: every row; isa 0: from 6 rows on for 8-bit weights, 10 for 4-bit, a last group of fewer rows on
+    VNNI) adds the same integer sums in the same float order as VNNI, so the products are equal, not just close."""
+    torch.manual_seed(n + k + bits)
+    w = torch.randn(n, k)
+    lin = (Int4Linear(int4_grid(w, group), torch.float32, CPU) if bits == 4
+           else Int8Linear(int8_grid(w), torch.float32))
+    lin.digits = digits
+    ref_w = int4_reference(int4_grid(w, group)) if bits == 4 else int8_grid(w).dequantize()
+    for rows in (1, 4, 6, 10, 16, 17, 22, 26, 40):
+        x = torch.randn(rows, k) * (1 + 10 * (torch.arange(k) % 7 == 0))
+        ys = {}
+        for isa in (2, 3, 0):
+            lin.isa = isa
+            ys[isa] = lin(x)
+        assert torch.equal(ys[3], ys[2]) and torch.equal(ys[0], ys[2]), rows
+        assert rel_err(ys[3], quantized_activations(x, digits) @ ref_w.t()) < 2e-5, rows
+    xb = torch.randn(9, k).bfloat16()  # 16-bit out, and the residual add
+    r = torch.randn(9, n)
+    lin.isa = 2
+    yb, yr = lin(xb), lin.add_to(xb, r)
+    assert torch.equal(yb, lin(xb.float()).bfloat16())  # the kernel's bf16 rounding is torch's
+    lin.isa = 3
+    assert torch.equal(lin(xb), yb) and torch.equal(lin.add_to(xb, r), yr)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

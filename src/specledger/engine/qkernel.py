@@ -2,11 +2,15 @@
 
 PyTorch's CPU int4/int8 weight-only kernels are fast only on AVX-512 hosts and cost grows with every row
 (benchmarks/linear_rows.py); this kernel runs integer dot products on AVX2 or AVX-512 VNNI (chosen at run
-time) and reuses each unpacked weight block across a tile of rows. It is compiled by the system's C++
+time) and reuses each unpacked weight block across a tile of rows; where the CPU has AMX-INT8 (and Linux grants
+the tile state), products of several rows (6 with 8-bit weights, 10 with 4-bit) take tile products instead: VNNI's dot products are compute-bound
+once there are several rows, a tile product costs the same for 1 row as for 16. AMX's results equal VNNI's bit
+for bit (the same integer sums, the same float order). It is compiled by the system's C++
 compiler against the venv's own torch (no build isolation, no CUDA), into the cache directory, keyed by
 the source, the torch version and the flags. Where it cannot be had (another OS or architecture, no
 compiler, a failed build) `op()` returns None after one line on stderr and the engine uses PyTorch's
-kernels. SPECLEDGER_QKERNEL=off disables it; =avx2 forces the AVX2 path on an AVX-512 host (tests).
+kernels. SPECLEDGER_QKERNEL=off disables it; =avx2 forces the AVX2 path on an AVX-512 host, =vnni VNNI without AMX,
+=amx AMX for every product however few its rows (tests, benchmarks).
 
     python -m specledger.engine.qkernel      # build now (make install does), print where and which ISA
 """
@@ -29,7 +33,7 @@ import torch
 
 SOURCES = [Path(__file__).with_name("csrc") / name for name in ("qmm.cpp", "fused.cpp")]
 HEADER = Path(__file__).with_name("csrc") / "simd.h"  # included by both: part of the cache key
-ISAS = {0: "none", 1: "avx2", 2: "avx512-vnni"}
+ISAS = {0: "none", 1: "avx2", 2: "avx512-vnni", 3: "avx512-vnni+amx"}
 FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno", "-Wno-unused-function"]
 
 _state: dict[str, Any] = {}
@@ -136,8 +140,9 @@ def host_isa() -> str:
 
 
 def requested_isa() -> int:
-    """0 = the best this host has; 1 = AVX2 (SPECLEDGER_QKERNEL=avx2)."""
-    return 1 if os.environ.get("SPECLEDGER_QKERNEL", "").lower() == "avx2" else 0
+    """0 = the best this host has for each product's rows; 1 = AVX2 (SPECLEDGER_QKERNEL=avx2), 2 = AVX-512 VNNI
+    without AMX (=vnni), 3 = AMX for every product, however few its rows (=amx)."""
+    return {"avx2": 1, "vnni": 2, "amx": 3}.get(os.environ.get("SPECLEDGER_QKERNEL", "").lower(), 0)
 
 
 def activation_digits() -> int:

@@ -14,6 +14,10 @@
 // 4 inputs of one activation row broadcast to every lane (AVX2 maddubs, AVX-512 VNNI dpbusd). A tile's
 // weights are loaded and unpacked once for a group of up to 4 activation rows and stay in L1 while the
 // other groups pass, and no horizontal sums are needed: more rows cost arithmetic, not memory traffic.
+// That arithmetic makes VNNI compute-bound from a few rows on; with AMX-INT8 (isa 3) a block's 32 inputs of
+// 16 activation rows times 16 weight rows are one tile product per digit (the 8-bit layout below is already
+// AMX's B layout), costing about as much for 1 row as for 16, so products of enough rows (amx_rows) take it.
+// Its int32 sums are VNNI's exactly and go through the same float steps: the products are bit-identical.
 //
 // Layout (quant.py's pack_int4 / pack_int8 write it; N is padded to a multiple of 16 with zeros):
 //   bits 4: [N/16, K/32, 4, 64] bytes: chunk j of block b holds, at byte 4 c + e, input 32 b + 8 j + e of
@@ -26,28 +30,61 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <cpuid.h>
 #include <immintrin.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "simd.h"
 
+#include <array>
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace {
 
 #define SL_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
-enum Isa : int64_t { kNone = 0, kAvx2 = 1, kVnni = 2 };
+// AMX intrinsics need gcc 11 / clang 12: an older compiler builds the kernel without them (VNNI at most)
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#define SL_HAVE_AMX 1
+#else
+#define SL_HAVE_AMX 0
+#endif
+
+#define SL_AMX \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")))
+
+enum Isa : int64_t { kNone = 0, kAvx2 = 1, kVnni = 2, kAmx = 3 };
+
+// AMX needs the tile units (cpuid 7.0 edx: AMX-TILE bit 24, AMX-INT8 bit 25) and, on Linux, the kernel's leave:
+// the 8 KB of tile state is handed out per process on request (ARCH_REQ_XCOMP_PERM for XTILEDATA); asked once.
+bool amx_usable() {
+  static const bool ok = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !(edx & (1u << 24)) || !(edx & (1u << 25)))
+      return false;
+#if SL_HAVE_AMX && defined(__linux__)
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+    return false;
+#endif
+  }();
+  return ok;
+}
 
 int64_t host_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("avx512vnni"))
-    return kVnni;
+    return amx_usable() ? kAmx : kVnni;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
     return kAvx2;
   return kNone;
@@ -224,6 +261,30 @@ SL_AVX2 void tile_avx2(const Args& a, int64_t r0, int64_t t, int h) {
   }
 }
 
+// store() for 16 whole columns in vectors: the same float add, and bfloat16 rounded as at::BFloat16 rounds (to nearest
+// even, NaN as 0x7FC0), so the outputs equal store()'s; float16 takes store()
+SL_VNNI inline void store16(const Args& a, int64_t row, int64_t c0, __m512 v) {
+  if (c0 + 16 > a.n || (!a.res && a.out_kind == 2)) {
+    alignas(64) float out[16];
+    _mm512_store_ps(out, v);
+    store(a, row, c0, 16, out);
+    return;
+  }
+  const int64_t i = row * a.n + c0;
+  if (a.res) {
+    _mm512_storeu_ps(static_cast<float*>(a.y) + i, _mm512_add_ps(_mm512_loadu_ps(a.res + i), v));
+  } else if (a.out_kind == 1) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                                          _mm512_set1_epi32(0x7FFF));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<at::BFloat16*>(a.y) + i), _mm512_cvtepi32_epi16(r));
+  } else {
+    _mm512_storeu_ps(static_cast<float*>(a.y) + i, v);
+  }
+}
+
 SL_VNNI inline __m512i bcast4z(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -280,17 +341,143 @@ SL_VNNI void tile_vnni(const Args& a, int64_t r0, int64_t t) {
       for (int r = 0; r < MB; ++r) acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.sa[(r0 + r) * a.g + g]), acc[r]);
     }
   }
-  alignas(64) float out[16];
-  for (int r = 0; r < MB; ++r) {
-    _mm512_store_ps(out, acc[r]);
-    store(a, r0 + r, t * 16, 16, out);
-  }
+  for (int r = 0; r < MB; ++r) store16(a, r0 + r, t * 16, acc[r]);
 }
+
+#if SL_HAVE_AMX
+// ---------------------------------------------------------------------------------------------
+// AMX: 16 activation rows x 16 weight rows per block in one tile product per digit. A block's 32 inputs of 16
+// activation rows are an A tile (16 x 32 bytes, row stride K), a block of a weight tile is a B tile as stored
+// (bits 8: 8 rows of 4 inputs x 16 weight rows; bits 4 after splitting the nibbles); the int32 sums C (16 x 16)
+// go through memory into the same float accumulation as tile_vnni, so the products are bit-identical to it.
+
+// tmm0/1: A, the high/low activation digit; tmm2: B; tmm3/4: C of the two digits
+struct TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// rows: the activation rows of A and C (1..16); fewer rows load and store fewer lines
+constexpr TileConfig amx_layout(int rows) {
+  TileConfig c{};
+  c.palette = 1;
+  c.rows[0] = c.rows[1] = static_cast<uint8_t>(rows), c.colsb[0] = c.colsb[1] = 32;
+  c.rows[2] = 8, c.colsb[2] = 64;
+  c.rows[3] = c.rows[4] = static_cast<uint8_t>(rows), c.colsb[3] = c.colsb[4] = 64;
+  return c;
+}
+
+constexpr std::array<TileConfig, 16> amx_layouts() {
+  std::array<TileConfig, 16> out{};
+  for (int r = 0; r < 16; ++r) out[r] = amx_layout(r + 1);
+  return out;
+}
+
+// in memory, not built on the stack: ldtilecfg's asm tells the compiler it reads 8 bytes, not 64
+alignas(64) constexpr std::array<TileConfig, 16> kTileConfigs = amx_layouts();
+
+// the tile intrinsics' asm names no memory it reads: stores the tile loads depend on are fenced with this
+inline void compiler_fence() { asm volatile("" ::: "memory"); }
+
+// bits 4: a weight tile's blocks as B tiles (low nibbles of chunk j are inputs 8j..8j+3, high ones 8j+4..8j+7)
+SL_AMX void unpack_int4(const uint8_t* wt, int64_t nb, uint8_t* out) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < nb; ++b)
+    for (int j = 0; j < 4; ++j) {
+      const __m512i raw = _mm512_loadu_si512(wt + b * 256 + j * 64);
+      _mm512_storeu_si512(out + b * 512 + j * 128, _mm512_and_si512(raw, m4));
+      _mm512_storeu_si512(out + b * 512 + j * 128 + 64, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4));
+    }
+}
+
+// blocks whose sums are stored before any is read: reading each block's sums right after its tile store was
+// slower (vector loads of a tile store's memory wait for it); 4 measured best of 2, 4, 8, 16 (noisy host)
+constexpr int64_t kAmxChunk = 4;
+
+constexpr int64_t kAmxAhead = 4;  // blocks (bits 8: of the weights as stored, tiles one after the other)
+
+// C starts from these zeros: tilezero followed by a product on the same tile costs ~3x a load (measured, SPR)
+alignas(64) constexpr int32_t kZeros[16 * 16] = {};
+
+// One block's integer sums for the 16 activation rows from xa (xb: the low digit) into c[0] (c[1]).
+template <int BITS, int DIG>
+SL_AMX inline void amx_block(const uint8_t* wb, const int8_t* xa, const int8_t* xb, int64_t stride, int32_t* c) {
+  _tile_loadd(2, wb, 64);
+  _tile_loadd(0, xa, stride);
+  _tile_loadd(3, kZeros, 64);
+  if (BITS == 4)  // activations signed, codes unsigned, as dpbusd takes them
+    _tile_dpbsud(3, 0, 2);
+  else  // both signed: the exact sums tile_vnni reaches by flipping the codes' sign bit and taking 128 sum(q) off
+    _tile_dpbssd(3, 0, 2);
+  if (DIG == 2) {
+    _tile_loadd(1, xb, stride);
+    _tile_loadd(4, kZeros, 64);
+    if (BITS == 4)
+      _tile_dpbsud(4, 1, 2);
+    else
+      _tile_dpbssd(4, 1, 2);
+  }
+  _tile_stored(3, c, 64);
+  if (DIG == 2) _tile_stored(4, c + 256, 64);  // c: [digit][16][16]
+}
+
+// MR (<= 16) activation rows from r0 against weight tile t, whose B tiles start at wb (512 bytes per block); the
+// tiles are configured for MR rows.
+// Software-pipelined by one block: the tile unit works on block b + 1 while the vector units take block b's sums.
+template <int MR, int BITS, int DIG>
+SL_AMX void tile_amx(const Args& a, int64_t r0, int64_t t, const uint8_t* wb) {
+  const uint16_t* dt = a.d + t * a.gd * 16;
+  const uint16_t* mt = BITS == 4 ? a.m + t * a.g * 16 : nullptr;
+  const int8_t* xa = a.qa + r0 * a.k;
+  const int8_t* xb = DIG == 2 ? a.qb + r0 * a.k : nullptr;
+  alignas(64) int32_t c[kAmxChunk][DIG][16][16];  // [block][digit][activation row][weight row]
+  __m512 acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+  const int64_t gmask = (int64_t{1} << a.gshift) - 1;
+  for (int64_t b0 = 0; b0 < a.nb; b0 += kAmxChunk) {
+    const int64_t b1 = std::min<int64_t>(a.nb, b0 + kAmxChunk);
+    for (int64_t b = b0; b < b1; ++b) {
+      if (BITS == 8)  // tile loads wait for L2 where vector loads would not: the weights are fetched ahead
+        for (int l = 0; l < 512; l += 64) _mm_prefetch(reinterpret_cast<const char*>(wb + (b + kAmxAhead) * 512 + l), _MM_HINT_T0);
+      amx_block<BITS, DIG>(wb + b * 512, xa + b * 32, DIG == 2 ? xb + b * 32 : nullptr, a.k, &c[b - b0][0][0][0]);
+    }
+    for (int64_t b = b0; b < b1; ++b) {
+      const auto& cb = c[b - b0];
+      const __m512 dw =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dt + (b >> a.gdshift) * 16)));
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        __m512i s = _mm512_load_si512(cb[0][r]);
+        if (DIG == 2) s = _mm512_add_epi32(_mm512_mullo_epi32(s, _mm512_set1_epi32(254)), _mm512_load_si512(cb[DIG - 1][r]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(a.da[(r0 + r) * a.nb + b])),
+                                 acc[r]);
+      }
+      if (BITS == 4 && (b & gmask) == 0) {
+        const int64_t g = b >> a.gshift;
+        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mt + g * 16)));
+        for (int r = 0; r < MR; ++r) acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.sa[(r0 + r) * a.g + g]), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) store16(a, r0 + r, t * 16, acc[r]);
+}
+
+template <int BITS, int DIG, int... R>
+constexpr auto amx_tiles(std::integer_sequence<int, R...>) {
+  return std::array<void (*)(const Args&, int64_t, int64_t, const uint8_t*), sizeof...(R)>{
+      &tile_amx<R + 1, BITS, DIG>...};
+}
+
+#endif  // SL_HAVE_AMX
 
 // ---------------------------------------------------------------------------------------------
 // dispatch over row groups
 
 constexpr int kMB = 4;  // activation rows per tile
+// From this many rows on AMX beats VNNI (SmolLM2-135M's four layer shapes summed, 1 thread): bits 8 from ~5-6,
+// bits 4 from ~10 (VNNI's 4-bit tiles are cheaper; AMX adds the nibbles' unpacking and the min term per row).
+constexpr int64_t amx_rows(int64_t bits) { return bits == 4 ? 10 : 6; }
 
 template <int MB, int BITS, int DIG>
 void tile(int64_t isa, const Args& a, int64_t r0, int64_t t) {
@@ -302,19 +489,53 @@ void tile(int64_t isa, const Args& a, int64_t r0, int64_t t) {
   }
 }
 
+// rows [r, rows) of tile t in groups of kMB
 template <int BITS, int DIG>
-void tiles(int64_t isa, const Args& a, int64_t rows, int64_t t0, int64_t t1) {
-  for (int64_t t = t0; t < t1; ++t) {  // a tile's weights stay in L1 while every row group passes
-    int64_t r = 0;
-    for (; r + kMB <= rows; r += kMB) tile<kMB, BITS, DIG>(isa, a, r, t);
-    switch (rows - r) {
-      case 3: tile<3, BITS, DIG>(isa, a, r, t); break;
-      case 2: tile<2, BITS, DIG>(isa, a, r, t); break;
-      case 1: tile<1, BITS, DIG>(isa, a, r, t); break;
-      default: break;
-    }
+void row_groups(int64_t isa, const Args& a, int64_t r, int64_t rows, int64_t t) {
+  for (; r + kMB <= rows; r += kMB) tile<kMB, BITS, DIG>(isa, a, r, t);
+  switch (rows - r) {
+    case 3: tile<3, BITS, DIG>(isa, a, r, t); break;
+    case 2: tile<2, BITS, DIG>(isa, a, r, t); break;
+    case 1: tile<1, BITS, DIG>(isa, a, r, t); break;
+    default: break;
   }
 }
+
+template <int BITS, int DIG>
+void tiles(int64_t isa, const Args& a, int64_t rows, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) row_groups<BITS, DIG>(isa, a, 0, rows, t);  // the tile stays in L1 meanwhile
+}
+
+#if SL_HAVE_AMX
+// AMX: rows in groups of 16 per weight tile (the tile configured in this worker thread: the configuration is per
+// thread, and other code, oneDNN's bf16 kernels, may have loaded its own since the last product)
+// A last group of fewer than min_rows rows takes VNNI (a tile product costs the same for 1 row as for 16).
+template <int BITS, int DIG>
+SL_AMX void tiles_amx(const Args& a, int64_t rows, int64_t t0, int64_t t1, int64_t min_rows) {
+  static constexpr auto by_rows = amx_tiles<BITS, DIG>(std::make_integer_sequence<int, 16>{});
+  thread_local std::vector<uint8_t> unpacked;
+  if (BITS == 4 && static_cast<int64_t>(unpacked.size()) < a.nb * 512) unpacked.resize(a.nb * 512);
+  int configured = 0;  // rows of the loaded configuration (ldtilecfg costs ~140 cycles: only when they change)
+  for (int64_t t = t0; t < t1; ++t) {
+    const uint8_t* wb = a.w + t * a.nb * (BITS == 4 ? 256 : 512);
+    if (BITS == 4) {
+      unpack_int4(wb, a.nb, unpacked.data());
+      compiler_fence();
+      wb = unpacked.data();
+    }
+    for (int64_t r = 0; r < rows; r += 16) {
+      const int mr = static_cast<int>(std::min<int64_t>(16, rows - r));
+      if (mr < min_rows) {
+        row_groups<BITS, DIG>(kVnni, a, r, rows, t);
+        break;
+      }
+      if (mr != configured) _tile_loadconfig(&kTileConfigs[mr - 1]), configured = mr;
+      by_rows[mr - 1](a, r, t, wb);
+    }
+  }
+  _tile_release();
+}
+#endif  // SL_HAVE_AMX
 
 struct Scratch {
   std::vector<int8_t> qa, qb;
@@ -347,11 +568,16 @@ at::Tensor qmm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& s
   TORCH_CHECK(group >= 32 && (group & (group - 1)) == 0 && (bits == 4 || group == 32), "specledger qmm: bad group");
   const int64_t hw = host_isa();
   TORCH_CHECK(hw != kNone, "specledger qmm: this CPU lacks AVX2/FMA/F16C");
-  if (isa == kNone || isa > hw) isa = hw;
   const int64_t m = x.size(0), k = x.size(1), nb = k / 32, tiles_n = codes.size(0);
   int64_t gshift = 0;
   while ((int64_t{32} << gshift) < group) ++gshift;
   const int64_t g = nb >> gshift;
+  // isa 0: the best for this many rows (AMX's tile products pay from amx_rows on); 3: AMX for every row
+  const int64_t amx_min_rows = isa == kNone ? amx_rows(bits) : 1;
+  if (isa == kNone)
+    isa = hw == kAmx && m < amx_min_rows ? kVnni : hw;
+  else if (isa > hw)
+    isa = hw;
   TORCH_CHECK(k % group == 0 && codes.dim() == 3 && codes.size(1) == nb && codes.size(2) == (bits == 4 ? 256 : 512) &&
                   tiles_n * 16 >= n && codes.is_contiguous(),
               "specledger qmm: codes do not match the input width");
@@ -391,6 +617,15 @@ at::Tensor qmm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& s
   const int64_t threads = at::get_num_threads();
   const int64_t grain = std::max<int64_t>(1, (tiles_n + threads - 1) / threads);
   at::parallel_for(0, tiles_n, grain, [&](int64_t t0, int64_t t1) {
+#if SL_HAVE_AMX
+    if (isa == kAmx) {
+      if (bits == 4)
+        digits == 2 ? tiles_amx<4, 2>(a, m, t0, t1, amx_min_rows) : tiles_amx<4, 1>(a, m, t0, t1, amx_min_rows);
+      else
+        digits == 2 ? tiles_amx<8, 2>(a, m, t0, t1, amx_min_rows) : tiles_amx<8, 1>(a, m, t0, t1, amx_min_rows);
+      return;
+    }
+#endif
     if (bits == 4)
       digits == 2 ? tiles<4, 2>(isa, a, m, t0, t1) : tiles<4, 1>(isa, a, m, t0, t1);
     else
