@@ -8,7 +8,8 @@ The difference is everything else: norms, RoPE, attention, casts and per-op over
     python benchmarks/decode_step.py [--configs fp32,bf16,int8,int4] [--context 300] [--ref HEAD~3] [--threads 1]
 
 A quantized config may name the kernel it runs on: int4@torch / int8@torch (PyTorch's packed kernels, the
-engine's own kernel disabled), int4@avx2 (the engine's kernel forced onto its AVX2 path), int4@a8 (one int8
+engine's own kernel disabled), int4@avx2 (the engine's kernel forced onto its AVX2 path), int4@vnni (AVX-512 VNNI
+without AMX), int4@a8 (one int8
 digit per activation, llama.cpp's precision); plain int4 / int8 take the engine's default.
 
 With --ref, each measurement also runs in a subprocess importing `specledger` from a worktree of
@@ -29,7 +30,7 @@ import torch
 
 CONFIGS = {"fp32": ("none", "fp32"), "bf16": ("none", "bf16"), "int8": ("int8", "bf16"), "int4": ("int4", "bf16")}
 KERNELS = {"": {}, "torch": {"SPECLEDGER_QKERNEL": "off"}, "avx2": {"SPECLEDGER_QKERNEL": "avx2"},
-           "a8": {"SPECLEDGER_QKERNEL_ACT": "int8"}}
+           "vnni": {"SPECLEDGER_QKERNEL": "vnni"}, "a8": {"SPECLEDGER_QKERNEL_ACT": "int8"}}
 
 
 def split_config(config: str) -> tuple[str, dict[str, str]]:
