@@ -135,26 +135,6 @@ def test_planner_weighs_a_draft_beside_a_prefill_chunk_against_the_decode_rate()
     assert plan_drafts(strong, 4, 4, knee, beside=300) == [2, 2, 2, 2]  # (4 + 6.8) / (1.02 + 8 * 0.07) > 4 / 1.02
 
 
-def test_a_drafter_the_prior_undersells_is_tried_then_retried_only_after_a_long_silence():
-    """At the 0.6 prior no draft pays here, at full acceptance four do: the first plan drafts them for one
-    sequence (so what it accepts is learnt), then nothing is explored again for EXPLORE_EVERY plans."""
-    from specledger.decoding import batch_drafting as bd
-
-    lm = batching_model()
-    cost = CostSurface((1, 2, 64), (1.0, 1.7, 45.1))  # 0.7 a row: 1.6 / 1.7 < 1 and 2.3 / 3.8 < 1, but 5 / 3.8 > 1
-    spec = bd.BatchDrafting(lm, LookupDrafter(4), 2, cost=cost)
-    tokens = [1, 2, 3, 4, 5] * 2 + [1, 2]
-    states = [spec.begin(i, list(tokens), SamplingParams(), None, None) for i in range(2)]
-    first = spec.plan(states, [8, 8], 0)
-    assert sorted(len(t) for t in first) == [0, 4]
-    i = next(j for j, t in enumerate(first) if len(t))
-    spec.accepted(states[i], tokens + [3, 4, 5, 1, 2], first[i], [0, 1, 2, 3], None)
-    drafted = [sum(len(t) for t in spec.plan(states, [8, 8], 0)) for _ in range(bd.EXPLORE_EVERY + 1)]
-    assert drafted[:-1] == [0] * bd.EXPLORE_EVERY and drafted[-1] == 4
-    never = bd.BatchDrafting(lm, LookupDrafter(4), 2, cost=lambda n: float(n))  # not even full acceptance pays
-    assert not any(len(t) for t in never.plan([never.begin(0, list(tokens), SamplingParams(), None, None)], [8], 0))
-
-
 def test_step_overhead_is_what_drafting_sequences_add():
     o = StepOverhead(weight=0.5)
     o.observe(0.030, 3, 2)  # nothing known yet of a plain sequence's share: nothing learnt

@@ -25,10 +25,6 @@ from specledger.engine.timing import clock
 from specledger.spec_stats import LevelStats
 
 RELAX = 0.005  # per pass without any draft: the population estimate's pull back toward the prior
-# Passes without a verified draft after which one sequence drafts as if every node would be accepted (when even
-# that would not pay, nothing): a drafter the prior undersells (a draft model accepted 95% of the time, where the
-# prior's 0.6 does not pay for its passes) is otherwise never tried, so never learnt. The first plan explores.
-EXPLORE_EVERY = 256
 
 
 @dataclass
@@ -57,7 +53,6 @@ class BatchDrafting:
         self.population: AcceptanceEMA | RankAcceptance = RankAcceptance() if drafter.tree else AcceptanceEMA()
         self.overhead = StepOverhead()  # what a drafting sequence adds outside the pass (the scheduler measures)
         self.last_plan_s = 0.0  # seconds the latest plan took (proposals included)
-        self.since_verified = EXPLORE_EVERY  # plans since a draft was last verified
 
     @property
     def wants_features(self) -> bool:
@@ -79,15 +74,8 @@ class BatchDrafting:
         d = self.drafter
         seqs = [s.seq for s in states]
         avail = d.candidates(seqs, caps)  # (each drafter caps at its max_tokens; caps: the tokens left)
-        def plan(gains: list[list[float]]) -> list[int]:
-            return plan_drafts(gains, len(states), len(states), self.cost, d.draft_cost, self.overhead.extra,
-                               beside=prefill_rows)
-
-        ks = plan([s.acc.gains(n) for s, n in zip(states, avail)])
-        self.since_verified += 1
-        if not any(ks) and self.since_verified > EXPLORE_EVERY and any(avail):
-            best = max(range(len(avail)), key=avail.__getitem__)
-            ks = plan([[1.0] * n if i == best else [] for i, n in enumerate(avail)])
+        ks = plan_drafts([s.acc.gains(n) for s, n in zip(states, avail)], len(states), len(states), self.cost,
+                         d.draft_cost, self.overhead.extra, beside=prefill_rows)
         self.last_drafted = sum(ks)
         if not self.last_drafted:
             self.population.relax(RELAX)
@@ -108,7 +96,6 @@ class BatchDrafting:
         self.drafter.accept(st.seq, features if self.drafter.wants_features else None)
         st.level.observe(len(tree), len(path))
         if len(tree):
-            self.since_verified = 0
             st.acc.update(len(tree), path)
             self.population.update(len(tree), path)
 
