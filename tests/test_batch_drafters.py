@@ -108,6 +108,9 @@ def test_batched_drafter_never_drafts_when_every_row_costs_its_share(name):
     if name == "draft":  # nor does the draft model run: a joining prompt's prefill waits for a draft that pays
         real = drafter.runner.forward
         drafter.runner.forward = lambda items, **kw: passes.append(len(items)) or real(items, **kw)
+    else:  # nor does the EAGLE head read a joining prompt's features
+        head_pass = drafter.head.ragged
+        drafter.head.ragged = lambda *a, **kw: passes.append(len(a[4])) or head_pass(*a, **kw)
     for p in prompts_of_lengths()[:3]:
         sched.submit(p, SamplingParams(max_new_tokens=10, temperature=0.0))
     assert all(r.levels[0].proposed == 0 and r.tau == 1.0 for r in sched.run())
@@ -162,6 +165,34 @@ def test_lazy_draft_model_prices_the_prompt_it_has_not_fed_yet():
     assert drafter.draft_cost([0]) == 0
 
 
+def test_lazy_eagle_head_prices_the_prompt_it_has_not_fed_yet():
+    """The batched EAGLE head reads a prompt's features only with its first draft: that draft's price carries
+    the catch-up rows beyond one step's (depth + 1), spread over the tokens left, at the head's time per row;
+    once fed, a draft costs its drafting time alone, which grows with the sequences drafting."""
+    lm = varied_model()
+    drafter = strategy("eagle", lm).batch_drafter(2)  # depth 3: a step feeds up to 4 rows anyway
+    assert 0 < drafter.draft_cost([1]) < drafter.draft_cost([1, 1])  # before any request: the probe's figures
+    drafter._row_s, drafter._fixed_s, drafter._per_seq_s = 1.0, 2.0, 0.5
+    assert drafter.draft_cost([3, 0]) == 2.5 and drafter.draft_cost([3, 5]) == 3.0  # grows with those drafting
+    drafter._per_seq_s = 0.0
+    p = prompts_of_lengths()[0]  # 18 tokens: features for the 17 cached
+    r = CachedModel(lm, 64)
+    r.prefill(p[:-1])
+    seq = DraftSeq(0, p, SamplingParams())
+    drafter.begin(seq, r.last_hidden)
+    assert drafter.cache.lengths[drafter.state(0).slot] == 0  # nothing fed yet
+    drafter.candidates([seq], [4])
+    assert drafter.draft_cost([4]) == 2 + (17 - 4)  # 4 tokens left: the 13 extra rows on this draft
+    drafter.candidates([seq], [16])
+    assert drafter.draft_cost([4]) == 2 + 13 / 4  # 16 left: 4 drafts share them
+    assert drafter.draft_cost([0]) == 0
+    drafter.propose([seq], [4])
+    assert drafter.cache.lengths[drafter.state(0).slot] == 17
+    drafter.candidates([seq], [16])
+    assert drafter._scale != 1.0  # the draft's measured time moved the price
+    assert drafter.draft_cost([4]) == pytest.approx(drafter._scale * 2.0)
+
+
 def test_model_drafter_follows_the_verifier_through_rejections():
     """After each verification (the sequence keeps part of a chain, then a token of its own) the draft model's
     next chain is its greedy continuation of the new sequence computed from scratch: the slot kept exactly the
@@ -206,13 +237,15 @@ def test_planner_counts_the_drafting_time():
 
 @pytest.mark.parametrize("name", ["draft", "eagle"])
 def test_sampled_drafting_in_a_batch_is_reproducible_per_seed(name):
-    """Each request drafts and verifies with its own generator: with the drafts' sizes fixed (a flat cost), a
-    seed gives the same tokens alone as beside two other requests."""
+    """Each request drafts and verifies with its own generator: with the drafts' sizes fixed (a flat cost, the
+    drafter's acceptance known), a seed gives the same tokens alone as beside two other requests."""
     lm = varied_model()
     sp = SamplingParams(max_new_tokens=20, temperature=0.8, top_p=0.95, seed=7)
 
     def run(ps):
         sched = Scheduler(lm, max_batch=3, drafter=strategy(name, lm).batch_drafter(3), cost=FLAT)
+        assert sched.spec is not None
+        sched.spec.evidence = 1e9
         ids = [sched.submit(p, sp) for p in ps]
         got = {r.request_id: r for r in sched.run()}
         return [got[i] for i in ids]

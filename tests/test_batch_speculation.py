@@ -17,12 +17,14 @@ from specledger.decoding.draft_budget import (
     PRIOR,
     AcceptanceEMA,
     CostSurface,
+    FittedSurface,
     expected_accepted,
     measure_cost_surface,
     plan_drafts,
     RankAcceptance,
     StepOverhead,
 )
+from specledger.decoding.batch_drafting import EVIDENCE
 from specledger.decoding.lookup import LookupDrafter
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
@@ -122,6 +124,69 @@ def test_planner_charges_each_sequence_that_drafts():
     assert plan_drafts([[0.9, 0.9, 0.9], [0.3]], 2, 2, FLAT, per_drafting=0.5) == [3, 0]
 
 
+def exhaustive_plan(gains, base_rows, base_tokens, cost, draft_cost=None, per_drafting=0.0):
+    """plan_drafts without its early stop: every prefix of the nodes by gain is looked at."""
+    order = sorted(((g, i) for i, gs in enumerate(gains) for g in gs if g > 0), key=lambda x: -x[0])
+    best, best_rate, ks = 0, base_tokens / cost(base_rows), [0] * len(gains)
+    for m, (_, i) in enumerate(order, start=1):
+        ks[i] += 1
+        spent = cost(base_rows + m) + (draft_cost(ks) if draft_cost else 0.0) + per_drafting * sum(k > 0 for k in ks)
+        if (base_tokens + sum(g for g, _ in order[:m])) / spent > best_rate:
+            best, best_rate = m, (base_tokens + sum(g for g, _ in order[:m])) / spent
+    out = [0] * len(gains)
+    for _, i in order[:best]:
+        out[i] += 1
+    return out
+
+
+def test_planner_early_stop_changes_no_plan():
+    """Random batches, acceptances and surfaces (bumps included): the plan equals the exhaustive one."""
+    rng = torch.Generator().manual_seed(3)
+    for _ in range(300):
+        n = int(torch.randint(1, 9, (1,), generator=rng))
+        gains = [RankAcceptance(a=float(torch.rand(1, generator=rng))).gains(int(torch.randint(0, 12, (1,), generator=rng)))
+                 for _ in range(n)]
+        steps = torch.rand(6, generator=rng).tolist()
+        cost = CostSurface((1, 2, 4, 8, 16, 128), tuple(0.2 + sum(steps[: j + 1]) for j in range(6)))
+        per = float(torch.rand(1, generator=rng)) * 0.3
+        fixed = float(torch.rand(1, generator=rng)) * 0.5
+        def draft_cost(ks, fixed=fixed):
+            return fixed * any(ks) + 0.05 * sum(k > 0 for k in ks)
+        assert plan_drafts(gains, n, n, cost, draft_cost, per) == exhaustive_plan(gains, n, n, cost, draft_cost, per)
+
+
+def test_planner_caps_the_sequences_that_draft():
+    """max_drafting: the best nodes of the first sequences only; the others' are passed over, not cut short."""
+    gains = [[0.9, 0.8], [0.95, 0.5], [0.7]]
+    assert plan_drafts(gains, 3, 3, FLAT) == [2, 2, 1]
+    assert plan_drafts(gains, 3, 3, FLAT, max_drafting=1) == [0, 2, 0]
+    assert plan_drafts(gains, 3, 3, FLAT, max_drafting=2) == [2, 2, 0]
+
+
+def test_one_sequence_tries_the_drafter_until_its_acceptance_is_known(lm):
+    """From the prior, and again once the estimate has drifted back toward it, one sequence a pass drafts, and
+    none beside a joining prompt's chunk; with enough verified nodes behind the estimate, several do."""
+    sched = Scheduler(lm, max_batch=3, prefill_chunk=8, drafter=LookupDrafter(4), cost=FLAT)
+    spec = sched.spec
+    assert spec is not None
+    drafting = []
+    real_plan = spec.plan
+
+    def plan(states, caps, prefill_rows):
+        trees = real_plan(states, caps, prefill_rows)
+        drafting.append((sum(1 for t in trees if len(t)), spec.evidence, prefill_rows))
+        return trees
+
+    spec.plan = plan
+    for p in repetitive_prompts()[:5]:  # prompts over several 8-row chunks; the last two join mid-run
+        sched.submit(p, SamplingParams(max_new_tokens=20, temperature=0.0))
+    sched.run()
+    early = [(n, chunk) for n, evidence, chunk in drafting if evidence < EVIDENCE]
+    assert all(n <= (0 if chunk else 1) for n, chunk in early) and any(chunk for _, chunk in early)
+    assert max(n for n, *_ in drafting) > 1
+    assert any(n and chunk for n, _, chunk in drafting)  # once known, a draft may go beside a chunk
+
+
 def test_planner_weighs_a_draft_beside_a_prefill_chunk_against_the_decode_rate():
     """A joining prompt's 300 rows make the pass slow, not its decode tokens cheap: a draft that does not pay
     in a decode pass does not pay beside the chunk either; one that pays still does (its rows' marginal cost)."""
@@ -167,6 +232,41 @@ def test_the_scheduler_measures_the_step_overhead_of_drafting_passes(lm):
     for seconds, n, d, batch, drafted, rows in seen:
         assert seconds > 0 and n == batch and 0 <= d <= min(n, drafted) and rows == n + drafted  # no prefill rows
     assert sched.spec.overhead.base is not None
+
+
+def test_fitted_surface_prices_rows_at_the_measured_ratio():
+    """Passes measured 1.5x the probe at 16 rows: 16 rows, and the rows a draft would add above them (never
+    seen), cost 1.5x; a knot seen at its probed cost keeps it; the result never decreases in rows."""
+    fit = FittedSurface(CostSurface((1, 8, 16, 32), (1.0, 8.0, 16.0, 32.0)))
+    for _ in range(3):
+        fit.observe(16, 24.0)
+    assert fit(16) == pytest.approx(24.0) and fit(32) == pytest.approx(48.0) and fit(24) == pytest.approx(36.0)
+    assert fit(1) == pytest.approx(1.5)  # the nearest seen ratio
+    fit.observe(1, 1.0)
+    assert fit(1) == pytest.approx(1.0) and fit(16) == pytest.approx(24.0)
+    fit.observe(12, 6.0)  # between knots: both move, the nearer (and equal-distance) ones by their share
+    assert fit(8) < 8 * 1.5 and fit(16) < 24.0
+    xs = [fit(n) for n in range(1, 40)]
+    assert xs == sorted(xs)
+    fit.observe(16, 1e6)  # one stalled pass moves the price by a bounded step
+    assert fit(16) < 24.0 * 1.5
+
+
+def test_the_scheduler_fits_its_measured_surface_to_decode_passes(lm):
+    """With no cost given, the planner's surface is the probe's, corrected by the decode passes the batch runs
+    (passes carrying prefill rows are not decode passes and feed nothing); a given cost is used as it is."""
+    sched = Scheduler(lm, max_batch=3, prefill_chunk=8, drafter=LookupDrafter(4))
+    assert sched.spec is not None and isinstance(sched.spec.fit, FittedSurface) and sched.spec.cost is sched.spec.fit
+    seen = []
+    observe = sched.spec.fit.observe
+    sched.spec.fit.observe = lambda rows, s: seen.append((rows, sched.last_batch, sched.last_drafted)) or observe(rows, s)
+    for p in repetitive_prompts()[:5]:
+        sched.submit(p, SamplingParams(max_new_tokens=12, temperature=0.0))
+    sched.run()
+    assert seen and all(rows == batch + drafted for rows, batch, drafted in seen)
+    assert any(q is not None for q in sched.spec.fit.ratio)
+    given = Scheduler(lm, max_batch=3, drafter=LookupDrafter(4), cost=FLAT)
+    assert given.spec is not None and given.spec.fit is None and given.spec.cost is FLAT
 
 
 def test_acceptance_estimate_moves_with_outcomes():
@@ -279,12 +379,15 @@ def test_cost_surface_is_measured_once_per_model_and_again_only_when_larger(lm):
 
 def test_sampled_lookup_in_a_batch_is_reproducible_per_seed(lm):
     """Temperature > 0: each request keeps its own generator, so a seed gives the same tokens whatever
-    else is in the batch (here: alone vs with two others, same fixed cost surface)."""
+    else is in the batch (here: alone vs with two others, same fixed cost surface, the drafter's acceptance
+    known: while it is not, only one sequence a pass drafts, and which one depends on the batch)."""
     prompts = repetitive_prompts()[:3]
     sp = SamplingParams(max_new_tokens=20, temperature=0.8, top_p=0.95, seed=7)
 
     def run(ps):
         sched = Scheduler(lm, max_batch=3, drafter=LookupDrafter(4), cost=FLAT)
+        assert sched.spec is not None
+        sched.spec.evidence = 1e9
         ids = [sched.submit(p, sp) for p in ps]
         got = {r.request_id: r for r in sched.run()}
         return [got[i] for i in ids]

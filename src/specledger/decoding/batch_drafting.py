@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specledger.decoding.draft_budget import (AcceptanceEMA, CostSurface, RankAcceptance, StepOverhead, cost_surface,
-                                               plan_drafts)
+from specledger.decoding.draft_budget import (AcceptanceEMA, CostSurface, FittedSurface, RankAcceptance, StepOverhead,
+                                               cost_surface, plan_drafts)
 from specledger.decoding.drafter import Drafter, DraftSeq
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.tree import Tree
@@ -25,6 +25,12 @@ from specledger.engine.timing import clock
 from specledger.spec_stats import LevelStats
 
 RELAX = 0.005  # per pass without any draft: the population estimate's pull back toward the prior
+# Verified draft nodes the population estimate needs behind it before more than one sequence a pass drafts: until
+# then (at the start, and once the estimate has drifted back toward the prior) one sequence tries the drafter.
+# A prior of 0.6 for a drafter that is accepted 15% of the time had every sequence of a batch draft at once. Nor is
+# it tried beside a joining prompt's chunk, where its rows are priced by extrapolating the surface: measured, the
+# first drafts beside chunks cost 2-4x their price.
+EVIDENCE = 16.0
 
 
 @dataclass
@@ -43,16 +49,27 @@ class BatchDrafting:
                  cost: CostSurface | Callable[[int], float] | None = None) -> None:
         self.drafter = drafter
         self.device = lm.model.device
-        # a pass holds at most ~4 rows per sequence in practice
-        self.cost = cost if cost is not None else cost_surface(lm, max_rows=4 * max_batch, n_seqs=min(8, max_batch))
+        # A given cost is the caller's model, used as it is; the measured surface (a pass holds at most ~4 rows per
+        # sequence in practice) is corrected by the passes this batch runs.
+        self.fit: FittedSurface | None = None
+        if cost is None:
+            cost = self.fit = FittedSurface(cost_surface(lm, max_rows=4 * max_batch, n_seqs=min(8, max_batch)))
+        self.cost: Callable[[int], float] = cost
         drafter.draft_cost([1])  # whatever the drafter measures of its own cost, now rather than in a request
         self.last_drafted = 0  # draft tokens in the latest pass
         # What this drafter's recent drafts accepted, over every request: a new request starts from it rather than
         # from the default prior (a short request would spend most of its passes unlearning an optimistic one).
         # With no draft verified it drifts back toward the prior, so speculation is tried again once it may pay.
         self.population: AcceptanceEMA | RankAcceptance = RankAcceptance() if drafter.tree else AcceptanceEMA()
+        self.evidence = 0.0  # verified nodes behind it, decaying as it drifts
         self.overhead = StepOverhead()  # what a drafting sequence adds outside the pass (the scheduler measures)
         self.last_plan_s = 0.0  # seconds the latest plan took (proposals included)
+
+    def observe(self, step_s: float, forward_s: float, rows: int, n_seqs: int, n_drafting: int) -> None:
+        """A pass without prefill: its forward's rows and seconds, and its time outside forward and plan."""
+        if self.fit is not None:
+            self.fit.observe(rows, forward_s)
+        self.overhead.observe(step_s - forward_s - self.last_plan_s, n_seqs, n_drafting)
 
     @property
     def wants_features(self) -> bool:
@@ -75,10 +92,12 @@ class BatchDrafting:
         seqs = [s.seq for s in states]
         avail = d.candidates(seqs, caps)  # (each drafter caps at its max_tokens; caps: the tokens left)
         ks = plan_drafts([s.acc.gains(n) for s, n in zip(states, avail)], len(states), len(states), self.cost,
-                         d.draft_cost, self.overhead.extra, beside=prefill_rows)
+                         d.draft_cost, self.overhead.extra, beside=prefill_rows,
+                         max_drafting=None if self.evidence >= EVIDENCE else 0 if prefill_rows else 1)
         self.last_drafted = sum(ks)
         if not self.last_drafted:
             self.population.relax(RELAX)
+            self.evidence *= 1.0 - RELAX
         drafting = [i for i, k in enumerate(ks) if k]
         trees = [Tree() for _ in states]
         if drafting:
@@ -98,6 +117,7 @@ class BatchDrafting:
         if len(tree):
             st.acc.update(len(tree), path)
             self.population.update(len(tree), path)
+            self.evidence += len(tree)
 
     def end(self, st: DraftState) -> LevelStats:
         self.drafter.end(st.seq)

@@ -58,6 +58,44 @@ class CostSurface:
         return ys[-1] + slope * (n - xs[-1])
 
 
+class FittedSurface:
+    """The probe's surface corrected by the passes the scheduler actually runs.
+
+    The probe measures passes at 64-token contexts on an otherwise idle model; a running batch has longer
+    contexts (attention grows with them) and the machine's own load, and the planner priced drafted rows
+    15-55% below what they cost once measured. Each decode pass (rows, seconds) moves an EMA of measured /
+    probed at the knots either side of its row count, weighted by nearness; a knot not yet seen takes the
+    ratio of the nearest seen one, so the rows a draft would add are priced at the batch's measured ratio,
+    never at the probe's own (cheaper) figure. The result stays non-decreasing in rows."""
+
+    def __init__(self, prior: CostSurface, weight: float = 0.1) -> None:
+        self.prior, self.weight = prior, weight
+        self.ratio: list[float | None] = [None] * len(prior.rows)
+        self.fitted = prior
+
+    def observe(self, rows: int, seconds: float) -> None:
+        probed = self.prior(rows)
+        if rows <= 0 or probed <= 0 or seconds <= 0:
+            return
+        r = min(4.0, max(0.25, seconds / probed))  # one stalled pass must not swing the price
+        xs = self.prior.rows
+        j = next((i for i, x in enumerate(xs) if x >= rows), len(xs) - 1)
+        near = [(j, 1.0)] if j == 0 or xs[j] <= rows else [(j - 1, (xs[j] - rows) / (xs[j] - xs[j - 1])),
+                                                            (j, (rows - xs[j - 1]) / (xs[j] - xs[j - 1]))]
+        for i, share in near:
+            old = self.ratio[i]
+            if old is None:  # a knot is first set by a pass nearer to it than to its neighbour
+                self.ratio[i] = r if share >= 0.5 else None
+            else:
+                self.ratio[i] = old + self.weight * share * (r - old)
+        seen = [i for i, q in enumerate(self.ratio) if q is not None]
+        ratios = [self.ratio[min(seen, key=lambda s: abs(s - i))] or 1.0 for i in range(len(xs))]
+        self.fitted = CostSurface(xs, tuple(t * q for t, q in zip(self.prior.seconds, ratios)))
+
+    def __call__(self, n: float) -> float:
+        return self.fitted(n)
+
+
 def expected_accepted(a: float, k: int) -> float:
     """E[accepted tokens] of a k-token chain whose tokens are each accepted with probability a (given the last)."""
     return sum(a**i for i in range(1, k + 1))
@@ -65,7 +103,7 @@ def expected_accepted(a: float, k: int) -> float:
 
 def plan_drafts(gains: list[list[float]], base_rows: int, base_tokens: float, cost: Callable[[int], float],
                 draft_cost: Callable[[list[int]], float] | None = None, per_drafting: float = 0.0,
-                beside: int = 0) -> list[int]:
+                beside: int = 0, max_drafting: int | None = None) -> list[int]:
     """Draft tokens per sequence that maximise the pass's expected tokens per second.
 
     gains[i][j]: the expected tokens the (j+1)-th draft node of sequence i adds (non-increasing in j: a
@@ -81,6 +119,12 @@ def plan_drafts(gains: list[list[float]], base_rows: int, base_tokens: float, co
     beside: rows of the same pass that are not decoding (a joining prompt's chunk). A draft pays its rows'
     marginal cost in that pass, but is weighed against the decode rate of a pass without them: the chunk's
     seconds earn no decode tokens, so against the whole pass's rate every drafted token would look worth it.
+
+    max_drafting: at most this many sequences draft (the nodes of any other are passed over).
+
+    Every term of the denominator grows with m, so once even all the remaining gains over the current one
+    could not beat the best rate, no larger m can: the scan stops there (a batch of 16 EAGLE trees has ~900
+    candidate nodes, and a plan is made every pass).
     """
     order = sorted(((g, i) for i, gs in enumerate(gains) for g in gs if g > 0), key=lambda x: -x[0])
     ks = [0] * len(gains)
@@ -92,17 +136,33 @@ def plan_drafts(gains: list[list[float]], base_rows: int, base_tokens: float, co
     best_m, best_rate = 0, base_tokens / t0
     tokens = float(base_tokens)
     drafting = 0
-    for m, (g, i) in enumerate(order, start=1):
+    taken: list[int] = []
+    rest = sum(g for g, _ in order)
+    for g, i in order:
+        rest -= g
+        if not ks[i] and max_drafting is not None and drafting >= max_drafting:
+            continue
         tokens += g
         drafting += ks[i] == 0
         ks[i] += 1
-        rate = tokens / (seconds(m) + (draft_cost(ks) if draft_cost else 0.0) + per_drafting * drafting)
-        if rate > best_rate:
-            best_m, best_rate = m, rate
+        taken.append(i)
+        m = len(taken)
+        spent = seconds(m) + (draft_cost(ks) if draft_cost else 0.0) + per_drafting * drafting
+        if tokens / spent > best_rate:
+            best_m, best_rate = m, tokens / spent
+        elif (tokens + rest) / spent <= best_rate:
+            break
     ks = [0] * len(gains)
-    for _, i in order[:best_m]:
+    for i in taken[:best_m]:
         ks[i] += 1
     return ks
+
+
+def catch_up_share(behind: int, chain: int, left: int) -> float:
+    """Rows of a drafter's catch-up (what it fell behind by while not drafting: a lazy prompt included) beyond one
+    chain's worth that a drafting step is charged: spread over the drafting steps the sequence has left (about
+    left / chain), since once fed they serve every later draft."""
+    return max(0, behind - chain) / max(1.0, left / chain)
 
 
 PRIOR = 0.6  # per-token acceptance assumed before anything has been verified

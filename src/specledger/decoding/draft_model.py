@@ -7,7 +7,7 @@ from collections.abc import Hashable
 import torch
 
 from specledger.decoding.batch_runner import BatchItem, BatchRunner, Sequence
-from specledger.decoding.draft_budget import CostSurface, cost_surface
+from specledger.decoding.draft_budget import CostSurface, catch_up_share, cost_surface
 from specledger.decoding.drafter import DraftSeq
 from specledger.decoding.sampling import probs_from_logits, sample
 from specledger.decoding.strategy import Context, Speculative
@@ -100,7 +100,7 @@ class ModelDrafter:
         self._catchup = []
         for s, c in zip(seqs, caps):
             behind = max(0, len(s.tokens) - 1 - self.runner.cached(self.seqs[s.key]))
-            self._catchup.append(min(behind, chain) + max(0, behind - chain) / max(1.0, c / chain))
+            self._catchup.append(min(behind, chain) + catch_up_share(behind, chain, c))
         return [min(c, self.max_tokens) for c in caps]
 
     def draft_cost(self, budgets: list[int]) -> float:

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from specledger.decoding.eagle_head import EagleHead, draft_lm_head, load_head, shipped_head_dir
+from specledger.decoding.draft_budget import catch_up_share
 from specledger.decoding.drafter import DraftSeq
 from specledger.decoding.strategy import Context, Speculative, clock
 from specledger.decoding.tree import Tree
@@ -80,7 +81,11 @@ class _Grow:
 
 class EagleDrafter:
     """EAGLE-2 trees for one sequence or a batch: the head's cache has a slot per sequence, and every level of
-    every sequence's tree goes through the head in one ragged pass (its frontier under its ancestor mask)."""
+    every sequence's tree goes through the head in one ragged pass (its frontier under its ancestor mask).
+
+    lazy (the batched drafter): a joining prompt's features are not fed to the head when it begins but with its
+    first proposal, and draft_cost prices that catch-up (spread over the drafting steps the sequence has
+    left), so at a batch where drafting does not pay the head never reads the prompt at all."""
 
     name = "eagle"
     wants_features = True
@@ -88,7 +93,7 @@ class EagleDrafter:
 
     def __init__(
         self, head: EagleHead, base: LoadedModel, *, top_k: int = 10, depth: int = 5, total_nodes: int = 59,
-        max_len: int, n_slots: int = 1,
+        max_len: int, n_slots: int = 1, lazy: bool = False,
     ) -> None:
         check_tree_params(top_k, depth, total_nodes)
         head.check_target(base)
@@ -101,7 +106,14 @@ class EagleDrafter:
         self.seqs: dict[Hashable, _HeadSeq] = {}
         # expand every level even when no deeper node can make the kept tree (for unbiased statistics)
         self.explore = False
-        self._draft_s: float | None = None  # EMA of the seconds one batched draft took (the planner's cost)
+        self.lazy = lazy
+        # the planner's price of a draft (draft_cost): probed seconds of a draft, fixed and per drafting sequence,
+        # times an EMA of measured / probed; and of a long catch-up per head row
+        self._fixed_s = self._per_seq_s = 0.0
+        self._scale = 1.0
+        self._row_s: float | None = None  # None: not probed yet
+        self._behind: list[float] = []  # per sequence of the latest candidates(): catch-up rows it is charged
+        self._long_s = 0.0  # of the latest proposal: seconds its long catch-ups took
 
     @property
     def max_tokens(self) -> int:
@@ -122,7 +134,8 @@ class EagleDrafter:
         st = self.seqs[seq.key] = _HeadSeq(self.cache.alloc(), torch.zeros(cap, h, dtype=self.head.dtype,
                                                                             device=self.model.device))
         self.accept(seq, features)
-        self._catch_up([st])
+        if not self.lazy:
+            self._catch_up([st])
 
     def end(self, seq: DraftSeq) -> None:
         self.cache.release(self.seqs.pop(seq.key).slot)
@@ -163,6 +176,7 @@ class EagleDrafter:
         todo = [st for st in states if st.todo < st.n_feats]
         if not todo:
             return
+        t0, rows = clock(self.model.device), sum(st.n_feats - st.todo for st in todo)
         dev = self.model.device
         toks = torch.tensor([t for st in todo for t in st.tokens[st.todo + 1 : st.n_feats + 1]], device=dev)
         feats = torch.cat([st.feats[st.todo : st.n_feats] for st in todo])
@@ -173,6 +187,52 @@ class EagleDrafter:
         for st, sg in zip(todo, segs):
             off += sg.n
             st.root, st.todo = h[off - 1], st.n_feats
+        long = rows - (self.depth + 1) * len(todo)  # beyond what a drafting step feeds anyway
+        if long > 0:
+            t = clock(self.model.device) - t0
+            self._long_s += t * long / rows
+            if rows >= 32:
+                self._row_s = t / rows if not self._row_s else 0.8 * self._row_s + 0.2 * t / rows
+
+    def _probe(self) -> None:
+        """Time a 64-row head pass, and full drafts from its end for one sequence and for several, on spare
+        slots: the price of a draft (fixed, and per sequence that drafts: each brings its frontier through every
+        level and the LM head) and of a lazy prompt's catch-up per row, before any request has had either
+        (without, the first plans would take drafting as free, or a batch's draft as one sequence's)."""
+        self._row_s = 0.0
+        m = min(4, self.cache.free_slots)
+        if not m:
+            return
+        dev, n, h = self.model.device, 64, self.head.cfg.hidden_size
+        slots = [self.cache.alloc() for _ in range(m)]
+        explore, self.explore = self.explore, True
+        try:
+            rows, one, many = [], [], []
+            for _ in range(3):
+                for sl in slots:
+                    self.cache.rollback(sl, 0)
+                t0 = clock(dev)
+                out = self.head.ragged(self.model, torch.zeros(n * m, dtype=torch.long, device=dev),
+                                       torch.zeros(n * m, h, dtype=self.head.dtype, device=dev),
+                                       torch.arange(n, device=dev).repeat(m), [Segment(sl, n) for sl in slots],
+                                       self.cache)
+                rows.append((clock(dev) - t0) / (n * m))
+                sts = [_HeadSeq(sl, torch.zeros(0, h), n_feats=n, tokens=[0] * (n + 1), root=out[n * (i + 1) - 1],
+                                todo=n) for i, sl in enumerate(slots)]
+                e = torch.empty(0)
+                for group, times in ((sts[:1], one), (sts, many)):
+                    t0 = clock(dev)
+                    self._grow([_Grow(st, self.total_nodes, n, [], e, e, e, e) for st in group])
+                    times.append(clock(dev) - t0)
+        finally:
+            self.explore = explore
+            for sl in slots:
+                self.cache.release(sl)
+        self._row_s, t1, tm = sorted(rows)[1], sorted(one)[1], sorted(many)[1]
+        # at least its frontier's head rows through every level (the difference of two timings can be noise)
+        floor = self._row_s * (1 + (self.depth - 1) * self.top_k)
+        self._per_seq_s = max(floor, (tm - t1) / (m - 1) if m > 1 else t1)
+        self._fixed_s = max(0.0, t1 - self._per_seq_s)
 
     # --- drafting ----------------------------------------------------------------------------------
 
@@ -189,6 +249,7 @@ class EagleDrafter:
         states = [self.seqs[s.key] for s in seqs]
         for st in states:
             st.cand_tokens, st.cand_parents, st.cand_logp, st.cand_order = [], [], [], []
+        self._long_s = 0.0
         self._catch_up(states)
         keep = [min(self.total_nodes, b) for b in budgets]
         grow = [_Grow(st, n, self.cache.lengths[st.slot], [], torch.empty(0), torch.empty(0), torch.empty(0),
@@ -197,8 +258,10 @@ class EagleDrafter:
             return [Tree() for _ in states]
         self._grow(grow)
         trees = {id(g.st): self._ranked(g.st, g.n_keep, torch.cat(g.scores)) for g in grow}
-        t = clock(self.model.device) - t0
-        self._draft_s = t if self._draft_s is None else 0.8 * self._draft_s + 0.2 * t
+        t = clock(self.model.device) - t0 - self._long_s  # a long catch-up is priced per row, not as a draft
+        probed = self._fixed_s + self._per_seq_s * len(grow)
+        if probed > 0:
+            self._scale += 0.2 * (min(4.0, max(0.25, t / probed)) - self._scale)
         return [trees.get(id(st), Tree()) for st in states]
 
     def _grow(self, grow: list[_Grow]) -> None:
@@ -285,11 +348,24 @@ class EagleDrafter:
         return Tree([st.cand_tokens[c] for c in chosen], parents)
 
     def candidates(self, seqs: list[DraftSeq], caps: list[int]) -> list[int]:
+        """caps: also the tokens each sequence has left, over which a long catch-up is spread."""
+        sts = [self.seqs[s.key] for s in seqs]
+        self._behind = [catch_up_share(st.n_feats - st.todo, self.depth + 1, c) for st, c in zip(sts, caps)]
         return [min(c, self.total_nodes) for c in caps]
 
     def draft_cost(self, budgets: list[int]) -> float:
-        """The depth passes cost about the same whatever is kept: the measured time of recent drafts."""
-        return (self._draft_s or 0.0) if any(budgets) else 0.0
+        """The depth passes cost about the same whatever is kept, and grow with the sequences drafting: the
+        probed figures scaled by what recent drafts measured; plus the rows of a long catch-up, each at the
+        head's time per row."""
+        if not any(budgets):
+            return 0.0
+        if self._row_s is None:
+            self._probe()
+        assert self._row_s is not None
+        behind = self._behind if len(self._behind) == len(budgets) else [0.0] * len(budgets)
+        drafting = [i for i, b in enumerate(budgets) if b > 0]
+        return (self._scale * (self._fixed_s + self._per_seq_s * len(drafting))
+                + self._row_s * sum(behind[i] for i in drafting))
 
     def expected_hits(self, key: Hashable, new_tokens: list[int]) -> torch.Tensor:
         """For the sequence's last draft: hits[r] = 1 if the r-th ranked candidate lies on the emitted path.
@@ -499,7 +575,7 @@ class EagleTree(Speculative):
     def batch_drafter(self, n_slots: int) -> EagleDrafter:
         """Batched, the planner sizes each sequence's tree per step (the auto sizer is for one sequence)."""
         return EagleDrafter(self.head, self.target, top_k=self.top_k, depth=self.depth, total_nodes=self.lookahead,
-                            max_len=self.target.config.max_seq_len, n_slots=n_slots)
+                            max_len=self.target.config.max_seq_len, n_slots=n_slots, lazy=True)
 
     def draft_size(self, ctx: Context, budget: int) -> int:
         """Auto: the tree size the sizer expects to pay best; and every few steps a full draft for its statistics."""

@@ -271,8 +271,7 @@ class Scheduler:
                 emitted.append((lv, new))
         now = clock(self.runner.device)
         if self.spec is not None and decoding and not runs:  # (a prefill's pass also begins drafters: not measured)
-            self.spec.overhead.observe(time.perf_counter() - t0 - t_fwd - self.spec.last_plan_s, len(decoding),
-                                       len(chains))
+            self.spec.observe(time.perf_counter() - t0, t_fwd, self.last_rows, len(decoding), len(chains))
         for lv in live_in:
             lv.passes += 1
             lv.batch_sum += len(items)
