@@ -172,9 +172,9 @@ def test_lazy_eagle_head_prices_the_prompt_it_has_not_fed_yet():
     lm = varied_model()
     drafter = strategy("eagle", lm).batch_drafter(2)  # depth 3: a step feeds up to 4 rows anyway
     assert 0 < drafter.draft_cost([1]) < drafter.draft_cost([1, 1])  # before any request: the probe's figures
-    drafter._row_s, drafter._fixed_s, drafter._per_seq_s = 1.0, 2.0, 0.5
+    drafter.price.row_s, drafter.price.fixed_s, drafter.price.per_seq_s = 1.0, 2.0, 0.5
     assert drafter.draft_cost([3, 0]) == 2.5 and drafter.draft_cost([3, 5]) == 3.0  # grows with those drafting
-    drafter._per_seq_s = 0.0
+    drafter.price.per_seq_s = 0.0
     p = prompts_of_lengths()[0]  # 18 tokens: features for the 17 cached
     r = CachedModel(lm, 64)
     r.prefill(p[:-1])
@@ -189,8 +189,8 @@ def test_lazy_eagle_head_prices_the_prompt_it_has_not_fed_yet():
     drafter.propose([seq], [4])
     assert drafter.cache.lengths[drafter.state(0).slot] == 17
     drafter.candidates([seq], [16])
-    assert drafter._scale != 1.0  # the draft's measured time moved the price
-    assert drafter.draft_cost([4]) == pytest.approx(drafter._scale * 2.0)
+    assert drafter.price.scale != 1.0  # the draft's measured time moved the price
+    assert drafter.draft_cost([4]) == pytest.approx(drafter.price.scale * 2.0)
 
 
 def test_model_drafter_follows_the_verifier_through_rejections():

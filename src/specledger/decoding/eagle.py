@@ -62,6 +62,104 @@ class _HeadSeq:
     cand_order: list[int] = field(default_factory=list)
     full: bool = False  # whether the last draft expanded all `depth` levels
 
+    def store(self, start: int, features: torch.Tensor) -> None:
+        """The base's features of tokens start.. (the newest it cached); what came after them is gone."""
+        end = start + features.shape[0]
+        if end > self.feats.shape[0]:
+            grown = self.feats.new_zeros(max(end, 2 * self.feats.shape[0]), self.feats.shape[1])
+            grown[: self.n_feats] = self.feats[: self.n_feats]
+            self.feats = grown
+        self.feats[start:end] = features.to(self.feats.dtype)
+        self.n_feats = end
+
+    def ranked(self, n_keep: int, score: torch.Tensor) -> Tree:
+        """The best n_keep candidates by cumulative log-probability (`score`, per candidate), closed under
+        parents, best first."""
+        order = torch.sort(score, descending=True, stable=True).indices.tolist()  # ties: parents (older) first
+        kept: set[int] = set()
+        ranked: list[int] = []
+        for c in order:  # a prefix of the ranking, closed under parents
+            p = self.cand_parents[c]
+            if p < 0 or p in kept:
+                kept.add(c)
+                ranked.append(c)
+        self.cand_order = ranked
+        chosen = ranked[:n_keep]
+        index = {c: i for i, c in enumerate(chosen)}
+        parents = [index[self.cand_parents[c]] if self.cand_parents[c] >= 0 else -1 for c in chosen]
+        return Tree([self.cand_tokens[c] for c in chosen], parents)
+
+    def expected_hits(self, new_tokens: list[int]) -> torch.Tensor:
+        """For the last draft: hits[r] = 1 if the r-th ranked candidate lies on the emitted path.
+
+        A candidate at depth d is on the path iff its tokens equal new_tokens[:d]; deeper than the
+        emitted tokens it is unknown and counted with the head's own probability.
+        """
+        toks, parents = self.cand_tokens, self.cand_parents
+        hit = [0.0] * len(toks)
+        depth = [0] * len(toks)
+        for c in range(len(toks)):
+            p = parents[c]
+            depth[c] = 1 if p < 0 else depth[p] + 1
+            up = 1.0 if p < 0 else hit[p]
+            if up == 0.0:
+                continue
+            d = depth[c]
+            if d <= len(new_tokens):
+                hit[c] = up if toks[c] == new_tokens[d - 1] else 0.0
+            else:
+                hit[c] = up * math.exp(self.cand_logp[c])
+        return torch.tensor([hit[c] for c in self.cand_order])
+
+    def confidence(self) -> torch.Tensor:
+        """The head's own estimate (product of its probabilities) for the last draft's ranked candidates."""
+        cum = [0.0] * len(self.cand_tokens)
+        for c, p in enumerate(self.cand_parents):
+            cum[c] = self.cand_logp[c] + (cum[p] if p >= 0 else 0.0)
+        return torch.tensor([math.exp(cum[c]) for c in self.cand_order])
+
+
+@dataclass
+class _DraftPrice:
+    """The planner's price of a batched draft: probed seconds, fixed and per drafting sequence (each brings its
+    frontier through every level and the LM head), times an EMA of measured / probed; and a lazy prompt's
+    catch-up at the head's probed (then measured) time per row."""
+
+    fixed_s: float = 0.0
+    per_seq_s: float = 0.0
+    scale: float = 1.0
+    row_s: float | None = None  # None: not probed yet
+    behind: list[float] = field(default_factory=list)  # per sequence of the latest candidates(): catch-up rows
+    long_s: float = 0.0  # of the latest proposal: seconds its long catch-ups took
+
+    def cost(self, budgets: list[int]) -> float:
+        assert self.row_s is not None
+        behind = self.behind if len(self.behind) == len(budgets) else [0.0] * len(budgets)
+        drafting = [i for i, b in enumerate(budgets) if b > 0]
+        catch_up = sum(behind[i] for i in drafting)
+        return self.scale * (self.fixed_s + self.per_seq_s * len(drafting)) + self.row_s * catch_up
+
+    def drafted(self, seconds: float, n_seqs: int) -> None:
+        """A proposal for n_seqs took `seconds`: a long catch-up in it is priced per row, not as a draft."""
+        probed = self.fixed_s + self.per_seq_s * n_seqs
+        if probed > 0:
+            self.scale += 0.2 * (min(4.0, max(0.25, (seconds - self.long_s) / probed)) - self.scale)
+
+    def caught_up(self, seconds: float, rows: int, long: int) -> None:
+        """A head catch-up of `rows`, `long` of them beyond what a drafting step feeds anyway."""
+        if long > 0:
+            self.long_s += seconds * long / rows
+            if rows >= 32:
+                r = seconds / rows
+                self.row_s = r if not self.row_s else 0.8 * self.row_s + 0.2 * r
+
+    def probed(self, row_s: float, one_s: float, many_s: float, m: int, floor: float) -> None:
+        """From a head pass's time per row and full drafts for one and for m sequences; at least `floor` per
+        sequence (the difference of two timings can be noise)."""
+        self.row_s = row_s
+        self.per_seq_s = max(floor, (many_s - one_s) / (m - 1) if m > 1 else one_s)
+        self.fixed_s = max(0.0, one_s - self.per_seq_s)
+
 
 @dataclass
 class _Grow:
@@ -107,13 +205,7 @@ class EagleDrafter:
         # expand every level even when no deeper node can make the kept tree (for unbiased statistics)
         self.explore = False
         self.lazy = lazy
-        # the planner's price of a draft (draft_cost): probed seconds of a draft, fixed and per drafting sequence,
-        # times an EMA of measured / probed; and of a long catch-up per head row
-        self._fixed_s = self._per_seq_s = 0.0
-        self._scale = 1.0
-        self._row_s: float | None = None  # None: not probed yet
-        self._behind: list[float] = []  # per sequence of the latest candidates(): catch-up rows it is charged
-        self._long_s = 0.0  # of the latest proposal: seconds its long catch-ups took
+        self.price = _DraftPrice()  # the planner's (draft_cost)
 
     @property
     def max_tokens(self) -> int:
@@ -156,12 +248,7 @@ class EagleDrafter:
         lim = min(len(mine), len(tokens))
         while common < lim and mine[common] == tokens[common]:
             common += 1
-        if n_cached > st.feats.shape[0]:
-            grown = st.feats.new_zeros(max(n_cached, 2 * st.feats.shape[0]), st.feats.shape[1])
-            grown[: st.n_feats] = st.feats[: st.n_feats]
-            st.feats = grown
-        st.feats[fstart:n_cached] = features.to(st.feats.dtype)
-        st.n_feats = n_cached
+        st.store(fstart, features)
         length = self.cache.lengths[st.slot]
         valid = max(0, min(length, fstart, common - 1))  # entry i needs f_i and token i+1 unchanged
         if valid < length:
@@ -187,52 +274,7 @@ class EagleDrafter:
         for st, sg in zip(todo, segs):
             off += sg.n
             st.root, st.todo = h[off - 1], st.n_feats
-        long = rows - (self.depth + 1) * len(todo)  # beyond what a drafting step feeds anyway
-        if long > 0:
-            t = clock(self.model.device) - t0
-            self._long_s += t * long / rows
-            if rows >= 32:
-                self._row_s = t / rows if not self._row_s else 0.8 * self._row_s + 0.2 * t / rows
-
-    def _probe(self) -> None:
-        """Time a 64-row head pass, and full drafts from its end for one sequence and for several, on spare
-        slots: the price of a draft (fixed, and per sequence that drafts: each brings its frontier through every
-        level and the LM head) and of a lazy prompt's catch-up per row, before any request has had either
-        (without, the first plans would take drafting as free, or a batch's draft as one sequence's)."""
-        self._row_s = 0.0
-        m = min(4, self.cache.free_slots)
-        if not m:
-            return
-        dev, n, h = self.model.device, 64, self.head.cfg.hidden_size
-        slots = [self.cache.alloc() for _ in range(m)]
-        explore, self.explore = self.explore, True
-        try:
-            rows, one, many = [], [], []
-            for _ in range(3):
-                for sl in slots:
-                    self.cache.rollback(sl, 0)
-                t0 = clock(dev)
-                out = self.head.ragged(self.model, torch.zeros(n * m, dtype=torch.long, device=dev),
-                                       torch.zeros(n * m, h, dtype=self.head.dtype, device=dev),
-                                       torch.arange(n, device=dev).repeat(m), [Segment(sl, n) for sl in slots],
-                                       self.cache)
-                rows.append((clock(dev) - t0) / (n * m))
-                sts = [_HeadSeq(sl, torch.zeros(0, h), n_feats=n, tokens=[0] * (n + 1), root=out[n * (i + 1) - 1],
-                                todo=n) for i, sl in enumerate(slots)]
-                e = torch.empty(0)
-                for group, times in ((sts[:1], one), (sts, many)):
-                    t0 = clock(dev)
-                    self._grow([_Grow(st, self.total_nodes, n, [], e, e, e, e) for st in group])
-                    times.append(clock(dev) - t0)
-        finally:
-            self.explore = explore
-            for sl in slots:
-                self.cache.release(sl)
-        self._row_s, t1, tm = sorted(rows)[1], sorted(one)[1], sorted(many)[1]
-        # at least its frontier's head rows through every level (the difference of two timings can be noise)
-        floor = self._row_s * (1 + (self.depth - 1) * self.top_k)
-        self._per_seq_s = max(floor, (tm - t1) / (m - 1) if m > 1 else t1)
-        self._fixed_s = max(0.0, t1 - self._per_seq_s)
+        self.price.caught_up(clock(self.model.device) - t0, rows, rows - (self.depth + 1) * len(todo))
 
     # --- drafting ----------------------------------------------------------------------------------
 
@@ -249,7 +291,7 @@ class EagleDrafter:
         states = [self.seqs[s.key] for s in seqs]
         for st in states:
             st.cand_tokens, st.cand_parents, st.cand_logp, st.cand_order = [], [], [], []
-        self._long_s = 0.0
+        self.price.long_s = 0.0
         self._catch_up(states)
         keep = [min(self.total_nodes, b) for b in budgets]
         grow = [_Grow(st, n, self.cache.lengths[st.slot], [], torch.empty(0), torch.empty(0), torch.empty(0),
@@ -257,11 +299,8 @@ class EagleDrafter:
         if not grow:
             return [Tree() for _ in states]
         self._grow(grow)
-        trees = {id(g.st): self._ranked(g.st, g.n_keep, torch.cat(g.scores)) for g in grow}
-        t = clock(self.model.device) - t0 - self._long_s  # a long catch-up is priced per row, not as a draft
-        probed = self._fixed_s + self._per_seq_s * len(grow)
-        if probed > 0:
-            self._scale += 0.2 * (min(4.0, max(0.25, t / probed)) - self._scale)
+        trees = {id(g.st): g.st.ranked(g.n_keep, torch.cat(g.scores)) for g in grow}
+        self.price.drafted(clock(self.model.device) - t0, len(grow))
         return [trees.get(id(st), Tree()) for st in states]
 
     def _grow(self, grow: list[_Grow]) -> None:
@@ -330,73 +369,65 @@ class EagleDrafter:
         for g in grow:
             self.cache.rollback(g.st.slot, g.committed)
 
-    def _ranked(self, st: _HeadSeq, n_keep: int, score: torch.Tensor) -> Tree:
-        """The best n_keep candidates by cumulative log-probability (`score`, per candidate), closed under
-        parents, best first."""
-        order = torch.sort(score, descending=True, stable=True).indices.tolist()  # ties: parents (older) first
-        kept: set[int] = set()
-        ranked: list[int] = []
-        for c in order:  # a prefix of the ranking, closed under parents
-            p = st.cand_parents[c]
-            if p < 0 or p in kept:
-                kept.add(c)
-                ranked.append(c)
-        st.cand_order = ranked
-        chosen = ranked[:n_keep]
-        index = {c: i for i, c in enumerate(chosen)}
-        parents = [index[st.cand_parents[c]] if st.cand_parents[c] >= 0 else -1 for c in chosen]
-        return Tree([st.cand_tokens[c] for c in chosen], parents)
-
     def candidates(self, seqs: list[DraftSeq], caps: list[int]) -> list[int]:
         """caps: also the tokens each sequence has left, over which a long catch-up is spread."""
         sts = [self.seqs[s.key] for s in seqs]
-        self._behind = [catch_up_share(st.n_feats - st.todo, self.depth + 1, c) for st, c in zip(sts, caps)]
+        self.price.behind = [catch_up_share(st.n_feats - st.todo, self.depth + 1, c) for st, c in zip(sts, caps)]
         return [min(c, self.total_nodes) for c in caps]
 
     def draft_cost(self, budgets: list[int]) -> float:
-        """The depth passes cost about the same whatever is kept, and grow with the sequences drafting: the
-        probed figures scaled by what recent drafts measured; plus the rows of a long catch-up, each at the
-        head's time per row."""
+        """The depth passes cost about the same whatever is kept, and grow with the sequences drafting; plus the
+        rows of a long catch-up."""
         if not any(budgets):
             return 0.0
-        if self._row_s is None:
-            self._probe()
-        assert self._row_s is not None
-        behind = self._behind if len(self._behind) == len(budgets) else [0.0] * len(budgets)
-        drafting = [i for i, b in enumerate(budgets) if b > 0]
-        return (self._scale * (self._fixed_s + self._per_seq_s * len(drafting))
-                + self._row_s * sum(behind[i] for i in drafting))
+        if self.price.row_s is None:
+            _probe(self)
+        return self.price.cost(budgets)
 
     def expected_hits(self, key: Hashable, new_tokens: list[int]) -> torch.Tensor:
-        """For the sequence's last draft: hits[r] = 1 if the r-th ranked candidate lies on the emitted path.
-
-        A candidate at depth d is on the path iff its tokens equal new_tokens[:d]; deeper than the
-        emitted tokens it is unknown and counted with the head's own probability.
-        """
-        st = self.seqs[key]
-        toks, parents = st.cand_tokens, st.cand_parents
-        hit = [0.0] * len(toks)
-        depth = [0] * len(toks)
-        for c in range(len(toks)):
-            p = parents[c]
-            depth[c] = 1 if p < 0 else depth[p] + 1
-            up = 1.0 if p < 0 else hit[p]
-            if up == 0.0:
-                continue
-            d = depth[c]
-            if d <= len(new_tokens):
-                hit[c] = up if toks[c] == new_tokens[d - 1] else 0.0
-            else:
-                hit[c] = up * math.exp(st.cand_logp[c])
-        return torch.tensor([hit[c] for c in st.cand_order])
+        return self.seqs[key].expected_hits(new_tokens)
 
     def confidence(self, key: Hashable) -> torch.Tensor:
-        """The head's own estimate (product of its probabilities) for the last draft's ranked candidates."""
-        st = self.seqs[key]
-        cum = [0.0] * len(st.cand_tokens)
-        for c, p in enumerate(st.cand_parents):
-            cum[c] = st.cand_logp[c] + (cum[p] if p >= 0 else 0.0)
-        return torch.tensor([math.exp(cum[c]) for c in st.cand_order])
+        return self.seqs[key].confidence()
+
+
+@torch.inference_mode()
+def _probe(d: EagleDrafter) -> None:
+    """Time a 64-row head pass, and full drafts from its end for one sequence and for several, on spare
+    slots: the price of a draft (fixed, and per sequence that drafts: each brings its frontier through every
+    level and the LM head) and of a lazy prompt's catch-up per row, before any request has had either
+    (without, the first plans would take drafting as free, or a batch's draft as one sequence's)."""
+    d.price.row_s = 0.0
+    m = min(4, d.cache.free_slots)
+    if not m:
+        return
+    dev, n, h = d.model.device, 64, d.head.cfg.hidden_size
+    slots = [d.cache.alloc() for _ in range(m)]
+    explore, d.explore = d.explore, True
+    try:
+        rows, one, many = [], [], []
+        for _ in range(3):
+            for sl in slots:
+                d.cache.rollback(sl, 0)
+            t0 = clock(dev)
+            out = d.head.ragged(d.model, torch.zeros(n * m, dtype=torch.long, device=dev),
+                                   torch.zeros(n * m, h, dtype=d.head.dtype, device=dev),
+                                   torch.arange(n, device=dev).repeat(m), [Segment(sl, n) for sl in slots],
+                                   d.cache)
+            rows.append((clock(dev) - t0) / (n * m))
+            sts = [_HeadSeq(sl, torch.zeros(0, h), n_feats=n, tokens=[0] * (n + 1), root=out[n * (i + 1) - 1],
+                            todo=n) for i, sl in enumerate(slots)]
+            e = torch.empty(0)
+            for group, times in ((sts[:1], one), (sts, many)):
+                t0 = clock(dev)
+                d._grow([_Grow(st, d.total_nodes, n, [], e, e, e, e) for st in group])
+                times.append(clock(dev) - t0)
+    finally:
+        d.explore = explore
+        for sl in slots:
+            d.cache.release(sl)
+    row_s = sorted(rows)[1]  # a sequence's draft costs at least its frontier's head rows through every level
+    d.price.probed(row_s, sorted(one)[1], sorted(many)[1], m, row_s * (1 + (d.depth - 1) * d.top_k))
 
 
 # --- the target's verification-cost curve --------------------------------------------------------
