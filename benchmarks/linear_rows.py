@@ -7,7 +7,9 @@ ratio to the first row count. Contenders:
   fp32 / bf16            F.linear (MKL / oneDNN)
   torch W8A16 / W4A16    PyTorch's packed kernels (_weight_int8pack_mm, _weight_int4pack_mm_for_cpu)
   engine W8 / W4 g32     the engine's kernel (engine/qkernel.py) on this host's best ISA (on an AMX host: AMX
-                         from 6 rows on for W8, 10 for W4), and forced to VNNI without AMX (AMX hosts) and to AVX2
+                         from 6 rows on for W8, 10 for W4), and forced to VNNI without AMX (AMX hosts) and to AVX2;
+                         "a8": activations as one int8 digit per value (SPECLEDGER_QKERNEL_ACT=int8, llama.cpp's
+                         Q8 activations) instead of two
   --libs                 also the libraries that install from PyPI without a CUDA build, where importable:
                          bitsandbytes nf4 (Linear4bit), torchao int8 weight-only and intx int4 g32, hqq int4 g32,
                          optimum-quanto int8 (pip install torchao bitsandbytes hqq optimum-quanto --no-deps)
@@ -53,9 +55,12 @@ def engine_contenders(w: torch.Tensor) -> dict[str, Fn]:
         return out
     isa = qkernel.host_isa()
     forced = {"avx512-vnni+amx": [("avx512-vnni", 2), ("avx2", 1)], "avx512-vnni": [("avx2", 1)]}.get(isa, [])
-    for label, code in [(isa, 0), *forced]:
+    runs = [(label, code, 2) for label, code in [(isa, 0), *forced]]
+    runs += [(f"{label} a8", code, 1) for label, code in [(isa, 0), ("avx2", 1)] if (label, code) != ("avx2", 0)]
+    for label, code, digits in runs:
         q8, q4 = Int8Linear(w, torch.bfloat16), Int4Linear(int4_grid(w, 32), torch.bfloat16, torch.device("cpu"))
         q8.isa = q4.isa = code
+        q8.digits = q4.digits = digits
         out[f"engine W8 (Q8_0) {label}"] = q8
         out[f"engine W4 g32 {label}"] = q4
     return out

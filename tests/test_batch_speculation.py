@@ -16,6 +16,7 @@ from varied_model import BATCHING_VOCAB, alone, batching_model, run_joining
 from specledger.decoding.draft_budget import (
     PRIOR,
     AcceptanceEMA,
+    GainCalibration,
     CostSurface,
     FittedSurface,
     expected_accepted,
@@ -304,17 +305,22 @@ def test_a_sequence_whose_drafts_fail_stops_drafting(lm):
 
 def test_a_new_request_starts_from_what_the_drafters_recent_requests_accepted(lm):
     """The second request does not spend its first passes unlearning the default prior: it starts from the
-    acceptance the first one's failed drafts left (below the break-even), so it drafts less, if at all."""
+    acceptance the first one's failed drafts left, and so drafts no more than the first did."""
     surface = CostSurface((1, 2, 3, 9), (1.0, 1.3, 1.6, 3.4))
     sched = Scheduler(lm, max_batch=1, drafter=WrongDrafter(4), cost=surface)
     sp = SamplingParams(max_new_tokens=40, temperature=0.0)
-    proposed = []
-    for _ in range(2):
-        sched.submit(repetitive_prompts()[0], sp)
-        [r] = sched.run()
-        proposed.append(r.levels[0].proposed)
-    assert proposed[0] > 0 and proposed[1] < proposed[0]
-    assert sched.spec is not None and sched.spec.population.a < PRIOR
+    sched.submit(repetitive_prompts()[0], sp)
+    [r] = sched.run()
+    first = r.levels[0].proposed
+    assert sched.spec is not None and first > 0
+    learnt = sched.spec.population.a
+    assert learnt < PRIOR
+    sched.submit(repetitive_prompts()[0], sp)
+    sched.step()  # the prompt's pass: its first token, and its drafting state begun
+    [live] = sched._running
+    assert live.draft is not None and live.draft.acc.a == pytest.approx(learnt)
+    [r] = sched.run()
+    assert r.levels[0].proposed <= first
     # passes that draft nothing (here every row costs its share) teach nothing: the estimate drifts back up
     low = sched.spec.population.a
     sched.spec.cost = lambda n: float(n)
@@ -329,8 +335,8 @@ def test_acceptance_estimates_drift_back_to_the_prior_without_evidence():
     chain.relax(0.5)
     tree.relax(0.5)
     assert chain.a == pytest.approx(0.35)
-    assert tree.hits[0] == pytest.approx((0.1 * 0.85 + PRIOR) / 2)
-    assert tree.hits[1] == pytest.approx((0.01 * 0.85 + PRIOR**2) / 2)
+    assert tree.hits[0] == pytest.approx((0.1 * 0.5 + PRIOR) / 2)  # the first tree weighs as much as the prior
+    assert tree.hits[1] == pytest.approx((0.01 * 0.5 + PRIOR**2) / 2)
 
 
 def test_inprocess_backend_batches_lookup_with_the_same_tokens_and_reports_acceptance(tmp_path):
@@ -396,3 +402,48 @@ def test_sampled_lookup_in_a_batch_is_reproducible_per_seed(lm):
     alone_first = run(prompts[:1])[0]
     assert together[0].token_ids == alone_first.token_ids and len(alone_first.token_ids) == 20
     assert sum(r.levels[0].proposed for r in together) > 0
+
+
+def test_the_first_verified_trees_outweigh_the_prior():
+    """Three rejected trees leave a quarter of the prior (each observation so far weighs as much as the prior),
+    not 61% of it as a plain 0.15 EMA would; from then on the EMA's own weight."""
+    tree, chain = RankAcceptance(), AcceptanceEMA()
+    for _ in range(3):
+        tree.update(1, [])
+        chain.update(1, [])
+    assert tree.hits[0] == pytest.approx(PRIOR / 4) and chain.a == pytest.approx(PRIOR / 4)
+    for _ in range(20):
+        chain.update(1, [0])
+    before = chain.a
+    chain.update(1, [])
+    assert chain.a == pytest.approx(before * 0.85)
+
+
+def test_gain_calibration_scales_the_gains_by_what_was_accepted():
+    cal = GainCalibration()
+    assert cal.factor == 1.0 and cal.scaled([0.9, 0.5]) == [0.9, 0.5]
+    for _ in range(200):  # plans that expected 3 tokens a tree got 1
+        cal.observe(3.0, 1)
+    assert cal.factor == pytest.approx(1 / 3, rel=0.02)
+    assert cal.scaled([0.9, 0.3]) == pytest.approx([0.3, 0.1], rel=0.02)
+    for _ in range(200):  # estimates too low: scaled up, but never past certainty
+        cal.observe(1.0, 2)
+    assert cal.factor == 1.25 and cal.scaled([0.9, 0.4]) == [1.0, 0.5]
+
+
+def test_the_planner_drafts_by_the_calibrated_gains(lm):
+    """The same request and drafter: a batch whose past drafts were accepted a quarter as often as expected
+    drafts less than a fresh one (drafting here pays only while a token's chance is above ~0.3)."""
+    surface = CostSurface((1, 2, 3, 9), (1.0, 1.3, 1.6, 3.4))
+    sp = SamplingParams(max_new_tokens=30, temperature=0.0)
+    proposed = []
+    for burnt in (False, True):
+        sched = Scheduler(lm, max_batch=1, drafter=LookupDrafter(4), cost=surface)
+        assert sched.spec is not None
+        if burnt:
+            for _ in range(300):
+                sched.spec.calibration.observe(4.0, 1)
+        sched.submit(repetitive_prompts()[4], sp)
+        [r] = sched.run()
+        proposed.append(r.levels[0].proposed)
+    assert proposed[0] > 0 and proposed[1] < proposed[0]

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specledger.decoding.draft_budget import (AcceptanceEMA, CostSurface, FittedSurface, RankAcceptance, StepOverhead,
-                                               cost_surface, plan_drafts)
+from specledger.decoding.draft_budget import (AcceptanceEMA, CostSurface, FittedSurface, GainCalibration, RankAcceptance,
+                                               StepOverhead, cost_surface, plan_drafts)
 from specledger.decoding.drafter import Drafter, DraftSeq
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.tree import Tree
@@ -63,6 +63,7 @@ class BatchDrafting:
         self.population: AcceptanceEMA | RankAcceptance = RankAcceptance() if drafter.tree else AcceptanceEMA()
         self.evidence = 0.0  # verified nodes behind it, decaying as it drifts
         self.overhead = StepOverhead()  # what a drafting sequence adds outside the pass (the scheduler measures)
+        self.calibration = GainCalibration()  # how far the estimates' expected tokens were accepted
         self.last_plan_s = 0.0  # seconds the latest plan took (proposals included)
 
     def observe(self, step_s: float, forward_s: float, rows: int, n_seqs: int, n_drafting: int) -> None:
@@ -91,7 +92,8 @@ class BatchDrafting:
         d = self.drafter
         seqs = [s.seq for s in states]
         avail = d.candidates(seqs, caps)  # (each drafter caps at its max_tokens; caps: the tokens left)
-        ks = plan_drafts([s.acc.gains(n) for s, n in zip(states, avail)], len(states), len(states), self.cost,
+        ks = plan_drafts([self.calibration.scaled(s.acc.gains(n)) for s, n in zip(states, avail)], len(states),
+                         len(states), self.cost,
                          d.draft_cost, self.overhead.extra, beside=prefill_rows,
                          max_drafting=None if self.evidence >= EVIDENCE else 0 if prefill_rows else 1)
         self.last_drafted = sum(ks)
@@ -115,6 +117,7 @@ class BatchDrafting:
         self.drafter.accept(st.seq, features if self.drafter.wants_features else None)
         st.level.observe(len(tree), len(path))
         if len(tree):
+            self.calibration.observe(sum(st.acc.gains(len(tree))), len(path))
             st.acc.update(len(tree), path)
             self.population.update(len(tree), path)
             self.evidence += len(tree)
