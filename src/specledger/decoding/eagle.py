@@ -244,10 +244,13 @@ class EagleDrafter:
         fstart = n_cached - features.shape[0]
         if fstart < 0 or fstart > st.n_feats:
             raise ValueError(f"features for tokens {fstart}..{n_cached} leave a gap after the {st.n_feats} known")
-        common, mine = 0, st.tokens
-        lim = min(len(mine), len(tokens))
-        while common < lim and mine[common] == tokens[common]:
-            common += 1
+        mine = st.tokens
+        if len(mine) <= len(tokens) and tokens[:len(mine)] == mine:  # the usual case: the base only appended
+            common = len(mine)
+        else:
+            common, lim = 0, min(len(mine), len(tokens))
+            while common < lim and mine[common] == tokens[common]:
+                common += 1
         st.store(fstart, features)
         length = self.cache.lengths[st.slot]
         valid = max(0, min(length, fstart, common - 1))  # entry i needs f_i and token i+1 unchanged
