@@ -56,7 +56,7 @@ def engine_contenders(w: torch.Tensor) -> dict[str, Fn]:
     isa = qkernel.host_isa()
     forced = {"avx512-vnni+amx": [("avx512-vnni", 2), ("avx2", 1)], "avx512-vnni": [("avx2", 1)]}.get(isa, [])
     runs = [(label, code, 2) for label, code in [(isa, 0), *forced]]
-    runs += [(f"{label} a8", code, 1) for label, code in [(isa, 0), ("avx2", 1)] if (label, code) != ("avx2", 0)]
+    runs += [(f"{label} a8", code, 1) for label, code in [(isa, 0), *([("avx2", 1)] if isa != "avx2" else [])]]
     for label, code, digits in runs:
         q8, q4 = Int8Linear(w, torch.bfloat16), Int4Linear(int4_grid(w, 32), torch.bfloat16, torch.device("cpu"))
         q8.isa = q4.isa = code

@@ -194,6 +194,11 @@ def copy_tree(dst: Path) -> None:
     shutil.copy(ROOT / "pyproject.toml", dst / "pyproject.toml")
 
 
+def occurrences(m: Mutant, tree: Path = ROOT) -> int:
+    """How often the code the mutant replaces occurs in its file (it must be exactly once)."""
+    return (tree / m.path).read_text().count(m.old)
+
+
 def apply(m: Mutant, tree: Path) -> None:
     f = tree / m.path
     text = f.read_text()
@@ -238,9 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.tests:
         chosen = [replace(m, tests=args.tests) for m in chosen]
     for m in chosen:  # every patch target must still be there before anything runs
-        text = (ROOT / m.path).read_text()
-        if text.count(m.old) != 1:
-            print(f"error: mutant {m.name}: {m.old!r} occurs {text.count(m.old)} times in {m.path} "
+        if (count := occurrences(m)) != 1:
+            print(f"error: mutant {m.name}: {m.old!r} occurs {count} times in {m.path} "
                   "(want exactly once; update the mutant)", file=sys.stderr)
             return 2
     survivors: list[str] = []

@@ -92,9 +92,8 @@ class BatchDrafting:
         d = self.drafter
         seqs = [s.seq for s in states]
         avail = d.candidates(seqs, caps)  # (each drafter caps at its max_tokens; caps: the tokens left)
-        ks = plan_drafts([self.calibration.scaled(s.acc.gains(n)) for s, n in zip(states, avail)], len(states),
-                         len(states), self.cost,
-                         d.draft_cost, self.overhead.extra, beside=prefill_rows,
+        gains = [self.calibration.scaled(s.acc.gains(n)) for s, n in zip(states, avail)]
+        ks = plan_drafts(gains, len(states), len(states), self.cost, d.draft_cost, self.overhead.extra, beside=prefill_rows,
                          max_drafting=None if self.evidence >= EVIDENCE else 0 if prefill_rows else 1)
         self.last_drafted = sum(ks)
         if not self.last_drafted:

@@ -239,15 +239,11 @@ class GainCalibration:
     planner's gains are scaled by it. The planner takes the nodes whose estimates are highest, so errors in the
     estimates are not symmetric there: measured on an EAGLE head at batch 4 (bf16), the plans expected 35 tokens
     where 24 were accepted, and passes that looked 4% faster for their draft ran at break-even. Decaying sums
-    (about the last 50 trees) that start from `pseudo` tokens of each, so the factor starts at 1."""
+    (about the last 50 trees) that start from 4 tokens of each, so the factor starts at 1."""
 
-    pseudo: float = 4.0
+    expected: float = 4.0
+    accepted: float = 4.0
     decay: float = 0.98
-    expected: float = field(init=False)
-    accepted: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.expected = self.accepted = self.pseudo
 
     def observe(self, expected: float, accepted: int) -> None:
         self.expected = self.decay * self.expected + expected
