@@ -42,6 +42,9 @@ class Mutant:
 
 
 MUTANTS = [
+    Mutant("prompt-chunk-sees-ahead", "a prompt's chunk from an empty cache attends without the causal rule",
+           "src/specledger/engine/cpu_ops.py", "is_causal=True, enable_gqa=gqa)", "is_causal=False, enable_gqa=gqa)",
+           ["tests/test_engine.py"]),
     Mutant("kv-keep-one-extra", "after verification the cache keeps one rejected tree entry (length off by one)",
            "src/specledger/engine/kv_cache.py", "        self.length = start + n\n",
            "        self.length = start + n + 1\n", ["tests/test_engine.py", *LOSSLESS]),

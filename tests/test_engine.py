@@ -7,6 +7,7 @@ from conftest import tiny_config, tiny_model, tiny_tensors
 from varied_model import untied_tiny_model
 from specledger.decoding.cached_model import CachedModel
 from specledger.decoding.tree import Tree
+from specledger.engine import cpu_ops
 from specledger.engine.loader import build_model
 from specledger.engine.quant import Int4Linear, Int8Linear, int4_grid, int8_grid
 from specledger.errors import BadInput
@@ -25,6 +26,25 @@ def test_chunked_forward_matches_full_and_rollback():
     torch.testing.assert_close(m(ids[:, 12:], cache), b, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError):
         cache.rollback(40)
+
+
+@pytest.mark.parametrize("start", [0, 7])
+@pytest.mark.parametrize("bf16_path", [False, True])
+def test_causal_attention_sees_the_cache_and_the_run_up_to_itself(start, bf16_path, monkeypatch):
+    """A prompt's chunk (more than LONG_RUN rows) after `start` cached entries, in either of its paths (fp32 over
+    the fp32 cache, or bf16 where the CPU computes in bf16), against softmax attention written out."""
+    monkeypatch.setattr(cpu_ops, "_BF16_ATTENTION", bf16_path)
+    torch.manual_seed(3)
+    h, kv, d, n = 6, 2, 16, cpu_ops.LONG_RUN + 4
+    q = torch.randn(1, h, n, d).bfloat16()
+    keys, values = (torch.randn(1, kv, start + n, d).bfloat16().float() for _ in range(2))  # as a bf16 model's cache
+    y = cpu_ops.causal_attention(q, keys, values, start, torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and y.shape == (1, h, n, d)
+    k, v = keys.repeat_interleave(h // kv, 1), values.repeat_interleave(h // kv, 1)
+    scores = q.float() @ k.transpose(-1, -2) / d**0.5
+    sees = torch.arange(start + n)[None, :] <= torch.arange(n)[:, None] + start
+    ref = torch.softmax(scores.masked_fill(~sees, float("-inf")), -1) @ v
+    torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=2e-2)
 
 
 def test_cache_writes_land_in_the_cache_after_dropping_rows():

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specledger.engine.config import ModelConfig
-from specledger.engine.cpu_ops import apply_rope, attend_new_token, decode_attention, rms_norm, swiglu
+from specledger.engine.cpu_ops import apply_rope, attend_new_token, causal_attention, decode_attention, rms_norm, swiglu
 from specledger.engine.kv_cache import KVCache
 
 
@@ -103,8 +103,9 @@ def kv_dtype(compute: torch.dtype, device: torch.device) -> torch.dtype:
     """The KV cache's dtype: fp32 on CPU whatever the compute dtype.
 
     CPU bf16 batched matmuls of attention's shapes run ~2x slower than fp32 here (measured:
-    91 vs 37 us per layer at 200 cached tokens), and fp32 SDPA is faster still; the cache is a
-    small part of memory next to the weights for the models this runs on CPU.
+    91 vs 37 us per layer at 200 cached tokens); the cache is a small part of memory next to the
+    weights for the models this runs on CPU. (A prompt's long chunks attend in bf16 where the CPU
+    computes in bf16: cpu_ops.causal_attention.)
     """
     return torch.float32 if device.type == "cpu" else compute
 
@@ -134,11 +135,13 @@ class Attention(nn.Module):
         k = qk[:, :, self.n_heads :].transpose(1, 2)
         v = qkv[..., qk_out:].view(b, n, self.n_kv, self.hd).transpose(1, 2)
         keys, values = cache.write(layer, start, k, v)  # the cache may hold a wider dtype (see kv_dtype)
-        q = q.to(keys.dtype)
-        if n == 1 and mask is None:
-            y = decode_attention(q, keys, values, x.dtype)
+        if mask is None and n > 1:
+            y = causal_attention(q, keys, values, start, x.dtype)
+        elif mask is None:
+            y = decode_attention(q.to(keys.dtype), keys, values, x.dtype)
         else:
-            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+            y = F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=mask,
+                                               enable_gqa=self.n_kv != self.n_heads)
         return self.wo.add_to(y.transpose(1, 2).reshape(b, n, -1).to(x.dtype), residual)
 
 
@@ -242,8 +245,6 @@ class Transformer(nn.Module):
             raise BadInput(f"sequence of {start + n} tokens exceeds the context of {cache.max_len}")
         pos = slice(start, start + n) if positions is None else positions
         cos, sin = rope_at(self.rope_cos, self.rope_sin, pos, self.dtype)
-        if mask is None and n > 1:
-            mask = causal_mask(start, n, tokens.device)
         x = self.tok_embeddings(tokens).float()
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache, i, start, mask)

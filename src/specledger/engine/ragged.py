@@ -18,7 +18,7 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 
-from specledger.engine.cpu_ops import apply_rope, attend_new_token, decode_attention, rows_attention
+from specledger.engine.cpu_ops import apply_rope, attend_new_token, causal_attention, decode_attention, rows_attention
 from specledger.engine.model import Block, Transformer, causal_mask, rope_at
 from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
@@ -164,11 +164,14 @@ def ragged_block(layer: Block, i: int, x: torch.Tensor, cos: torch.Tensor, sin: 
         for j in plan.alone:
             s, st, o, m = plan.segments[j], plan.starts[j], plan.offsets[j], plan.masks[j]
             keys, values = cache.write(i, s.slot, st, k[:, o : o + s.n], v[:, o : o + s.n])
-            qs = q[:, o : o + s.n][None].to(keys.dtype)
-            if m is None:  # (in the compute dtype already: one cast fewer per layer)
-                ys = decode_attention(qs, keys[None], values[None], h.dtype)[0]
+            qs = q[:, o : o + s.n][None]
+            if s.mask is None and s.n > 1:  # (a prompt's chunk)
+                ys = causal_attention(qs, keys[None], values[None], st, h.dtype)[0]
+            elif m is None:  # (in the compute dtype already: one cast fewer per layer)
+                ys = decode_attention(qs.to(keys.dtype), keys[None], values[None], h.dtype)[0]
             else:
-                ys = F.scaled_dot_product_attention(qs, keys[None], values[None], attn_mask=m, enable_gqa=gqa)[0]
+                ys = F.scaled_dot_product_attention(qs.to(keys.dtype), keys[None], values[None], attn_mask=m,
+                                                    enable_gqa=gqa)[0]
             y[o : o + s.n] = ys.transpose(0, 1)
     x = a.wo.add_to(y.reshape(1, n_rows, -1).to(h.dtype), x)
     return layer.feed_forward(layer.ffn_norm(x), x)
