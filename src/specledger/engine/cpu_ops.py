@@ -66,15 +66,21 @@ def _bf16_attention() -> bool:
 _BF16_ATTENTION = _bf16_attention()
 
 
+def causal_mask(start: int, n: int, device) -> torch.Tensor:
+    """n new tokens after `start` cached slots: each sees the cache and the new tokens up to itself."""
+    return torch.ones(n, start + n, dtype=torch.bool, device=device).tril(diagonal=start)
+
+
 def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
-                     compute: torch.dtype) -> torch.Tensor:
+                     compute: torch.dtype, mask: torch.Tensor | None = None) -> torch.Tensor:
     """n new rows q (B, H, n, D) after `start` cached entries, each seeing the cache and the new rows up to
     itself, over keys / values (B, KV, start + n, D); (B, H, n, D) in the compute dtype.
 
     The CPU cache is fp32 (model.kv_dtype: faster for decode), but a bf16 model's entries are bf16 values, so a
     long run (a prompt's chunk) attends on them in bf16 where the CPU has bf16 arithmetic: the inputs are the
     same numbers, only the softmax weights are rounded, and fp32's flash attention is 2.4x slower at 256 rows
-    (823 vs 346 us a layer, measured). A run from an empty cache needs no mask at all."""
+    (823 vs 346 us a layer, measured). A run from an empty cache needs no mask at all; mask: the causal mask if
+    the caller has it already."""
     n = q.shape[2]
     if n > LONG_RUN and compute == torch.bfloat16 and keys.dtype == torch.float32 and q.device.type == "cpu" \
             and _BF16_ATTENTION:
@@ -84,7 +90,7 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     if start == 0:
         y = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=gqa)
     else:
-        mask = torch.ones(n, start + n, dtype=torch.bool, device=q.device).tril(diagonal=start)
+        mask = causal_mask(start, n, q.device) if mask is None else mask
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
     return y.to(compute)
 

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specledger.engine.config import ModelConfig
-from specledger.engine.cpu_ops import apply_rope, attend_new_token, causal_attention, decode_attention, rms_norm, swiglu
+from specledger.engine.cpu_ops import (apply_rope, attend_new_token, causal_attention, causal_mask,  # noqa: F401 (re-exported)
+                                       decode_attention, rms_norm, swiglu)
 from specledger.engine.kv_cache import KVCache
 
 
@@ -173,11 +174,6 @@ class Block(nn.Module):
         # (x + y promotes y to x's fp32 without a separate cast)
         x = self.attention(self.attention_norm(x), cos, sin, cache, layer, start, mask, x)
         return self.feed_forward(self.ffn_norm(x), x)
-
-
-def causal_mask(start: int, n: int, device) -> torch.Tensor:
-    """n new tokens after `start` cached slots: each sees the cache and the new tokens up to itself."""
-    return torch.ones(n, start + n, dtype=torch.bool, device=device).tril(diagonal=start)
 
 
 class Transformer(nn.Module):

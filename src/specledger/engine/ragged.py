@@ -166,7 +166,7 @@ def ragged_block(layer: Block, i: int, x: torch.Tensor, cos: torch.Tensor, sin: 
             keys, values = cache.write(i, s.slot, st, k[:, o : o + s.n], v[:, o : o + s.n])
             qs = q[:, o : o + s.n][None]
             if s.mask is None and s.n > 1:  # (a prompt's chunk)
-                ys = causal_attention(qs, keys[None], values[None], st, h.dtype)[0]
+                ys = causal_attention(qs, keys[None], values[None], st, h.dtype, m)[0]
             elif m is None:  # (in the compute dtype already: one cast fewer per layer)
                 ys = decode_attention(qs.to(keys.dtype), keys[None], values[None], h.dtype)[0]
             else:
