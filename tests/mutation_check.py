@@ -42,6 +42,12 @@ class Mutant:
 
 
 MUTANTS = [
+    Mutant("packed-weight-transposed", "a bf16 Linear is packed for oneDNN from its transposed matrix",
+           "src/specledger/engine/packed_linear.py", "(w.detach().contiguous(), PACK_ROWS)",
+           "(w.detach().t().contiguous(), PACK_ROWS)", ["tests/test_packed_linear.py"]),
+    Mutant("packed-backward-unguarded", "a packed Linear runs its backward-less op where a gradient is needed",
+           "src/specledger/engine/packed_linear.py", " or (torch.is_grad_enabled() and x.requires_grad)", "",
+           ["tests/test_packed_linear.py"]),
     Mutant("prompt-chunk-sees-ahead", "a prompt's chunk from an empty cache attends without the causal rule",
            "src/specledger/engine/cpu_ops.py", "is_causal=True, enable_gqa=gqa)", "is_causal=False, enable_gqa=gqa)",
            ["tests/test_engine.py"]),

@@ -11,6 +11,7 @@ from torch import nn
 from specledger.engine import gguf_loader, hf_loader
 from specledger.engine.config import ModelConfig
 from specledger.engine.model import Transformer
+from specledger.engine.packed_linear import pack_linears
 from specledger.engine.quant import QUANTS, Int4Grid, Int4Linear, Int8Grid, Int8Linear, check_group_size, int4_grid
 from specledger.engine.registry import identify_model
 from specledger.engine.tokenizer import Tokenizer
@@ -81,8 +82,11 @@ def build_model(
     quant: str = "none",
     group_size: int = 32,
     device: str = "cpu",
+    pack: bool = True,
 ) -> Transformer:
-    """Assemble the engine's model from canonical tensors (fusing QKV and gate/up, then quantizing)."""
+    """Assemble the engine's model from canonical tensors (fusing QKV and gate/up, then quantizing).
+
+    pack: lay a CPU bf16 model's products out for oneDNN once (engine/packed_linear.py) where the host can."""
     if quant not in QUANTS:
         raise BadInput(f"unknown quantization {quant!r} (choose from {', '.join(QUANTS)})")
     tdtype = parse_dtype(dtype)
@@ -136,6 +140,8 @@ def build_model(
             model.output = Int8Linear(Int8Grid(head.codes.to(dev), head.scale.to(dev)), tdtype)
         else:
             model.output = Int8Linear(tensors.get("output", tensors["embed"]).to(dev), tdtype)
+    elif pack:
+        pack_linears(model)
     return model.eval().requires_grad_(False)
 
 
@@ -143,9 +149,10 @@ def weight_bytes(model: nn.Module) -> int:
     seen = set()
     total = 0
     for t in list(model.parameters()) + [b for n, b in model.named_buffers() if not n.startswith("rope_")]:
-        if t.data_ptr() in seen:
+        key = id(t) if t.is_mkldnn else t.data_ptr()  # oneDNN's packed tensors have no storage to share
+        if key in seen:
             continue
-        seen.add(t.data_ptr())
+        seen.add(key)
         total += t.numel() * t.element_size()
     return total
 
@@ -159,6 +166,7 @@ def load_model(
     device: str = "cpu",
     max_seq_len: int | None = None,
     with_tokenizer: bool = True,
+    pack: bool = True,
 ) -> LoadedModel:
     if quant not in QUANTS:
         raise BadInput(f"unknown quantization {quant!r} (choose from {', '.join(QUANTS)})")
@@ -188,7 +196,8 @@ def load_model(
         cfg.eos_ids = sorted(tok.eos_ids)
     if max_seq_len:
         cfg.max_seq_len = min(cfg.max_seq_len, max_seq_len)
-    model = build_model(cfg, tensors, grids, dtype=dtype, quant=quant, group_size=group_size, device=device)
+    model = build_model(cfg, tensors, grids, dtype=dtype, quant=quant, group_size=group_size, device=device,
+                        pack=pack)
     return LoadedModel(
         model=model,
         tokenizer=tok,

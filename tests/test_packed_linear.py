@@ -1,0 +1,58 @@
+"""bf16 products on oneDNN-packed weights (engine/packed_linear.py): the same model, the same numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_config, tiny_tensors
+from specledger.engine.loader import build_model, weight_bytes
+from specledger.engine.model import Linear
+from specledger.engine.packed_linear import PackedLinear, pack
+
+
+def _pair(**cfg_kw):
+    cfg = tiny_config(vocab=96, hidden=64, **cfg_kw)
+    t = tiny_tensors(cfg, seed=5)
+    packed = build_model(cfg, t, dtype="bf16")
+    if pack(Linear(8, 8, bias=False, dtype=torch.bfloat16)) is None:
+        pytest.skip("this host cannot pack bf16 weights for oneDNN")
+    return build_model(cfg, t, dtype="bf16", pack=False), packed
+
+
+def test_packed_model_computes_what_the_plain_one_does():
+    """Every Linear of a CPU bf16 model is packed at load, and the logits stay those of F.linear: prefill, and
+    decode step by step with greedy choices (a wrong layout, a transposed square weight, shows at once)."""
+    dense, packed = _pair()
+    n = sum(isinstance(m, PackedLinear) for m in packed.modules())
+    assert n == 4 * packed.cfg.n_layers + 1 and not any(isinstance(m, PackedLinear) for m in dense.modules())
+    assert weight_bytes(packed) == weight_bytes(dense)
+    ids = torch.tensor([[(7 * j + 3) % 96 for j in range(24)]])
+    with torch.inference_mode():
+        cd, cp = dense.new_cache(64), packed.new_cache(64)
+        a, b = dense(ids, cd), packed(ids, cp)
+        torch.testing.assert_close(b, a, atol=3e-2, rtol=3e-2)
+        t = a[:, -1:].argmax(-1)
+        for _ in range(8):
+            a, b = dense(t, cd), packed(t, cp)
+            torch.testing.assert_close(b, a, atol=1e-2, rtol=1e-2)
+            t = a.argmax(-1)
+
+
+def test_packed_linear_gradient_is_the_dense_one():
+    """The packed op has no backward: where a gradient is needed (EAGLE training through the frozen LM head) the
+    layer computes on the dense matrix, so the gradient is right."""
+    dense, packed = _pair()
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (dense.output(xa).float() ** 2).sum().backward()
+    (packed.output(xb).float() ** 2).sum().backward()
+    torch.testing.assert_close(xb.grad, xa.grad, atol=5e-2, rtol=2e-2)
+
+
+def test_only_cpu_bf16_linears_are_packed():
+    assert pack(Linear(8, 8, bias=False)) is None  # fp32
+    assert pack(Linear(8, 8, bias=True, dtype=torch.bfloat16)) is None
+    cfg = tiny_config()
+    m = build_model(cfg, tiny_tensors(cfg), dtype="fp32")
+    assert not any(isinstance(x, PackedLinear) for x in m.modules())
