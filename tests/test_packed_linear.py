@@ -56,3 +56,22 @@ def test_only_cpu_bf16_linears_are_packed():
     cfg = tiny_config()
     m = build_model(cfg, tiny_tensors(cfg), dtype="fp32")
     assert not any(isinstance(x, PackedLinear) for x in m.modules())
+
+
+def test_eagle_draft_head_reads_a_packed_lm_head():
+    """The EAGLE head drafts over a subset of the target's vocabulary through the target's LM head: on a packed
+    target the rows it takes are the same matrix's."""
+    from specledger.decoding.eagle_head import EagleHead, HeadConfig, draft_lm_head
+    from specledger.engine.loader import LoadedModel
+
+    dense, packed = _pair()
+    lm = LoadedModel(model=dense, tokenizer=None, config=dense.cfg, name="tiny", source="random", dtype="bf16",
+                     quant="none", group_size=None, device="cpu", weight_bytes=0, load_s=0.0)
+    vocab = torch.tensor([3, 17, 40, 41, 95])
+    head = EagleHead(HeadConfig.for_target(lm), draft_vocab=vocab).set_dtype(torch.bfloat16).eval()
+    h = torch.randn(2, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        want = draft_lm_head(head, dense)(h)
+        got = draft_lm_head(head, packed)(h)
+    assert got.shape == (2, 5)
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
