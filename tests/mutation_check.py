@@ -42,6 +42,15 @@ class Mutant:
 
 
 MUTANTS = [
+    Mutant("bf16-cache-values-are-keys", "the fused attention over a bf16 cache weighs the keys instead of the values",
+           "src/specledger/engine/csrc/fused.cpp",
+           "attend_rows(q, k.const_data_ptr<at::BFloat16>(), v.const_data_ptr<at::BFloat16>()",
+           "attend_rows(q, k.const_data_ptr<at::BFloat16>(), k.const_data_ptr<at::BFloat16>()",
+           ["tests/test_bf16_cache.py"]),
+    Mutant("bf16-cache-k-unrotated", "a bf16 cache stores the new token's key before RoPE",
+           "src/specledger/engine/csrc/fused.cpp", "      copy_into<float, KT>(obuf, d, kc + j * hstride + start * sstride);",
+           "      copy_into<T, KT>(qkv + (h + j) * d, d, kc + j * hstride + start * sstride);",
+           ["tests/test_bf16_cache.py"]),
     Mutant("packed-weight-transposed", "a bf16 Linear is packed for oneDNN from its transposed matrix",
            "src/specledger/engine/packed_linear.py", "(w.detach().contiguous(), PACK_ROWS)",
            "(w.detach().t().contiguous(), PACK_ROWS)", ["tests/test_packed_linear.py"]),
@@ -185,8 +194,8 @@ MUTANTS = [
            "src/specledger/engine/csrc/fused.cpp", "const float scale = 1.f / std::sqrt(static_cast<float>(d));",
            "const float scale = 1.f / static_cast<float>(d);", ["tests/test_qkernel.py"]),
     Mutant("fused-new-token-misses-itself", "the one-call new-token attention leaves out the token's own entry",
-           "src/specledger/engine/csrc/fused.cpp", "sstride, start + 1, d, scores, obuf + j * g * d);",
-           "sstride, start, d, scores, obuf + j * g * d);", ["tests/test_qkernel.py"]),
+           "src/specledger/engine/csrc/fused.cpp", "sstride, start + 1, d, scores,\n",
+           "sstride, start, d, scores,\n", ["tests/test_qkernel.py", "tests/test_bf16_cache.py"]),
     Mutant("qkernel-residual-dropped", "the fused residual add writes the product without the residual",
            "src/specledger/engine/csrc/qmm.cpp", "static_cast<float*>(a.y)[i] = a.res[i] + v[c];",
            "static_cast<float*>(a.y)[i] = v[c];", ["tests/test_qkernel.py"]),

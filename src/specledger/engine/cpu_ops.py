@@ -31,8 +31,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
     return F.rms_norm(x, (x.shape[-1],), weight, eps).to(out_dtype)
 
 
+_KERNEL_CACHE = (torch.float32, torch.bfloat16)  # the cache dtypes the fused attention reads
+
+
 def _fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    return (q.device.type == "cpu" and k.dtype == torch.float32 and q.shape[-1] % 8 == 0 and k.stride(-1) == 1
+    return (q.device.type == "cpu" and k.dtype in _KERNEL_CACHE and q.shape[-1] % 8 == 0 and k.stride(-1) == 1
             and _fused(q, k, v))
 
 
@@ -45,7 +48,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_dtyp
     b, h, n, d = q.shape
     out = out_dtype or v.dtype
     if n == 1 and _fits(q, k, v):
-        y = torch.ops.specledger.decode_attention(q.to(k.dtype).view(b, h, d), k, v, _NONE, _NONE, _NONE, out)
+        y = torch.ops.specledger.decode_attention(q.float().view(b, h, d), k, v, _NONE, _NONE, _NONE, out)
         return y.view(b, h, 1, d)
     kv, s = k.shape[1], k.shape[2]
     q3 = q.reshape(b * kv, (h // kv) * n, d) * d**-0.5
@@ -64,6 +67,27 @@ def _bf16_attention() -> bool:
 
 
 _BF16_ATTENTION = _bf16_attention()
+_BF16_CACHE: bool | None = None  # None: decided on first use (bf16_cache)
+
+
+def bf16_cache() -> bool:
+    """A CPU bf16 model's KV cache may be bf16: the CPU computes in bf16 and the fused attention (which reads a
+    bf16 cache as fp32, at half the memory traffic) is loaded. Elsewhere PyTorch's bf16 batched matmuls of one
+    query's attention run ~2x slower than fp32 (model.kv_dtype), and bf16 SDPA needs AVX-512."""
+    global _BF16_CACHE
+    if _BF16_CACHE is None:
+        _BF16_CACHE = _BF16_ATTENTION and qkernel.op() is not None
+    return _BF16_CACHE
+
+
+def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Rows q (B, H, n, D) under a mask (n, S) or (B, 1, n, S) over keys / values (B, KV, S, D): a draft
+    tree or chain verified by one sequence; in fp32 where the cache is (a bf16 CPU cache is read as fp32:
+    PyTorch's masked bf16 attention of these shapes is the slow one), in the cache's dtype."""
+    if keys.device.type == "cpu" and keys.dtype == torch.bfloat16:
+        keys, values = keys.float(), values.float()
+    return F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=mask,
+                                          enable_gqa=q.shape[1] != keys.shape[1])
 
 
 def causal_mask(start: int, n: int, device) -> torch.Tensor:
@@ -76,15 +100,16 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     """n new rows q (B, H, n, D) after `start` cached entries, each seeing the cache and the new rows up to
     itself, over keys / values (B, KV, start + n, D); (B, H, n, D) in the compute dtype.
 
-    The CPU cache is fp32 (model.kv_dtype: faster for decode), but a bf16 model's entries are bf16 values, so a
-    long run (a prompt's chunk) attends on them in bf16 where the CPU has bf16 arithmetic: the inputs are the
+    A bf16 model's cache entries are bf16 values (in an fp32 or a bf16 cache: model.kv_dtype), so a long run (a
+    prompt's chunk) attends on them in bf16 where the CPU has bf16 arithmetic, and a short one in fp32: the inputs are the
     same numbers, only the softmax weights are rounded, and fp32's flash attention is 2.4x slower at 256 rows
     (823 vs 346 us a layer, measured). A run from an empty cache needs no mask at all; mask: the causal mask if
     the caller has it already."""
     n = q.shape[2]
-    if n > LONG_RUN and compute == torch.bfloat16 and keys.dtype == torch.float32 and q.device.type == "cpu" \
-            and _BF16_ATTENTION:
-        keys, values = keys.to(compute), values.to(compute)
+    if q.device.type == "cpu":  # long runs in bf16 where the CPU computes in bf16, short ones in fp32
+        want = torch.bfloat16 if n > LONG_RUN and compute == torch.bfloat16 and _BF16_ATTENTION else torch.float32
+        if keys.dtype in _KERNEL_CACHE and keys.dtype != want:
+            keys, values = keys.to(want), values.to(want)
     gqa = q.shape[1] != keys.shape[1]
     q = q.to(keys.dtype)
     if start == 0:
@@ -102,7 +127,7 @@ def rows_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, sl
     Decode rows, draft chains and draft trees (a tree row sees the cache and its ancestors) of many sequences
     in one call."""
     if _fits(q, keys, values):
-        return torch.ops.specledger.decode_attention(q, keys, values, lengths, slots,
+        return torch.ops.specledger.decode_attention(q.float(), keys, values, lengths, slots,
                                                      _NONE if allow is None else allow, values.dtype)
     r, h, d = q.shape
     kv, s = keys.shape[1], keys.shape[2]
@@ -139,7 +164,7 @@ def attend_new_token(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_
     """One new token per sequence in one call: RoPE on its q and k (qkv (B, 1, (H + 2 KV) D), the fused
     projection's output), k and v written into the caches (B, KV, S, D) at `start`, attention over [0, start];
     (B, 1, H D) in out_dtype. None where the fused op does not apply: the caller runs the op-by-op path."""
-    if not (qkv.device.type == "cpu" and k_cache.dtype == torch.float32 and qkv.is_contiguous() and qkv.shape[1] == 1
+    if not (qkv.device.type == "cpu" and k_cache.dtype in _KERNEL_CACHE and qkv.is_contiguous() and qkv.shape[1] == 1
             and cos.dtype == qkv.dtype and cos.is_contiguous() and sin.is_contiguous() and k_cache.shape[-1] % 16 == 0
             and k_cache.stride(-1) == 1 and _fused(qkv, cos, sin, k_cache, v_cache)):
         return None

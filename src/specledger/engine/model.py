@@ -9,12 +9,11 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specledger.engine.config import ModelConfig
-from specledger.engine.cpu_ops import (apply_rope, attend_new_token, causal_attention, causal_mask,  # noqa: F401 (re-exported)
-                                       decode_attention, rms_norm, swiglu)
+from specledger.engine.cpu_ops import (apply_rope, attend_new_token, bf16_cache, causal_attention,  # noqa: F401
+                                       causal_mask, decode_attention, masked_attention, rms_norm, swiglu)
 from specledger.engine.kv_cache import KVCache
 
 
@@ -101,14 +100,17 @@ class RMSNorm(nn.Module):
 
 
 def kv_dtype(compute: torch.dtype, device: torch.device) -> torch.dtype:
-    """The KV cache's dtype: fp32 on CPU whatever the compute dtype.
+    """The KV cache's dtype: the compute dtype, except on CPU: fp32 there, or bf16 for a bf16 model where the
+    CPU computes in bf16 and the fused attention reads bf16 (cpu_ops.bf16_cache).
 
-    CPU bf16 batched matmuls of attention's shapes run ~2x slower than fp32 here (measured:
-    91 vs 37 us per layer at 200 cached tokens); the cache is a small part of memory next to the
-    weights for the models this runs on CPU. (A prompt's long chunks attend in bf16 where the CPU
-    computes in bf16: cpu_ops.causal_attention.)
+    CPU bf16 batched matmuls of attention's shapes run ~2x slower than fp32 here (measured: 91 vs 37 us per
+    layer at 200 cached tokens), so without the fused kernel the cache stays fp32. A bf16 model's keys and
+    values are bf16 numbers, so a bf16 cache holds the same values at half the bytes (the fused one-token path
+    rounds k to bf16 after RoPE, as the op-by-op path does); attention still sums in fp32.
     """
-    return torch.float32 if device.type == "cpu" else compute
+    if device.type != "cpu":
+        return compute
+    return torch.bfloat16 if compute == torch.bfloat16 and bf16_cache() else torch.float32
 
 
 @direct_call
@@ -141,8 +143,7 @@ class Attention(nn.Module):
         elif mask is None:
             y = decode_attention(q.to(keys.dtype), keys, values, x.dtype)
         else:
-            y = F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=mask,
-                                               enable_gqa=self.n_kv != self.n_heads)
+            y = masked_attention(q, keys, values, mask)
         return self.wo.add_to(y.transpose(1, 2).reshape(b, n, -1).to(x.dtype), residual)
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 
-from specledger.engine.cpu_ops import apply_rope, attend_new_token, causal_attention, decode_attention, rows_attention
+from specledger.engine.cpu_ops import (apply_rope, attend_new_token, causal_attention, decode_attention, masked_attention,
+                                       rows_attention)
 from specledger.engine.model import Block, Transformer, causal_mask, rope_at
 from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
@@ -153,7 +153,6 @@ def ragged_block(layer: Block, i: int, x: torch.Tensor, cos: torch.Tensor, sin: 
     q = qk[:, : a.n_heads].transpose(0, 1)  # (H, N, D)
     k = qk[:, a.n_heads :].transpose(0, 1)  # (KV, N, D)
     v = qkv[0, :, qk_out:].view(n_rows, a.n_kv, a.hd).transpose(0, 1)
-    gqa = a.n_kv != a.n_heads
     b = plan.batched
     if b is not None and b.all_rows:
         y = _batched_attention(b, cache, i, q, k, v)  # (N, H, D)
@@ -170,8 +169,7 @@ def ragged_block(layer: Block, i: int, x: torch.Tensor, cos: torch.Tensor, sin: 
             elif m is None:  # (in the compute dtype already: one cast fewer per layer)
                 ys = decode_attention(qs.to(keys.dtype), keys[None], values[None], h.dtype)[0]
             else:
-                ys = F.scaled_dot_product_attention(qs.to(keys.dtype), keys[None], values[None], attn_mask=m,
-                                                    enable_gqa=gqa)[0]
+                ys = masked_attention(qs, keys[None], values[None], m)[0]
             y[o : o + s.n] = ys.transpose(0, 1)
     x = a.wo.add_to(y.reshape(1, n_rows, -1).to(h.dtype), x)
     return layer.feed_forward(layer.ffn_norm(x), x)

@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -130,20 +131,21 @@ SL_AVX2 inline __m256 hsum8x8(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// out[c] (c < NC vectors of 8) = sum over s of p[s] * v[s][c]
-template <int NC>
-SL_AVX2 inline void weighted_sum(const float* p, const float* v, int64_t s_stride, int64_t len, float* out) {
+// out[c] (c < NC vectors of 8) = sum over s of p[s] * v[s][c]; the cache KT is fp32 or bf16 (read as fp32)
+template <int NC, typename KT>
+SL_AVX2 inline void weighted_sum(const float* p, const KT* v, int64_t s_stride, int64_t len, float* out) {
   __m256 acc[NC];
   for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
   for (int64_t s = 0; s < len; ++s) {
     const __m256 w = _mm256_set1_ps(p[s]);
-    for (int c = 0; c < NC; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + s * s_stride + 8 * c), acc[c]);
+    for (int c = 0; c < NC; ++c) acc[c] = _mm256_fmadd_ps(w, load8<KT>(v + s * s_stride + 8 * c), acc[c]);
   }
   for (int c = 0; c < NC; ++c) _mm256_storeu_ps(out + 8 * c, acc[c]);
 }
 
 // allow: nullptr, or len flags (1 = may attend): a draft tree's row sees the cache and its own ancestors only.
-SL_AVX2 void attend_group(const float* q, int64_t qs_h, int64_t nh, const float* k, const float* v, int64_t s_stride,
+template <typename KT>
+SL_AVX2 void attend_group(const float* q, int64_t qs_h, int64_t nh, const KT* k, const KT* v, int64_t s_stride,
                           int64_t len, int64_t d, float* scores, float* out, const uint8_t* allow = nullptr) {
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   for (int64_t h = 0; h < nh; ++h) {
@@ -155,13 +157,13 @@ SL_AVX2 void attend_group(const float* q, int64_t qs_h, int64_t nh, const float*
       for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
       for (int64_t i = 0; i < d; i += 8) {
         const __m256 qv = _mm256_loadu_ps(qh + i);
-        for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + (s + j) * s_stride + i), a[j]);
+        for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qv, load8<KT>(k + (s + j) * s_stride + i), a[j]);
       }
       _mm256_storeu_ps(sc + s, _mm256_mul_ps(hsum8x8(a), _mm256_set1_ps(scale)));
     }
     for (; s < len; ++s) {
       __m256 acc = _mm256_setzero_ps();
-      for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(k + s * s_stride + i), acc);
+      for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), load8<KT>(k + s * s_stride + i), acc);
       sc[s] = hsum(acc) * scale;
     }
     if (allow)
@@ -186,20 +188,39 @@ SL_AVX2 void attend_group(const float* q, int64_t qs_h, int64_t nh, const float*
     for (s = 0; s < len; ++s) sc[s] *= inv;
     float* oh = out + h * d;
     int64_t c = 0;
-    for (; c + 64 <= d; c += 64) weighted_sum<8>(sc, v + c, s_stride, len, oh + c);
-    for (; c < d; c += 8) weighted_sum<1>(sc, v + c, s_stride, len, oh + c);
+    for (; c + 64 <= d; c += 64) weighted_sum<8, KT>(sc, v + c, s_stride, len, oh + c);
+    for (; c < d; c += 8) weighted_sum<1, KT>(sc, v + c, s_stride, len, oh + c);
   }
 }
 
-// q (R, H, D) fp32, one query per row; k, v (B, KV, S, D) fp32. Row r attends the first lengths[r] entries (all
+// q (R, H, D) fp32, one query per row; k, v (B, KV, S, D) fp32 or bf16. Row r attends the first lengths[r] entries (all
 // S where lengths is empty) of sequence slots[r] (r itself where slots is empty), of those only the ones that
 // allow[r] flags where allow (R, >= max length) is given: decode rows, draft chains and draft trees of many
 // sequences in one call, each against its own slot of the cache.
+template <typename KT>
+void attend_rows(const at::Tensor& q, const KT* kp, const KT* vp, const at::Tensor& k, const int64_t* lp,
+                 const int64_t* sp, const uint8_t* ap, const at::Tensor& allow, at::Tensor& o) {
+  const int64_t b = q.size(0), h = q.size(1), d = q.size(2), kv = k.size(1), s = k.size(2), g = h / kv;
+  const float* qp = q.const_data_ptr<float>();
+  float* op = o.data_ptr<float>();
+  at::parallel_for(0, b * kv, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores(g * s);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t bi = i / kv, j = i % kv, si = sp ? sp[bi] : bi;
+      const int64_t len = lp ? std::min<int64_t>(std::max<int64_t>(lp[bi], 1), s) : s;
+      attend_group<KT>(qp + bi * q.stride(0) + j * g * q.stride(1), q.stride(1), g,
+                       kp + si * k.stride(0) + j * k.stride(1), vp + si * k.stride(0) + j * k.stride(1), k.stride(2),
+                       len, d, scores.data(), op + (bi * h + j * g) * d, ap ? ap + bi * allow.stride(0) : nullptr);
+    }
+  });
+}
+
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lengths,
                             const at::Tensor& slots, const at::Tensor& allow, at::ScalarType out) {
   TORCH_CHECK(avx2(), "specledger decode_attention: AVX2 required");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
-              "specledger decode_attention: fp32 q, k, v");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16) &&
+                  v.scalar_type() == k.scalar_type(),
+              "specledger decode_attention: fp32 q, fp32 or bf16 k and v");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.sizes() == k.sizes() && (slots.numel() || q.size(0) == k.size(0)) &&
                   q.size(2) == k.size(3) && q.size(1) % k.size(1) == 0 && k.size(3) % 8 == 0,
               "specledger decode_attention: shapes");
@@ -228,18 +249,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     ap = static_cast<const uint8_t*>(allow.const_data_ptr());
   }
   at::Tensor o = at::empty({b, h, d}, q.options());
-  const float *qp = q.const_data_ptr<float>(), *kp = k.const_data_ptr<float>(), *vp = v.const_data_ptr<float>();
-  float* op = o.data_ptr<float>();
-  at::parallel_for(0, b * kv, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores(g * s);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t bi = i / kv, j = i % kv, si = sp ? sp[bi] : bi;
-      const int64_t len = lp ? std::min<int64_t>(std::max<int64_t>(lp[bi], 1), s) : s;
-      attend_group(qp + bi * q.stride(0) + j * g * q.stride(1), q.stride(1), g, kp + si * k.stride(0) + j * k.stride(1),
-                   vp + si * v.stride(0) + j * v.stride(1), k.stride(2), len, d, scores.data(),
-                   op + (bi * h + j * g) * d, ap ? ap + bi * allow.stride(0) : nullptr);
-    }
-  });
+  if (k.scalar_type() == at::kBFloat16)
+    attend_rows(q, k.const_data_ptr<at::BFloat16>(), v.const_data_ptr<at::BFloat16>(), k, lp, sp, ap, allow, o);
+  else
+    attend_rows(q, k.const_data_ptr<float>(), v.const_data_ptr<float>(), k, lp, sp, ap, allow, o);
   return out == at::kFloat ? o : o.to(out);
 }
 
@@ -284,7 +297,7 @@ at::Tensor swiglu(const at::Tensor& x) {
 
 // --- one new token per sequence, end to end: RoPE on q and k, k and v into the cache, attention --------
 // qkv (B, 1, (H + 2 KV) D) contiguous in the compute dtype (the fused projection's output), cos/sin (B or 1, 1,
-// 1, D) in that dtype, caches (B, KV, S, D) fp32 with unit stride in D; the token goes to slot `start` and
+// 1, D) in that dtype, caches (B, KV, S, D) fp32 (or bf16) with unit stride in D; the token goes to slot `start` and
 // attends to [0, start]. Returns (B, 1, H D) in `out`. Replaces ~25 small eager ops per layer.
 
 template <typename T>
@@ -297,29 +310,36 @@ SL_AVX2 void rope_into(const T* x, const T* c, const T* sn, int64_t d, float* o)
   }
 }
 
-template <typename T>
-SL_AVX2 void copy_into(const T* x, int64_t d, float* o) {
-  for (int64_t j = 0; j < d; j += 8) _mm256_storeu_ps(o + j, load8<T>(x + j));
+template <typename T, typename KT>
+SL_AVX2 void copy_into(const T* x, int64_t d, KT* o) {
+  for (int64_t j = 0; j < d; j += 8) store8<KT>(o + j, load8<T>(x + j));
 }
 
-template <typename T, typename O>
-SL_AVX2 void new_token_seq(const T* qkv, const T* c, const T* sn, int64_t h, int64_t kv, int64_t d, float* kc, float* vc,
+// The cache KT is fp32 or bf16; a bf16 cache holds k rounded to bf16 after RoPE (as the op-by-op path stores it).
+template <typename T, typename O, typename KT>
+SL_AVX2 void new_token_seq(const T* qkv, const T* c, const T* sn, int64_t h, int64_t kv, int64_t d, KT* kc, KT* vc,
                            int64_t hstride, int64_t sstride, int64_t start, float* qbuf, float* scores, float* obuf,
                            O* y) {
   for (int64_t i = 0; i < h; ++i) rope_into<T>(qkv + i * d, c, sn, d, qbuf + i * d);
   for (int64_t j = 0; j < kv; ++j) {
-    rope_into<T>(qkv + (h + j) * d, c, sn, d, kc + j * hstride + start * sstride);
-    copy_into<T>(qkv + (h + kv + j) * d, d, vc + j * hstride + start * sstride);
+    if constexpr (std::is_same_v<KT, float>) {
+      rope_into<T>(qkv + (h + j) * d, c, sn, d, kc + j * hstride + start * sstride);
+    } else {  // through obuf (free until attention writes it)
+      rope_into<T>(qkv + (h + j) * d, c, sn, d, obuf);
+      copy_into<float, KT>(obuf, d, kc + j * hstride + start * sstride);
+    }
+    copy_into<T, KT>(qkv + (h + kv + j) * d, d, vc + j * hstride + start * sstride);
   }
   const int64_t g = h / kv;
   for (int64_t j = 0; j < kv; ++j)
-    attend_group(qbuf + j * g * d, d, g, kc + j * hstride, vc + j * hstride, sstride, start + 1, d, scores, obuf + j * g * d);
+    attend_group<KT>(qbuf + j * g * d, d, g, kc + j * hstride, vc + j * hstride, sstride, start + 1, d, scores,
+                     obuf + j * g * d);
   int64_t i = 0;
   for (; i + 8 <= h * d; i += 8) store8<O>(y + i, _mm256_loadu_ps(obuf + i));
   for (; i < h * d; ++i) st<O>(y + i, obuf[i]);
 }
 
-template <typename T, typename O>
+template <typename T, typename O, typename KT>
 void new_token_all(const at::Tensor& qkv, const at::Tensor& c, const at::Tensor& sn, at::Tensor& kc, at::Tensor& vc,
                    int64_t start, int64_t h, at::Tensor& y) {
   const int64_t b = qkv.size(0), kv = kc.size(1), d = kc.size(3), width = qkv.size(2);
@@ -327,9 +347,9 @@ void new_token_all(const at::Tensor& qkv, const at::Tensor& c, const at::Tensor&
   at::parallel_for(0, b, 1, [&](int64_t b0, int64_t b1) {
     std::vector<float> qbuf(h * d), obuf(h * d), scores((h / kv) * (start + 1));
     for (int64_t i = b0; i < b1; ++i)
-      new_token_seq<T, O>(qkv.const_data_ptr<T>() + i * width, c.const_data_ptr<T>() + i * cb,
-                          sn.const_data_ptr<T>() + i * cb, h, kv, d, kc.data_ptr<float>() + i * kc.stride(0),
-                          vc.data_ptr<float>() + i * vc.stride(0), kc.stride(1), kc.stride(2), start, qbuf.data(),
+      new_token_seq<T, O, KT>(qkv.const_data_ptr<T>() + i * width, c.const_data_ptr<T>() + i * cb,
+                          sn.const_data_ptr<T>() + i * cb, h, kv, d, kc.data_ptr<KT>() + i * kc.stride(0),
+                          vc.data_ptr<KT>() + i * vc.stride(0), kc.stride(1), kc.stride(2), start, qbuf.data(),
                           scores.data(), obuf.data(), y.data_ptr<O>() + i * h * d);
   });
 }
@@ -343,14 +363,18 @@ at::Tensor attend_new_token(const at::Tensor& qkv, const at::Tensor& c, const at
   const int64_t b = qkv.size(0), kv = kc.size(1), d = kc.size(3);
   TORCH_CHECK(h % kv == 0 && d % 16 == 0 && qkv.size(2) == (h + 2 * kv) * d && start >= 0 && start < kc.size(2),
               "specledger attend_new_token: widths or position");
-  TORCH_CHECK(kc.scalar_type() == at::kFloat && vc.scalar_type() == at::kFloat && c.scalar_type() == qkv.scalar_type() &&
+  TORCH_CHECK((kc.scalar_type() == at::kFloat || kc.scalar_type() == at::kBFloat16) && vc.scalar_type() == kc.scalar_type() &&
+                  c.scalar_type() == qkv.scalar_type() &&
                   sn.scalar_type() == qkv.scalar_type() && c.is_contiguous() && sn.is_contiguous() &&
                   c.numel() == (c.size(0)) * d && sn.sizes() == c.sizes() && (c.size(0) == 1 || c.size(0) == b),
               "specledger attend_new_token: dtypes or rope tables");
   at::Tensor y = at::empty({b, 1, h * d}, qkv.options().dtype(out));
-#define SL_NT(T, O) new_token_all<T, O>(qkv, c, sn, kc, vc, start, h, y)
+#define SL_NT(T, O) new_token_all<T, O, float>(qkv, c, sn, kc, vc, start, h, y)
   const auto in = qkv.scalar_type();
-  if (in == at::kBFloat16 && out == at::kBFloat16) SL_NT(at::BFloat16, at::BFloat16);
+  if (kc.scalar_type() == at::kBFloat16) {  // a bf16 model's cache on a CPU that computes in bf16 (model.kv_dtype)
+    TORCH_CHECK(in == at::kBFloat16 && out == at::kBFloat16, "specledger attend_new_token: a bf16 cache takes bf16 in and out");
+    new_token_all<at::BFloat16, at::BFloat16, at::BFloat16>(qkv, c, sn, kc, vc, start, h, y);
+  } else if (in == at::kBFloat16 && out == at::kBFloat16) SL_NT(at::BFloat16, at::BFloat16);
   else if (in == at::kFloat && out == at::kFloat) SL_NT(float, float);
   else if (in == at::kHalf && out == at::kHalf) SL_NT(at::Half, at::Half);
   else if (in == at::kBFloat16 && out == at::kFloat) SL_NT(at::BFloat16, float);
