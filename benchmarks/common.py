@@ -91,3 +91,32 @@ class LlamaCpp:
             if len(out) >= n:
                 break
         return {"ttft": ttft, "total": time.perf_counter() - t0, "tokens": len(out), "ids": out}
+
+
+def ab_table(title: str, cases: list[str], times: dict[tuple[str, str], list[float]], base: str, twin: str, new: str,
+             levels: list[int], scale: float = 1e3, unit: str = "ms", digits: int = 1):
+    """The A/B/A table of the side-by-side scripts: per case the medians of the base, its A/A twin and the new
+    path, twin / base and new / base; cases named "... tok/s" print as rates, the others as seconds x scale in
+    unit to `digits` decimals; with two or more closed-loop levels, each path's throughput at the last over the first."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("case", base, twin, new, f"A/A / {base}", f"{new} / {base}"):
+        t.add_column(col, justify="right")
+    for case in cases:
+        med = {p: statistics.median(times[(case, p)]) for p in (base, twin, new)}
+        show = (lambda v: f"{v:.1f}") if "tok/s" in case else (lambda v: f"{scale * v:.{digits}f} {unit}")
+        t.add_row(case, *(show(med[p]) for p in (base, twin, new)), f"{med[twin] / med[base]:.3f}",
+                  f"{med[new] / med[base]:.3f}")
+    if len(levels) >= 2:
+        for p in (base, new):
+            hi = statistics.median(times[(f"AR c={levels[-1]} tok/s", p)])
+            lo = statistics.median(times[(f"AR c={levels[0]} tok/s", p)])
+            t.add_row(f"AR c={levels[-1]} / c={levels[0]} ({p})", "", "", "", "", f"{hi / lo:.2f}x")
+    return t
+
+
+def agreement_line(label: str, g) -> str:
+    """One teacher-forced agreement result (quality.agreement) as the side-by-side scripts print it."""
+    return (f"  {label} vs the fp32 model, {g.tokens} tokens teacher-forced: top-1 {g.top1_agreement:.2%}, "
+            f"mean KL {g.mean_kl:.5f}, ppl {g.ppl_candidate:.3f} (fp32 {g.ppl_reference:.3f})")

@@ -14,15 +14,13 @@ load packs where the host can; `pack=False` is the old path), alternating within
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 
 import torch
 from rich.console import Console
-from rich.table import Table
 
-from common import long_prompts, machine, now, rss
+from common import ab_table, agreement_line, long_prompts, machine, now, rss
 from concurrency import run_batched
 from specledger.decoding.batch_runner import BatchItem, BatchRunner
 from specledger.decoding.sampling import SamplingParams
@@ -124,28 +122,14 @@ def main() -> None:
                     for n in levels:
                         row = run_batched(contenders[name], prompts, sp, n, max(n, a.requests))
                         times.setdefault((f"AR c={n} tok/s", name), []).append(row["tok_s"])
-    t = Table(title=f"{packed.label}: {n_packed} Linears packed for oneDNN vs F.linear ({a.rounds} rounds, medians)")
-    for col in ("case", *contenders, "A/A / F.linear", "packed / F.linear"):
-        t.add_column(col, justify="right")
-    all_cases = [*timers["packed"], *(f"AR c={n} tok/s" for n in levels)]
-    for case in all_cases:
-        med = {p: statistics.median(times[(case, p)]) for p in contenders}
-        unit = (lambda v: f"{v:.1f}") if "tok/s" in case else (lambda v: f"{1e6 * v:.0f} us")
-        t.add_row(case, *(unit(med[p]) for p in contenders), f"{med['F.linear A/A'] / med['F.linear']:.3f}",
-                  f"{med['packed'] / med['F.linear']:.3f}")
-    if len(levels) >= 2:
-        for p in ("F.linear", "packed"):
-            hi = statistics.median(times[(f"AR c={levels[-1]} tok/s", p)])
-            lo = statistics.median(times[(f"AR c={levels[0]} tok/s", p)])
-            t.add_row(f"AR c={levels[-1]} / c={levels[0]} ({p})", "", "", "", "", f"{hi / lo:.2f}x")
-    console.print(t)
+    console.print(ab_table(f"{packed.label}: {n_packed} Linears packed for oneDNN vs F.linear ({a.rounds} rounds, "
+                           "medians)", [*timers["packed"], *(f"AR c={n} tok/s" for n in levels)], times, *contenders,
+                           levels, scale=1e6, unit="us", digits=0))
     console.print(f"  weights: F.linear {dense.weight_bytes / 2**20:.1f} MiB, packed {packed.weight_bytes / 2**20:.1f} "
                   f"MiB; process RSS grew {(r1 - r0) / 2**20:.0f} MiB loading the first, {(r2 - r1) / 2**20:.0f} MiB "
                   f"the packed one")
     for name in ("F.linear", "packed"):
-        g = teacher_forced_agreement(ref, contenders[name], ids)
-        console.print(f"  {name} vs the fp32 model, {g.tokens} tokens teacher-forced: top-1 {g.top1_agreement:.2%}, "
-                      f"mean KL {g.mean_kl:.5f}, ppl {g.ppl_candidate:.3f} (fp32 {g.ppl_reference:.3f})")
+        console.print(agreement_line(name, teacher_forced_agreement(ref, contenders[name], ids)))
 
 
 if __name__ == "__main__":

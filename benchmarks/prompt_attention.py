@@ -14,15 +14,13 @@ A/A twin of the fp32 path:
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 
 import torch
 from rich.console import Console
-from rich.table import Table
 
-from common import long_prompts, machine, now
+from common import ab_table, agreement_line, long_prompts, machine, now
 from concurrency import run_batched
 from specledger.decoding.batch_runner import BatchItem, BatchRunner
 from specledger.decoding.sampling import SamplingParams
@@ -106,26 +104,11 @@ def main() -> None:
                     for n in levels:
                         row = run_batched(lm, prompts, sp, n, max(n, a.requests))
                         times.setdefault((f"AR c={n} tok/s", path), []).append(row["tok_s"])
-        t = Table(title=f"{lm.label}: prompt chunks attending in fp32 vs bf16 ({a.rounds} rounds, medians)")
-        for col in ("case", *(f"{p}" for p in PATHS), "fp32 A/A / fp32", "bf16 / fp32"):
-            t.add_column(col, justify="right")
-        for case in [*cases, *(f"AR c={n} tok/s" for n in levels)]:
-            med = {p: statistics.median(times[(case, p)]) for p in PATHS}
-            unit = (lambda v: f"{v:.1f}") if "tok/s" in case else (lambda v: f"{1e3 * v:.1f} ms")
-            t.add_row(case, *(unit(med[p]) for p in PATHS), f"{med['fp32 A/A'] / med['fp32']:.3f}",
-                      f"{med['bf16'] / med['fp32']:.3f}")
-        if len(levels) >= 2:
-            for p in ("fp32", "bf16"):
-                hi = statistics.median(times[(f"AR c={levels[-1]} tok/s", p)])
-                lo = statistics.median(times[(f"AR c={levels[0]} tok/s", p)])
-                t.add_row(f"AR c={levels[-1]} / c={levels[0]} ({p})", "", "", "", "", f"{hi / lo:.2f}x")
-        console.print(t)
+        console.print(ab_table(f"{lm.label}: prompt chunks attending in fp32 vs bf16 ({a.rounds} rounds, medians)",
+                               [*cases, *(f"AR c={n} tok/s" for n in levels)], times, *PATHS, levels))
         for path in ("fp32", "bf16"):
             cpu_ops._BF16_ATTENTION = PATHS[path]
-            g = teacher_forced_agreement(ref, lm, ids)
-            console.print(f"  {path} attention vs the fp32 model, {g.tokens} tokens teacher-forced: top-1 "
-                          f"{g.top1_agreement:.2%}, mean KL {g.mean_kl:.5f}, ppl {g.ppl_candidate:.3f} "
-                          f"(fp32 {g.ppl_reference:.3f})")
+            console.print(agreement_line(f"{path} attention", teacher_forced_agreement(ref, lm, ids)))
         cpu_ops._BF16_ATTENTION = cpu_ops._bf16_attention()
 
 

@@ -101,8 +101,8 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     itself, over keys / values (B, KV, start + n, D); (B, H, n, D) in the compute dtype.
 
     A bf16 model's cache entries are bf16 values (in an fp32 or a bf16 cache: model.kv_dtype), so a long run (a
-    prompt's chunk) attends on them in bf16 where the CPU has bf16 arithmetic, and a short one in fp32: the inputs are the
-    same numbers, only the softmax weights are rounded, and fp32's flash attention is 2.4x slower at 256 rows
+    prompt's chunk) attends on them in bf16 where the CPU has bf16 arithmetic, and a short one in fp32: the inputs
+    are the same numbers, only the softmax weights are rounded, and fp32's flash attention is 2.4x slower at 256 rows
     (823 vs 346 us a layer, measured). A run from an empty cache needs no mask at all; mask: the causal mask if
     the caller has it already."""
     n = q.shape[2]

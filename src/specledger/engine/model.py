@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from specledger.engine.config import ModelConfig
-from specledger.engine.cpu_ops import (apply_rope, attend_new_token, bf16_cache, causal_attention,  # noqa: F401 (causal_mask re-exported)
-                                       causal_mask, decode_attention, masked_attention, rms_norm, swiglu)
+from specledger.engine.cpu_ops import (apply_rope, attend_new_token, bf16_cache, causal_attention, decode_attention,
+                                       masked_attention, rms_norm, swiglu)
 from specledger.engine.kv_cache import KVCache
 
 

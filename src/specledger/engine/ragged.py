@@ -17,9 +17,9 @@ from typing import cast
 
 import torch
 
-from specledger.engine.cpu_ops import (apply_rope, attend_new_token, causal_attention, decode_attention, masked_attention,
-                                       rows_attention)
-from specledger.engine.model import Block, Transformer, causal_mask, rope_at
+from specledger.engine.cpu_ops import (apply_rope, attend_new_token, causal_attention, causal_mask, decode_attention,
+                                       masked_attention, rows_attention)
+from specledger.engine.model import Block, Transformer, rope_at
 from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
 

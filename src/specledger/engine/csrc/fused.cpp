@@ -226,7 +226,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
               "specledger decode_attention: shapes");
   TORCH_CHECK(q.stride(2) == 1 && k.stride(3) == 1 && v.stride(3) == 1 && k.strides() == v.strides(),
               "specledger decode_attention: unit stride in D");
-  const int64_t b = q.size(0), h = q.size(1), d = q.size(2), kv = k.size(1), s = k.size(2), g = h / kv;
+  const int64_t b = q.size(0), s = k.size(2);
   const int64_t* lp = nullptr;
   if (lengths.numel()) {
     TORCH_CHECK(lengths.scalar_type() == at::kLong && lengths.numel() == b && lengths.is_contiguous(),
@@ -248,7 +248,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
                 "specledger decode_attention: allow (R, >= S) bool");
     ap = static_cast<const uint8_t*>(allow.const_data_ptr());
   }
-  at::Tensor o = at::empty({b, h, d}, q.options());
+  at::Tensor o = at::empty(q.sizes(), q.options());
   if (k.scalar_type() == at::kBFloat16)
     attend_rows(q, k.const_data_ptr<at::BFloat16>(), v.const_data_ptr<at::BFloat16>(), k, lp, sp, ap, allow, o);
   else
