@@ -254,3 +254,15 @@ def test_sampled_drafting_in_a_batch_is_reproducible_per_seed(name):
     together = run(prompts)
     assert together[0].token_ids == run(prompts[:1])[0].token_ids
     assert sum(r.levels[0].proposed for r in together) > 0
+
+
+def test_draft_model_prior_is_its_agreement_with_the_target(smollm, smollm_int4):
+    """The batched draft model's prior: top-1 agreement with the target on the built-in text, once per pair."""
+    from specledger.decoding.draft_model import agreement_prior
+
+    assert agreement_prior(smollm, smollm) == 1.0
+    a = agreement_prior(smollm, smollm_int4)
+    assert a is not None and 0.85 < a < 1.0 and agreement_prior(smollm, smollm_int4) == a
+    assert agreement_prior(tiny_model(), tiny_model(seed=1)) is None  # no tokenizer: not measured
+    drafter = make_strategy("draft", smollm, draft=smollm_int4).batch_drafter(2)
+    assert drafter.prior == a

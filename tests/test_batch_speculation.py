@@ -17,6 +17,7 @@ from specledger.decoding.draft_budget import (
     PRIOR,
     AcceptanceEMA,
     GainCalibration,
+    PassCalibration,
     CostSurface,
     FittedSurface,
     expected_accepted,
@@ -447,3 +448,83 @@ def test_the_planner_drafts_by_the_calibrated_gains(lm):
         [r] = sched.run()
         proposed.append(r.levels[0].proposed)
     assert proposed[0] > 0 and proposed[1] < proposed[0]
+
+
+def test_pass_calibration_is_what_drafting_added_over_what_was_predicted():
+    cal = PassCalibration()
+    assert cal.factor == 1.0
+    for _ in range(60):  # passes priced at 10 ms over a plain pass took 40 ms over it
+        cal.observe(0.010, 0.040)
+    assert cal.factor == pytest.approx(4.0, rel=0.02)
+    for _ in range(60):  # drafting cheaper than predicted; a noisy pass below the plain one counts as free
+        cal.observe(0.010, 0.006)
+        cal.observe(0.010, -0.004)
+    assert cal.factor == pytest.approx(0.5) and PassCalibration(measured=1.0).factor == 4.0
+    cal.observe(0.0, 1.0)  # nothing predicted: nothing to compare
+    assert cal.factor == pytest.approx(0.5)
+
+
+def test_the_planner_pays_drafting_at_its_measured_price():
+    """price multiplies the seconds drafted rows add (their share of the pass, each drafting sequence), not the pass."""
+    gains = [[0.9, 0.8, 0.5], [0.9, 0.4]]
+    surface = CostSurface((1, 2, 8), (1.0, 1.0, 1.6))  # 0.1 a row from 2 rows on
+    assert plan_drafts(gains, 2, 2, surface) == [3, 2]
+    assert plan_drafts(gains, 2, 2, surface, price=2.0) == [2, 1]  # 4.6 / 1.6 beats 5.5 / 2.0
+    assert plan_drafts(gains, 2, 2, surface, price=4.0) == [1, 1]
+    assert plan_drafts(gains, 2, 2, surface, price=8.0) == [0, 0]
+    assert plan_drafts(gains, 2, 2, surface, per_drafting=0.5, price=4.0) == [0, 0]
+    assert plan_drafts(gains, 2, 2, surface, per_drafting=0.5) == [3, 2]
+
+
+def test_the_scheduler_prices_drafting_at_what_its_drafting_passes_took(lm):
+    """Each drafting pass without prefill compares what its plan predicted drafting adds with the step's time over
+    a plain pass of its sequences; a batch whose drafts cost 4x their price drafts less than a fresh one."""
+    sp = SamplingParams(max_new_tokens=30, temperature=0.0)
+    surface = CostSurface((1, 2, 3, 9), (1.0, 1.3, 1.6, 3.4))
+    sched = Scheduler(lm, max_batch=2, prefill_chunk=64, drafter=LookupDrafter(4))
+    assert sched.spec is not None
+    seen = []
+    observe = sched.spec.pass_price.observe
+    sched.spec.pass_price.observe = lambda pred, meas: seen.append((pred, meas, sched.last_drafted)) or observe(pred, meas)
+    for p in repetitive_prompts()[:3]:
+        sched.submit(p, sp)
+    sched.run()
+    assert seen and all(pred > 0 and drafted > 0 for pred, _, drafted in seen)
+    proposed = []
+    for burnt in (False, True):
+        sched = Scheduler(lm, max_batch=1, drafter=LookupDrafter(4), cost=surface)
+        assert sched.spec is not None
+        if burnt:
+            for _ in range(100):
+                sched.spec.pass_price.observe(1.0, 4.0)
+        sched.submit(repetitive_prompts()[4], sp)
+        [r] = sched.run()
+        proposed.append(r.levels[0].proposed)
+    assert proposed[0] > 0 and proposed[1] < proposed[0]
+
+
+def test_the_probed_surface_reaches_a_whole_proposal_beside_the_batch(lm):
+    """A batch of 2 whose drafter proposes up to 20 nodes has its surface probed past 22 rows, not only 4 a sequence."""
+    sched = Scheduler(lm, max_batch=2, drafter=LookupDrafter(20))
+    assert sched.spec is not None and sched.spec.fit is not None and sched.spec.fit.prior.rows[-1] >= 22
+
+
+def test_a_drafter_with_a_measured_prior_is_tried_where_the_default_prior_is_not(lm):
+    """The population (and every new request) starts from drafter.prior and drifts back to it, not to PRIOR: on a
+    surface where a 0.6 chain never pays, a drafter that measured 0.95 drafts at batch 1."""
+    surface = CostSurface((1, 2, 5, 9), (1.0, 1.7, 2.6, 3.5))
+    sp = SamplingParams(max_new_tokens=30, temperature=0.0)
+    proposed = []
+    for prior in (None, 0.95):
+        d = LookupDrafter(4)
+        d.prior = prior  # type: ignore[assignment]  # (lookup measures none: as if it had)
+        sched = Scheduler(lm, max_batch=1, drafter=d, cost=surface)
+        assert sched.spec is not None
+        pop = sched.spec.population
+        assert isinstance(pop, AcceptanceEMA) and pop.a == pytest.approx(prior or PRIOR)
+        pop.relax(0.5)
+        assert pop.a == pytest.approx(prior or PRIOR)
+        sched.submit(repetitive_prompts()[4], sp)
+        [r] = sched.run()
+        proposed.append(r.levels[0].proposed)
+    assert proposed[0] == 0 and proposed[1] > 0

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specledger.decoding.draft_budget import (AcceptanceEMA, CostSurface, FittedSurface, GainCalibration, RankAcceptance,
-                                               StepOverhead, cost_surface, plan_drafts)
+from specledger.decoding.draft_budget import (PRIOR, AcceptanceEMA, CostSurface, FittedSurface, GainCalibration,
+                                               PassCalibration, RankAcceptance, StepOverhead, cost_surface, plan_drafts)
 from specledger.decoding.drafter import Drafter, DraftSeq
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.tree import Tree
@@ -49,25 +49,38 @@ class BatchDrafting:
                  cost: CostSurface | Callable[[int], float] | None = None) -> None:
         self.drafter = drafter
         self.device = lm.model.device
-        # A given cost is the caller's model, used as it is; the measured surface (a pass holds at most ~4 rows per
-        # sequence in practice) is corrected by the passes this batch runs.
+        # A given cost is the caller's model, used as it is; the measured surface is corrected by the passes this
+        # batch runs. It is probed as far as a pass may reach: ~4 rows per sequence of a full batch, or one whole
+        # proposal beside the others' rows (an EAGLE tree at batch 2 put 50 rows in a pass: a surface probed to 8
+        # rows priced its 45 extra rows at 2 ms, measured 30 ms).
         self.fit: FittedSurface | None = None
         if cost is None:
-            cost = self.fit = FittedSurface(cost_surface(lm, max_rows=4 * max_batch, n_seqs=min(8, max_batch)))
+            reach = max(4 * max_batch, max_batch + drafter.max_tokens)
+            cost = self.fit = FittedSurface(cost_surface(lm, max_rows=reach, n_seqs=min(8, max_batch)))
         self.cost: Callable[[int], float] = cost
         drafter.draft_cost([1])  # whatever the drafter measures of its own cost, now rather than in a request
         self.last_drafted = 0  # draft tokens in the latest pass
         # What this drafter's recent drafts accepted, over every request: a new request starts from it rather than
         # from the default prior (a short request would spend most of its passes unlearning an optimistic one).
         # With no draft verified it drifts back toward the prior, so speculation is tried again once it may pay.
-        self.population: AcceptanceEMA | RankAcceptance = RankAcceptance() if drafter.tree else AcceptanceEMA()
+        # A drafter that measured its own per-token acceptance (drafter.prior: a draft model's agreement with the
+        # target) starts from that instead of the default prior: a quantized copy of the target, accepted ~95% of
+        # the time, was priced at 0.6 and never tried at batch 1, where it pays.
+        a0 = drafter.prior if drafter.prior is not None else PRIOR
+        self.population: AcceptanceEMA | RankAcceptance = (RankAcceptance(a0, prior=a0) if drafter.tree
+                                                           else AcceptanceEMA(a0, prior=a0))
         self.evidence = 0.0  # verified nodes behind it, decaying as it drifts
         self.overhead = StepOverhead()  # what a drafting sequence adds outside the pass (the scheduler measures)
         self.calibration = GainCalibration()  # how far the estimates' expected tokens were accepted
+        self.pass_price = PassCalibration()  # how far drafting's predicted seconds were what it added
         self.last_plan_s = 0.0  # seconds the latest plan took (proposals included)
+        self.last_extra = 0.0  # seconds the latest plan predicted its rows add to the step, drafting aside (unscaled)
 
     def observe(self, step_s: float, forward_s: float, rows: int, n_seqs: int, n_drafting: int) -> None:
         """A pass without prefill: its forward's rows and seconds, and its time outside forward and plan."""
+        if n_drafting and self.last_extra > 0:  # what drafted rows added: the step over a plain pass, drafting aside
+            plain = self.cost(n_seqs) + (self.overhead.base or 0.0) * n_seqs
+            self.pass_price.observe(self.last_extra, step_s - self.last_plan_s - plain)
         if self.fit is not None:
             self.fit.observe(rows, forward_s)
         self.overhead.observe(step_s - forward_s - self.last_plan_s, n_seqs, n_drafting)
@@ -93,9 +106,13 @@ class BatchDrafting:
         seqs = [s.seq for s in states]
         avail = d.candidates(seqs, caps)  # (each drafter caps at its max_tokens; caps: the tokens left)
         gains = [self.calibration.scaled(s.acc.gains(n)) for s, n in zip(states, avail)]
-        ks = plan_drafts(gains, len(states), len(states), self.cost, d.draft_cost, self.overhead.extra, beside=prefill_rows,
-                         max_drafting=None if self.evidence >= EVIDENCE else 0 if prefill_rows else 1)
+        n = len(states)
+        ks = plan_drafts(gains, n, n, self.cost, d.draft_cost, self.overhead.extra, beside=prefill_rows,
+                         max_drafting=None if self.evidence >= EVIDENCE else 0 if prefill_rows else 1,
+                         price=self.pass_price.factor)
         self.last_drafted = sum(ks)
+        self.last_extra = (self.cost(n + prefill_rows + self.last_drafted) - self.cost(n + prefill_rows)
+                           + self.overhead.extra * sum(1 for k in ks if k)) if self.last_drafted else 0.0
         if not self.last_drafted:
             self.population.relax(RELAX)
             self.evidence *= 1.0 - RELAX

@@ -50,6 +50,7 @@ class Drafter(Protocol):
     wants_features: bool
     tree: bool  # proposes trees with several children (else chains)
     max_tokens: int  # the most nodes one proposal may hold
+    prior: float | None  # its measured per-token acceptance before any draft is verified (None: not measured)
 
     def params(self) -> dict: ...
 

@@ -188,6 +188,7 @@ class EagleDrafter:
     name = "eagle"
     wants_features = True
     tree = True
+    prior: float | None = None
 
     def __init__(
         self, head: EagleHead, base: LoadedModel, *, top_k: int = 10, depth: int = 5, total_nodes: int = 59,

@@ -39,6 +39,7 @@ class LookupDrafter:
     name = "lookup"
     wants_features = False
     tree = False
+    prior: float | None = None
 
     def __init__(self, num_tokens: int = 8, max_ngram: int = 3, min_ngram: int = 1) -> None:
         check_lookup(num_tokens, max_ngram, min_ngram)
