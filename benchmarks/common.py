@@ -20,7 +20,8 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads{gpu}"
 
 
 def median(xs: list[float]) -> float:

@@ -193,6 +193,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None,
                     help="with --methods: interleaved rounds (default 3); with --servers: passes over the workload per level (default 1)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda (in-process runs only)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--servers", action="store_true",
                     help="HTTP servers side by side with llama-server (see the docstring)")
@@ -213,7 +214,8 @@ def main() -> None:
     out = {"machine": machine(), "date": now(), "new_tokens": a.new_tokens, "precisions": {}}
     for prec in a.precisions.split(","):
         quant = "int4" if prec == "int4" else "none"
-        lm = load_model("smollm2-135m", quant=quant, dtype=default_dtype(quant) if quant != "none" else prec)
+        lm = load_model("smollm2-135m", quant=quant, dtype=default_dtype(quant) if quant != "none" else prec,
+                        device=a.device)
         prompts = [lm.tokenizer.chat([{"role": "user", "content": p}]) for p in long_prompts(8)]
         run_batched(lm, prompts, SamplingParams(max_new_tokens=4, ignore_eos=True), 2, 2)  # warm-up
         if a.methods:

@@ -51,12 +51,12 @@ def varied_config(vocab: int):
 
 
 def varied_model(vocab: int = 16, seed: int = 0, noise: float = 0.0, noise_seed: int = 1, dtype: str = "fp32",
-                 quant: str = "none") -> LoadedModel:
+                 quant: str = "none", device: str = "cpu") -> LoadedModel:
     cfg = varied_config(vocab)
-    model = build_model(cfg, varied_tensors(vocab, seed, noise, noise_seed), dtype=dtype, quant=quant)
+    model = build_model(cfg, varied_tensors(vocab, seed, noise, noise_seed), dtype=dtype, quant=quant, device=device)
     return LoadedModel(model=model, tokenizer=None, config=cfg, name=f"varied{seed}" + (f"~{noise}" if noise else ""),
                        source="random", dtype=dtype, quant=quant, group_size=32 if quant == "int4" else None,
-                       device="cpu", weight_bytes=weight_bytes(model), load_s=0.0)
+                       device=device, weight_bytes=weight_bytes(model), load_s=0.0)
 
 
 def varied_prompts(vocab: int = 16, n: int = 3, length: int = 8, seed: int = 0) -> list[list[int]]:
@@ -121,7 +121,7 @@ class CharTokenizer:
 
 
 def batching_model(seed: int = 3, eos: list[int] | None = None, tokenizer=None, dtype: str = "fp32",
-                   quant: str = "none") -> LoadedModel:
+                   quant: str = "none", device: str = "cpu") -> LoadedModel:
     """The batching tests' model: vocabulary 97, random weights, untied embeddings (a tied random model tends to
     echo its input), so greedy outputs vary and a mixed-up row, position or cache slot shows."""
     cfg = ModelConfig(vocab_size=BATCHING_VOCAB, hidden_size=64, intermediate_size=128, n_layers=2, n_heads=4, n_kv_heads=2,
@@ -138,10 +138,10 @@ def batching_model(seed: int = 3, eos: list[int] | None = None, tokenizer=None, 
         t |= {f"{p}.attn_norm": 1 + r(h, s=0.1), f"{p}.ffn_norm": 1 + r(h, s=0.1), f"{p}.q": r(h, h, s=0.3),
               f"{p}.k": r(32, h, s=0.3), f"{p}.v": r(32, h), f"{p}.o": r(h, h), f"{p}.gate": r(i, h),
               f"{p}.up": r(i, h), f"{p}.down": r(h, i)}
-    model = build_model(cfg, t, dtype=dtype, quant=quant, group_size=32)
+    model = build_model(cfg, t, dtype=dtype, quant=quant, group_size=32, device=device)
     return LoadedModel(model=model, tokenizer=tokenizer, config=cfg, name=f"untied{seed}", source="random",
-                       dtype=dtype, quant=quant, group_size=32 if quant == "int4" else None, device="cpu", weight_bytes=weight_bytes(model),
-                       load_s=0.0)
+                       dtype=dtype, quant=quant, group_size=32 if quant == "int4" else None, device=device,
+                       weight_bytes=weight_bytes(model), load_s=0.0)
 
 
 def alone(lm: LoadedModel, prompt: list[int], sp: SamplingParams) -> GenerationResult:

@@ -535,12 +535,12 @@ def resolve_head(
     target: LoadedModel, head: str | Path | EagleHead | None, dtype: torch.dtype | None = None
 ) -> tuple[EagleHead, str]:
     """A head object, a directory, or None for the head shipped for the target; in `dtype`
-    (default: the target's compute dtype)."""
-    dtype = dtype or target.model.dtype
+    (default: the target's compute dtype), on the target's device."""
+    dtype, dev = dtype or target.model.dtype, target.model.device
     if isinstance(head, EagleHead):
         head.check_target(target)
-        if head.dtype != dtype:
-            head = copy.deepcopy(head).set_dtype(dtype)
+        if head.dtype != dtype or next(head.parameters()).device != dev:
+            head = copy.deepcopy(head).set_dtype(dtype).to(dev)
         return head, "object"
     if head is None:
         path = shipped_head_dir(target.name)
@@ -549,8 +549,8 @@ def resolve_head(
                 f"no EAGLE head is shipped for {target.name}; train one with "
                 f"`specledger train-draft --model {target.name} --out DIR` and pass it as head=DIR"
             )
-        return load_head(path, target, dtype), f"shipped:{target.name}"
-    return load_head(head, target, dtype), str(head)
+        return load_head(path, target, dtype).to(dev), f"shipped:{target.name}"
+    return load_head(head, target, dtype).to(dev), str(head)
 
 
 def default_head_dtype(target: LoadedModel) -> torch.dtype:

@@ -189,8 +189,9 @@ SL_AVX2 inline __m256i bcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-// AVX2: the 8 weight rows of half h of tile t.
-template <int MB, int BITS, int DIG>
+// AVX2: the 8 weight rows of half h of tile t, or (HV 2) both halves in one pass over the tile, each activation
+// broadcast serving both (fewer loads and loop steps a row: the one- and two-row products of decoding take it).
+template <int MB, int BITS, int DIG, int HV = 1>
 SL_AVX2 void tile_avx2(const Args& a, int64_t r0, int64_t t, int h) {
   constexpr int64_t BB = BITS == 4 ? 256 : 512;  // bytes per block per tile of 16 weight rows
   const uint8_t* wt = a.w + t * a.nb * BB + h * 32;
@@ -198,67 +199,92 @@ SL_AVX2 void tile_avx2(const Args& a, int64_t r0, int64_t t, int h) {
   const uint16_t* mt = BITS == 4 ? a.m + t * a.g * 16 + h * 8 : nullptr;
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[MB];
-  for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[MB][HV];
+  for (int r = 0; r < MB; ++r)
+    for (int v = 0; v < HV; ++v) acc[r][v] = _mm256_setzero_ps();
   const int64_t gmask = (int64_t{1} << a.gshift) - 1;
   for (int64_t b = 0; b < a.nb; ++b) {
-    __m256i s[MB], s2[MB];
-    for (int r = 0; r < MB; ++r) s[r] = s2[r] = _mm256_setzero_si256();
+    __m256i s[MB][HV], s2[MB][HV];
+    for (int r = 0; r < MB; ++r)
+      for (int v = 0; v < HV; ++v) s[r][v] = s2[r][v] = _mm256_setzero_si256();
     if (BITS == 4) {
       // int16 sums: 8 steps of 2 products each, |15 * 127 * 2 * 8| < 2^15. Not unrolled: gcc would
       // reassociate the sums and keep every product live at once (spilling to the stack).
 #pragma GCC unroll 1
       for (int j = 0; j < 4; ++j) {
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wt + b * BB + j * 64));
-        const __m256i w0 = _mm256_and_si256(raw, m4), w1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        __m256i w0[HV], w1[HV];
+        for (int v = 0; v < HV; ++v) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wt + b * BB + j * 64 + v * 32));
+          w0[v] = _mm256_and_si256(raw, m4);
+          w1[v] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        }
         for (int r = 0; r < MB; ++r) {
           const int64_t off = (r0 + r) * a.k + b * 32 + j * 8;
-          s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(w0, bcast4(a.qa + off)));
-          s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(w1, bcast4(a.qa + off + 4)));
+          const __m256i x0 = bcast4(a.qa + off), x1 = bcast4(a.qa + off + 4);
+          for (int v = 0; v < HV; ++v) {
+            s[r][v] = _mm256_add_epi16(s[r][v], _mm256_maddubs_epi16(w0[v], x0));
+            s[r][v] = _mm256_add_epi16(s[r][v], _mm256_maddubs_epi16(w1[v], x1));
+          }
           if (DIG == 2) {
-            s2[r] = _mm256_add_epi16(s2[r], _mm256_maddubs_epi16(w0, bcast4(a.qb + off)));
-            s2[r] = _mm256_add_epi16(s2[r], _mm256_maddubs_epi16(w1, bcast4(a.qb + off + 4)));
+            const __m256i y0 = bcast4(a.qb + off), y1 = bcast4(a.qb + off + 4);
+            for (int v = 0; v < HV; ++v) {
+              s2[r][v] = _mm256_add_epi16(s2[r][v], _mm256_maddubs_epi16(w0[v], y0));
+              s2[r][v] = _mm256_add_epi16(s2[r][v], _mm256_maddubs_epi16(w1[v], y1));
+            }
           }
         }
       }
-      for (int r = 0; r < MB; ++r) {
-        s[r] = _mm256_madd_epi16(s[r], ones);
-        if (DIG == 2) s2[r] = _mm256_madd_epi16(s2[r], ones);
-      }
+      for (int r = 0; r < MB; ++r)
+        for (int v = 0; v < HV; ++v) {
+          s[r][v] = _mm256_madd_epi16(s[r][v], ones);
+          if (DIG == 2) s2[r][v] = _mm256_madd_epi16(s2[r][v], ones);
+        }
     } else {
       // signed x signed: |w| * sign(x, w) keeps maddubs' int16 pairs in range (128 * 127 * 2)
 #pragma GCC unroll 1
       for (int j = 0; j < 8; ++j) {
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wt + b * BB + j * 64));
-        const __m256i wa = _mm256_sign_epi8(w, w);
+        __m256i w[HV], wa[HV];
+        for (int v = 0; v < HV; ++v) {
+          w[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wt + b * BB + j * 64 + v * 32));
+          wa[v] = _mm256_sign_epi8(w[v], w[v]);
+        }
         for (int r = 0; r < MB; ++r) {
           const int64_t off = (r0 + r) * a.k + b * 32 + j * 4;
           const __m256i x = bcast4(a.qa + off);
-          s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, w)), ones));
+          for (int v = 0; v < HV; ++v)
+            s[r][v] = _mm256_add_epi32(s[r][v],
+                                       _mm256_madd_epi16(_mm256_maddubs_epi16(wa[v], _mm256_sign_epi8(x, w[v])), ones));
           if (DIG == 2) {
             const __m256i x2 = bcast4(a.qb + off);
-            s2[r] = _mm256_add_epi32(s2[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(x2, w)), ones));
+            for (int v = 0; v < HV; ++v)
+              s2[r][v] = _mm256_add_epi32(
+                  s2[r][v], _mm256_madd_epi16(_mm256_maddubs_epi16(wa[v], _mm256_sign_epi8(x2, w[v])), ones));
           }
         }
       }
     }
-    if (DIG == 2)  // Q = 254 q + r: the two digits' sums combined exactly
-      for (int r = 0; r < MB; ++r) s[r] = _mm256_add_epi32(_mm256_mullo_epi32(s[r], _mm256_set1_epi32(254)), s2[r]);
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dt + (b >> a.gdshift) * 16)));
-    for (int r = 0; r < MB; ++r)
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]), _mm256_mul_ps(dw, _mm256_set1_ps(a.da[(r0 + r) * a.nb + b])),
-                               acc[r]);
-    if (BITS == 4 && (b & gmask) == 0) {  // the group's min term: m * d_x * sum(q_x) over the group
-      const int64_t g = b >> a.gshift;
-      const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mt + g * 16)));
-      for (int r = 0; r < MB; ++r) acc[r] = _mm256_fmadd_ps(mv, _mm256_set1_ps(a.sa[(r0 + r) * a.g + g]), acc[r]);
+    for (int v = 0; v < HV; ++v) {
+      if (DIG == 2)  // Q = 254 q + r: the two digits' sums combined exactly
+        for (int r = 0; r < MB; ++r)
+          s[r][v] = _mm256_add_epi32(_mm256_mullo_epi32(s[r][v], _mm256_set1_epi32(254)), s2[r][v]);
+      const __m256 dw =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dt + (b >> a.gdshift) * 16 + v * 8)));
+      for (int r = 0; r < MB; ++r)
+        acc[r][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][v]),
+                                    _mm256_mul_ps(dw, _mm256_set1_ps(a.da[(r0 + r) * a.nb + b])), acc[r][v]);
+      if (BITS == 4 && (b & gmask) == 0) {  // the group's min term: m * d_x * sum(q_x) over the group
+        const int64_t g = b >> a.gshift;
+        const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mt + g * 16 + v * 8)));
+        for (int r = 0; r < MB; ++r) acc[r][v] = _mm256_fmadd_ps(mv, _mm256_set1_ps(a.sa[(r0 + r) * a.g + g]), acc[r][v]);
+      }
     }
   }
   alignas(32) float out[8];
-  for (int r = 0; r < MB; ++r) {
-    _mm256_store_ps(out, acc[r]);
-    store(a, r0 + r, t * 16 + h * 8, 8, out);
-  }
+  for (int r = 0; r < MB; ++r)
+    for (int v = 0; v < HV; ++v) {
+      _mm256_store_ps(out, acc[r][v]);
+      store(a, r0 + r, t * 16 + (h + v) * 8, 8, out);
+    }
 }
 
 // store() for 16 whole columns in vectors: the same float add, and bfloat16 rounded as at::BFloat16 rounds (to nearest
@@ -475,6 +501,7 @@ constexpr auto amx_tiles(std::integer_sequence<int, R...>) {
 // dispatch over row groups
 
 constexpr int kMB = 4;  // activation rows per tile
+constexpr int kAvx2Both = 2;  // AVX2: row groups of up to this many take both halves of a tile in one pass
 // From this many rows on AMX beats VNNI (SmolLM2-135M's four layer shapes summed, 1 thread): bits 8 from ~5-6,
 // bits 4 from ~10 (VNNI's 4-bit tiles are cheaper; AMX adds the nibbles' unpacking and the min term per row).
 constexpr int64_t amx_rows(int64_t bits) { return bits == 4 ? 10 : 6; }
@@ -483,6 +510,8 @@ template <int MB, int BITS, int DIG>
 void tile(int64_t isa, const Args& a, int64_t r0, int64_t t) {
   if (isa == kVnni) {
     tile_vnni<MB, BITS, DIG>(a, r0, t);
+  } else if (MB <= kAvx2Both) {
+    tile_avx2<MB, BITS, DIG, 2>(a, r0, t, 0);
   } else {
     tile_avx2<MB, BITS, DIG>(a, r0, t, 0);
     tile_avx2<MB, BITS, DIG>(a, r0, t, 1);
