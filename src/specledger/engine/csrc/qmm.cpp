@@ -189,6 +189,8 @@ SL_AVX2 inline __m256i bcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+constexpr int64_t kAvx2Ahead = 8;  // blocks prefetched ahead on the AVX2 path
+
 // AVX2: the 8 weight rows of half h of tile t, or (HV 2) both halves in one pass over the tile, each activation
 // broadcast serving both (fewer loads and loop steps a row: the one- and two-row products of decoding take it).
 template <int MB, int BITS, int DIG, int HV = 1>
@@ -204,6 +206,11 @@ SL_AVX2 void tile_avx2(const Args& a, int64_t r0, int64_t t, int h) {
     for (int v = 0; v < HV; ++v) acc[r][v] = _mm256_setzero_ps();
   const int64_t gmask = (int64_t{1} << a.gshift) - 1;
   for (int64_t b = 0; b < a.nb; ++b) {
+    // the blocks kAvx2Ahead on (into the next tile's: tiles are stored one after another), asked for from memory
+    // while this block computes: a decode step streams every weight from DRAM once
+    if (h == 0)
+      for (int64_t l = 0; l < BB; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(wt + (b + kAvx2Ahead) * BB + l), _MM_HINT_T0);
     __m256i s[MB][HV], s2[MB][HV];
     for (int r = 0; r < MB; ++r)
       for (int v = 0; v < HV; ++v) s[r][v] = s2[r][v] = _mm256_setzero_si256();
