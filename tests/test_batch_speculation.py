@@ -435,6 +435,17 @@ def test_gain_calibration_scales_the_gains_by_what_was_accepted():
 def test_the_planner_drafts_by_the_calibrated_gains(lm):
     """The same request and drafter: a batch whose past drafts were accepted a quarter as often as expected
     drafts less than a fresh one (drafting here pays only while a token's chance is above ~0.3)."""
+    def burn(spec):
+        for _ in range(300):
+            spec.calibration.observe(4.0, 1)
+
+    fresh, burnt = proposed_fresh_and_burnt(lm, burn)
+    assert fresh > 0 and burnt < fresh
+
+
+def proposed_fresh_and_burnt(lm, burn) -> tuple[int, int]:
+    """Draft tokens proposed for one repetitive request by a fresh batch and by one whose planner state burn()
+    has spoilt, on a fixed cost surface."""
     surface = CostSurface((1, 2, 3, 9), (1.0, 1.3, 1.6, 3.4))
     sp = SamplingParams(max_new_tokens=30, temperature=0.0)
     proposed = []
@@ -442,12 +453,11 @@ def test_the_planner_drafts_by_the_calibrated_gains(lm):
         sched = Scheduler(lm, max_batch=1, drafter=LookupDrafter(4), cost=surface)
         assert sched.spec is not None
         if burnt:
-            for _ in range(300):
-                sched.spec.calibration.observe(4.0, 1)
+            burn(sched.spec)
         sched.submit(repetitive_prompts()[4], sp)
         [r] = sched.run()
         proposed.append(r.levels[0].proposed)
-    assert proposed[0] > 0 and proposed[1] < proposed[0]
+    return proposed[0], proposed[1]
 
 
 def test_pass_calibration_is_what_drafting_added_over_what_was_predicted():
@@ -480,7 +490,6 @@ def test_the_scheduler_prices_drafting_at_what_its_drafting_passes_took(lm):
     """Each drafting pass without prefill compares what its plan predicted drafting adds with the step's time over
     a plain pass of its sequences; a batch whose drafts cost 4x their price drafts less than a fresh one."""
     sp = SamplingParams(max_new_tokens=30, temperature=0.0)
-    surface = CostSurface((1, 2, 3, 9), (1.0, 1.3, 1.6, 3.4))
     sched = Scheduler(lm, max_batch=2, prefill_chunk=64, drafter=LookupDrafter(4))
     assert sched.spec is not None
     seen = []
@@ -490,17 +499,13 @@ def test_the_scheduler_prices_drafting_at_what_its_drafting_passes_took(lm):
         sched.submit(p, sp)
     sched.run()
     assert seen and all(pred > 0 and drafted > 0 for pred, _, drafted in seen)
-    proposed = []
-    for burnt in (False, True):
-        sched = Scheduler(lm, max_batch=1, drafter=LookupDrafter(4), cost=surface)
-        assert sched.spec is not None
-        if burnt:
-            for _ in range(100):
-                sched.spec.pass_price.observe(1.0, 4.0)
-        sched.submit(repetitive_prompts()[4], sp)
-        [r] = sched.run()
-        proposed.append(r.levels[0].proposed)
-    assert proposed[0] > 0 and proposed[1] < proposed[0]
+
+    def burn(spec):
+        for _ in range(100):
+            spec.pass_price.observe(1.0, 4.0)
+
+    fresh, burnt = proposed_fresh_and_burnt(lm, burn)
+    assert fresh > 0 and burnt < fresh
 
 
 def test_the_probed_surface_reaches_a_whole_proposal_beside_the_batch(lm):

@@ -549,8 +549,8 @@ def resolve_head(
                 f"no EAGLE head is shipped for {target.name}; train one with "
                 f"`specledger train-draft --model {target.name} --out DIR` and pass it as head=DIR"
             )
-        return load_head(path, target, dtype).to(dev), f"shipped:{target.name}"
-    return load_head(head, target, dtype).to(dev), str(head)
+        return load_head(path, target, dtype), f"shipped:{target.name}"
+    return load_head(head, target, dtype), str(head)
 
 
 def default_head_dtype(target: LoadedModel) -> torch.dtype:

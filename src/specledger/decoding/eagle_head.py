@@ -278,7 +278,8 @@ def _public_state(sd: dict[str, torch.Tensor], cfg: HeadConfig) -> dict[str, tor
 
 
 def load_head(path: str | Path, target: LoadedModel | None = None, dtype: torch.dtype | None = None) -> EagleHead:
-    """Load a head saved by save_head, or one in the public EAGLE layout; check it fits `target`."""
+    """Load a head saved by save_head, or one in the public EAGLE layout; check it fits `target` (and put it on
+    the target's device)."""
     path = Path(path).expanduser()
     if not (path / "config.json").is_file():
         raise BadInput(f"{path}: not an EAGLE head directory (no config.json)")
@@ -306,10 +307,11 @@ def load_head(path: str | Path, target: LoadedModel | None = None, dtype: torch.
         raise BadInput(f"{path}: head weights do not match its config ({first[-1].strip() if first else exc})") from None
     if head.draft_vocab is not None and (head.draft_vocab.numel() == 0 or int(head.draft_vocab.max()) >= cfg.target_vocab):
         raise BadInput(f"{path}: draft vocabulary holds ids outside the target vocabulary of {cfg.target_vocab}")
+    head.set_dtype(dtype or (target.model.dtype if target is not None else torch.float32))
     if target is not None:
         head.check_target(target)
-        dtype = dtype or target.model.dtype
-    return head.set_dtype(dtype or torch.float32).eval().requires_grad_(False)
+        head.to(target.model.device)
+    return head.eval().requires_grad_(False)
 
 
 def shipped_head_dir(model_name: str) -> Path:
