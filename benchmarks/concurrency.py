@@ -206,6 +206,8 @@ def main() -> None:
     if a.servers:
         run_servers(a)
         return
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit("error: --device cuda: no CUDA device is available")
     if a.threads:
         torch.set_num_threads(a.threads)
     levels = [int(x) for x in a.concurrency.split(",")]
