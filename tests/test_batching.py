@@ -217,6 +217,66 @@ def test_greedy_batch_equals_each_request_alone_with_joins_and_leaves(lm):
     assert s.runner.cache.free_slots == 4
 
 
+def test_prefix_cache_reuses_earlier_requests_and_stays_lossless(lm):
+    """The next turn of a conversation, a prompt that leaves an earlier one mid-way, the same prompt again: each
+    prefills only what no free slot holds, and its tokens are those it gets alone."""
+    g = torch.Generator().manual_seed(11)
+    p1 = torch.randint(0, BATCHING_VOCAB, (30,), generator=g).tolist()
+    other = torch.randint(0, BATCHING_VOCAB, (25,), generator=g).tolist()
+    sp = SamplingParams(max_new_tokens=12)
+    s = Scheduler(lm, max_batch=2, prefill_chunk=64)
+
+    def run(prompt: list[int]):
+        s.submit(prompt, sp)
+        (r,) = s.run()
+        assert r.token_ids == alone(lm, prompt, sp).token_ids
+        return r
+
+    r1 = run(p1)
+    assert r1.cached_tokens == 0
+    assert run(other).cached_tokens == 0  # shares nothing: takes the other slot, p1's stays cached
+    p2 = p1 + r1.token_ids + [5, 6, 7]  # the next turn: everything but r1's last token is cached
+    r2 = run(p2)
+    assert r2.cached_tokens == len(p1) + len(r1.token_ids) - 1
+    p3 = p2[:20] + [(t + 1) % BATCHING_VOCAB for t in p2[20:40]]  # leaves p2 at token 20
+    assert run(p3).cached_tokens == 20
+    assert run(other).cached_tokens == len(other) - 1  # the same prompt again: its last token is fed
+    # without the prefix cache nothing is reused
+    s = Scheduler(lm, max_batch=2, prefill_chunk=64, prefix_cache=False)
+    for p in (p1, p1):
+        s.submit(p, sp)
+        assert s.run()[0].cached_tokens == 0
+
+
+def test_prefix_cache_entries_serve_like_a_fresh_prefill(lm):
+    runner, fresh = BatchRunner(lm, 1, prefix_cache=True), BatchRunner(lm, 1)
+    a = prompts(2)[1]
+    seq = runner.open(a)
+    runner.forward([BatchItem(seq)])
+    runner.close(seq)
+    b = a[:30] + [(t + 1) % BATCHING_VOCAB for t in a[30:]] + [1, 2, 3]
+    seq = runner.open(b)
+    assert seq.reused == 30
+    got = runner.forward([BatchItem(seq)], all_logits=True)[0].logits
+    f = fresh.open(b)
+    want = fresh.forward([BatchItem(f)], all_logits=True)[0].logits
+    assert got is not None and want is not None
+    torch.testing.assert_close(got, want[30:], rtol=1e-4, atol=1e-4)
+
+
+def test_prefix_cache_forgets_a_slot_a_failed_pass_may_have_spoilt(lm):
+    runner = BatchRunner(lm, 2, prefix_cache=True)
+    toks = prompts(1)[0] * 3
+    seq = runner.open(toks)
+    runner.forward([BatchItem(seq)])
+    runner.close(seq, keep=False)
+    assert runner.open(toks).reused == 0
+    seq = runner.open(toks)  # the other slot
+    runner.forward([BatchItem(seq)])
+    runner.close(seq)
+    assert runner.open(toks).reused == len(toks) - 1
+
+
 def test_seeded_sampling_in_a_batch_equals_alone(lm):
     ps = prompts(5, seed=4)
     sps = [SamplingParams(max_new_tokens=n, temperature=t, top_k=k, top_p=tp, seed=seed)

@@ -178,6 +178,47 @@ def test_model_with_and_without_the_kernels_agrees():
     assert (step - ref_step).norm() / ref_step.norm() < 0.03
 
 
+@pytest.mark.parametrize("quant,dtype", [("int4", "bf16"), ("int8", "bf16"), ("int4", "fp32")])
+def test_fused_layer_equals_the_layer_op_by_op(quant, dtype, monkeypatch):
+    """Block.decode_one (one call a layer for a single new token) against the same layer op by op: the same ops
+    in the same order, so the same bits, alone (KVCache) and in a batch runner's slot."""
+    from specledger.decoding.batch_runner import BatchItem, BatchRunner
+    from specledger.engine.model import Block
+
+    lm = untied_tiny_model(quant=quant, dtype=dtype, hidden=128, heads=4, kv_heads=2)
+    ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(12))
+    fused = Block.decode_one
+    took = []
+
+    def counted(*args, **kw):
+        y = fused(*args, **kw)
+        took.append(y is not None)
+        return y
+
+    def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cache = lm.model.new_cache(32)
+        lm.model(ids[:, :-4], cache)
+        steps = torch.cat([lm.model(ids[:, j : j + 1], cache) for j in range(16, 20)])
+        runner = BatchRunner(lm, 2)
+        seq = runner.open(ids[0, :17].tolist())
+        runner.forward([BatchItem(seq)])
+        rows = []
+        for t in ids[0, 17:].tolist():
+            seq.tokens.append(t)
+            fwd = runner.forward([BatchItem(seq)])[0]
+            assert fwd.logits is not None
+            rows.append(fwd.logits)
+        return steps, cache.k[:, :, :, :20].clone(), torch.cat(rows)
+
+    monkeypatch.setattr(Block, "decode_one", counted)
+    got = run()
+    assert took and all(took)  # every one-token layer took the fused call
+    monkeypatch.setattr(Block, "decode_one", lambda *a, **k: None)
+    want = run()
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
 def test_fused_ops_equal_the_pytorch_expressions():
     torch.manual_seed(7)
     x, w = torch.randn(3, 2, 96), torch.randn(96)

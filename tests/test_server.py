@@ -76,7 +76,8 @@ def test_models_and_health(server):
     models = httpx.get(server.url + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL]
     assert health(server.url) == {"status": "ok", "model": MODEL, "strategy": "lookup", "running": 0,
-                                  "waiting": 0, "max_queue": 1, "max_batch": 8, "prefill_chunk": 256}
+                                  "waiting": 0, "max_queue": 1, "max_batch": 8, "prefill_chunk": 256,
+                                  "prefix_cache": True}
 
 
 def test_chat_greedy_equals_in_process_and_metrics_move(server, client, smollm):

@@ -78,6 +78,10 @@ def test_64_concurrent_streams_none_lost_metrics_add_up(batch_server, smollm):
     assert delta("specledger:prompt_tokens_total") == sum(r["usage"]["prompt_tokens"] for r in results)
     assert delta("specledger:generation_tokens_total") == sum(r["usage"]["completion_tokens"] for r in results)
     assert delta("specledger:e2e_request_latency_seconds_count") == N_CLIENTS
+    # seven prompts among 64 clients: later ones find an earlier one's prompt in a freed slot
+    cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in results]
+    assert sum(cached) > 0 and delta("specledger:prefix_cache_hits_total") == sum(cached)
+    assert delta("specledger:prefix_cache_queries_total") == sum(r["usage"]["prompt_tokens"] for r in results)
     assert delta("specledger:time_to_first_token_seconds_count") == N_CLIENTS
     # they really ran together, and the gauges are back to idle
     assert max(r["ext"]["params"]["max_batch"] for r in results) == 16
@@ -86,7 +90,8 @@ def test_64_concurrent_streams_none_lost_metrics_add_up(batch_server, smollm):
     assert after[("specledger:num_requests_running", ())] == 0 and after[("specledger:num_requests_waiting", ())] == 0
     assert after[("specledger:batch_size", ())] == 0
     # a few streams checked against the same request run alone (greedy: identical text)
-    for r in results[:3]:
+    reused = next(r for r, n in zip(results, cached) if n)
+    for r in [*results[:3], reused]:
         alone = generate(make_strategy("ar", target=smollm), smollm.tokenizer.encode(r["prompt"]),
                          SamplingParams(max_new_tokens=r["max"], temperature=0.0, ignore_eos=True))
         assert r["text"] == alone.text

@@ -186,6 +186,7 @@ class BenchConfig(_Strict):
     batching: bool | None = None
     max_batch: int = Field(16, ge=1)  # in-process batching: sequences in one pass at most (more wait)
     prefill_chunk: int = Field(256, ge=1)  # in-process batching: prompt rows per pass at most (ITL vs TTFT)
+    prefix_cache: bool = True  # in-process batching: a prompt reuses the cache of an earlier request's tokens
 
     @field_validator("params", mode="before")
     @classmethod

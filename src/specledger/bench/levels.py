@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from rich.progress import Progress
@@ -103,6 +103,8 @@ class Levels:
             self._task = self.progress.add_task(f"{bc.name} warm-up",
                                                 total=sum(len(q.turns) for q in self.questions[:n]))
         for q in self.questions[:n]:
+            # its own opening words: a server's prefix cache must not hand the measured turns a warm start
+            q = replace(q, turns=tuple(f"(Warm-up {i}.) {t}" for i, t in enumerate(q.turns, 1)))
             await self.conversation(backend, bc, q, item=-1, arrival=time.perf_counter(), level=None)
         if n:
             self.progress.remove_task(self._task)

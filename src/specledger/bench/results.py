@@ -50,6 +50,7 @@ class EngineTelemetry(_Model):
     verify_s: float | None = None
     prefill_s: float | None = None
     draft_prefill_s: float | None = None
+    cached_prompt_tokens: int | None = None  # prompt tokens the server found in its prefix cache (not prefilled)
     peak_rss_bytes: int | None = None
     cuda_max_allocated_bytes: int | None = None
     energy_j: float | None = None

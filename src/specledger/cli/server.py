@@ -59,6 +59,10 @@ def serve(
     prefill_chunk: int = typer.Option(256, "--prefill-chunk", help="Prompt tokens fed in one batched pass at most: "
                                       "smaller shortens the running requests' stalls while a prompt joins, "
                                       "at the cost of the joining request's TTFT."),
+    prefix_cache: bool = typer.Option(True, "--prefix-cache/--no-prefix-cache",
+                                      help="Reuse the cache of a finished request's tokens for a later prompt that "
+                                      "starts with them (the next turn of a conversation), as llama-server and "
+                                      "vLLM do. Not with the eagle strategy."),
     shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help="Seconds in-flight requests get."),
     log_level: str = typer.Option("info", "--log-level"),
     api_key: list[str] = typer.Option([], "--api-key", help="Require this key on /v1/* (Authorization: Bearer); "
@@ -105,7 +109,7 @@ def serve(
     strat = make_strategy(strategy, target=lm, **params)
     app = create_app(lm, strat, served_name=served_model_name, max_queue=max_queue, api_keys=keys,
                      metrics_require_key=metrics_require_key, max_batch=max_batch,
-                     prefill_chunk=prefill_chunk)
+                     prefill_chunk=prefill_chunk, prefix_cache=prefix_cache)
     name = served_model_name or lm.name
     door = f", {len(keys)} API key{'s' if len(keys) != 1 else ''} accepted" if keys else ""
     typer.echo(f"serving {name} ({lm.label}, strategy {strat.name} {strat.params()}) "

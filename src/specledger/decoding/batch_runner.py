@@ -1,7 +1,13 @@
 """Many sequences following their tokens in one slot cache: CachedModel, for a batch.
 
 Same invariant as CachedModel, per sequence: its slot caches the first `cached` tokens of
-`tokens`; the rest is fed with the next pass. One `forward` carries, for every sequence
+`tokens`; the rest is fed with the next pass.
+
+Prefix cache (optional, like llama-server's cache_prompt and vLLM's prefix caching): a closed
+sequence's slot keeps its entries, and a new sequence takes the free slot whose kept tokens share
+the longest prefix with its own, so the next turn of a conversation (or the same prompt again)
+prefills only what is new. A slot whose kept tokens share nothing is taken least recently
+freed first, so the freshest conversations stay cached longest. One `forward` carries, for every sequence
 in it, its uncached run (one pending token when decoding, a chunk of the prompt when
 prefilling) and optionally a draft tree (a chain is a tree; an empty tree is a plain
 decode step), so a verification pass holds every sequence's drafted rows at once and each
@@ -24,6 +30,16 @@ from specledger.errors import BadInput
 class Sequence:
     slot: int
     tokens: list[int]
+    reused: int = 0  # tokens found cached when it was opened (the prefix cache)
+
+
+def common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """How many leading tokens a and b share, at most `limit`."""
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 @dataclass
@@ -63,11 +79,16 @@ def tree_rows(start: int, n_run: int, tree: Tree, device) -> tuple[torch.Tensor,
 
 
 class BatchRunner:
-    def __init__(self, lm: LoadedModel, n_slots: int, max_len: int | None = None) -> None:
+    def __init__(self, lm: LoadedModel, n_slots: int, max_len: int | None = None, *,
+                 prefix_cache: bool = False) -> None:
         self.lm = lm
         self.model = lm.model
         self.max_len = min(max_len or lm.config.max_seq_len, lm.config.max_seq_len)
         self.cache = new_slot_cache(lm.model, n_slots, self.max_len)
+        self.prefix_cache = prefix_cache
+        self._kept: dict[int, list[int]] = {}  # free slot -> the tokens its entries hold
+        self._freed: dict[int, int] = {}  # free slot -> when it was freed (a count of closes)
+        self._closes = 0
 
     @property
     def device(self) -> torch.device:
@@ -77,9 +98,32 @@ class BatchRunner:
         """A new sequence in a free slot, nothing cached yet (its first pass is its prefill)."""
         if len(tokens) > self.max_len:
             raise BadInput(f"prompt of {len(tokens)} tokens exceeds the context of {self.max_len} tokens")
-        return Sequence(self.cache.alloc(), list(tokens))
+        slot, keep = self._reusable(tokens) if self.prefix_cache else (None, 0)
+        slot = self.cache.alloc(slot, keep)
+        self._kept.pop(slot, None)
+        return Sequence(slot, list(tokens), keep)
 
-    def close(self, seq: Sequence) -> None:
+    def _reusable(self, tokens: list[int]) -> tuple[int | None, int]:
+        """The free slot to open `tokens` in and how many of its kept entries they reuse: the longest common
+        prefix (short of the last token, whose logits the first pass needs), then the slot freed longest ago."""
+        best: tuple[int, int] | None = None
+        slot = None
+        for s in self.cache.free:
+            n = common_prefix(self._kept.get(s, []), tokens, len(tokens) - 1)
+            key = (n, -self._freed.get(s, -1))
+            if best is None or key > best:
+                best, slot = key, s
+        return slot, best[0] if best else 0
+
+    def close(self, seq: Sequence, *, keep: bool = True) -> None:
+        """Free the sequence's slot; with the prefix cache its entries stay for a later sequence, unless not
+        `keep` (a failed pass may have left them half written)."""
+        if self.prefix_cache and keep:
+            self._kept[seq.slot] = seq.tokens[: self.cached(seq)]
+            self._freed[seq.slot] = self._closes
+            self._closes += 1
+        else:
+            self._kept.pop(seq.slot, None)
         self.cache.release(seq.slot)
 
     def cached(self, seq: Sequence) -> int:
@@ -87,11 +131,7 @@ class BatchRunner:
 
     def sync(self, seq: Sequence, tokens: list[int]) -> None:
         """Adopt a new token sequence, keeping the cached prefix it shares with the old one (CachedModel.sync)."""
-        n = min(self.cached(seq), len(tokens) - 1)
-        mine, common = seq.tokens, 0
-        while common < n and mine[common] == tokens[common]:
-            common += 1
-        self.cache.rollback(seq.slot, common)
+        self.cache.rollback(seq.slot, common_prefix(seq.tokens, tokens, min(self.cached(seq), len(tokens) - 1)))
         seq.tokens = list(tokens)
 
     def room(self, seq: Sequence) -> int:

@@ -54,7 +54,7 @@ class ModelDrafter:
     verifier accepted since). Sampling draws each token from the request's own distribution and generator,
     and keeps it as q for the verifier.
 
-    lazy (the batched drafter): a sequence's prompt is not prefilled when it begins but fed by its first
+    lazy (the batched drafter): its slots keep a prefix cache like the scheduler's, and a sequence's prompt is not prefilled when it begins but fed by its first
     proposal, with whatever else it fell behind by while it was not drafting, and draft_cost prices that
     catch-up (beyond one chain's worth of tokens, spread over the drafting steps the sequence has left). At a
     batch where drafting does not pay, the draft model then costs nothing at all, where an eager prefill of
@@ -69,7 +69,7 @@ class ModelDrafter:
         if not 1 <= num_tokens <= 64:
             raise BadInput(f"draft num_tokens must be in 1..64 (got {num_tokens})")
         self.lm, self.max_tokens, self.lazy, self.prior = draft, num_tokens, lazy, prior
-        self.runner = BatchRunner(draft, n_slots, max_len)
+        self.runner = BatchRunner(draft, n_slots, max_len, prefix_cache=lazy)  # (lazy: the batched drafter)
         self.seqs: dict[Hashable, Sequence] = {}
         self._surface: CostSurface | None = None
         self._catchup: list[float] = []  # per sequence of the latest candidates(): extra rows its first pass prices
@@ -81,8 +81,8 @@ class ModelDrafter:
     def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
         """Take a slot and prefill the prompt (every token but the pending one): the draft model's prefill."""
         s = self.seqs[seq.key] = self.runner.open(seq.tokens)
-        if len(seq.tokens) > 1 and not self.lazy:
-            self.runner.forward([BatchItem(s, max_run=len(seq.tokens) - 1)])
+        if not self.lazy and (n := len(seq.tokens) - 1 - self.runner.cached(s)) > 0:
+            self.runner.forward([BatchItem(s, max_run=n)])
 
     def accept(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
         pass  # the next proposal syncs to the verifier's tokens (keeping the common prefix)

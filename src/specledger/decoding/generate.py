@@ -31,6 +31,7 @@ class GenerationResult:
     verify_s: float = 0.0
     strategy: str = ""
     params: dict = field(default_factory=dict)
+    cached_tokens: int = 0  # prompt tokens whose cache entries an earlier request left (the prefix cache)
 
     @property
     def tau(self) -> float | None:

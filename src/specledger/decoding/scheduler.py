@@ -21,6 +21,12 @@ running acceptance (per chain position, or per tree rank); the drafter then prop
 sequence at once and the pass verifies every draft with the same verifier, keeping each
 sequence's accepted path in its slot.
 
+Prefix cache (on by default, as in llama-server and vLLM): a finished request's slot keeps its
+entries, and a new request whose prompt starts with the same tokens (the next turn of a
+conversation, a shared system prompt, the same prompt again) prefills only the rest
+(batch_runner.py). Off with a drafter that wants the prompt's features (EAGLE), which the reused
+prefix would not have.
+
 Thread safety: submit() and cancel() may be called from any thread; step() from one.
 Callbacks (on_tokens, on_done) run on the stepping thread.
 """
@@ -129,12 +135,12 @@ class Scheduler:
 
     drafter: None (autoregressive) or a Drafter (decoding/drafter.py) made for max_batch sequences; cost: the
     verification-cost surface to plan drafts with (default: measured for this model on construction, kept
-    in the model pool).
+    in the model pool); prefix_cache: reuse cached prompt prefixes across requests (module docstring).
     """
 
     def __init__(self, lm: LoadedModel, *, max_batch: int = 8, prefill_chunk: int = 256,
                  max_len: int | None = None, drafter: Drafter | None = None,
-                 cost: CostSurface | Callable[[int], float] | None = None) -> None:
+                 cost: CostSurface | Callable[[int], float] | None = None, prefix_cache: bool = True) -> None:
         if max_batch < 1:
             raise BadInput(f"max_batch must be >= 1 (got {max_batch})")
         if prefill_chunk < 1:
@@ -142,7 +148,8 @@ class Scheduler:
         self.lm = lm
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
-        self.runner = BatchRunner(lm, max_batch, max_len)
+        self.prefix_cache = prefix_cache and not (drafter is not None and drafter.wants_features)
+        self.runner = BatchRunner(lm, max_batch, max_len, prefix_cache=self.prefix_cache)
         self._lock = threading.Lock()
         self._waiting: deque[_Live] = deque()
         self._cancel: set[int] = set()
@@ -183,7 +190,7 @@ class Scheduler:
 
     def params(self) -> dict:
         """What a result reports as its strategy's parameters."""
-        batch = {"max_batch": self.max_batch, "prefill_chunk": self.prefill_chunk}
+        batch = {"max_batch": self.max_batch, "prefill_chunk": self.prefill_chunk, "prefix_cache": self.prefix_cache}
         if self.drafter is None:
             return batch
         return {**self.drafter.params(), **batch, "draft_length": "adaptive"}
@@ -344,8 +351,9 @@ class Scheduler:
         return finished
 
     def _retire(self, lv: _Live, now: float) -> ScheduledResult:
+        cached = lv.seq.reused if lv.seq is not None else 0
         if lv.seq is not None:
-            self.runner.close(lv.seq)
+            self.runner.close(lv.seq, keep=lv.error is None)
             lv.seq = None
         levels: list[LevelStats] = []
         draft_prefill_s = draft_s = 0.0
@@ -362,7 +370,7 @@ class Scheduler:
         first = lv.first_at if lv.first_at is not None else now
         res = ScheduledResult(
             token_ids=lv.out, text=text, finish_reason=lv.finish or "cancelled", prompt_tokens=len(lv.prompt),
-            ttft_s=first - lv.arrival, prefill_s=first - admitted - draft_prefill_s,
+            cached_tokens=cached, ttft_s=first - lv.arrival, prefill_s=first - admitted - draft_prefill_s,
             draft_prefill_s=draft_prefill_s, total_s=now - lv.arrival,
             token_times=lv.times, steps=lv.steps, appended=lv.appended, levels=levels, draft_s=draft_s,
             verify_s=lv.verify_s, strategy=self.strategy_name, params=self.params(),

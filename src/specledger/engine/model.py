@@ -13,7 +13,7 @@ from torch import nn
 
 from specledger.engine.config import ModelConfig
 from specledger.engine.cpu_ops import (apply_rope, attend_new_token, bf16_cache, causal_attention, decode_attention,
-                                       masked_attention, rms_norm, swiglu)
+                                       decode_layer, masked_attention, rms_norm, swiglu)
 from specledger.engine.kv_cache import KVCache
 
 
@@ -160,6 +160,12 @@ class FeedForward(nn.Module):
         return self.w2.add_to(swiglu(self.w13(x), self.inter), residual)
 
 
+def _layout(m: nn.Module):
+    """A quantized product's kernel operands (quant.KernelLayout), None for any other Linear."""
+    f = getattr(m, "kernel_layout", None)
+    return f() if f is not None else None
+
+
 @direct_call
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -169,10 +175,25 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.feed_forward = FeedForward(cfg)
 
+    def decode_one(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, start: int) -> torch.Tensor | None:
+        """The layer for one new token (x (1, 1, hidden)) in one fused call, k / v into the caches (1, KV, S, D) at
+        `start`; None where it does not apply (weights off the engine's kernel, not on CPU): run forward."""
+        a, f, n1, n2 = self.attention, self.feed_forward, self.attention_norm, self.ffn_norm
+        if not (isinstance(n1, RMSNorm) and isinstance(n2, RMSNorm) and n1.eps == n2.eps):  # (an EAGLE head's layer may have no input norm)
+            return None
+        products = [_layout(m) for m in (a.wqkv, a.wo, f.w13, f.w2)]
+        return decode_layer(x, (n1.weight, n2.weight), n1.eps, products, cos, sin, k_cache, v_cache, start, a.n_heads,
+                            n1.out_dtype)
+
     def forward(self, x, cos, sin, cache, layer, start, mask):
         # The residual stream stays fp32 whatever the compute dtype: 30 layers of bf16
         # additions cost measurable agreement with the fp32 model, the casts cost ~nothing.
         # (x + y promotes y to x's fp32 without a separate cast)
+        if x.shape[1] == 1 and mask is None and x.shape[0] == 1:
+            y = self.decode_one(x, cos, sin, cache.layer_k[layer], cache.layer_v[layer], start)
+            if y is not None:
+                return y
         x = self.attention(self.attention_norm(x), cos, sin, cache, layer, start, mask, x)
         return self.feed_forward(self.ffn_norm(x), x)
 

@@ -120,6 +120,10 @@ def unpack_int8(codes: torch.Tensor, scales: torch.Tensor, n: int) -> Int8Grid:
     return Int8Grid(c[:n].contiguous(), scales.transpose(1, 2).reshape(t * 16, nb)[:n].float())
 
 
+# codes, scales, mins and (bits, group, n, digits, isa): one product's operands of the kernel op
+KernelLayout = tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]
+
+
 def _fits_fp16(*ts: torch.Tensor) -> bool:
     return all(bool(t.float().abs().max() < 65504) for t in ts)
 
@@ -184,6 +188,12 @@ class Int8Linear(nn.Module):
             rows = rows.float() * self.scales.index_select(0, ids).float()[:, None]
         return Int8Linear(rows.float(), self.act_dtype, self.weight.device)
 
+    def kernel_layout(self) -> KernelLayout | None:
+        """The kernel's operands for this product (cpu_ops.decode_layer), None where the kernel does not serve it."""
+        if self._op is None:
+            return None
+        return self.weight, self.scales, self.mins, [8, BLOCK, self.out_features, self.digits, self.isa]
+
     def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + self(x), the residual stream's add fused into the product where the kernel serves it."""
         if self._op is None or residual.dtype != torch.float32 or not residual.is_contiguous():
@@ -242,6 +252,12 @@ class Int4Linear(nn.Module):
         self.register_buffer("weight", packed)
         self.register_buffer("scales_and_zeros", sz.to(device=device, dtype=act_dtype))
         self.backend = "torch"
+
+    def kernel_layout(self) -> KernelLayout | None:
+        """The kernel's operands for this product (cpu_ops.decode_layer), None where the kernel does not serve it."""
+        if self._op is None:
+            return None
+        return self.weight, self.scales, self.mins, [4, self.group_size, self.out_features, self.digits, self.isa]
 
     def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + self(x), the residual stream's add fused into the product where the kernel serves it."""

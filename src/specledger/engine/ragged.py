@@ -139,9 +139,14 @@ def ragged_block(layer: Block, i: int, x: torch.Tensor, cos: torch.Tensor, sin: 
     """One decoder layer over the pass's rows x (1, N, hidden), attending per segment in cache layer i."""
     a = layer.attention
     n_rows = plan.n_rows
+    if plan.one_token:  # one sequence decoding: the whole layer in one call where it can
+        slot = plan.segments[0].slot
+        y = layer.decode_one(x, cos, sin, cache.slot_k[i][slot][None], cache.slot_v[i][slot][None], plan.starts[0])
+        if y is not None:
+            return y
     h = layer.attention_norm(x)  # in the compute dtype
     qkv = a.wqkv(h)
-    if plan.one_token:  # one sequence decoding: RoPE, the cache write and attention in one call where it can
+    if plan.one_token:  # else RoPE, the cache write and attention in one call where it can
         slot = plan.segments[0].slot
         y1 = attend_new_token(qkv, cos, sin, cache.slot_k[i][slot][None], cache.slot_v[i][slot][None], plan.starts[0],
                               a.n_heads, h.dtype)

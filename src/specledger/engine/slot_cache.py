@@ -47,18 +47,30 @@ class SlotCache:
     def free_slots(self) -> int:
         return len(self._free)
 
-    def alloc(self) -> int:
-        """Take a free slot (empty); raises when every slot is in use."""
+    @property
+    def free(self) -> list[int]:
+        """The free slots, lowest last (the order alloc() hands them out in)."""
+        return list(self._free)
+
+    def alloc(self, slot: int | None = None, keep: int = 0) -> int:
+        """Take a free slot: the lowest, or `slot`; it holds its first `keep` entries from before it was freed
+        (a prefix cache reusing them) and nothing else. Raises when every slot is in use."""
         if not self._free:
             raise BadInput(f"all {self.n_slots} cache slots are in use")
-        s = self._free.pop()
-        self.lengths[s] = 0
-        return s
+        if slot is None:
+            slot = self._free[-1]
+        elif slot not in self._free:
+            raise ValueError(f"slot {slot} is not free")
+        if not 0 <= keep <= self.capacity:
+            raise ValueError(f"cannot keep {keep} entries of a slot of {self.capacity}")
+        self._free.remove(slot)
+        self.lengths[slot] = keep
+        return slot
 
     def release(self, slot: int) -> None:
         if slot in self._free:
             raise ValueError(f"slot {slot} is already free")
-        self.lengths[slot] = 0
+        self.lengths[slot] = 0  # its entries stay in memory until the slot is written again
         self._free.append(slot)
         self._free.sort(reverse=True)
 

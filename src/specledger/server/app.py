@@ -93,7 +93,8 @@ def extension(result: GenerationResult, queue_s: float) -> dict[str, Any]:
 
 def usage(result: GenerationResult) -> dict[str, int]:
     n = len(result.token_ids)
-    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": n, "total_tokens": result.prompt_tokens + n}
+    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": n, "total_tokens": result.prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
 
 
 def _param(loc: tuple) -> str | None:
@@ -124,7 +125,7 @@ class ServerState:
     """What the routes share: the model, the worker, the metrics."""
 
     def __init__(self, lm: LoadedModel, strategy: Strategy, served_name: str, max_queue: int,
-                 max_batch: int = 8, prefill_chunk: int = 256) -> None:
+                 max_batch: int = 8, prefill_chunk: int = 256, prefix_cache: bool = True) -> None:
         self.lm, self.strategy, self.name = lm, strategy, served_name
         self.metrics = ServerMetrics(strategy.level_names)
         self.worker: EngineWorker | BatchEngineWorker
@@ -133,7 +134,8 @@ class ServerState:
 
             # the strategy's drafter, batched; how much each sequence drafts is planned per step
             drafter = strategy.batch_drafter(max_batch)
-            scheduler = Scheduler(lm, max_batch=max_batch, prefill_chunk=prefill_chunk, drafter=drafter)
+            scheduler = Scheduler(lm, max_batch=max_batch, prefill_chunk=prefill_chunk, drafter=drafter,
+                                  prefix_cache=prefix_cache)
             self.worker = BatchEngineWorker(scheduler, self.metrics, max_queue)
         else:
             self.worker = EngineWorker(strategy, self.metrics, max_queue)
@@ -334,17 +336,19 @@ async def _disconnected(request: Request) -> None:
 
 def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None = None,
                max_queue: int = 16, stop_timeout_s: float = 10.0, api_keys: list[str] | None = None,
-               metrics_require_key: bool = False, max_batch: int = 8, prefill_chunk: int = 256) -> FastAPI:
+               metrics_require_key: bool = False, max_batch: int = 8, prefill_chunk: int = 256,
+               prefix_cache: bool = True) -> FastAPI:
     """The FastAPI application for one loaded model and strategy (the worker starts with the app).
 
     Strategies in BATCHED_STRATEGIES run up to max_batch requests in one continuously batched pass (at most
     prefill_chunk prompt rows in a pass: smaller chunks shorten the others' stalls and lengthen TTFT); max_queue
-    more may wait. With api_keys, /v1/* (and /metrics with metrics_require_key) answer 401 without one."""
+    more may wait; prefix_cache: a batched prompt reuses the cache of an earlier request's tokens it starts with.
+    With api_keys, /v1/* (and /metrics with metrics_require_key) answer 401 without one."""
     if max_batch < 1:
         raise SpecLedgerError(f"max batch must be >= 1 (got {max_batch})")
     if prefill_chunk < 1:
         raise SpecLedgerError(f"prefill chunk must be >= 1 (got {prefill_chunk})")
-    state = ServerState(lm, strategy, served_name or lm.name, max_queue, max_batch, prefill_chunk)
+    state = ServerState(lm, strategy, served_name or lm.name, max_queue, max_batch, prefill_chunk, prefix_cache)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -411,6 +415,7 @@ def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None =
         if isinstance(w, BatchEngineWorker):
             body["max_batch"] = w.scheduler.max_batch
             body["prefill_chunk"] = w.scheduler.prefill_chunk
+            body["prefix_cache"] = w.scheduler.prefix_cache
         return _json(body, 200 if w.accepting else 503)
 
     @app.get("/metrics")

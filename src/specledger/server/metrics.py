@@ -9,6 +9,8 @@ reads a vLLM server's (bench/telemetry.py). Counters get Prometheus' `_total` su
 - `specledger:request_success_total{finished_reason}`: completed generations ("stop" | "length").
 - `specledger:prompt_tokens_total`, `specledger:generation_tokens_total`: tokens of every request
   the engine worked on (cancelled ones included, up to where they stopped).
+- `specledger:prefix_cache_queries_total`, `specledger:prefix_cache_hits_total` (as vLLM's): prompt tokens of
+  finished requests looked up in the prefix cache, and of those, found cached (not prefilled again).
 - `specledger:time_to_first_token_seconds`: request received -> first token available (queue
   wait, tokenization and every prefill included); `specledger:e2e_request_latency_seconds`:
   request received -> last token; `specledger:request_queue_time_seconds`: waiting for the engine.
@@ -44,6 +46,9 @@ class ServerMetrics:
         self.success = Counter("specledger:request_success", "Completed generations by finish reason",
                                ["finished_reason"], registry=r)
         self.prompt_tokens = Counter("specledger:prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.cache_queries = Counter("specledger:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                     registry=r)
+        self.cache_hits = Counter("specledger:prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r)
         self.generation_tokens = Counter("specledger:generation_tokens", "Tokens generated", registry=r)
         self.ttft = Histogram("specledger:time_to_first_token_seconds", "Request received -> first token",
                               buckets=TTFT_BUCKETS, registry=r)
@@ -79,6 +84,8 @@ class ServerMetrics:
 
     def finished(self, result: GenerationResult) -> None:
         self.success.labels(finished_reason=result.finish_reason).inc()
+        self.cache_queries.inc(result.prompt_tokens)
+        self.cache_hits.inc(result.cached_tokens)
         for lv in result.levels:
             self.drafts.labels(level=lv.name).inc(lv.drafts or 0)
             self.draft_tokens.labels(level=lv.name).inc(lv.proposed)

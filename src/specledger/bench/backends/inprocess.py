@@ -77,7 +77,8 @@ class InProcessBackend(Backend):
             except SpecLedgerError as exc:
                 raise SpecLedgerError(f"configuration {c.name!r}: {exc}") from None
             self.worker = BatchWorker(Scheduler(self.models["target"], max_batch=c.max_batch,
-                                                prefill_chunk=c.prefill_chunk, drafter=drafter))
+                                                prefill_chunk=c.prefill_chunk, drafter=drafter,
+                                                prefix_cache=c.prefix_cache))
 
     async def close(self) -> None:
         if self.worker is not None:
@@ -186,6 +187,6 @@ class InProcessBackend(Backend):
             finish_reason=result.finish_reason, steps=result.steps, tau=result.tau,
             levels=[lv.model_copy(deep=True) for lv in result.levels],
             draft_s=result.draft_s, verify_s=result.verify_s, prefill_s=result.prefill_s, draft_prefill_s=0.0,
-            peak_rss_bytes=peak_rss_bytes(),
+            cached_prompt_tokens=result.cached_tokens, peak_rss_bytes=peak_rss_bytes(),
             cuda_max_allocated_bytes=cuda_max_allocated() if self._cuda else None,
         )

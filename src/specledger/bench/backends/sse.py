@@ -116,6 +116,11 @@ def completion(st: Stream, start: float, attempts: int, count_tokens: Callable[[
     )
     levels, steps, tau, raw = response_levels(st.extension)
     c.levels, c.steps, c.tau, c.extra = levels, steps, tau, raw
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if cached is None and isinstance(raw.get("timings"), dict):  # llama-server's own report
+        cached = raw["timings"].get("cache_n")
+    c.cached_prompt_tokens = cached if isinstance(cached, int) else None
     ext = raw.get("specledger") or {}
     for key in ("draft_s", "verify_s", "prefill_s", "draft_prefill_s"):
         if isinstance(ext.get(key), (int, float)):

@@ -2,9 +2,11 @@
 // than in arithmetic (benchmarks/decode_step.py's "rest"): RMSNorm with its cast, one-query attention
 // over the KV cache, SwiGLU, RoPE. Built with qmm.cpp into the same library (engine/qkernel.py); model.py
 // uses them on CPU when the library is loaded and falls back to the PyTorch expressions otherwise.
+// decode_layer chains them with qmm.cpp's products into one call per layer for a single new token.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -435,6 +437,39 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& c, const at::Tensor& sn) 
   return out;
 }
 
+// --- a whole decoder layer for one new token ------------------------------------------------------------
+// The same ops in the same order as model.py's Block for one token with quantized weights (RMSNorm, the fused
+// QKV product, attend_new_token, the output product with the residual add, RMSNorm, the gate|up product, SwiGLU,
+// the down product with the residual add), so the result is bit-identical; one call instead of eight, each of
+// which costs ~10 us of Python and dispatch on a CPU step of ~10 ms of arithmetic. x (1, 1, hidden) fp32, the
+// residual stream; codes/scales/mins: the four products' qmm layouts (wqkv, wo, w13, w2); meta: per product
+// (bits, group, n, digits, isa). Returns the new residual stream (1, 1, hidden) fp32.
+
+using QmmFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t,
+                         int64_t, int64_t, int64_t, const std::optional<at::Tensor>&);
+
+at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& norm1, const at::Tensor& norm2, double eps,
+                        at::TensorList codes, at::TensorList scales, at::TensorList mins, at::IntArrayRef meta,
+                        const at::Tensor& c, const at::Tensor& sn, at::Tensor kc, at::Tensor vc, int64_t start,
+                        int64_t h, at::ScalarType act) {
+  static const auto qmm = c10::Dispatcher::singleton().findSchemaOrThrow("specledger::qmm", "").typed<QmmFn>();
+  TORCH_CHECK(codes.size() == 4 && scales.size() == 4 && mins.size() == 4 && meta.size() == 20,
+              "specledger decode_layer: four products and five ints for each");
+  TORCH_CHECK(x.dim() == 3 && x.size(0) == 1 && x.size(1) == 1 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "specledger decode_layer: x must be a contiguous fp32 (1, 1, hidden)");
+  const auto product = [&](int i, const at::Tensor& in, const std::optional<at::Tensor>& residual) {
+    const int64_t* m = meta.data() + 5 * i;
+    return qmm.call(in, codes[i], scales[i], mins[i], m[0], m[1], m[2], m[3], m[4], residual);
+  };
+  const int64_t hidden = x.size(2);
+  at::Tensor r = x.view({1, hidden});
+  at::Tensor qkv = product(0, rms_norm(r, norm1, eps, act), std::nullopt);
+  at::Tensor y = attend_new_token(qkv.view({1, 1, qkv.size(1)}), c, sn, kc, vc, start, h, act);
+  r = product(1, y.view({1, y.size(2)}), r);
+  r = product(3, swiglu(product(2, rms_norm(r, norm2, eps, act), std::nullopt)), r);
+  return r.view({1, 1, hidden});
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specledger, lib) {
@@ -444,6 +479,9 @@ TORCH_LIBRARY_FRAGMENT(specledger, lib) {
   lib.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   lib.def("attend_new_token(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, int start, "
           "int n_heads, ScalarType out) -> Tensor");
+  lib.def("decode_layer(Tensor x, Tensor norm1, Tensor norm2, float eps, Tensor[] codes, Tensor[] scales, "
+          "Tensor[] mins, int[] meta, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, int start, "
+          "int n_heads, ScalarType act) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specledger, CPU, lib) {
@@ -452,4 +490,5 @@ TORCH_LIBRARY_IMPL(specledger, CPU, lib) {
   lib.impl("swiglu", &swiglu);
   lib.impl("rope", &rope);
   lib.impl("attend_new_token", &attend_new_token);
+  lib.impl("decode_layer", &decode_layer);
 }
