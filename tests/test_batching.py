@@ -248,6 +248,23 @@ def test_prefix_cache_reuses_earlier_requests_and_stays_lossless(lm):
         assert s.run()[0].cached_tokens == 0
 
 
+def test_prompts_sharing_only_a_template_keep_each_others_entries(lm):
+    """Distinct prompts with a few shared opening tokens (a chat template) take the slot freed longest ago, not the
+    one holding another prompt, so each stays cached for its next time (as llama-server's slots do)."""
+    g = torch.Generator().manual_seed(12)
+    head = torch.randint(0, BATCHING_VOCAB, (5,), generator=g).tolist()
+    prompts = [head + torch.randint(0, BATCHING_VOCAB, (25,), generator=g).tolist() for _ in range(3)]
+    sp = SamplingParams(max_new_tokens=4)
+    s = Scheduler(lm, max_batch=3, prefill_chunk=64)
+    cached = []
+    for p in prompts + prompts:
+        s.submit(p, sp)
+        (r,) = s.run()
+        assert r.token_ids == alone(lm, p, sp).token_ids
+        cached.append(r.cached_tokens)
+    assert cached == [0, 0, 0] + [len(p) - 1 for p in prompts]
+
+
 def test_prefix_cache_entries_serve_like_a_fresh_prefill(lm):
     runner, fresh = BatchRunner(lm, 1, prefix_cache=True), BatchRunner(lm, 1)
     a = prompts(2)[1]

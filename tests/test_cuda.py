@@ -46,7 +46,10 @@ def test_fp32_logits_and_greedy_tokens_equal_the_cpu():
 @pytest.mark.parametrize("dtype,quant", [("bf16", "none"), ("bf16", "int4"), ("bf16", "int8"), ("fp32", "int8")])
 def test_low_precision_logits_stay_near_the_cpu_ones(dtype, quant):
     """bf16 and the quantized products (tinygemm int4 with bf16 activations, dequantized int8) against the CPU model
-    of the same precision (its kernels quantize activations to int8): the two differ by rounding only."""
+    of the same precision (its kernels quantize activations to int8): the two differ by rounding only. On an H200
+    (2026-12-04) the largest gaps were 5.3% of the largest logit (int4) and 6.5% (int8, 15 of 16 argmaxes equal);
+    on the CPU the engine's kernels and PyTorch's differ by up to 7.4%. A packing or scaling error costs about
+    as much as quantization itself here (36-52% against fp32), so 10% still separates rounding from a bug."""
     ref = varied_model(dtype=dtype, quant=quant)
     gpu = varied_model(dtype=dtype, quant=quant, device=CUDA)
     for p in varied_prompts():
@@ -55,7 +58,7 @@ def test_low_precision_logits_stay_near_the_cpu_ones(dtype, quant):
         diff, agree = float((got - want).abs().max()), float((got.argmax(-1) == want.argmax(-1)).float().mean())
         print(f"{dtype}/{quant}: max |logit diff| {diff:.4f} of max |logit| {float(want.abs().max()):.2f}, "
               f"argmax agreement {agree:.3f}")
-        assert diff < 0.05 * float(want.abs().max()) and agree >= 0.9
+        assert diff < 0.10 * float(want.abs().max()) and agree >= 0.9
 
 
 def test_quantized_products_equal_their_dequantized_reference():

@@ -59,7 +59,9 @@ def thread_settings() -> dict[str, Any]:
     try:
         import torch
 
-        out["torch_threads"] = torch.get_num_threads()
+        from specledger.engine import threads
+
+        out["torch_threads"] = threads.count()
         out["torch_interop_threads"] = torch.get_num_interop_threads()
     except ImportError:
         pass

@@ -32,8 +32,10 @@ def collect_conditions(config: dict[str, Any], *, seed: int, backends: dict[str,
         try:
             import torch
 
+            from specledger.engine.threads import count
+
             torch_version = torch.__version__
-            threads = torch.get_num_threads()
+            threads = count()
             gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
         except ImportError:
             pass

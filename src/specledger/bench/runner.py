@@ -127,6 +127,7 @@ class Runner:
         the run anyway; one after another: the first configuration's). Backends given by the caller (tests)
         are not probed."""
         from specledger.bench.threads import choose_threads, describe
+        from specledger.engine import threads
 
         inproc = [bc for bc in self.cfg.configs if bc.backend == "inprocess"]
         if not inproc or (self.backend_factory is not None and self.cfg.threads is None):
@@ -137,7 +138,7 @@ class Runner:
             if self.cfg.threads is None:
                 for bc in inproc if self.interleaving else inproc[:1]:
                     try:
-                        lm = self.models.load_target(bc)
+                        lm = threads.run(self.models.load_target, bc)  # torch work: on its thread
                     except SpecLedgerError:
                         if bc.optional:  # skipped with its note when it fails to start
                             continue

@@ -17,6 +17,7 @@ from specledger.bench.backends.base import Backend
 from specledger.bench.config import BenchConfig, RunConfig
 from specledger.bench.probes import UNQUANTIZED, measure_agreement, needs_agreement
 from specledger.bench.results import ConfigResult, CurvePoint
+from specledger.engine import threads
 from specledger.engine.pool import Key, ModelPool, model_pool_key
 
 ReferenceFactory = Callable[[BenchConfig], Any]  # the unquantized model a quantized target is compared with
@@ -104,8 +105,8 @@ class SharedModels:
             if "verification-cost curve" in todo:
                 self.curves[key] = await backend.verify_curve() or []
             if "agreement with fp32" in todo:
-                ref = await asyncio.to_thread(self.reference, bc)
-                self.agreements[key] = await asyncio.to_thread(measure_agreement, ref, lm)
+                ref = await asyncio.wrap_future(threads.submit(self.reference, bc))
+                self.agreements[key] = await asyncio.wrap_future(threads.submit(measure_agreement, ref, lm))
         finally:
             if task is not None and progress is not None:
                 progress.remove_task(task)

@@ -8,9 +8,9 @@ candidate count, rounds alternating the counts so drift hits all of them, and ke
 threads within TIE of it: fewer threads leave the machine's other work alone). The choice and the figures are
 recorded with the run.
 
-torch fixes a worker thread's count the first time that thread runs parallel work, from the process-wide
-setting at that moment, so the choice is made in the main thread before any backend starts (asyncio.run gives
-each run a fresh executor, and backends start their own workers after it).
+The probe, like every op of a run, runs on the process's torch thread (engine/threads.py), and the choice is that
+thread's count: a probe in the main thread would leave the main thread a team of OpenMP workers of its own, which
+halves the speed of every later pass on 2 cores.
 """
 
 from __future__ import annotations
@@ -112,19 +112,20 @@ def choose_threads(models: dict[str, Any], *, given: int | None = None, counts: 
                    ) -> ThreadChoice:
     """Set torch's thread count: `given` as is, else by the probe over `models` (label -> LoadedModel); with
     no model to time (an HTTP-only run) the count is left alone."""
-    import torch
+
+    from specledger.engine import threads
 
     if given is not None:
-        torch.set_num_threads(given)
+        threads.set_count(given)
         return ThreadChoice(threads=given, source="given")
     counts = counts or candidates(cores())
     if not models or len(counts) < 2:
         why = "no in-process model to time" if not models else "one core"
-        return ThreadChoice(threads=torch.get_num_threads(), source="unchanged", note=why)
+        return ThreadChoice(threads=threads.count(), source="unchanged", note=why)
     t0 = time.perf_counter()
-    probes = time_forwards(models, counts)
+    probes = threads.run(time_forwards, models, counts)
     chosen, score = pick(probes, counts)
-    torch.set_num_threads(chosen)
+    threads.set_count(chosen)
     return ThreadChoice(threads=chosen, source="probe", candidates=counts, probes=probes,
                         relative={str(t): round(s, 4) for t, s in score.items()},
                         probe_s=round(time.perf_counter() - t0, 2))

@@ -73,6 +73,7 @@ def serve(
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (chat and completions, streaming, /metrics)."""
     from specledger.decoding.factory import STRATEGIES, check_params, make_strategy
+    from specledger.engine import threads
     from specledger.engine.loader import load_model
     from specledger.server.app import Server, bind, create_app
     from specledger.server.auth import collect_keys, exposure_warning
@@ -105,11 +106,16 @@ def serve(
     params = check_params(strategy, params)
     sock = bind(host, port)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(message)s")
-    lm = load_model(model, dtype=dtype, quant=quant, group_size=group_size, device=device, max_seq_len=max_seq_len)
-    strat = make_strategy(strategy, target=lm, **params)
-    app = create_app(lm, strat, served_name=served_model_name, max_queue=max_queue, api_keys=keys,
-                     metrics_require_key=metrics_require_key, max_batch=max_batch,
-                     prefill_chunk=prefill_chunk, prefix_cache=prefix_cache)
+
+    def build() -> tuple[Any, Any, Any]:  # on the torch thread, as every later op (engine/threads.py)
+        lm = load_model(model, dtype=dtype, quant=quant, group_size=group_size, device=device,
+                        max_seq_len=max_seq_len)
+        strat = make_strategy(strategy, target=lm, **params)
+        return lm, strat, create_app(lm, strat, served_name=served_model_name, max_queue=max_queue, api_keys=keys,
+                                     metrics_require_key=metrics_require_key, max_batch=max_batch,
+                                     prefill_chunk=prefill_chunk, prefix_cache=prefix_cache)
+
+    lm, strat, app = threads.run(build)
     name = served_model_name or lm.name
     door = f", {len(keys)} API key{'s' if len(keys) != 1 else ''} accepted" if keys else ""
     typer.echo(f"serving {name} ({lm.label}, strategy {strat.name} {strat.params()}) "

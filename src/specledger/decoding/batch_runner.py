@@ -33,6 +33,9 @@ class Sequence:
     reused: int = 0  # tokens found cached when it was opened (the prefix cache)
 
 
+SIMILAR = 0.5  # a kept prefix this share of the prompt takes its slot (llama-server's --slot-prompt-similarity)
+
+
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:
     """How many leading tokens a and b share, at most `limit`."""
     n = min(len(a), len(b), limit)
@@ -105,15 +108,17 @@ class BatchRunner:
 
     def _reusable(self, tokens: list[int]) -> tuple[int | None, int]:
         """The free slot to open `tokens` in and how many of its kept entries they reuse: the longest common
-        prefix (short of the last token, whose logits the first pass needs), then the slot freed longest ago."""
-        best: tuple[int, int] | None = None
-        slot = None
-        for s in self.cache.free:
-            n = common_prefix(self._kept.get(s, []), tokens, len(tokens) - 1)
-            key = (n, -self._freed.get(s, -1))
-            if best is None or key > best:
-                best, slot = key, s
-        return slot, best[0] if best else 0
+        prefix (short of the last token, whose logits the first pass needs) where it covers SIMILAR of the
+        prompt, else the slot freed longest ago (never used first), so that a chat template's few shared tokens
+        do not evict another conversation (8 prompts in turn through one slot each evicting the last: session 17)."""
+        free = self.cache.free
+        if not free:
+            return None, 0
+        lcp = {s: common_prefix(self._kept.get(s, []), tokens, len(tokens) - 1) for s in free}
+        slot = max(free, key=lambda s: (lcp[s], -self._freed.get(s, -1)))
+        if lcp[slot] < SIMILAR * len(tokens):
+            slot = max(free, key=lambda s: -self._freed.get(s, -1))
+        return slot, lcp[slot]
 
     def close(self, seq: Sequence, *, keep: bool = True) -> None:
         """Free the sequence's slot; with the prefix cache its entries stay for a later sequence, unless not

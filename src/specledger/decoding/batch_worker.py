@@ -3,7 +3,8 @@
 submit() hands back a concurrent.futures.Future of the request's ScheduledResult (wrap it
 with asyncio.wrap_future); the thread steps while anything is waiting or running and sleeps
 otherwise. A pass that raises fails the requests in the batch (finish_reason "error") and
-the worker carries on with new ones.
+the worker carries on with new ones. Each pass runs on the process's torch thread (engine/threads.py), so
+several workers (interleaved configurations) never hold more OpenMP teams than there are cores.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import threading
 from concurrent.futures import Future
 
 from specledger.decoding.generate import OnTokens
+from specledger.engine import threads
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import ScheduledResult, Scheduler
 
@@ -54,6 +56,6 @@ class BatchWorker:
                 self._wake.clear()
                 continue
             try:
-                s.step()
+                threads.run(s.step)
             except Exception as exc:  # noqa: BLE001 - the batch's requests fail; the worker carries on
                 s.abort(f"{type(exc).__name__}: {exc}")

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from specledger.engine import threads
 from specledger.decoding.generate import GenerationResult, generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.strategy import Strategy
@@ -189,7 +190,7 @@ class EngineWorker(JobWorker):
             self.metrics.running.set(1)
             self.metrics.batch_size.set(1)
             try:
-                self._serve(job)
+                threads.run(self._serve, job)  # the ops on the process's torch thread
             except Exception:  # never let one request take the engine down
                 log.exception("engine worker: unexpected failure")
             finally:

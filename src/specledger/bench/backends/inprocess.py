@@ -19,6 +19,7 @@ from specledger.bench.backends.base import Backend, Completion
 from specledger.bench.config import BenchConfig, ModelSpec
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.metrics import chunks_from_token_times
+from specledger.engine import threads
 from specledger.bench.telemetry import cuda_max_allocated, peak_rss_bytes, reset_cuda_peak, reset_peak_rss
 from specledger.errors import SpecLedgerError
 
@@ -38,7 +39,7 @@ class InProcessBackend(Backend):
         self.serial = not config.batched
 
     async def start(self) -> None:
-        await asyncio.to_thread(self._load)
+        await asyncio.wrap_future(threads.submit(self._load))
 
     def _load(self) -> None:
         from specledger.decoding.factory import make_strategy
@@ -89,7 +90,7 @@ class InProcessBackend(Backend):
         from specledger.bench.probes import measure_verify_curve
 
         async with self._lock:
-            return await asyncio.to_thread(measure_verify_curve, self.models["target"])
+            return await asyncio.wrap_future(threads.submit(measure_verify_curve, self.models["target"]))
 
     def describe(self) -> str:
         import torch
@@ -105,7 +106,7 @@ class InProcessBackend(Backend):
         if self.worker is not None:
             return await self._run_batched(messages, max_new_tokens, min_new_tokens)
         async with self._lock:
-            return await asyncio.to_thread(self._run, messages, max_new_tokens, min_new_tokens)
+            return await asyncio.wrap_future(threads.submit(self._run, messages, max_new_tokens, min_new_tokens))
 
     def _sampling(self, max_new_tokens: int, min_new_tokens: int | None) -> Any:
         from specledger.decoding.sampling import SamplingParams
