@@ -112,7 +112,6 @@ def choose_threads(models: dict[str, Any], *, given: int | None = None, counts: 
                    ) -> ThreadChoice:
     """Set torch's thread count: `given` as is, else by the probe over `models` (label -> LoadedModel); with
     no model to time (an HTTP-only run) the count is left alone."""
-
     from specledger.engine import threads
 
     if given is not None:

@@ -13,9 +13,9 @@ import threading
 from concurrent.futures import Future
 
 from specledger.decoding.generate import OnTokens
-from specledger.engine import threads
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import ScheduledResult, Scheduler
+from specledger.engine import threads
 
 
 class BatchWorker:

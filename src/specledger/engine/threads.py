@@ -39,7 +39,7 @@ def _pool() -> ThreadPoolExecutor:
     with _lock:
         if _executor is None:
             n = torch.get_num_threads()
-            torch.set_num_threads(1)  # this thread (and threads started from now on) never own a team
+            torch.set_num_threads(1)  # this thread never owns a team of its own
             _executor = ThreadPoolExecutor(1, thread_name_prefix="specledger-torch", initializer=_start,
                                            initargs=(n,))
             _executor.submit(lambda: None).result()  # started now, with n threads
@@ -64,7 +64,7 @@ def submit(fn: Callable[..., T], *args: object) -> Future[T]:
 
 def run(fn: Callable[..., T], *args: object) -> T:
     """fn(*args) on the torch thread, waiting for it (directly where the caller is that thread)."""
-    return fn(*args) if on_torch_thread() else _pool().submit(fn, *args).result()
+    return submit(fn, *args).result()
 
 
 def count() -> int:

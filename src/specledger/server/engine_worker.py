@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specledger.engine import threads
 from specledger.decoding.generate import GenerationResult, generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.strategy import Strategy
+from specledger.engine import threads
 from specledger.errors import SpecLedgerError
 from specledger.server.metrics import ServerMetrics
 from specledger.server.textstream import TextStream

@@ -19,8 +19,8 @@ from specledger.bench.backends.base import Backend, Completion
 from specledger.bench.config import BenchConfig, ModelSpec
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.metrics import chunks_from_token_times
-from specledger.engine import threads
 from specledger.bench.telemetry import cuda_max_allocated, peak_rss_bytes, reset_cuda_peak, reset_peak_rss
+from specledger.engine import threads
 from specledger.errors import SpecLedgerError
 
 
