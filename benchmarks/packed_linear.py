@@ -1,4 +1,5 @@
-"""bf16 products on oneDNN-packed weights (engine/packed_linear.py) against plain F.linear, side by side.
+"""bf16 products on oneDNN-packed weights, or on the engine's kernel where oneDNN cannot pack bf16 (an AVX2-only
+host; engine/packed_linear.py), against plain F.linear, side by side.
 
 Two copies of the bf16 model in one process, one with its Linears packed at load and one without (the default
 load packs where the host can; `pack=False` is the old path), alternating within each round, with an A/A twin
@@ -99,11 +100,14 @@ def main() -> None:
     r1 = rss()
     packed = load_model(MODEL, dtype="bf16")
     r2 = rss()
-    n_packed = sum(isinstance(mod, packed_linear.PackedLinear) for mod in packed.model.modules())
+    kinds = (packed_linear.PackedLinear, packed_linear.KernelLinear)
+    n_packed = sum(isinstance(mod, kinds) for mod in packed.model.modules())
     if not n_packed:
-        console.print("this host cannot pack bf16 weights for oneDNN (no AVX-512 BF16/BW or AVX-NE-CONVERT): "
-                      "nothing to compare")
+        console.print("this host has neither oneDNN's bf16 packing (AVX-512 BF16/BW or AVX-NE-CONVERT) nor the "
+                      "engine's kernel: nothing to compare")
         return
+    how = "the engine's kernel" if any(isinstance(mod, packed_linear.KernelLinear) for mod in packed.model.modules())\
+        else "oneDNN"
     contenders = {"F.linear": dense, "F.linear A/A": dense, "packed": packed}
     timers = {name: cases(lm) for name, lm in contenders.items() if name != "F.linear A/A"}
     timers["F.linear A/A"] = timers["F.linear"]
@@ -122,7 +126,7 @@ def main() -> None:
                     for n in levels:
                         row = run_batched(contenders[name], prompts, sp, n, max(n, a.requests))
                         times.setdefault((f"AR c={n} tok/s", name), []).append(row["tok_s"])
-    console.print(ab_table(f"{packed.label}: {n_packed} Linears packed for oneDNN vs F.linear ({a.rounds} rounds, "
+    console.print(ab_table(f"{packed.label}: {n_packed} Linears on {how} vs F.linear ({a.rounds} rounds, "
                            "medians)", [*timers["packed"], *(f"AR c={n} tok/s" for n in levels)], times, *contenders,
                            levels, scale=1e6, unit="us", digits=0))
     console.print(f"  weights: F.linear {dense.weight_bytes / 2**20:.1f} MiB, packed {packed.weight_bytes / 2**20:.1f} "

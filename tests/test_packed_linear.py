@@ -8,15 +8,17 @@ import torch
 from conftest import tiny_config, tiny_tensors
 from specledger.engine.loader import build_model, weight_bytes
 from specledger.engine.model import Linear
-from specledger.engine.packed_linear import PackedLinear, pack
+from specledger.engine.packed_linear import KernelLinear, PackedLinear, pack
+
+PACKED = (PackedLinear, KernelLinear)
 
 
 def _pair(**cfg_kw):
     cfg = tiny_config(vocab=96, hidden=64, **cfg_kw)
     t = tiny_tensors(cfg, seed=5)
     packed = build_model(cfg, t, dtype="bf16")
-    if pack(Linear(8, 8, bias=False, dtype=torch.bfloat16)) is None:
-        pytest.skip("this host cannot pack bf16 weights for oneDNN")
+    if pack(Linear(16, 16, bias=False, dtype=torch.bfloat16)) is None:
+        pytest.skip("this host has neither oneDNN's bf16 packing nor the engine's kernel")
     return build_model(cfg, t, dtype="bf16", pack=False), packed
 
 
@@ -24,8 +26,8 @@ def test_packed_model_computes_what_the_plain_one_does():
     """Every Linear of a CPU bf16 model is packed at load, and the logits stay those of F.linear: prefill, and
     decode step by step with greedy choices (a wrong layout, a transposed square weight, shows at once)."""
     dense, packed = _pair()
-    n = sum(isinstance(m, PackedLinear) for m in packed.modules())
-    assert n == 4 * packed.cfg.n_layers + 1 and not any(isinstance(m, PackedLinear) for m in dense.modules())
+    n = sum(isinstance(m, PACKED) for m in packed.modules())
+    assert n == 4 * packed.cfg.n_layers + 1 and not any(isinstance(m, PACKED) for m in dense.modules())
     assert weight_bytes(packed) == weight_bytes(dense)
     ids = torch.tensor([[(7 * j + 3) % 96 for j in range(24)]])
     with torch.inference_mode():
@@ -55,7 +57,7 @@ def test_only_cpu_bf16_linears_are_packed():
     assert pack(Linear(8, 8, bias=True, dtype=torch.bfloat16)) is None
     cfg = tiny_config()
     m = build_model(cfg, tiny_tensors(cfg), dtype="fp32")
-    assert not any(isinstance(x, PackedLinear) for x in m.modules())
+    assert not any(isinstance(x, PACKED) for x in m.modules())
 
 
 def test_eagle_draft_head_reads_a_packed_lm_head():
@@ -75,3 +77,24 @@ def test_eagle_draft_head_reads_a_packed_lm_head():
         got = draft_lm_head(head, packed)(h)
     assert got.shape == (2, 5)
     torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
+
+
+def test_kernel_product_is_the_fp32_sum_and_each_row_its_own():
+    """The engine's bf16 kernel (csrc/bf16mm.cpp): every tail of its tiling (weight rows not a multiple of 8,
+    1-5 rows, more than a 64-row block) against the fp32 product of the same numbers, and each row of a batch
+    equal bit for bit to that row alone (a batch must not change a request's tokens)."""
+    from specledger.engine import qkernel
+
+    if qkernel.op() is None:
+        pytest.skip("the engine's kernel library is not available here")
+    g = torch.Generator().manual_seed(3)
+    for n, k in ((37, 48), (96, 160)):
+        w = torch.randn(n, k, generator=g).bfloat16()
+        for m in (1, 2, 3, 4, 5, 9, 14, 67):
+            x = torch.randn(m, k, generator=g).bfloat16()
+            y = torch.ops.specledger.bf16mm(x, w)
+            want = x.float() @ w.float().T
+            assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+            torch.testing.assert_close(y.float(), want, atol=2e-2 * want.abs().max().item(), rtol=1e-2)
+            alone = torch.cat([torch.ops.specledger.bf16mm(x[i : i + 1], w) for i in range(m)])
+            assert torch.equal(alone, y), (n, k, m)

@@ -24,7 +24,7 @@ from specledger.engine.config import ModelConfig
 from specledger.engine.kv_cache import KVCache
 from specledger.engine.loader import LoadedModel
 from specledger.engine.model import Block, RMSNorm, Transformer, kv_dtype, rope_at
-from specledger.engine.packed_linear import PackedLinear
+from specledger.engine.packed_linear import PackedLinear, pack
 from specledger.engine.quant import Int8Linear
 from specledger.engine.ragged import Segment, finish_pass, plan_pass, ragged_block
 from specledger.engine.slot_cache import SlotCache
@@ -189,6 +189,7 @@ def draft_lm_head(head: EagleHead, base: Transformer) -> Callable[[torch.Tensor]
         w = out.weight.detach() if ids is None else out.weight.detach().index_select(0, ids)
         sub = nn.Linear(out.in_features, w.shape[0], bias=False, device=base.device, dtype=head.dtype)
         sub.weight = nn.Parameter(w.to(head.dtype).clone(), requires_grad=False)
+        sub = pack(sub) or sub  # a CPU bf16 product on oneDNN's layout or the engine's kernel, as the target's
     elif isinstance(out, Int8Linear) and ids is not None:  # the same codes and scales, fewer rows
         sub = _Rows(out.select_rows(ids), None, out.act_dtype)
     else:

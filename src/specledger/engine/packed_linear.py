@@ -4,8 +4,10 @@ On a CPU with bf16 arithmetic (AVX-512 BF16, AMX) `F.linear` on a bf16 weight ha
 reorders the whole matrix into its blocked layout before every product: for one decode row that reorder
 is most of the cost. Reordering once at load (`mkldnn._reorder_linear_weight`) and calling the
 pointwise-linear op on the result halves a SmolLM2 layer's products at 1-16 rows and cuts the LM head
-by ~40% (benchmarks/packed_linear.py). Where oneDNN cannot pack bf16 (an AVX2-only host raises), or
-the model is not a CPU bf16 model, the layers stay plain `Linear`s.
+by ~40% (benchmarks/packed_linear.py). Where oneDNN cannot pack bf16 (an AVX2-only host raises), PyTorch's
+own bf16 product is slower still (4x the fp32 one for a row, 6x more for 8 rows): the products take the
+engine's kernel (csrc/bf16mm.cpp) on the weights as they are. A model that is not a CPU bf16 one, or a host
+with neither, keeps plain `Linear`s.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specledger.engine import qkernel
 from specledger.engine.model import Linear, direct_call
 
 PACK_ROWS = 8  # the batch-size hint oneDNN picks its blocking for (a decode batch or a short chain)
@@ -45,18 +48,36 @@ class PackedLinear(nn.Module):
         return residual + self(x)
 
 
-def pack(linear: nn.Linear) -> PackedLinear | None:
-    """The packed twin of a bias-free CPU bf16 Linear; None where oneDNN cannot pack it on this host."""
+@direct_call
+class KernelLinear(Linear):
+    """A bias-free CPU bf16 Linear whose products run on the engine's kernel; the weight is the original
+    Parameter (a tied LM head keeps sharing the embedding's storage)."""
+
+    def __init__(self, weight: nn.Parameter) -> None:
+        super().__init__(weight.shape[1], weight.shape[0], bias=False, device="meta")
+        self.weight = weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.bfloat16 or x.device.type != "cpu" or (torch.is_grad_enabled() and x.requires_grad):
+            return F.linear(x, self.weight)  # the kernel has no backward
+        y = torch.ops.specledger.bf16mm(x.reshape(-1, self.in_features).contiguous(), self.weight.detach())
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def pack(linear: nn.Linear) -> PackedLinear | KernelLinear | None:
+    """The packed twin of a bias-free CPU bf16 Linear (oneDNN's, else the engine kernel's); None where neither
+    serves on this host."""
     w = linear.weight
     if linear.bias is not None or w.dtype != torch.bfloat16 or w.device.type != "cpu":
         return None
-    if not torch.backends.mkldnn.is_available():
+    if torch.backends.mkldnn.is_available():
+        try:
+            return PackedLinear(torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_ROWS))
+        except RuntimeError:  # "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
+            pass
+    if qkernel.op() is None or linear.in_features % 16 or not w.is_contiguous():
         return None
-    try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_ROWS)
-    except RuntimeError:  # "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
-        return None
-    return PackedLinear(packed)
+    return KernelLinear(linear.weight)
 
 
 def pack_linears(model: nn.Module) -> int:

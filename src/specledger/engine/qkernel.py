@@ -1,4 +1,5 @@
-"""The engine's own quantized-product kernel (csrc/qmm.cpp): built once with the installed torch, cached, loaded.
+"""The engine's own CPU kernels (csrc/: quantized products, fused decode ops, bf16 products for hosts without bf16
+arithmetic): built once with the installed torch, cached, loaded.
 
 PyTorch's CPU int4/int8 weight-only kernels are fast only on AVX-512 hosts and cost grows with every row
 (benchmarks/linear_rows.py); this kernel runs integer dot products on AVX2 or AVX-512 VNNI (chosen at run
@@ -31,7 +32,7 @@ from typing import Any
 
 import torch
 
-SOURCES = [Path(__file__).with_name("csrc") / name for name in ("qmm.cpp", "fused.cpp")]
+SOURCES = [Path(__file__).with_name("csrc") / name for name in ("qmm.cpp", "fused.cpp", "bf16mm.cpp")]
 HEADER = Path(__file__).with_name("csrc") / "simd.h"  # included by both: part of the cache key
 ISAS = {0: "none", 1: "avx2", 2: "avx512-vnni", 3: "avx512-vnni+amx"}
 FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno", "-Wno-unused-function"]
