@@ -97,6 +97,37 @@ def test_batched_eagle_proposal_equals_each_sequence_alone():
         assert together.cache.lengths[together.state(s.key).slot] == len(s.tokens) - 1  # tree rolled back
 
 
+def test_batched_eagle_keeps_the_prefix_cache_with_the_whole_prompts_features():
+    """The next turn of a conversation reuses the cached prefix under EAGLE too, and the head still begins from
+    every prompt token's features: the reused ones (a prefill's rows, and the accepted paths of the drafted
+    answer) are those a fresh prefill computes."""
+    lm = varied_model()
+    drafter = strategy("eagle", lm).batch_drafter(2)
+    sched = Scheduler(lm, max_batch=2, prefill_chunk=8, drafter=drafter, cost=FLAT)
+    began: list[torch.Tensor] = []
+    begin = drafter.begin
+
+    def spy(seq, features):
+        began.append(features.clone())
+        begin(seq, features)
+
+    drafter.begin = spy  # type: ignore[method-assign]
+    sp = SamplingParams(max_new_tokens=30, temperature=0.0)
+    p1 = prompts_of_lengths()[2]  # one the untrained head drafts well for
+    sched.submit(p1, sp)
+    (r1,) = sched.run()
+    assert r1.cached_tokens == 0 and 0 < r1.levels[0].accepted  # some of the answer came from accepted drafts
+    p2 = p1 + r1.token_ids + [3, 1, 4]
+    sched.submit(p2, sp)
+    (r2,) = sched.run()
+    assert sched.prefix_cache and r2.cached_tokens == len(p1) + len(r1.token_ids) - 1
+    assert r2.token_ids == alone(lm, p2, sp).token_ids
+    fresh = CachedModel(lm, 128)
+    fresh.prefill(p2)
+    assert began[1].shape == fresh.last_hidden.shape
+    torch.testing.assert_close(began[1], fresh.last_hidden, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("name", ["draft", "eagle"])
 def test_batched_drafter_never_drafts_when_every_row_costs_its_share(name):
     lm = varied_model()

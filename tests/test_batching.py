@@ -281,6 +281,30 @@ def test_prefix_cache_entries_serve_like_a_fresh_prefill(lm):
     torch.testing.assert_close(got, want[30:], rtol=1e-4, atol=1e-4)
 
 
+def test_runner_features_of_a_reused_prefix_equal_a_fresh_prefills(lm):
+    """keep_features: the slot's features cover every cached token, those of a kept prefix and a tree's accepted
+    path included, and equal the features a prefill of the same tokens computes."""
+    runner, fresh = BatchRunner(lm, 1, prefix_cache=True, keep_features=True), BatchRunner(lm, 1)
+    a = prompts(2)[1]
+    seq = runner.open(a)
+    runner.forward([BatchItem(seq, max_run=16)])
+    runner.forward([BatchItem(seq)])
+    seq.tokens.append(7)
+    tree = Tree([5, 9, 2, 8], [-1, -1, 0, 2])
+    fwd = runner.forward([BatchItem(seq, tree)])[0]
+    runner.accept(seq, fwd, [1], [9, 4])  # the second root, then a bonus token
+    runner.close(seq)
+    b = seq.tokens + [1, 2, 3]
+    seq = runner.open(b)
+    assert seq.reused == len(a) + 2
+    runner.forward([BatchItem(seq)])
+    f = fresh.open(b)
+    want = fresh.forward([BatchItem(f)])[0].hidden
+    torch.testing.assert_close(runner.features(seq), want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="keeps no features"):
+        fresh.features(f)
+
+
 def test_prefix_cache_forgets_a_slot_a_failed_pass_may_have_spoilt(lm):
     runner = BatchRunner(lm, 2, prefix_cache=True)
     toks = prompts(1)[0] * 3

@@ -12,6 +12,10 @@ in it, its uncached run (one pending token when decoding, a chunk of the prompt 
 prefilling) and optionally a draft tree (a chain is a tree; an empty tree is a plain
 decode step), so a verification pass holds every sequence's drafted rows at once and each
 sequence is verified and accepted on its own afterwards (`accept`, like CachedModel.accept).
+
+Features (optional, for a drafter that reads the target's features: EAGLE): each slot also keeps the
+final-normed hidden state of every token it caches, so a prompt whose prefix came from the prefix
+cache still has its whole prompt's features (`features`) although only its new tokens were fed.
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ def tree_rows(start: int, n_run: int, tree: Tree, device) -> tuple[torch.Tensor,
 
 class BatchRunner:
     def __init__(self, lm: LoadedModel, n_slots: int, max_len: int | None = None, *,
-                 prefix_cache: bool = False) -> None:
+                 prefix_cache: bool = False, keep_features: bool = False) -> None:
         self.lm = lm
         self.model = lm.model
         self.max_len = min(max_len or lm.config.max_seq_len, lm.config.max_seq_len)
@@ -92,6 +96,8 @@ class BatchRunner:
         self._kept: dict[int, list[int]] = {}  # free slot -> the tokens its entries hold
         self._freed: dict[int, int] = {}  # free slot -> when it was freed (a count of closes)
         self._closes = 0
+        self.keep_features = keep_features
+        self._feats: dict[int, torch.Tensor] = {}  # slot -> (capacity, H) features of its cached entries
 
     @property
     def device(self) -> torch.device:
@@ -134,6 +140,30 @@ class BatchRunner:
     def cached(self, seq: Sequence) -> int:
         return self.cache.lengths[seq.slot]
 
+    def features(self, seq: Sequence) -> torch.Tensor:
+        """The features of every token the sequence's slot caches, reused prefix included (keep_features)."""
+        if not self.keep_features:
+            raise ValueError("this runner keeps no features (keep_features=False)")
+        n = self.cached(seq)
+        buf = self._feats.get(seq.slot)
+        if buf is None:
+            if n:
+                raise ValueError(f"slot {seq.slot} caches {n} tokens but holds no features")
+            return torch.zeros(0, self.lm.config.hidden_size, device=self.device)
+        return buf[:n]
+
+    def _store(self, slot: int, start: int, rows: torch.Tensor) -> None:
+        """Features of the slot's entries start.. (grown by doubling; what lies past the cache length is stale)."""
+        end = start + rows.shape[0]
+        buf = self._feats.get(slot)
+        if buf is None or end > buf.shape[0]:
+            grown = rows.new_zeros(min(self.max_len, max(end, 64, 2 * (0 if buf is None else buf.shape[0]))),
+                                   rows.shape[1])
+            if buf is not None:
+                grown[: buf.shape[0]] = buf
+            buf = self._feats[slot] = grown
+        buf[start:end] = rows
+
     def sync(self, seq: Sequence, tokens: list[int]) -> None:
         """Adopt a new token sequence, keeping the cached prefix it shares with the old one (CachedModel.sync)."""
         self.cache.rollback(seq.slot, common_prefix(seq.tokens, tokens, min(self.cached(seq), len(tokens) - 1)))
@@ -150,9 +180,11 @@ class BatchRunner:
         pos: list[torch.Tensor] = []
         segs: list[Segment] = []
         plan: list[tuple[int, int, bool]] = []  # (n_run, n_tree, run complete) per item
+        starts: list[int] = []
         dev = self.device
         for it in items:
             seq, start = it.seq, self.cached(it.seq)
+            starts.append(start)
             pending = len(seq.tokens) - start
             n_run = pending if it.max_run is None else min(pending, it.max_run)
             done = n_run == pending
@@ -176,6 +208,11 @@ class BatchRunner:
                 segs.append(Segment(seq.slot, n_run + n_tree, m))
             plan.append((n_run, n_tree, done))
         h = ragged_hidden(self.model, torch.tensor(toks, device=dev), torch.cat(pos), segs, self.cache)
+        if self.keep_features:  # the run is cached now; a tree's kept path is stored by accept
+            off = 0
+            for it, start, (n_run, n_tree, _) in zip(items, starts, plan):
+                self._store(it.seq.slot, start, h[off : off + n_run])
+                off += n_run + n_tree
         # the LM head once, over the rows whose logits someone needs
         rows: list[int] = []
         off = 0
@@ -205,5 +242,7 @@ class BatchRunner:
         tree_start = self.cached(seq) - (fwd.hidden.shape[0] - fwd.n_run)
         self.cache.keep(seq.slot, tree_start, [tree_start + i for i in path])
         seq.tokens.extend(new_tokens)
+        if self.keep_features and path:
+            self._store(seq.slot, tree_start, fwd.hidden[[fwd.n_run + i for i in path]])
         rows = list(range(fwd.n_run)) + [fwd.n_run + i for i in path]
         return fwd.hidden[rows]

@@ -24,8 +24,8 @@ sequence's accepted path in its slot.
 Prefix cache (on by default, as in llama-server and vLLM): a finished request's slot keeps its
 entries, and a new request whose prompt starts with the same tokens (the next turn of a
 conversation, a shared system prompt, the same prompt again) prefills only the rest
-(batch_runner.py). Off with a drafter that wants the prompt's features (EAGLE), which the reused
-prefix would not have.
+(batch_runner.py). A drafter that reads the target's features (EAGLE) gets the whole prompt's,
+reused prefix included: the runner keeps every cached token's features in its slot.
 
 Thread safety: submit() and cancel() may be called from any thread; step() from one.
 Callbacks (on_tokens, on_done) run on the stepping thread.
@@ -94,7 +94,6 @@ class _Live:
     batch_sum: int = 0
     error: str | None = None
     draft: DraftState | None = None  # batched speculation, from the first token on
-    prefill_h: list[torch.Tensor] = field(default_factory=list)  # prompt features, for a drafter that wants them
 
     @property
     def prefilling(self) -> bool:
@@ -148,8 +147,9 @@ class Scheduler:
         self.lm = lm
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
-        self.prefix_cache = prefix_cache and not (drafter is not None and drafter.wants_features)
-        self.runner = BatchRunner(lm, max_batch, max_len, prefix_cache=self.prefix_cache)
+        self.prefix_cache = prefix_cache
+        self.runner = BatchRunner(lm, max_batch, max_len, prefix_cache=prefix_cache,
+                                  keep_features=drafter is not None and drafter.wants_features)
         self._lock = threading.Lock()
         self._waiting: deque[_Live] = deque()
         self._cancel: set[int] = set()
@@ -254,16 +254,13 @@ class Scheduler:
         self.last_rows = sum(f.hidden.shape[0] for f in fwds)
         emitted: list[tuple[_Live, list[int]]] = []
         for lv, it, fwd in zip(live_in, items, fwds):
-            if lv.prefilling and self.spec is not None and self.spec.wants_features:
-                lv.prefill_h.append(fwd.hidden)
             if fwd.logits is None:  # a prefill chunk that did not reach the prompt's end
                 continue
             if lv.prefilling:
                 first = lv.first_token(fwd.logits[0])
                 lv.running_seq.tokens.append(first)
                 if self.spec is not None:
-                    feats = torch.cat(lv.prefill_h) if lv.prefill_h else None
-                    lv.prefill_h = []
+                    feats = self.runner.features(lv.running_seq) if self.spec.wants_features else None
                     lv.draft = self.spec.begin(lv.rid, lv.running_seq.tokens, lv.sp, lv.gen, feats)
                 emitted.append((lv, [first]))
             else:
