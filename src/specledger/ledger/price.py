@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from scipy.stats import beta
 
 from specledger.errors import BadInput
+from specledger.ledger.answer import Answer
 from specledger.ledger.breakeven import BreakEven, break_even
 from specledger.ledger.concurrency import ConcurrencyBreakEven, break_even_concurrency
 from specledger.ledger.inputs import CostInputs, Range, Resolved, _is_range, _map_leaves, load_inputs
@@ -102,6 +103,7 @@ class LedgerResult(BaseModel):
     seed: int = 0
     measurements: list[ConfigMeasurement] = Field(default_factory=list)
     calculator: dict = Field(default_factory=dict)  # what the page's calculator starts from
+    answer: Answer | None = None  # the decision per scenario, shown before everything else (ledger/answer.py)
 
     def config(self, name: str) -> ConfigCost:
         return next(c for c in self.configs if c.name == name)
