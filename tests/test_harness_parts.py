@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from specledger.bench.energy import EnergyMeter
 from specledger.bench.load import SteadyStateCheck, closed_loop, open_loop, poisson_arrivals
 from specledger.bench.telemetry import parse_prometheus, response_levels, spec_counters, telemetry_delta
 
@@ -89,30 +88,6 @@ def test_steady_state_check():
     for t in (4.5, 5.0):
         s.completed(10, t)  # 40 tok/s: no longer agrees with the last window
     assert not s.reached
-
-
-def _rapl(root, zone, energy, max_range):
-    d = root / zone
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "energy_uj").write_text(str(energy))
-    (d / "max_energy_range_uj").write_text(str(max_range))
-
-
-def test_rapl_meter_handles_wrap_and_skips_subzones(tmp_path):
-    _rapl(tmp_path, "intel-rapl:0", 900_000, 1_000_000)
-    _rapl(tmp_path, "intel-rapl:0:0", 5, 1_000_000)  # a subzone inside package 0: not double counted
-    m = EnergyMeter(powercap_root=str(tmp_path), use_nvml=False)
-    assert m.available and m.source == "rapl"
-    assert m.read() == 0.0
-    (tmp_path / "intel-rapl:0" / "energy_uj").write_text("950000")
-    assert m.read() == pytest.approx(0.05)
-    (tmp_path / "intel-rapl:0" / "energy_uj").write_text("50000")  # wrapped past 1_000_000
-    assert m.read() == pytest.approx(0.05 + 0.100001)
-
-
-def test_meter_unavailable_reads_none(tmp_path):
-    m = EnergyMeter(powercap_root=str(tmp_path / "none"), use_nvml=False)
-    assert not m.available and m.source == "unavailable" and m.read() is None
 
 
 VLLM_BEFORE = """# TYPE vllm:spec_decode_num_drafts counter

@@ -399,6 +399,9 @@ class RunConfig(_Strict):
     # torch threads for in-process configurations; None: chosen by a short probe of the targets at 1, 2, ...
     # threads before the run (bench/threads.py), recorded with the run either way
     threads: int | None = Field(None, ge=1)
+    # power of one busy logical CPU (W) for the energy estimate where the machine has no counter (RAPL, NVML);
+    # None: a table of known CPUs (bench/energy.py), or $SPECLEDGER_CPU_WATTS
+    cpu_watts: float | None = Field(None, gt=0)
 
     def quality_source(self, bc: BenchConfig) -> str | None:
         """Which configuration's quality level stands for bc's (None: no quality level in this run)."""

@@ -10,6 +10,7 @@ interrupted run (conversations with every turn recorded ok are not repeated).
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 import uuid
@@ -57,7 +58,12 @@ class Runner:
         self.console = console or Console(stderr=True)
         self.backend_factory = backend_factory
         self.models = SharedModels(config, pool, reference_factory)
-        self.meter = EnergyMeter()
+        # the estimate sees this process tree only: a server it did not start would be left out, so none then
+        local = all(bc.backend == "inprocess" or (bc.openai is not None and bc.openai.server is not None)
+                    for bc in cfg.configs)
+        watts = cfg.cpu_watts or (float(os.environ["SPECLEDGER_CPU_WATTS"]) if os.environ.get("SPECLEDGER_CPU_WATTS")
+                                  else None)
+        self.meter = EnergyMeter(estimate=local, cpu_watts=watts)
         workload = cfg.workload.open()
         self.questions = workload.questions
         info = workload.info
@@ -71,7 +77,8 @@ class Runner:
         self.quality_questions = load_workload(q.spec, limit=q.limit, seed=q.seed) if q is not None else []
         self.interleaving = cfg.interleave and len(cfg.configs) > 1
         self.rec = RunRecorder(cfg, Path(run_dir), resume=resume, info=info, energy_source=self.meter.source,
-                               energy_available=self.meter.available, interleaved=self.interleaving)
+                               energy_available=self.meter.available, interleaved=self.interleaving,
+                               console=self.console)
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),

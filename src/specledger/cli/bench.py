@@ -144,6 +144,10 @@ def register(app: typer.Typer) -> None:
         threads: Optional[int] = typer.Option(None, "--threads", min=1,
                                               help="torch threads for in-process configurations (default: chosen "
                                                    "by a short probe at 1, 2, ... threads; recorded)"),
+        cpu_watts: Optional[float] = typer.Option(None, "--cpu-watts", min=0.001,
+                                                  help="power of one busy logical CPU (W) for the energy estimate "
+                                                       "where the machine has no RAPL/NVML counter (default: a "
+                                                       "table of known CPUs); marked 'estimated'"),
     ) -> None:
         """Measure configurations over a workload and load levels; results go to a run directory."""
         from specledger.bench.runner import resume_benchmark, run_benchmark
@@ -164,6 +168,7 @@ def register(app: typer.Typer) -> None:
                 "load.num_requests": num_requests, "load.warmup": warmup,
                 "slo": slo or None, "output_dir": output_dir, "run_id": run_id, "bootstrap": bootstrap,
                 "repeats": repeats, "interleave": interleave, "threads": threads,
+                "cpu_watts": cpu_watts,
             }
             cfg = build_config(config_file, strategies=strategy, backend=backend, model=model, dtype=dtype,
                                quant=quant, group_size=group_size, params=param, max_new_tokens=max_new_tokens,
