@@ -2,8 +2,9 @@
 
 submit() hands back a concurrent.futures.Future of the request's ScheduledResult (wrap it
 with asyncio.wrap_future); the thread steps while anything is waiting or running and sleeps
-otherwise. A pass that raises fails the requests in the batch (finish_reason "error") and
-the worker carries on with new ones. Each pass runs on the process's torch thread (engine/threads.py), so
+otherwise. A request whose own part of a step raises (admission, sampling, its callbacks) fails alone
+(the scheduler sees to it); a shared pass that raises fails the requests running in it (finish_reason
+"error"), and the worker carries on with the waiting ones and new ones. Each pass runs on the process's torch thread (engine/threads.py), so
 several workers (interleaved configurations) never hold more OpenMP teams than there are cores.
 """
 
@@ -57,5 +58,5 @@ class BatchWorker:
                 continue
             try:
                 threads.run(s.step)
-            except Exception as exc:  # noqa: BLE001 - the batch's requests fail; the worker carries on
-                s.abort(f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - the pass's requests fail; the waiting ones and the worker go on
+                s.abort(f"{type(exc).__name__}: {exc}", waiting=False)

@@ -27,6 +27,11 @@ conversation, a shared system prompt, the same prompt again) prefills only the r
 (batch_runner.py). A drafter that reads the target's features (EAGLE) gets the whole prompt's,
 reused prefix included: the runner keeps every cached token's features in its slot.
 
+Failure isolation: an exception in one request's part of a step (admission: its slot, its seed's
+generator; its first token, its verification, its drafter's bookkeeping, its callbacks, its retirement)
+ends that request alone with finish_reason "error"; the others go on. Only an exception in the shared
+pass itself, which cannot be told apart, reaches step()'s caller (BatchWorker fails that pass's requests).
+
 Thread safety: submit() and cancel() may be called from any thread; step() from one.
 Callbacks (on_tokens, on_done) run on the stepping thread.
 """
@@ -38,9 +43,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
 import torch
 
-from specledger.decoding.batch_runner import BatchItem, BatchRunner, Sequence
+from specledger.decoding.batch_runner import BatchForward, BatchItem, BatchRunner, Sequence
 from specledger.decoding.batch_drafting import BatchDrafting, DraftState
 from specledger.decoding.draft_budget import CostSurface
 from specledger.decoding.drafter import Drafter
@@ -63,7 +69,7 @@ class ScheduledResult(GenerationResult):
     arrival: float = 0.0  # perf_counter time of submit()
     queue_s: float = 0.0  # arrival -> admitted into the batch
     mean_batch: float = 0.0  # mean number of sequences in the passes this request took part in
-    error: str | None = None  # finish_reason "error": the pass failed (every request in it fails alike)
+    error: str | None = None  # finish_reason "error": this request's part of a step failed, or the shared pass
 
 
 OnDone = Callable[[ScheduledResult], None]
@@ -98,6 +104,10 @@ class _Live:
     @property
     def prefilling(self) -> bool:
         return self.first_at is None
+
+    def fail(self, exc: Exception) -> None:
+        """This request (alone) ends with reason "error" at the end of the step."""
+        self.finish, self.error = "error", f"{type(exc).__name__}: {exc}"
 
     @property
     def running_seq(self) -> Sequence:
@@ -256,23 +266,10 @@ class Scheduler:
         for lv, it, fwd in zip(live_in, items, fwds):
             if fwd.logits is None:  # a prefill chunk that did not reach the prompt's end
                 continue
-            if lv.prefilling:
-                first = lv.first_token(fwd.logits[0])
-                lv.running_seq.tokens.append(first)
-                if self.spec is not None:
-                    feats = self.runner.features(lv.running_seq) if self.spec.wants_features else None
-                    lv.draft = self.spec.begin(lv.rid, lv.running_seq.tokens, lv.sp, lv.gen, feats)
-                emitted.append((lv, [first]))
-            else:
-                assert it.tree is not None  # a decoding item always carries a tree (maybe empty)
-                verdict = verify(fwd.logits, it.tree, lv.sp, lv.gen)
-                new = verdict.tokens(it.tree)
-                feats = self.runner.accept(lv.running_seq, fwd, verdict.path, new)
-                if lv.draft is not None and self.spec is not None:
-                    self.spec.accepted(lv.draft, lv.running_seq.tokens, it.tree, verdict.path, feats)
-                lv.steps += 1
-                lv.appended += len(new)
-                emitted.append((lv, new))
+            try:  # sampling, verifying, drafting: one request's failure is its own
+                emitted.append((lv, self._advance(lv, it, fwd)))
+            except Exception as exc:  # noqa: BLE001 - fail this request alone; the batch goes on
+                lv.fail(exc)
         now = clock(self.runner.device)
         if self.spec is not None and decoding and not runs:  # (a prefill's pass also begins drafters: not measured)
             self.spec.observe(time.perf_counter() - t0, t_fwd, self.last_rows, len(decoding), len(chains))
@@ -284,7 +281,10 @@ class Scheduler:
         for lv, new in emitted:
             if lv.first_at is None:
                 lv.first_at = now
-            lv.emit(new, now, self.lm.tokenizer)
+            try:  # the stop rules and the caller's on_tokens
+                lv.emit(new, now, self.lm.tokenizer)
+            except Exception as exc:  # noqa: BLE001 - fail this request alone
+                lv.fail(exc)
         keep: list[_Live] = []
         for lv in self._running:
             if lv.finish is not None:
@@ -293,6 +293,26 @@ class Scheduler:
                 keep.append(lv)
         self._running = keep
         return finished
+
+    def _advance(self, lv: _Live, it: BatchItem, fwd: BatchForward) -> list[int]:
+        """One request's share of a pass: its first token, or its verified draft; the tokens it gains."""
+        assert fwd.logits is not None  # (the caller skips prefill chunks short of the prompt's end)
+        if lv.prefilling:
+            first = lv.first_token(fwd.logits[0])
+            lv.running_seq.tokens.append(first)
+            if self.spec is not None:
+                feats = self.runner.features(lv.running_seq) if self.spec.wants_features else None
+                lv.draft = self.spec.begin(lv.rid, lv.running_seq.tokens, lv.sp, lv.gen, feats)
+            return [first]
+        assert it.tree is not None  # a decoding item always carries a tree (maybe empty)
+        verdict = verify(fwd.logits, it.tree, lv.sp, lv.gen)
+        new = verdict.tokens(it.tree)
+        feats = self.runner.accept(lv.running_seq, fwd, verdict.path, new)
+        if lv.draft is not None and self.spec is not None:
+            self.spec.accepted(lv.draft, lv.running_seq.tokens, it.tree, verdict.path, feats)
+        lv.steps += 1
+        lv.appended += len(new)
+        return new
 
     def _drafts(self, decoding: list[_Live], prefill_rows: int) -> dict[int, Tree]:
         """Each decoding sequence's draft for this pass, sized by the planner (empty: none)."""
@@ -306,11 +326,14 @@ class Scheduler:
         """Draft tokens in the latest pass."""
         return self.spec.last_drafted if self.spec is not None else 0
 
-    def abort(self, error: str) -> list[ScheduledResult]:
-        """Fail every waiting and running request (a pass raised): each finishes with reason "error"."""
+    def abort(self, error: str, *, waiting: bool = True) -> list[ScheduledResult]:
+        """Fail the running requests (a pass raised: which one caused it cannot be told), and the waiting ones
+        too unless waiting=False: each finishes with reason "error"."""
         now = time.perf_counter()
-        with self._lock:
-            victims, self._waiting = list(self._waiting), deque()
+        victims: list[_Live] = []
+        if waiting:
+            with self._lock:
+                victims, self._waiting = list(self._waiting), deque()
         victims = self._running + victims
         self._running = []
         out = []
@@ -341,13 +364,41 @@ class Scheduler:
                 keep.append(lv)
         self._running = keep
         for lv in admit:
-            lv.seq = self.runner.open(lv.prompt)
-            lv.gen = None if lv.sp.greedy else lv.sp.generator()
             lv.admitted = now
+            try:  # a request that cannot start (its seed, its slot) fails alone
+                lv.seq = self.runner.open(lv.prompt)
+                lv.gen = None if lv.sp.greedy else lv.sp.generator()
+            except Exception as exc:  # noqa: BLE001
+                lv.fail(exc)
+                finished.append(self._retire(lv, now))
+                continue
             self._running.append(lv)
         return finished
 
     def _retire(self, lv: _Live, now: float) -> ScheduledResult:
+        """Close the request's slot and hand its result on; a failure here fails this request alone."""
+        try:
+            return self._result(lv, now)
+        except Exception as exc:  # noqa: BLE001 - still answer it: an error result, its slot dropped
+            lv.fail(exc)
+            if lv.seq is not None:
+                try:
+                    self.runner.close(lv.seq, keep=False)
+                except Exception:  # noqa: BLE001 - the slot is beyond repair; the result still goes out
+                    pass
+                lv.seq = None
+            res = ScheduledResult(token_ids=lv.out, text="", finish_reason="error", prompt_tokens=len(lv.prompt),
+                                  ttft_s=0.0, prefill_s=0.0, draft_prefill_s=0.0, total_s=now - lv.arrival,
+                                  token_times=lv.times, steps=lv.steps, strategy=self.strategy_name,
+                                  request_id=lv.rid, arrival=lv.arrival, error=lv.error)
+            if lv.on_done:
+                try:
+                    lv.on_done(res)
+                except Exception:  # noqa: BLE001 - its caller's hook failed twice: nothing more to tell it
+                    pass
+            return res
+
+    def _result(self, lv: _Live, now: float) -> ScheduledResult:
         cached = lv.seq.reused if lv.seq is not None else 0
         if lv.seq is not None:
             self.runner.close(lv.seq, keep=lv.error is None)

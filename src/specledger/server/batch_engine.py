@@ -46,6 +46,12 @@ class BatchEngineWorker(JobWorker):
     def running(self) -> int:
         return self.scheduler.n_running
 
+    @property
+    def queued(self) -> int:
+        """Waiting beyond the batch's free places (those within them start at the next step)."""
+        s = self.scheduler
+        return max(0, s.n_waiting - (s.max_batch - s.n_running))
+
     def submit(self, job: Job) -> None:
         """Queue the job in the scheduler; BadInput (a prompt that cannot run) propagates."""
         assert self._worker is not None, "start() the worker first"
@@ -81,6 +87,14 @@ class BatchEngineWorker(JobWorker):
     def _done(self, rid: int, job: Job, fut: Future[ScheduledResult]) -> None:
         with self._lock:
             self._live.pop(rid, None)
+        try:
+            self._answer(job, fut)
+        except Exception as exc:  # noqa: BLE001 - a future's callback must not raise: it would be lost, unanswered
+            log.error("answering a request failed: %s: %s", type(exc).__name__, exc)
+            job.emit(Failed(f"internal error: {type(exc).__name__}: {exc}", 500, "internal_error"))
+
+    def _answer(self, job: Job, fut: Future[ScheduledResult]) -> None:
+        """Turn the request's end into its last event: Done, or Failed (500 for an error, 499 when cancelled)."""
         try:
             r = fut.result()
         except Exception as exc:  # noqa: BLE001 - the future never fails today; answer rather than hang
