@@ -115,6 +115,34 @@ def test_tree_verifier_with_several_children_is_exact(stochastic):
     assert chi2_pvalue(counts, p.double()) > ALPHA
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_sibling_children_see_the_renormalised_residual(deterministic):
+    """A draft close to the target (the usual case) accepts often, so the second and third children are reached
+    with a residual whose mass is small: unless it is renormalised before the next child's p/q test, the output
+    drifts from p. (With q far from p, as above, the first child decides almost every step and hides this.)"""
+    g = torch.Generator().manual_seed(3)
+    V = 4
+    p = torch.softmax(torch.tensor([2.0, 1.6, 0.4, -0.5]), 0)
+    q = torch.softmax(torch.log(p) + 0.35 * torch.randn(V, generator=g), 0)
+    logits = torch.log(p).repeat(4, 1)
+    sp = SamplingParams(temperature=1.0)
+    counts = torch.zeros(V, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(12000):
+        if deterministic:  # top-3 of q, q = one-hot for each
+            tree = Tree(q.topk(3).indices.tolist(), [-1, -1, -1])
+        else:
+            qq, kids = q.clone(), []
+            for _ in range(3):
+                x = int(torch.multinomial(qq / qq.sum(), 1, generator=gen))
+                kids.append(x)
+                qq[x] = 0
+            tree = Tree(kids, [-1, -1, -1], [q, q, q])
+        v = verify(logits, tree, sp, gen)
+        counts[tree.tokens[v.path[0]] if v.path else v.bonus] += 1
+    assert chi2_pvalue(counts, p.double()) > ALPHA
+
+
 def test_greedy_tree_verifier_follows_argmax_path():
     V = 6
     logits = torch.full((5, V), -5.0)
