@@ -343,7 +343,8 @@ def test_stops_in_a_batch_follow_generate():
     text = CharTokenizer().decode(base[2])
     ps[1] = ps[0]  # eos first allowed exactly where it appears: min_new_tokens=5
     sps = [SamplingParams(max_new_tokens=30), SamplingParams(max_new_tokens=30, min_new_tokens=5),
-           SamplingParams(max_new_tokens=30, stop=[text[6:8]]), SamplingParams(max_new_tokens=30, ignore_eos=True)]
+           SamplingParams(max_new_tokens=30, stop=[text[6:8]], ignore_eos=True),  # the stop string, not eos, ends it
+           SamplingParams(max_new_tokens=30, ignore_eos=True)]
     refs = [alone(lm_eos, p, sp) for p, sp in zip(ps, sps)]
     assert refs[0].finish_reason == "stop" and len(refs[0].token_ids) <= 5
     assert refs[1].finish_reason == "stop" and len(refs[1].token_ids) == 5
@@ -355,6 +356,8 @@ def test_stops_in_a_batch_follow_generate():
         assert (got[rid].token_ids, got[rid].text, got[rid].finish_reason) == (ref.token_ids, ref.text,
                                                                                 ref.finish_reason)
         assert len(got[rid].token_times) == len(got[rid].token_ids)
+    cut = got[ids[2]]
+    assert cut.text == text[:6] and len(cut.token_ids) < len(base[2]) and text[6:8] not in cut.text
 
 
 def test_cancel_frees_the_slot_and_leaves_the_others_untouched(lm):
