@@ -7,6 +7,11 @@ import sys
 
 import typer
 
+try:  # recent typer carries its own copy of click
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - older typer runs on click itself
+    from click import exceptions as click_errors  # type: ignore[no-redef]
+
 from specledger.cli import bench, decoding, engine, ledger, report, server, train
 from specledger.errors import SpecLedgerError
 
@@ -26,11 +31,25 @@ for _group in (engine, decoding, train, bench, ledger, report, server):
 
 def main() -> None:
     try:
-        app()
+        rc = app(standalone_mode=False)
+    except click_errors.UsageError as exc:  # a mistyped option or value: one line too, not a box
+        if type(exc).__name__ == "NoArgsIsHelpError":  # (no arguments at all: the help)
+            exc.show()
+            sys.exit(2)
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        typer.echo(f"error: {exc.format_message()}{hint}", err=True)
+        sys.exit(2)
+    except click_errors.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
     except SpecLedgerError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    sys.exit(rc if isinstance(rc, int) else 0)
 

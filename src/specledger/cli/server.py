@@ -10,6 +10,8 @@ import typer
 
 from specledger.errors import BadInput
 
+LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "TRACE")  # (TRACE: uvicorn's)
+
 
 def parse_params(items: list[str]) -> dict[str, Any]:
     """key=value pairs; values become int, float or bool where they read as one."""
@@ -63,7 +65,12 @@ def serve(
                                       help="Reuse the cache of a finished request's tokens for a later prompt that "
                                       "starts with them (the next turn of a conversation), as llama-server and "
                                       "vLLM do. Not with the eagle strategy."),
-    shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help="Seconds in-flight requests get."),
+    shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help="Seconds in-flight requests get; those "
+                                           "still running are then told (a stream: an error event, then [DONE])."),
+    max_body_bytes: int = typer.Option(4 * 2**20, "--max-body-bytes", help="Larger request bodies are refused (413) "
+                                       "before they are read."),
+    max_prompt_chars: int = typer.Option(1_000_000, "--max-prompt-chars", help="Longer prompts are refused (400) "
+                                         "before they are tokenized."),
     log_level: str = typer.Option("info", "--log-level"),
     api_key: list[str] = typer.Option([], "--api-key", help="Require this key on /v1/* (Authorization: Bearer); "
                                       "repeatable. Also: --api-key-file, SPECLEDGER_API_KEY."),
@@ -79,6 +86,20 @@ def serve(
     from specledger.server.auth import collect_keys, exposure_warning
 
     # Everything that can be checked cheaply is checked before seconds go into loading models.
+    if not 0 <= port <= 65535:
+        raise BadInput(f"--port must be in 0..65535 (got {port})")
+    if not shutdown_timeout >= 0:  # (NaN too)
+        raise BadInput(f"--shutdown-timeout must be >= 0 seconds (got {shutdown_timeout})")
+    if max_body_bytes < 1:
+        raise BadInput(f"--max-body-bytes must be >= 1 (got {max_body_bytes})")
+    if max_prompt_chars < 1:
+        raise BadInput(f"--max-prompt-chars must be >= 1 (got {max_prompt_chars})")
+    if log_level.upper() not in LOG_LEVELS:
+        raise BadInput(f"unknown --log-level {log_level!r} (choose from {', '.join(x.lower() for x in LOG_LEVELS)})")
+    if max_seq_len is not None and max_seq_len < 2:
+        raise BadInput(f"--max-seq-len must be >= 2 (got {max_seq_len})")
+    if group_size < 1:
+        raise BadInput(f"--group-size must be >= 1 (got {group_size})")
     if max_queue < 0:
         raise BadInput(f"--max-queue must be >= 0 (got {max_queue})")
     if max_batch < 1:
@@ -113,7 +134,8 @@ def serve(
         strat = make_strategy(strategy, target=lm, **params)
         return lm, strat, create_app(lm, strat, served_name=served_model_name, max_queue=max_queue, api_keys=keys,
                                      metrics_require_key=metrics_require_key, max_batch=max_batch,
-                                     prefill_chunk=prefill_chunk, prefix_cache=prefix_cache)
+                                     prefill_chunk=prefill_chunk, prefix_cache=prefix_cache,
+                                     max_body_bytes=max_body_bytes, max_prompt_chars=max_prompt_chars)
 
     lm, strat, app = threads.run(build)
     name = served_model_name or lm.name
@@ -123,7 +145,7 @@ def serve(
     warning = exposure_warning(host, keys)
     if warning:
         typer.echo(warning, err=True)
-    Server(app, shutdown_timeout_s=shutdown_timeout, log_level=log_level).run(sockets=[sock])
+    Server(app, shutdown_timeout_s=shutdown_timeout, log_level=log_level.lower()).run(sockets=[sock])
 
 
 def register(app: typer.Typer) -> None:

@@ -55,6 +55,7 @@ from specledger.errors import SpecLedgerError
 from specledger.server.auth import ApiKeyMiddleware
 from specledger.server.batch_engine import BatchEngineWorker
 from specledger.server.engine_worker import Delta, Done, Draining, EngineWorker, Failed, Job, QueueFull
+from specledger.server.limits import BodyLimitMiddleware
 from specledger.server.metrics import ServerMetrics
 from specledger.server.schemas import ApiError, ChatCompletionRequest, CompletionRequest, error_body
 from specledger.server.textstream import TextStream
@@ -62,6 +63,8 @@ from specledger.server.textstream import TextStream
 log = logging.getLogger("specledger.server")
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+MAX_BODY_BYTES = 4 * 2**20  # a whole context of text, JSON-escaped, fits many times over
+MAX_PROMPT_CHARS = 1_000_000  # ~250k tokens of English: beyond any context served here; bounds tokenizing time
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -113,6 +116,9 @@ def validation_error(exc: RequestValidationError) -> ApiError:
     if kind == "json_invalid":
         return ApiError(400, f"the request body is not valid JSON ({err.get('ctx', {}).get('error', 'parse error')})")
     param = _param(tuple(err.get("loc", ())))
+    if kind == "extra_forbidden":  # refused, not ignored: a typo (max_token) would silently mean no limit
+        return ApiError(400, f"unrecognized request argument supplied: {param}", param=param,
+                        code="unknown_parameter")
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
     if param is None:
         return ApiError(400, "the request body is missing or is not a JSON object"
@@ -125,8 +131,11 @@ class ServerState:
     """What the routes share: the model, the worker, the metrics."""
 
     def __init__(self, lm: LoadedModel, strategy: Strategy, served_name: str, max_queue: int,
-                 max_batch: int = 8, prefill_chunk: int = 256, prefix_cache: bool = True) -> None:
+                 max_batch: int = 8, prefill_chunk: int = 256, prefix_cache: bool = True,
+                 max_prompt_chars: int = MAX_PROMPT_CHARS) -> None:
         self.lm, self.strategy, self.name = lm, strategy, served_name
+        self.max_prompt_chars = max_prompt_chars
+        self.open: dict[int, tuple[Job, asyncio.Queue]] = {}  # requests being answered, for shutdown to tell
         self.metrics = ServerMetrics(strategy.level_names)
         self.worker: EngineWorker | BatchEngineWorker
         if strategy.name in BATCHED_STRATEGIES:
@@ -143,6 +152,16 @@ class ServerState:
         self.avg_e2e_s = 1.0  # running mean of served requests, for Retry-After
 
     # ---- request -> job ----
+
+    def check_size(self, req: ChatCompletionRequest | CompletionRequest) -> None:
+        """Characters before tokens: a prompt far beyond any context is refused before it is tokenized."""
+        if isinstance(req, ChatCompletionRequest):
+            n, where = sum(len(m.content) for m in req.messages), "messages"
+        else:
+            n, where = len(req.prompt), "prompt"
+        if n > self.max_prompt_chars:
+            raise ApiError(400, f"{where}: the prompt has {n} characters (or token ids); this server takes at most "
+                           f"{self.max_prompt_chars} (--max-prompt-chars)", param=where, code="prompt_too_long")
 
     def prompt_ids(self, req: ChatCompletionRequest | CompletionRequest) -> tuple[list[int], str]:
         tok = self.lm.tokenizer
@@ -186,8 +205,11 @@ class ServerState:
         try:
             self.worker.submit(job)
         except QueueFull:
-            wait = min(60, max(1, math.ceil(self.avg_e2e_s * (self.worker.waiting + 1))))
-            raise ApiError(503, f"the server is busy ({self.worker.waiting} requests queued); retry later",
+            w = self.worker
+            queued, running = w.queued, w.running + w.waiting - w.queued  # (starting: admitted at the next step)
+            wait = min(60, max(1, math.ceil(self.avg_e2e_s * (queued + 1))))
+            raise ApiError(503, f"the server is busy ({running} requests running or starting, {queued} queued, "
+                           f"at most {w.max_queue} may queue); retry later",
                            type="server_overloaded", code="queue_full", headers={"Retry-After": str(wait)}) from None
         except Draining:
             raise ApiError(503, "the server is shutting down", type="server_overloaded", code="shutting_down",
@@ -198,13 +220,24 @@ class ServerState:
     def served(self, ev: Done) -> None:
         self.avg_e2e_s = 0.8 * self.avg_e2e_s + 0.2 * (ev.queue_s + ev.result.total_s)
 
+    def interrupt(self) -> None:
+        """Shutdown's time is up: every request still being answered ends now with a 503 `shutting_down`
+        (a stream: an error event, then [DONE]), so no client is cut off without being told."""
+        if self.open:
+            log.warning("shutting down: cutting %d request(s) still in flight", len(self.open))
+        for job, events in list(self.open.values()):
+            events.put_nowait(Failed("the server is shutting down; the request was cut short", 503, "shutting_down"))
+            job.cancel()
+
     # ---- one request ----
 
     async def handle(self, request: Request, req: ChatCompletionRequest | CompletionRequest, endpoint: str) -> Response:
         if req.model and req.model != self.name:
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {self.name!r}",
                            param="model", code="model_not_found")
-        ids, where = self.prompt_ids(req)
+        self.check_size(req)
+        # tokenizing is not a torch op: any thread will do, as long as it is not the event loop's
+        ids, where = await asyncio.to_thread(self.prompt_ids, req)
         sp = self.sampling(req, len(ids), where)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
@@ -218,9 +251,13 @@ class ServerState:
         job = Job(ids, sp, emit, text=TextStream(self.lm.tokenizer, sp.stop) if req.stream else None)
         self.submit(job)
         rid = ("chatcmpl-" if endpoint == CHAT else "cmpl-") + uuid.uuid4().hex
+        self.open[id(job)] = (job, events)
         if req.stream:
             return self._stream(job, events, req, endpoint, rid)
-        return await self._whole(request, job, events, endpoint, rid)
+        try:
+            return await self._whole(request, job, events, endpoint, rid)
+        finally:
+            self.open.pop(id(job), None)
 
     async def _whole(self, request: Request, job: Job, events: asyncio.Queue, endpoint: str, rid: str) -> Response:
         got = asyncio.ensure_future(events.get())
@@ -276,6 +313,7 @@ class ServerState:
             if outcome["counted"]:
                 return
             outcome["counted"] = True
+            self.open.pop(id(job), None)
             if outcome["status"] == "cancelled":
                 job.cancel()
             self.metrics.request(endpoint, outcome["status"])
@@ -337,18 +375,23 @@ async def _disconnected(request: Request) -> None:
 def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None = None,
                max_queue: int = 16, stop_timeout_s: float = 10.0, api_keys: list[str] | None = None,
                metrics_require_key: bool = False, max_batch: int = 8, prefill_chunk: int = 256,
-               prefix_cache: bool = True) -> FastAPI:
+               prefix_cache: bool = True, max_body_bytes: int = MAX_BODY_BYTES,
+               max_prompt_chars: int = MAX_PROMPT_CHARS) -> FastAPI:
     """The FastAPI application for one loaded model and strategy (the worker starts with the app).
 
     Strategies in BATCHED_STRATEGIES run up to max_batch requests in one continuously batched pass (at most
     prefill_chunk prompt rows in a pass: smaller chunks shorten the others' stalls and lengthen TTFT); max_queue
     more may wait; prefix_cache: a batched prompt reuses the cache of an earlier request's tokens it starts with.
-    With api_keys, /v1/* (and /metrics with metrics_require_key) answer 401 without one."""
+    With api_keys, /v1/* (and /metrics with metrics_require_key) answer 401 without one. A body over
+    max_body_bytes is refused (413) before it is read whole; a prompt over max_prompt_chars before it is tokenized."""
     if max_batch < 1:
         raise SpecLedgerError(f"max batch must be >= 1 (got {max_batch})")
     if prefill_chunk < 1:
         raise SpecLedgerError(f"prefill chunk must be >= 1 (got {prefill_chunk})")
-    state = ServerState(lm, strategy, served_name or lm.name, max_queue, max_batch, prefill_chunk, prefix_cache)
+    if max_body_bytes < 1 or max_prompt_chars < 1:
+        raise SpecLedgerError(f"size limits must be >= 1 (got {max_body_bytes} bytes, {max_prompt_chars} characters)")
+    state = ServerState(lm, strategy, served_name or lm.name, max_queue, max_batch, prefill_chunk, prefix_cache,
+                        max_prompt_chars)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -358,7 +401,13 @@ def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None =
 
     app = FastAPI(title="specledger", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
-    if api_keys:
+
+    def too_large(path: str) -> None:
+        if path in (CHAT, COMPLETIONS):
+            state.metrics.request(path, 413)
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes, on_refused=too_large)
+    if api_keys:  # (added last: outermost, so a request without a key is refused before its body is read)
         def refused(path: str) -> None:
             if path in (CHAT, COMPLETIONS):
                 state.metrics.request(path, 401)
@@ -435,15 +484,16 @@ def bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-    except OSError as exc:
+    except (OSError, OverflowError, ValueError) as exc:  # (a port out of range, a host with a NUL: not OSError)
         sock.close()
-        raise SpecLedgerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        raise SpecLedgerError(f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}") from None
     sock.set_inheritable(True)
     return sock
 
 
 class Server(uvicorn.Server):
-    """uvicorn, plus: on shutdown the app refuses new requests at once (503) while in-flight ones finish."""
+    """uvicorn, plus: on shutdown the app refuses new requests at once (503) while in-flight ones finish; those
+    still running shortly before the graceful timeout ends are told (ServerState.interrupt), then closed."""
 
     def __init__(self, app: FastAPI, *, shutdown_timeout_s: float = 30.0, log_level: str = "info",
                  access_log: bool = True) -> None:
@@ -458,6 +508,15 @@ class Server(uvicorn.Server):
     def stop(self) -> None:
         self.app_state.worker.drain()
         self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        timeout = self.config.timeout_graceful_shutdown or 0.0
+        # the margin leaves the cut requests time to send their last event before uvicorn cancels them
+        cut = asyncio.get_running_loop().call_later(max(0.0, timeout - min(1.0, timeout / 2)), self.app_state.interrupt)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            cut.cancel()
 
 
 class ServerThread:

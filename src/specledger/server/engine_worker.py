@@ -160,6 +160,11 @@ class EngineWorker(JobWorker):
     def running(self) -> int:
         return 0 if self._current is None else 1
 
+    @property
+    def queued(self) -> int:
+        """Waiting behind another (with the engine idle, the first in line is about to start)."""
+        return max(0, len(self._waiting) - (0 if self._current is not None else 1))
+
     def submit(self, job: Job) -> None:
         with self._lock:
             if not self._accepting:

@@ -1,8 +1,13 @@
 """Request bodies of the OpenAI-compatible endpoints, and the OpenAI-style error body.
 
-Fields the engine cannot honour (n > 1, logprobs, penalties, tools, ...) are rejected with a
-400 that names the field rather than silently ignored; fields no one needs to check (`user`,
-`metadata`, ...) are ignored. Extensions as in vLLM: `top_k`, `min_tokens`, `ignore_eos`.
+Fields the engine cannot honour (n > 1, logprobs, penalties, tools, a response_format other than
+text, ...) are rejected with a 400 that names the field rather than silently ignored; OpenAI fields
+that change nothing here (`user`, `metadata`, `store`, ...) are accepted and ignored; any other field
+is refused (a typo such as `max_token` would otherwise mean "no limit"). Values are strict: a number
+must be a JSON number (an integer where an integer is asked), a flag a JSON boolean. The seed must
+be one a generator takes: [-2^63, 2^64 - 1] (as vLLM, a seed outside is refused, not reduced: two
+different seeds silently sharing one stream would be a wrong answer, not a convenience).
+Extensions as in vLLM: `top_k`, `min_tokens`, `ignore_eos`.
 """
 
 from __future__ import annotations
@@ -10,6 +15,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
+STRICT = ConfigDict(extra="forbid", strict=True)
 
 
 class ApiError(Exception):
@@ -30,21 +38,36 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # (OpenAI's; nothing to obfuscate here)
+
+
+class ResponseFormat(BaseModel):
+    """Only plain text: JSON modes would need constrained decoding, which the engine does not have."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, v: str) -> str:
+        if v != "text":
+            raise ValueError(f"only {{'type': 'text'}} is supported (got {v!r})")
+        return v
 
 
 class _Sampling(BaseModel):
     """What both endpoints share: the model, sampling, stops, streaming."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1)  # -1 or 0: off
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: list[str] = Field(default_factory=list, max_length=4)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -56,6 +79,13 @@ class _Sampling(BaseModel):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     logprobs: Any = None
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    # OpenAI fields that change nothing here: accepted, ignored.
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -92,10 +122,10 @@ class _Sampling(BaseModel):
             raise ValueError("logit_bias is not supported")
         return v
 
-    @field_validator("logprobs")
+    @field_validator("logprobs", "top_logprobs")
     @classmethod
     def _logprobs(cls, v: Any) -> Any:
-        if v not in (None, False, 0):
+        if v is not None and v is not False and v != 0:
             raise ValueError("logprobs are not supported")
         return v
 
@@ -123,8 +153,8 @@ def _unicode(v: str) -> str:
 
 def _text_content(v: Any) -> Any:
     """Message content: a string, or a list of {"type": "text", "text": ...} parts joined."""
-    if v is None or isinstance(v, str):
-        return v or ""
+    if isinstance(v, str):
+        return v
     if isinstance(v, list):
         texts = []
         for part in v:
@@ -136,10 +166,24 @@ def _text_content(v: Any) -> Any:
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str = ""
+    content: str
+    name: str | None = None  # (a participant's name: not part of the chat template here)
+    # What an assistant message of an earlier answer carries when a client sends it back: only empty.
+    refusal: None = None
+    tool_calls: list[Any] | None = None
+    function_call: None = None
+    audio: None = None
+    annotations: list[Any] | None = None
+
+    @field_validator("tool_calls", "annotations")
+    @classmethod
+    def _empty(cls, v: list | None) -> list | None:
+        if v:
+            raise ValueError("tool calls are not supported")
+        return v
 
     @field_validator("content", mode="before")
     @classmethod
@@ -159,11 +203,20 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # the newer name of max_tokens
     tools: list[Any] | None = None
+    tool_choice: Any = None  # only "none" (or absent): there are no tools
+    parallel_tool_calls: bool | None = None
 
     @field_validator("tools")
     @classmethod
     def _tools(cls, v: list | None) -> list | None:
         if v:
+            raise ValueError("tools are not supported")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v: Any) -> Any:
+        if v not in (None, "none", "auto"):
             raise ValueError("tools are not supported")
         return v
 
