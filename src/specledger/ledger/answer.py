@@ -8,7 +8,17 @@ second rule), and read by every output that ends a run: the terminal (report/ter
 
 from __future__ import annotations
 
+from typing import Protocol, Sequence
+
+import numpy as np
 from pydantic import BaseModel, Field
+
+from specledger.ledger.cost_model import Case
+from specledger.ledger.inputs import Resolved
+from specledger.ledger.measurements import ConfigMeasurement
+from specledger.ledger.paired import Difference, difference
+from specledger.ledger.thresholds import (DIFFERS, INPUTS, OWNED_PRICE, REVIEW, TIE, Crossing, Search, curve, find)
+from specledger.ledger.verdicts import MATERIAL, Row
 
 
 class Threshold(BaseModel):
@@ -98,3 +108,242 @@ class Answer(BaseModel):
 
     def scenario(self, name: str) -> ScenarioAnswer:
         return next(s for s in self.scenarios if s.scenario == name)
+
+
+class Priced(Row, Protocol):  # the fields of ledger.price.ConfigCost read here
+    p5: float | None
+    p95: float | None
+    labour: float | None
+
+    @property
+    def cost_shares(self) -> dict[str, float]: ...
+
+
+ELIGIBLE = ("cheapest", "indistinguishable", "dominated", "trade-off")  # verdicts of configurations in the running
+
+
+def _recommend(rows: Sequence[Priced], baseline: str | None) -> Priced | None:
+    """The "cheapest" row; else, in the cheapest tie group, the baseline when it is there (nothing to gain by a
+    change), or the group's lowest central cost; else the lowest central cost among the candidates."""
+    cands = [r for r in rows if r.verdict in ELIGIBLE and r.total is not None]
+    tied = [r for r in cands if r.verdict == "indistinguishable"]
+    for pool in ([r for r in cands if r.verdict == "cheapest"], [r for r in tied if r.name == baseline], tied, cands):
+        if pool:
+            return min(pool, key=lambda r: r.total or 0.0)
+    return None
+
+
+def _confidence(rec: Priced, tie: bool, tested: bool) -> str:
+    """The verdict of verdicts.py in words."""
+    if not tested:
+        return "point estimates only (no Monte Carlo samples): nothing is said about noise"
+    if rec.verdict == "cheapest":
+        return "clear: " + (rec.verdict_detail or "the only configuration in the running")
+    if tie:
+        return (f"a tie: no configuration costs more than another by over {MATERIAL:.0%} of the cost per task with "
+                "95% confidence, so any of them will do")
+    if rec.verdict == "indistinguishable":
+        return (f"a tie at the top: {rec.verdict_detail}; the others cost more (95%); any of the tied will do")
+    return f"{rec.verdict}: {rec.verdict_detail}"
+
+
+def duration(minutes: float) -> str:
+    """Review-sized durations for people: "2 s", "30 s", "1.5 min", "2.5 h"."""
+    if minutes <= 0:
+        return "0 s"
+    if minutes < 1:
+        return f"{_sig(minutes * 60)} s"
+    return f"{_sig(minutes)} min" if minutes < 120 else f"{_sig(minutes / 60)} h"
+
+
+def _sig(v: float, digits: int = 2) -> str:
+    """`digits` significant figures, without an exponent: 0.034, 2, 150, 39,000."""
+    r = float(f"{v:.{digits}g}")
+    return f"{r:,.0f}" if abs(r) >= 10 ** (digits - 1) else f"{r:g}"
+
+
+def amount(v: float, unit: str) -> str:
+    """An input's value with its unit, for a sentence."""
+    if unit == "min":
+        return duration(v)
+    if unit.startswith("$"):
+        return f"${_sig(v)}{unit[1:]}"
+    if unit == "":
+        return f"{v:.0%}"
+    return f"{_sig(v)} {unit}"
+
+
+def _what(state: str) -> str:
+    if state == TIE:
+        return "every configuration ties"
+    if state == DIFFERS:
+        return "some configurations cost more, none is cheapest alone"
+    return f"{state} is cheapest"
+
+
+def threshold_model(c: Crossing) -> Threshold:
+    """A crossing as the answer block holds it, with its sentence."""
+    t = Threshold(input=".".join(map(str, c.input.path)), label=c.input.label, unit=c.input.unit, current=c.current,
+                  value=c.value, low=c.low, high=c.high, side=c.side, searched_low=c.searched_low,
+                  searched_high=c.searched_high, before=c.before, after=c.after)
+    unit = c.input.unit
+    if c.value is None:
+        t.change = (f"no change with {c.input.label} anywhere from {amount(c.searched_low, unit)} to "
+                    f"{amount(c.searched_high, unit)}")
+        return t
+    span = ""
+    if c.low is not None or c.high is not None:
+        lo = "…" if c.low is None else amount(c.low, unit)
+        hi = "…" if c.high is None else amount(c.high, unit)
+        span = f" (95%: {lo}–{hi})"
+    when = f"when {c.input.label} is {c.side} {amount(c.value, unit)}{span}"
+    if c.before == TIE:
+        lead = "the decoding choice matters " + when + (f": {c.after} is cheapest there"
+                                                        if c.after not in (TIE, DIFFERS) else "")
+    elif c.after == TIE:
+        lead = f"every configuration ties {when}"
+    elif c.after == DIFFERS:
+        lead = f"{c.before} stops being the clear choice {when}"
+    else:
+        lead = f"{c.after} becomes the clear choice {when}"
+    t.change = f"{lead} (now {amount(c.current, unit) if c.current is not None else '–'}: {_what(c.before)})"
+    return t
+
+
+def _saving(costs: dict[str, np.ndarray] | None, base: str, rec: str, tpm: np.ndarray | float) -> Difference | None:
+    """Monthly saving of rec against base, from the paired samples (volume drawn with them)."""
+    if costs is None or base not in costs or rec not in costs:
+        return None
+    return difference(costs[base] * tpm, costs[rec] * tpm)
+
+
+def _volume_draws(search: Search) -> np.ndarray:
+    """Tasks per month as the Monte Carlo drew it (with the cost samples)."""
+    x, _ = search.drawn[0]
+    return np.broadcast_to(np.asarray(x["volume"]["tasks_per_month"], dtype=np.float64), (search.n,))
+
+
+def _curve_values(current: float, value: float | None) -> list[float]:
+    """Review minutes from none to a few times today's: a second of review, then half-decade steps."""
+    top = max(1.0, 3 * current)
+    xs = {0.0, current, *(float(v) for v in 10.0 ** np.arange(-3, np.log10(top) + 0.01, 0.25))}
+    if value is not None:
+        xs.add(value)
+    return sorted(x for x in xs if x <= top)
+
+
+def scenario_answer(scenario: str, rows: Sequence[Priced], chosen: list[tuple[Priced, Case, Resolved, ConfigMeasurement]],
+                    reference: str | None, costs: dict[str, np.ndarray] | None, *, samples: int, seed: int,
+                    thresholds: bool = True) -> ScenarioAnswer:
+    """The decision for one scenario, from its priced rows (verdicts set) and their paired cost samples."""
+    out = ScenarioAnswer(scenario=scenario, baseline=reference)
+    rec = _recommend(rows, reference)
+    if rec is None:
+        out.headline = "no configuration could be priced: see each row's verdict"
+        return out
+    cands = [c for c in chosen if c[0].verdict in ELIGIBLE and c[0].total is not None]
+    eligible = [c[0] for c in cands]
+    by_name = {r.name: r for r in rows}
+    base = by_name.get(reference or "")
+    case = next(c[1] for c in cands if c[0] is rec)
+    tpm = float(case.x["volume"]["tasks_per_month"])
+    out.recommended, out.verdict, out.cost, out.cost_low, out.cost_high = rec.name, rec.verdict, rec.total, rec.p5, rec.p95
+    out.tie = len(eligible) > 1 and all(r.verdict == "indistinguishable" for r in eligible)
+    out.tied_with = [r.name for r in eligible if r.verdict == "indistinguishable" and r is not rec]
+    out.confidence = _confidence(rec, out.tie, costs is not None)
+    out.tasks_per_month = tpm
+    out.shares = rec.cost_shares
+    out.labour_share = out.shares.get("labour")
+    search = Search(cands, [c[1:] for c in chosen], samples, seed) if costs is not None and samples > 0 else None
+    if base is not None and base.total is not None:
+        out.baseline_cost = base.total
+        out.saving_per_task = base.total - (rec.total or 0.0)
+        out.saving_per_month = out.saving_per_task * tpm
+        d = None if search is None else _saving(costs, base.name, rec.name, _volume_draws(search))
+        if d is not None:
+            out.saving_low, out.saving_high = d.low, d.high
+    _human(out, rows, case)
+    if search is not None and thresholds and len(cands) > 1:
+        for inp in INPUTS if case.x["hardware"]["kind"] == "rented" else INPUTS[:4] + (OWNED_PRICE, INPUTS[5]):
+            c = find(search, inp)
+            if c is not None:
+                out.thresholds.append(threshold_model(c))
+        out.thresholds.sort(key=lambda t: t.value is None)
+        review = next((t for t in out.thresholds if t.input == "acceptance.review_minutes"), None)
+        now = search.current(REVIEW) or 0.0
+        out.curve = [CurveSeries(config=name, points=[CurvePoint(x=x, cost=c, low=lo, high=hi) for x, c, lo, hi in pts])
+                     for name, pts in curve(search, REVIEW, _curve_values(now, review.value if review else None))]
+    out.tie_reason = _tie_reason(out, case) if out.tie or rec.verdict == "indistinguishable" else ""
+    out.headline = _headline(out)
+    return out
+
+
+def _human(out: ScenarioAnswer, rows: Sequence[Priced], case: Case) -> None:
+    """Each priced configuration against a person doing the task, when the inputs say what that costs."""
+    h = case.x.get("human") or {}
+    if h.get("minutes") is None:
+        return
+    wage = h.get("wage_per_hour")
+    out.human_cost = float(h["minutes"]) * float(wage if wage is not None else case.x["acceptance"]["wage_per_hour"]) / 60
+    for r in rows:
+        if r.verdict in ELIGIBLE and r.total is not None:
+            out.human.append(HumanStanding(config=r.name, cost=r.total,
+                                           ratio=r.total / out.human_cost if out.human_cost else None,
+                                           saving_per_task=out.human_cost - r.total))
+
+
+def _tie_reason(out: ScenarioAnswer, case: Case) -> str:
+    """Why they tie: what the decoding choice can move (the engine's compute and energy) is a small share of the
+    cost per task next to labour, tools and maintenance, which it cannot move; and from where it would matter."""
+    s = out.shares
+    acc = case.x["acceptance"]
+    movable = s.get("engine", 0.0) + s.get("energy", 0.0)
+    fixed = {"labour": s.get("labour", 0.0), "maintenance": s.get("maintenance", 0.0), "tools": s.get("tools", 0.0)}
+    big = max(fixed, key=lambda k: fixed[k])
+    detail = ""
+    if big == "labour":
+        detail = (f" ({duration(acc['review_minutes'])} of review at ${_sig(acc['wage_per_hour'])}/h"
+                  + (f", {duration(acc['fix_minutes'])} to fix an escalated task" if acc["fix_minutes"] else "") + ")")
+    who = "no configuration" if out.tie else f"none of {', '.join([out.recommended or ''] + out.tied_with)}"
+    why = (f"{big} is {fixed[big]:.0%} of the cost per task{detail} and the engine's compute {movable:.1%}: {who} "
+           f"costs more than another by over {MATERIAL:.0%} with 95% confidence")
+    crossing = next((t for t in out.thresholds if t.value is not None and t.before == TIE), None)
+    if crossing is not None:
+        why += f"; {crossing.change.split(' (now ')[0]}"
+    return why
+
+
+def _headline(out: ScenarioAnswer) -> str:
+    name = f"{out.scenario}: " if out.scenario else ""
+    cost = _money(out.cost) + ("" if out.cost_low is None or out.cost_high is None else
+                               f" ({_money(out.cost_low)}–{_money(out.cost_high)}, 90%)")
+    if out.tie:
+        first = f"{name}the decoding choice does not matter: every configuration costs about {cost} per accepted task"
+        if out.recommended == out.baseline:
+            first += f"; keep {out.baseline}"
+    elif out.recommended == out.baseline:
+        first = f"{name}keep {out.baseline}: {cost} per accepted task"
+        if out.tied_with:
+            first += f" ({', '.join(out.tied_with)} cost the same within {MATERIAL:.0%})"
+    else:
+        first = f"{name}run {out.recommended}: {cost} per accepted task"
+        if out.tied_with:
+            first += f" (or {', '.join(out.tied_with)}: the same within {MATERIAL:.0%})"
+        if out.baseline and out.saving_per_month is not None:
+            span = ("" if out.saving_low is None or out.saving_high is None else
+                    f" ({_money(out.saving_low)}–{_money(out.saving_high)}, 95%)")
+            first += f", saving {_money(out.saving_per_month)} a month{span} against {out.baseline}"
+    review = next((t for t in out.thresholds if t.input == "acceptance.review_minutes" and t.value is not None), None)
+    if review is not None and out.tie:
+        first += f"; {review.change.split(' (now ')[0]}"
+    return first
+
+
+def _money(v: float | None) -> str:
+    if v is None:
+        return "–"
+    sign = "-" if v < 0 else ""
+    v = abs(v)
+    if v >= 100:
+        return f"{sign}${v:,.0f}"
+    return f"{sign}${v:.2f}" if v >= 1 else f"{sign}${v:.3g}"

@@ -101,12 +101,17 @@ def compute_cost_per_call(hw: dict, op: OperatingPoint, demand_rps=None):
     provisioned = demand_rps is not None and not per_busy_second(hw)
     if provisioned:
         seconds = replicas_needed(demand_rps, op.requests_per_s, op.device_count) / demand_rps
+    return device_rate_per_s(hw, provisioned) * seconds + energy_per_call(hw, op)
+
+
+def energy_per_call(hw: dict, op: OperatingPoint):
+    """The energy part of a call's compute cost (owned hardware; rent includes it), drawn only while busy."""
     if op.energy_j_per_call is not None and hw.get("use_measured_energy", True):
         energy_j = op.energy_j_per_call
     else:
         watts = hw.get("power_watts")
         energy_j = (0.0 if watts is None else watts) * op.device_seconds_per_call
-    return device_rate_per_s(hw, provisioned) * seconds + energy_cost(hw, energy_j)
+    return energy_cost(hw, energy_j)
 
 
 def tool_cost(task: dict):
@@ -151,6 +156,7 @@ class Breakdown:
     task_latency_s: float | None
     pass_rate: float
     infinite: bool = False  # pass rate 0: no attempt is ever accepted
+    energy: float = 0.0  # the energy part of `compute` (owned hardware only: rent includes it)
 
     def shares(self) -> dict[str, float]:
         if self.infinite or not self.total:
@@ -187,7 +193,9 @@ def task_cost(x: dict, op: OperatingPoint) -> Breakdown:
     latency = None
     if op.e2e_p50 is not None:
         latency = task["calls_per_task"] * op.e2e_p50 + tool_latency(task)
-    return Breakdown(per_call, attempt, attempts, esc, compute, tools, labour, maint, total, per_m, latency, q, infinite)
+    energy = attempts * task["calls_per_task"] * energy_per_call(hw, op)
+    return Breakdown(per_call, attempt, attempts, esc, compute, tools, labour, maint, total, per_m, latency, q, infinite,
+                     energy)
 
 
 def objective_misses(x: dict, op: OperatingPoint) -> list[str]:

@@ -146,6 +146,13 @@ class Latency(_Section):
     task_s: Annotated[float, Field(gt=0)] | None = None
 
 
+class Human(_Section):
+    """A person doing the task instead (the answer says where each configuration stands against it)."""
+
+    minutes: NonNeg  # of a person's work per task
+    wage_per_hour: NonNeg | None = None  # None: the reviewers' wage (acceptance.wage_per_hour)
+
+
 class Resolved(_Section):
     """The inputs for one configuration (base file merged with that configuration's overrides)."""
 
@@ -155,6 +162,7 @@ class Resolved(_Section):
     maintenance: Maintenance = Field(default_factory=Maintenance)
     volume: Volume
     latency: Latency = Field(default_factory=Latency)
+    human: Human | None = None  # what a person doing the task costs, when known
 
     def central(self) -> dict:
         """Nested dict of plain numbers: ranges replaced by their mode (the point estimate)."""

@@ -21,7 +21,7 @@ from scipy.stats import triang
 
 from specledger.ledger.inputs import Range, Resolved
 from specledger.ledger.measurements import ConfigMeasurement
-from specledger.ledger.cost_model import Case, task_cost, tool_latency, with_value
+from specledger.ledger.cost_model import Case, OperatingPoint, task_cost, tool_latency, with_value
 
 
 @dataclass
@@ -107,6 +107,28 @@ def _paired_pass_rate(m: ConfigMeasurement, shared: SharedDraws) -> np.ndarray |
 def sample_case(case: Case, resolved: Resolved, m: ConfigMeasurement, uniforms: dict[tuple, np.ndarray],
                 n: int, rng: np.random.Generator, shared: SharedDraws | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Cost samples and feasibility samples of one configuration."""
+    x, op = draw_case(case, resolved, m, uniforms, n, rng, shared)
+    costs = np.broadcast_to(np.asarray(task_cost(x, op).total, dtype=np.float64), (n,))
+
+    feasible = np.ones(n, dtype=bool)
+    lat = x["latency"]
+    for key, attr in (("ttft_p95_s", "ttft_s"), ("tpot_p95_s", "tpot_s"), ("e2e_p95_s", "e2e_s")):
+        limit = lat[key]
+        if limit is None:
+            continue
+        boot = _bootstrap([getattr(r, attr) for r in m.requests], rng, n)
+        point = getattr(op, attr.replace("_s", "_p95"))
+        p95 = np.percentile(boot, 95, axis=1) if boot is not None else np.full(n, np.inf if point is None else point)
+        feasible &= p95 <= limit
+    if lat["task_s"] is not None and op.e2e_p50 is not None:
+        feasible &= np.asarray(x["task"]["calls_per_task"] * op.e2e_p50 + tool_latency(x["task"])) <= lat["task_s"]
+    return costs.copy(), feasible
+
+
+def draw_case(case: Case, resolved: Resolved, m: ConfigMeasurement, uniforms: dict[tuple, np.ndarray],
+              n: int, rng: np.random.Generator, shared: SharedDraws | None = None) -> tuple[dict, OperatingPoint]:
+    """One configuration's inputs and operating point with n draws at their leaves: task_cost(x, op) prices them
+    (ledger/thresholds.py re-prices the same draws with one input changed)."""
     x = case.x
     for path, r in resolved.ranges().items():
         x = with_value(x, path, triangular(uniforms[path], r))
@@ -137,21 +159,31 @@ def sample_case(case: Case, resolved: Resolved, m: ConfigMeasurement, uniforms: 
     if x["acceptance"]["pass_rate"] is None and m.graded and m.passes:
         q = _paired_pass_rate(m, shared) if shared is not None else None
         op = replace(op, pass_rate=q if q is not None else rng.beta(m.passes + 0.5, m.graded - m.passes + 0.5, size=n))
-    costs = np.broadcast_to(np.asarray(task_cost(x, op).total, dtype=np.float64), (n,))
+    return x, op
 
-    feasible = np.ones(n, dtype=bool)
-    lat = x["latency"]
-    for key, attr in (("ttft_p95_s", "ttft_s"), ("tpot_p95_s", "tpot_s"), ("e2e_p95_s", "e2e_s")):
-        limit = lat[key]
-        if limit is None:
-            continue
-        boot = _bootstrap([getattr(r, attr) for r in m.requests], rng, n)
-        point = getattr(op, attr.replace("_s", "_p95"))
-        p95 = np.percentile(boot, 95, axis=1) if boot is not None else np.full(n, np.inf if point is None else point)
-        feasible &= p95 <= limit
-    if lat["task_s"] is not None and op.e2e_p50 is not None:
-        feasible &= np.asarray(x["task"]["calls_per_task"] * op.e2e_p50 + tool_latency(x["task"])) <= lat["task_s"]
-    return costs.copy(), feasible
+
+def draws(cases: list[tuple[Case, Resolved, ConfigMeasurement]], samples: int,
+          seed: int) -> tuple[dict[tuple, np.ndarray], SharedDraws]:
+    """The common random numbers of one seed: a uniform per ranged input, and the shared prompt and item draws."""
+    rng = np.random.default_rng(seed)
+    paths = sorted({p for _, res, _ in cases for p in res.ranges()}, key=lambda p: tuple(map(str, p)))
+    uniforms = {p: rng.random(samples) for p in paths}
+    return uniforms, shared_draws([m for _, _, m in cases], samples, rng)
+
+
+def sample_all(cases: list[tuple[Case, Resolved, ConfigMeasurement]], uniforms: dict[tuple, np.ndarray],
+               shared: SharedDraws, samples: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Cost and feasibility samples of every case over the same draws (the i-th case's own stream: [seed, i+1])."""
+    return [sample_case(case, res, m, uniforms, samples, np.random.default_rng([seed, i + 1]), shared)
+            for i, (case, res, m) in enumerate(cases)]
+
+
+def draw_all(cases: list[tuple[Case, Resolved, ConfigMeasurement]], samples: int,
+             seed: int) -> list[tuple[dict, OperatingPoint]]:
+    """Every case's drawn inputs and operating point, exactly as `simulate` prices them."""
+    uniforms, shared = draws(cases, samples, seed)
+    return [draw_case(case, res, m, uniforms, samples, np.random.default_rng([seed, i + 1]), shared)
+            for i, (case, res, m) in enumerate(cases)]
 
 
 def simulate(
@@ -162,14 +194,10 @@ def simulate(
     seed: int = 0,
 ) -> dict[str, Interval]:
     """Mean and 90% interval of cost per accepted task per configuration, and P(cheapest) among `eligible`."""
-    rng = np.random.default_rng(seed)
-    paths = sorted({p for _, res, _ in cases for p in res.ranges()}, key=lambda p: tuple(map(str, p)))
-    uniforms = {p: rng.random(samples) for p in paths}
-    shared = shared_draws([m for _, _, m in cases], samples, rng)
+    uniforms, shared = draws(cases, samples, seed)
     out: dict[str, Interval] = {}
     costs: dict[str, np.ndarray] = {}
-    for i, (case, res, m) in enumerate(cases):
-        c, f = sample_case(case, res, m, uniforms, samples, np.random.default_rng([seed, i + 1]), shared)
+    for (case, _, _), (c, f) in zip(cases, sample_all(cases, uniforms, shared, samples, seed)):
         costs[case.name] = c
         finite = c[np.isfinite(c)]
         mean = float(c.mean()) if finite.size == c.size else float("inf")

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from scipy.stats import beta
 
 from specledger.errors import BadInput
-from specledger.ledger.answer import Answer
+from specledger.ledger.answer import Answer, scenario_answer
 from specledger.ledger.breakeven import BreakEven, break_even
 from specledger.ledger.concurrency import ConcurrencyBreakEven, break_even_concurrency
 from specledger.ledger.inputs import CostInputs, Range, Resolved, _is_range, _map_leaves, load_inputs
@@ -58,7 +58,8 @@ class ConfigCost(BaseModel):
     per_million_tokens: float | None = None
     attempts: float | None = None
     escalation: float | None = None
-    compute: float | None = None
+    compute: float | None = None  # device cost of the attempts, energy included
+    energy: float | None = None  # the energy part of compute (owned hardware: rent includes it)
     tools: float | None = None
     labour: float | None = None
     maintenance: float | None = None
@@ -79,10 +80,22 @@ class ConfigCost(BaseModel):
 
     @property
     def shares(self) -> dict[str, float]:
+        """The three-way split the report's table shows ("compute" counts tool calls too; see cost_shares)."""
         if self.infinite or not self.total:
             return {}
         return {"compute": (self.compute + self.tools) / self.total, "labour": self.labour / self.total,
                 "maintenance": self.maintenance / self.total}
+
+    @property
+    def cost_shares(self) -> dict[str, float]:
+        """Engine compute, tools (retrieval, tool calls), labour, maintenance and energy, as shares of the total:
+        what the decoding choice can move (the engine's part, its energy) apart from what it cannot."""
+        if self.infinite or not self.total or self.compute is None:
+            return {}
+        energy = self.energy or 0.0
+        parts = {"engine": self.compute - energy, "tools": self.tools, "labour": self.labour,
+                 "maintenance": self.maintenance, "energy": energy}
+        return {k: (v or 0.0) / self.total for k, v in parts.items()}
 
 
 class LedgerResult(BaseModel):
@@ -126,7 +139,8 @@ def _cost_row(m: ConfigMeasurement, case: Case, b: Breakdown, misses: list[str],
         errors=m.errors, device_seconds_per_call=case.op.device_seconds_per_call,
         replicas=None if demand is None else float(replicas_needed(demand, case.op.requests_per_s, case.op.device_count)),
         cost_per_call=float(b.cost_per_call), per_million_tokens=_finite(b.per_million_tokens),
-        attempts=float(b.attempts), escalation=float(b.escalation), compute=float(b.compute), tools=float(b.tools),
+        attempts=float(b.attempts), escalation=float(b.escalation), compute=float(b.compute), energy=float(b.energy),
+        tools=float(b.tools),
         labour=float(b.labour), maintenance=float(b.maintenance), total=_finite(b.total),
         task_latency_s=b.task_latency_s, feasible=not misses, misses=misses, comparable=m.comparable,
         comparable_reason=m.comparable_reason, infinite=b.infinite,
@@ -232,22 +246,28 @@ def price_measurements(
     samples: int = 2000,
     seed: int = 0,
     run_dir: str = "",
+    scenario: str = "",
 ) -> LedgerResult:
-    """Point costs, verdicts, Monte Carlo intervals, break-evens and sensitivity for a set of measurements.
-    With scenarios in the cost file, the first is priced in full and the others summarised."""
+    """Point costs, verdicts, Monte Carlo intervals, break-evens and sensitivity for a set of measurements, and the
+    answer first (ledger/answer.py). With scenarios in the cost file, the first is priced in full and the others
+    summarised; the answer has one entry per scenario."""
     if inputs.scenarios:
         names = list(inputs.scenarios)
-        out = price_measurements(ms, inputs.scenario(names[0]), samples=samples, seed=seed, run_dir=run_dir)
+        out = price_measurements(ms, inputs.scenario(names[0]), samples=samples, seed=seed, run_dir=run_dir,
+                                 scenario=names[0])
         out.scenario, out.inputs_source = names[0], inputs.source
         for name in names[1:]:
-            other = price_measurements(ms, inputs.scenario(name), samples=min(samples, 1000), seed=seed)
+            other = price_measurements(ms, inputs.scenario(name), samples=min(samples, 1000), seed=seed, scenario=name)
             out.scenarios[name] = [_summary(r) for r in other.configs]
+            if out.answer is not None and other.answer is not None:
+                out.answer.scenarios += other.answer.scenarios
         return out
     levels, chosen = choose_levels(ms, inputs)
     rows = [c[0] for c in chosen]
     point_verdicts(rows)
     chosen = [c for c in chosen if c[1] is not None]
     eligible = {r.name for r in rows if r.verdict in ("cheapest", "dominated", "trade-off")}
+    cost_samples = None
     if samples > 0:
         mc = simulate([(case, res, m) for _, case, res, m in chosen], eligible=eligible, samples=samples, seed=seed)
         for r in (r for r in rows if r.name in mc):
@@ -255,7 +275,8 @@ def price_measurements(
             r.mean, r.p5, r.p95 = _finite(i.mean), _finite(i.p5), _finite(i.p95)
             r.p_feasible = i.p_feasible
             r.p_cheapest = i.p_cheapest if r.name in eligible else None
-        tested_verdicts(rows, {n: i.costs for n, i in mc.items() if i.costs is not None})
+        cost_samples = {n: i.costs for n, i in mc.items() if i.costs is not None}
+        tested_verdicts(rows, cost_samples)
     _paired_speedups(levels, ms, seed=seed)
     level_of = {(r.name, r.load): r for r in levels}
     for r in rows:  # each priced row is one of its configuration's levels
@@ -265,6 +286,9 @@ def price_measurements(
                                                                         lv.speedup_base)
 
     ref = _reference([c[3] for c in chosen])
+    # thresholds need the Monte Carlo: without samples (point estimates) the answer has none
+    answer = Answer(scenarios=[scenario_answer(scenario, rows, chosen, ref, cost_samples, samples=samples, seed=seed,
+                                               thresholds=samples > 0)])
     sens = {}
     for row, case, res, m in chosen:
         if row.total is not None:
@@ -291,13 +315,14 @@ def price_measurements(
     return LedgerResult(
         run_dir=str(run_dir), inputs_source=inputs.source, reference=ref, configs=rows, levels=levels,
         break_even=bes, concurrency=break_even_concurrency(levels), quality=quality, sensitivity=sens, samples=samples, seed=seed, measurements=ms, calculator=calculator,
+        answer=answer,
     )
 
 
 def _summary(r: ConfigCost) -> dict:
     return {"name": r.name, "load": r.load, "total": r.total, "p5": r.p5, "p95": r.p95, "verdict": r.verdict,
             "verdict_detail": r.verdict_detail, "compute_share": r.shares.get("compute"),
-            "labour_share": r.shares.get("labour")}
+            "labour_share": r.shares.get("labour")} | {f"{k}_share": v for k, v in r.cost_shares.items()}
 
 
 def _occupancy(m: ConfigMeasurement) -> float | None:
