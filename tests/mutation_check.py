@@ -11,6 +11,9 @@ target is no longer in the source (update the mutant: the code moved).
     python tests/mutation_check.py verify-accepts-one-too-many tree-mask-sees-sibling
     python tests/mutation_check.py kv-keep-one-extra --tests tests/test_decoding.py   # another test selection
 
+A mutant whose code needs a host feature this machine lacks (AMX tiles, oneDNN's bf16 packing) is listed as
+*unreachable* rather than run: its tests would pass for want of running the code, not for catching the bug.
+
 Run it from the repository root with the project's Python (the copy is put first on PYTHONPATH).
 """
 
@@ -39,6 +42,30 @@ class Mutant:
     old: str  # must occur exactly once
     new: str
     tests: list[str]  # pytest node ids or files, relative to the root
+    needs: str = ""  # a host feature without which the mutated code never runs here (HOST_FEATURES)
+
+
+def _host_isa() -> str:
+    from specledger.engine import qkernel
+
+    return qkernel.host_isa()
+
+
+def _onednn_packs_bf16() -> bool:
+    import torch
+
+    from specledger.engine.model import Linear
+    from specledger.engine.packed_linear import PackedLinear, pack
+
+    return isinstance(pack(Linear(16, 16, bias=False, dtype=torch.bfloat16)), PackedLinear)
+
+
+# what a mutant may need, and how to tell whether this host has it; a mutant whose need is missing is reported
+# "unreachable" (its code cannot run here, so its tests cannot see it), not counted as killed or survived
+HOST_FEATURES = {
+    "amx": ("AMX tiles", lambda: _host_isa() == "avx512-vnni+amx"),
+    "onednn-bf16": ("oneDNN's bf16 packing (AVX-512 BF16 or AMX)", _onednn_packs_bf16),
+}
 
 
 MUTANTS = [
@@ -79,11 +106,11 @@ MUTANTS = [
            "case 3: rows<2, 2>(a, r, s, e); break;", ["tests/test_packed_linear.py"]),
     Mutant("packed-weight-transposed", "a bf16 Linear is packed for oneDNN from its transposed matrix",
            "src/specledger/engine/packed_linear.py", "(w.detach().contiguous(), PACK_ROWS)",
-           "(w.detach().t().contiguous(), PACK_ROWS)", ["tests/test_packed_linear.py"]),
+           "(w.detach().t().contiguous(), PACK_ROWS)", ["tests/test_packed_linear.py"], needs="onednn-bf16"),
     Mutant("packed-backward-unguarded", "a packed Linear runs its backward-less op where a gradient is needed",
            "src/specledger/engine/packed_linear.py",
            "if x.dtype != torch.bfloat16 or (torch.is_grad_enabled() and x.requires_grad):", "if x.dtype != torch.bfloat16:",
-           ["tests/test_packed_linear.py"]),
+           ["tests/test_packed_linear.py"], needs="onednn-bf16"),
     Mutant("kernel-linear-backward-unguarded", "a kernel bf16 Linear runs its backward-less op where a gradient is needed",
            "src/specledger/engine/packed_linear.py",
            'or x.device.type != "cpu" or (torch.is_grad_enabled() and x.requires_grad):', 'or x.device.type != "cpu":',
@@ -217,7 +244,7 @@ MUTANTS = [
            "elif tokens / spent <= best_rate:", ["tests/test_batch_speculation.py"]),
     Mutant("amx-low-digit-from-the-high", "AMX products take the high digit's sums for the low digit's",
            "src/specledger/engine/csrc/qmm.cpp", "if (DIG == 2) _tile_stored(4, c + 256, 64);",
-           "if (DIG == 2) _tile_stored(3, c + 256, 64);", ["tests/test_qkernel.py"]),
+           "if (DIG == 2) _tile_stored(3, c + 256, 64);", ["tests/test_qkernel.py"], needs="amx"),
     Mutant("tree-rows-see-every-new-row", "a tree's rows in the pass's one attention call ignore their masks",
            "src/specledger/engine/csrc/fused.cpp", "ap ? ap + bi * allow.stride(0) : nullptr);", "nullptr);",
            ["tests/test_batching.py", "tests/test_qkernel.py"]),
@@ -335,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: mutant {m.name}: {m.old!r} occurs {count} times in {m.path} "
                   "(want exactly once; update the mutant)", file=sys.stderr)
             return 2
+    missing = {k: what for k, (what, has) in HOST_FEATURES.items() if any(m.needs == k for m in chosen) and not has()}
+    unreachable = [m for m in chosen if m.needs in missing]
+    for m in unreachable:
+        print(f"{m.name:32} {'unreachable':8} on this host: its code needs {missing[m.needs]}", flush=True)
+    chosen = [m for m in chosen if m not in unreachable]
     survivors: list[str] = []
     with tempfile.TemporaryDirectory(prefix="specledger-mutants-") as tmp:
         if not args.no_baseline:
@@ -359,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
                 survivors.append(m.name)
             shutil.rmtree(tree)
     print(f"{len(chosen) - len(survivors)}/{len(chosen)} mutants killed"
-          + (f"; survived: {', '.join(survivors)}" if survivors else ""))
+          + (f"; survived: {', '.join(survivors)}" if survivors else "")
+          + (f"; unreachable on this host: {', '.join(m.name for m in unreachable)}" if unreachable else ""))
     return 1 if survivors else 0
 
 

@@ -79,6 +79,27 @@ def test_eagle_draft_head_reads_a_packed_lm_head():
     torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
 
 
+def test_kernel_linear_gradient_is_the_dense_one_on_any_host():
+    """The engine's bf16 kernel has no backward either. pack() picks it only where oneDNN cannot pack bf16, so
+    the layer is built directly here: its guard is checked on every host that has the kernel, not only there."""
+    from specledger.engine import qkernel
+
+    if qkernel.op() is None:
+        pytest.skip("the engine's kernel library is not available here")
+    g = torch.Generator().manual_seed(4)
+    dense = Linear(64, 48, bias=False, dtype=torch.bfloat16)
+    with torch.no_grad():
+        dense.weight.copy_(torch.randn(48, 64, generator=g))
+    kernel = KernelLinear(dense.weight)
+    x = torch.randn(3, 64, generator=g).bfloat16()
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (dense(xa).float() ** 2).sum().backward()
+    (kernel(xb).float() ** 2).sum().backward()
+    torch.testing.assert_close(xb.grad, xa.grad, atol=5e-2, rtol=2e-2)
+    with torch.no_grad():  # and off the gradient path it is the kernel's product
+        torch.testing.assert_close(kernel(x).float(), dense(x).float(), atol=5e-2, rtol=2e-2)
+
+
 def test_kernel_product_is_the_fp32_sum_and_each_row_its_own():
     """The engine's bf16 kernel (csrc/bf16mm.cpp): every tail of its tiling (weight rows not a multiple of 8,
     1-5 rows, more than a 64-row block) against the fp32 product of the same numbers, and each row of a batch
