@@ -158,7 +158,7 @@ def run_compare(config: RunConfig, *, run_dir: Path | None = None, inputs: Path 
     from specledger.ledger.inputs import load_inputs
     from specledger.ledger.price import price_run
     from specledger.report.html import write_report
-    from specledger.report.terminal import print_ledger, render_interaction
+    from specledger.report.terminal import print_ledger, render_answer, render_interaction
 
     console = console or Console()
     t0 = time.perf_counter()
@@ -191,12 +191,15 @@ def run_compare(config: RunConfig, *, run_dir: Path | None = None, inputs: Path 
     except SpecLedgerError as exc:
         raise SpecLedgerError(f"{exc} (the measurements are in {run_dir})") from None
     (run_dir / "ledger.json").write_text(ledger.model_dump_json(indent=2), encoding="utf-8")
+    answer = render_answer(ledger)
+    if answer is not None:  # the decision first; the gates, tables and report are its evidence
+        console.print(answer)
     console.print("[bold]Quality gates[/bold]")
     console.print(gates_text(run))  # every gate's figures, divergences included, and the run's notes
     console.print(workload_text(run))  # what was read and skipped, and how each kind is graded
     if run.noise is not None and run.noise.warning:
         console.print(f"[yellow]warning: noisy machine: {run.noise.warning}.[/yellow]")
-    print_ledger(ledger, console)
+    print_ledger(ledger, console, answer=False)
     inter = render_interaction(ledger)
     if inter is not None:
         console.print(inter)
@@ -204,6 +207,8 @@ def run_compare(config: RunConfig, *, run_dir: Path | None = None, inputs: Path 
     if report:
         path = write_report(run_dir, ledger, run_dir / "report.html")
     elapsed = time.perf_counter() - t0
+    if ledger.answer is not None and ledger.answer.scenarios:  # the answer again, last on the screen
+        console.print(f"[bold]answer:[/bold] {ledger.answer.scenarios[0].headline}")
     console.print(f"measured in {measured}, done in {elapsed:.0f} s; results: {run_dir.resolve()}")
     if path is not None:
         console.print(f"report: {path.resolve()}")

@@ -143,7 +143,8 @@ def _confidence(rec: Priced, tie: bool, tested: bool) -> str:
         return (f"a tie: no configuration costs more than another by over {MATERIAL:.0%} of the cost per task with "
                 "95% confidence, so any of them will do")
     if rec.verdict == "indistinguishable":
-        return (f"a tie at the top: {rec.verdict_detail}; the others cost more (95%); any of the tied will do")
+        return (f"a tie at the top: {rec.verdict_detail}; every other configuration costs more by over "
+                f"{MATERIAL:.0%} (95%)")
     return f"{rec.verdict}: {rec.verdict_detail}"
 
 
@@ -173,14 +174,6 @@ def amount(v: float, unit: str) -> str:
     return f"{_sig(v)} {unit}"
 
 
-def _what(state: str) -> str:
-    if state == TIE:
-        return "every configuration ties"
-    if state == DIFFERS:
-        return "some configurations cost more, none is cheapest alone"
-    return f"{state} is cheapest"
-
-
 def threshold_model(c: Crossing) -> Threshold:
     """A crossing as the answer block holds it, with its sentence."""
     t = Threshold(input=".".join(map(str, c.input.path)), label=c.input.label, unit=c.input.unit, current=c.current,
@@ -206,7 +199,7 @@ def threshold_model(c: Crossing) -> Threshold:
         lead = f"{c.before} stops being the clear choice {when}"
     else:
         lead = f"{c.after} becomes the clear choice {when}"
-    t.change = f"{lead} (now {amount(c.current, unit) if c.current is not None else '–'}: {_what(c.before)})"
+    t.change = f"{lead} (now {amount(c.current, unit) if c.current is not None else '–'})"
     return t
 
 
@@ -273,7 +266,7 @@ def scenario_answer(scenario: str, rows: Sequence[Priced], chosen: list[tuple[Pr
         now = search.current(REVIEW) or 0.0
         out.curve = [CurveSeries(config=name, points=[CurvePoint(x=x, cost=c, low=lo, high=hi) for x, c, lo, hi in pts])
                      for name, pts in curve(search, REVIEW, _curve_values(now, review.value if review else None))]
-    out.tie_reason = _tie_reason(out, case) if out.tie or rec.verdict == "indistinguishable" else ""
+    out.tie_reason = _tie_reason(out, case) if out.tie else ""  # a tie at the top: `confidence` says it
     out.headline = _headline(out)
     return out
 
@@ -304,9 +297,8 @@ def _tie_reason(out: ScenarioAnswer, case: Case) -> str:
     if big == "labour":
         detail = (f" ({duration(acc['review_minutes'])} of review at ${_sig(acc['wage_per_hour'])}/h"
                   + (f", {duration(acc['fix_minutes'])} to fix an escalated task" if acc["fix_minutes"] else "") + ")")
-    who = "no configuration" if out.tie else f"none of {', '.join([out.recommended or ''] + out.tied_with)}"
-    why = (f"{big} is {fixed[big]:.0%} of the cost per task{detail} and the engine's compute {movable:.1%}: {who} "
-           f"costs more than another by over {MATERIAL:.0%} with 95% confidence")
+    why = (f"{big} is {fixed[big]:.0%} of the cost per task{detail} and the engine's compute {movable:.1%}: no "
+           f"configuration costs more than another by over {MATERIAL:.0%} with 95% confidence")
     crossing = next((t for t in out.thresholds if t.value is not None and t.before == TIE), None)
     if crossing is not None:
         why += f"; {crossing.change.split(' (now ')[0]}"

@@ -242,9 +242,47 @@ def render_concurrency(ledger: LedgerResult) -> Table | None:
     return t
 
 
-def print_ledger(ledger: LedgerResult, console: Console | None = None) -> None:
+def _pct(v: float) -> str:
+    return f"{v:.0%}" if v >= 0.01 or v == 0 else f"{v:.1%}"
+
+
+def render_answer(ledger: LedgerResult) -> Text | None:
+    """The answer first: per scenario what to run, what an accepted task costs, what it saves, how sure, why
+    configurations tie and from which input value the choice matters (ledger/answer.py computes it)."""
+    if ledger.answer is None or not ledger.answer.scenarios:
+        return None
+    out = Text()
+    out.append("The answer\n", style="bold underline")
+    for a in ledger.answer.scenarios:
+        out.append(a.headline + "\n", style="bold")
+        if a.confidence:
+            out.append("  how sure: ", style="dim").append(a.confidence + "\n")
+        if a.tie_reason:
+            out.append("  why: ", style="dim").append(a.tie_reason + "\n")
+        if a.shares:
+            split = " · ".join(f"{k} {_pct(v)}" for k, v in a.shares.items())
+            out.append("  cost split: ", style="dim").append(f"{split} ({a.recommended})\n")
+        for t in a.thresholds:
+            if t.value is not None and t.change not in a.tie_reason:
+                out.append("  • ", style="dim").append(t.change + "\n")
+        flat = [t.label for t in a.thresholds if t.value is None]
+        if flat:
+            out.append("  no change anywhere searched with: ", style="dim").append(", ".join(flat) + "\n")
+        if a.human_cost is not None and a.human:
+            ratios = sorted(h.ratio for h in a.human if h.ratio is not None)
+            if ratios:
+                span = _pct(ratios[0]) if ratios[0] == ratios[-1] else f"{_pct(ratios[0])}–{_pct(ratios[-1])}"
+                out.append("  against a person: ", style="dim").append(
+                    f"{money(a.human_cost)} a task; the configurations cost {span} of that\n")
+    return out
+
+
+def print_ledger(ledger: LedgerResult, console: Console | None = None, *, answer: bool = True) -> None:
+    """The answer (unless the caller printed it already), then the tables that are its evidence."""
     console = console or Console()
-    parts = [render_cost_table(ledger), render_notes(ledger)]
+    first = render_answer(ledger) if answer else None
+    parts: list = [] if first is None else [first]
+    parts += [render_cost_table(ledger), render_notes(ledger)]
     parts += [render_scenario(ledger, name) for name in ledger.scenarios]
     for extra in (render_concurrency(ledger), render_break_even(ledger), render_sensitivity(ledger)):
         if extra is not None:
