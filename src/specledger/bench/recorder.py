@@ -21,7 +21,7 @@ from specledger.bench.env import collect_conditions
 from specledger.bench.metrics import aggregate, group_by, spread_itl, tpot
 from specledger.bench.results import (
     REQUESTS_FILE, ConfigResult, EngineTelemetry, LoadResult, RequestGrade, RequestLog, RequestRecord, RunResult,
-    WorkloadInfo, load_run, now, read_requests, write_run, write_summary,
+    WorkloadInfo, load_run, now, read_requests, repair_requests, write_run, write_summary,
 )
 from specledger.bench.question import Question
 from specledger.errors import BadInput, SpecLedgerError
@@ -31,7 +31,7 @@ from specledger.quality.policy import apply_gates
 
 class RunRecorder:
     def __init__(self, cfg: RunConfig, run_dir: Path, *, resume: bool, info: WorkloadInfo, energy_source: Any,
-                 energy_available: bool, interleaved: bool):
+                 energy_available: bool, interleaved: bool, console: Console | None = None):
         self.cfg = cfg
         self.run_dir = run_dir
         self.resume = resume
@@ -41,6 +41,10 @@ class RunRecorder:
         self.log: RequestLog | None = None
         if resume:
             self.result = load_run(run_dir)
+            repaired = repair_requests(run_dir)  # before anything is appended after a torn record
+            if repaired is not None:
+                (console or Console(stderr=True)).print(f"[yellow]{repaired}[/yellow]", highlight=False, soft_wrap=True)
+                self.note(repaired)
             self.result.status = "running"
             self.result.notes.append(f"resumed {now().isoformat(timespec='seconds')} (segment {self.segment})")
             self.previous = read_requests(run_dir)

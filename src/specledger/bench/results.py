@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Literal
@@ -153,11 +154,34 @@ class Aggregate(_Model):
     passed: int = 0
 
 
+class ConditionSample(_Model):
+    """The machine's conditions at t seconds into a level (None: not readable here)."""
+
+    t: float
+    cpu_mhz: float | None = None
+    cpu_temp_c: float | None = None  # the hottest sensor psutil reports
+    gpu_temp_c: float | None = None
+    gpu_sm_mhz: float | None = None
+    gpu_throttle: int | None = None  # NVML's clock throttle reasons (a bit mask; 0: none)
+
+
 class SteadyState(_Model):
+    """Throughput by windows of `window` completed conversations through a level (bench/steady.py)."""
+
     window: int  # completed requests per window
     tolerance: float
     reached: bool
     windows_tok_s: list[float]
+    span: int = 2  # windows the slope is fitted over
+    windows_req_s: list[float] = Field(default_factory=list)
+    window_ends_s: list[float] = Field(default_factory=list)  # seconds from the level's start
+    duration_s: float | None = None  # the --sustain limit the level ran under
+    burst_tok_s: float | None = None  # the first window
+    steady_tok_s: float | None = None  # the mean of the last `span` windows, once steady
+    steady_req_s: float | None = None
+    time_to_steady_s: float | None = None
+    steady_j_per_request: float | None = None  # energy per request in the steady windows
+    samples: list[ConditionSample] = Field(default_factory=list)
 
 
 class LoadResult(_Model):
@@ -313,24 +337,33 @@ def now() -> datetime:
 
 
 class RequestLog:
-    """Append-only requests.jsonl. Each record is flushed as written, so a crash of the process
-    loses nothing; sync() (called at the end of each load level) also survives a crash of the OS."""
+    """Append-only requests.jsonl, crash-consistent: each record goes out as one O_APPEND write of the whole
+    line (a loop only where the kernel writes less), so a kill at any byte tears at most the last record, and
+    a write that fails (disk full) is cut back so that no partial line is left for the next record to follow.
+    Records reach the OS at once (a crash of the process loses nothing); sync() (called at the end of each
+    load level) also survives a crash of the OS without paying an fsync per record."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / REQUESTS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", encoding="utf-8")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def append(self, record: RequestRecord) -> None:
-        self._f.write(record.model_dump_json() + "\n")
-        self._f.flush()
+        line = (record.model_dump_json() + "\n").encode("utf-8")
+        start = os.fstat(self._fd).st_size
+        try:
+            _write_all(self._fd, line)
+        except OSError:
+            os.ftruncate(self._fd, start)
+            raise
 
     def sync(self) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        os.fsync(self._fd)
 
     def close(self) -> None:
-        self._f.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def __enter__(self) -> "RequestLog":
         return self
@@ -339,15 +372,64 @@ class RequestLog:
         self.close()
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """One write of the whole line; the rest again only where the kernel took less."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _parse_record(line: bytes) -> RequestRecord | None:
+    try:
+        return RequestRecord.model_validate_json(line)
+    except ValidationError:
+        return None
+
+
+def repair_requests(run_dir: str | Path) -> str | None:
+    """Before a resume appends: cut requests.jsonl back to its last complete record, so that the next record
+    does not land on a line torn by a kill. Returns what was done, in a line (None: nothing to do)."""
+    path = Path(run_dir) / REQUESTS_FILE
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    body = data[:-1] if data.endswith(b"\n") else data
+    start = body.rfind(b"\n") + 1  # where the last line begins
+    if not body[start:] or _parse_record(body[start:]) is not None:
+        if body[start:] and body is data:  # the kill fell just before the newline: a whole record, kept
+            with open(path, "ab") as f:
+                f.write(b"\n")
+        return None
+    with open(path, "rb+") as f:
+        f.truncate(start)
+    line = body.count(b"\n") + 1
+    return (f"{path}:{line}: cut a torn last record ({len(data) - start} bytes, an interrupted write) before "
+            "resuming; its request runs again")
+
+
+_warned: set[tuple[str, int]] = set()
+
+
+def _warn_torn(path: Path, line: int, size: int) -> None:
+    """Once per file and state: a reader goes on without the torn last record, saying so on stderr."""
+    if (str(path), size) not in _warned:
+        _warned.add((str(path), size))
+        print(f"warning: {path}:{line}: torn last record (an interrupted write), ignored", file=sys.stderr)
+
+
 def read_requests(run_dir: str | Path, *, latest_only: bool = True) -> list[RequestRecord]:
     """Records of a run; with latest_only a request measured again (resume) keeps its last record.
 
-    A torn last line (crash mid-write) is ignored; any other bad line is an error naming it.
+    A torn last line (a kill mid-write) is ignored with a warning on stderr; any other bad line is an error
+    naming it.
     """
     path = Path(run_dir) / REQUESTS_FILE
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    if not lines[-1]:
+        lines.pop()
     records: list[RequestRecord] = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -356,6 +438,7 @@ def read_requests(run_dir: str | Path, *, latest_only: bool = True) -> list[Requ
             records.append(RequestRecord.model_validate_json(line))
         except ValidationError as exc:
             if i == len(lines):
+                _warn_torn(path, i, len(data))
                 break
             raise BadInput(f"{path}:{i}: not a request record ({_first_error(exc)})") from None
     if latest_only:

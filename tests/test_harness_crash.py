@@ -1,0 +1,223 @@
+"""Crash consistency of a run directory: a kill at any byte of requests.jsonl, then --resume, ends with every
+request recorded exactly once and a run the ledger and the reports read (issue 42)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from fake_backend import SleepBackend
+from fake_openai_server import FakeOpenAIServer, FakeSettings
+from specledger.bench.config import RunConfig, parse_run_config
+from specledger.bench.recorder import RunRecorder
+from specledger.bench.results import REQUESTS_FILE, RUN_FILE, RequestRecord, load_run, read_requests
+from specledger.bench.runner import Runner
+from specledger.ledger.measurements import measurements_from_run
+
+N_ITEMS, LEVELS, CONFIGS = 4, [1, 2], ["twin-a", "twin-b"]
+TOKENS = 600  # a record of ~13 KB: larger than one write buffer
+
+
+def _workload(tmp_path: Path) -> str:
+    p = tmp_path / "w.jsonl"
+    p.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [f"word{i} please"],
+                                     "reference": [f"word{i}"]}) + "\n" for i in range(N_ITEMS)))
+    return str(p)
+
+
+def _config(tmp_path: Path) -> RunConfig:
+    return parse_run_config({
+        "configs": [{"name": n, "max_new_tokens": TOKENS} for n in CONFIGS],
+        "workload": {"spec": _workload(tmp_path)}, "load": {"concurrency": LEVELS, "warmup": 0},
+        "bootstrap": 0, "interleave": False, "verify_curve": False,
+    })
+
+
+def _runner(cfg: RunConfig, run_dir: Path, *, resume: bool, console: Console | None = None) -> Runner:
+    calls: list[str] = []
+    return Runner(cfg, run_dir, resume=resume, show_progress=False, console=console or Console(file=io.StringIO()),
+                  backend_factory=lambda bc: SleepBackend(bc, calls, lambda n, bc: 0.0, tokens=TOKENS))
+
+
+def _expected_ids() -> list[str]:
+    return sorted(f"{c}|c={lv}|{i}|t1" for c in CONFIGS for lv in LEVELS for i in range(N_ITEMS))
+
+
+def _check_complete_and_readable(run_dir: Path) -> None:
+    """Every request exactly once on disk, every level complete and pooled, the ledger prices it."""
+    raw = read_requests(run_dir, latest_only=False)
+    assert sorted(r.request_id for r in raw) == _expected_ids()
+    run = load_run(run_dir)
+    assert run.status == "complete"
+    for c in run.configs:
+        assert [lr.load for lr in c.loads] == [f"c={lv}" for lv in LEVELS]
+        assert all(lr.complete and lr.aggregate.requests_ok == N_ITEMS for lr in c.loads)
+    assert len(measurements_from_run(run_dir)) == len(CONFIGS) * len(LEVELS)
+
+
+def _run_with_snapshots(tmp_path: Path, cfg: RunConfig, monkeypatch) -> tuple[bytes, list[tuple[int, bytes]]]:
+    """A whole run; what run.json held each time it was written, with the size requests.jsonl had then (a kill at
+    byte b of requests.jsonl finds on disk the last run.json written before the file passed b)."""
+    snapshots: list[tuple[int, bytes]] = []
+    save = RunRecorder.save
+
+    def watched(self: RunRecorder) -> None:
+        save(self)
+        log = self.run_dir / REQUESTS_FILE
+        snapshots.append((log.stat().st_size if log.exists() else 0, (self.run_dir / RUN_FILE).read_bytes()))
+
+    with monkeypatch.context() as m:
+        m.setattr(RunRecorder, "save", watched)
+        _runner(cfg, tmp_path / "base", resume=False).run()
+    return (tmp_path / "base" / REQUESTS_FILE).read_bytes(), snapshots
+
+
+def test_kill_at_random_bytes_then_resume_records_every_request_once(tmp_path, monkeypatch):
+    """200 kill points, each at a random byte of the run's requests.jsonl (most inside a record), with the
+    run.json a process killed there leaves; resume completes the run."""
+    cfg = _config(tmp_path)
+    full, snapshots = _run_with_snapshots(tmp_path, cfg, monkeypatch)
+    assert len(full) > len(_expected_ids()) * 8192  # records larger than one write buffer
+    boundaries = {i + 1 for i, b in enumerate(full) if b == ord("\n")} | {0}
+    rng = random.Random(42)
+    torn = 0
+    for seed in range(200):
+        cut = rng.randrange(len(full) + 1) if seed else full.index(b"\n")  # seed 0: just before a newline
+        run_dir = tmp_path / f"k{seed}"
+        run_dir.mkdir()
+        (run_dir / RUN_FILE).write_bytes(max((s for s in snapshots if s[0] <= cut), key=lambda s: s[0])[1])
+        (run_dir / REQUESTS_FILE).write_bytes(full[:cut])
+        if cut not in boundaries and seed:
+            torn += 1
+            assert len(read_requests(run_dir, latest_only=False)) == full[:cut].count(b"\n")  # readers go on
+        out = io.StringIO()
+        _runner(cfg, run_dir, resume=True, console=Console(file=out, width=400)).run()
+        said = out.getvalue().count("cut a torn last record")
+        assert said == (1 if cut not in boundaries and seed else 0), (seed, cut, out.getvalue())
+        _check_complete_and_readable(run_dir)
+        shutil.rmtree(run_dir)
+    assert torn > 150  # most kill points tore a record
+
+
+
+# ---- the real thing: `specledger bench` in a subprocess, SIGKILLed, then `--resume` ------------------------------
+
+HTTP_ITEMS, HTTP_LEVELS, HTTP_TOKENS = 6, [1, 3], 600
+
+
+def _bench(args: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "specledger.cli", "bench", *args, "--no-progress"],
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+def _kill_until_done(cfg: Path, run_dir: Path, rng: random.Random, kills_left: int, size_hint: int,
+                     seen: dict[str, int]) -> int:
+    """Run, kill, resume ... until the run completes (no kill once kills_left is spent); returns the kills and
+    counts in `seen` where they fell."""
+    kills = 0
+    log = run_dir.parent / f"{run_dir.name}.log"
+    while True:
+        fresh = not (run_dir / RUN_FILE).exists()  # killed before the run's first write: start it again
+        args = [str(cfg), "--output-dir", str(run_dir.parent), "--run-id", run_dir.name] if fresh \
+            else ["--resume", str(run_dir)]
+        proc = _bench(args, log)
+        if kills < kills_left:
+            requests = run_dir / REQUESTS_FILE
+            if rng.random() < 0.15:  # at some moment of start-up (imports, reading the workload, run.json)
+                deadline = time.monotonic() + rng.uniform(0.0, 2.0)
+                while proc.poll() is None and time.monotonic() < deadline and not requests.exists():
+                    time.sleep(0.002)
+            else:  # once requests.jsonl has reached a random size: mostly inside a record
+                start = requests.stat().st_size if requests.exists() else 0
+                target = start + rng.randrange(max(1, size_hint - start))
+                while proc.poll() is None and (requests.stat().st_size if requests.exists() else 0) < target:
+                    time.sleep(0.001)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                kills += 1
+                data = requests.read_bytes() if requests.exists() else b""
+                tail = data[data.rfind(b"\n") + 1:]
+                where = ("before any record" if not data else "between records" if not tail
+                         else "between records (no newline)" if _is_record(tail) else "torn")
+                if where == "between records" and rng.random() < 0.5:
+                    # a kill inside a record's write is rare on a fast disk (the kernel copies a whole line at
+                    # once): tear the last record at a random byte, as such a kill would have
+                    last = data.rfind(b"\n", 0, len(data) - 1) + 1
+                    os.truncate(requests, rng.randrange(last + 1, len(data) - 1))
+                    where = "torn (cut after the kill)"
+                seen[where] = seen.get(where, 0) + 1
+                continue
+        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+        said = [ln for ln in log.read_text().splitlines()  # the console line (the run's notes repeat it later)
+                if ln.startswith(f"{run_dir / REQUESTS_FILE}:") and "cut a torn last record" in ln]
+        seen["said torn"] = seen.get("said torn", 0) + len(said)
+        return kills
+
+
+def _is_record(line: bytes) -> bool:
+    try:
+        RequestRecord.model_validate_json(line)
+        return True
+    except ValueError:
+        return False
+
+
+def _http_config(tmp_path: Path, base_url: str) -> Path:
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [f"q{i}"]}) + "\n"
+                          for i in range(HTTP_ITEMS)))
+    cfg = {"configs": [{"name": "srv", "backend": "openai", "model": "fake-model", "max_new_tokens": HTTP_TOKENS,
+                        "openai": {"base_url": base_url, "connect_timeout_s": 5, "timeout_s": 30,
+                                   "extra_body": {"fake": {"tokens_per_chunk": 50}}}}],
+           "workload": {"spec": str(wl)}, "load": {"concurrency": HTTP_LEVELS, "warmup": 0}, "bootstrap": 0}
+    path = tmp_path / "run.yaml"
+    path.write_text(json.dumps(cfg))  # JSON is YAML
+    return path
+
+
+def _sigkill_runs(tmp_path: Path, kill_points: int, seed: int) -> dict[str, int]:
+    rng = random.Random(seed)
+    expected = sorted(f"srv|c={lv}|{i}|t1" for lv in HTTP_LEVELS for i in range(HTTP_ITEMS))
+    done, size_hint, runs, seen = 0, len(expected) * HTTP_TOKENS * 20, 0, {"runs": 0}
+    with FakeOpenAIServer(FakeSettings()) as srv:
+        cfg = _http_config(tmp_path, srv.base_url)
+        while done < kill_points:
+            run_dir = tmp_path / "runs" / f"r{runs}"
+            run_dir.parent.mkdir(exist_ok=True)
+            done += _kill_until_done(cfg, run_dir, rng, kill_points - done, size_hint, seen)
+            runs = seen["runs"] = runs + 1
+            raw = read_requests(run_dir, latest_only=False)
+            assert sorted(r.request_id for r in raw) == expected  # every request exactly once
+            assert all(len(r.output_text) == HTTP_TOKENS * 5 for r in raw)
+            run = load_run(run_dir)
+            assert run.status == "complete" and all(lr.complete for lr in run.configs[0].loads)
+            assert len(measurements_from_run(run_dir)) == len(HTTP_LEVELS)
+            size_hint = (run_dir / REQUESTS_FILE).stat().st_size
+    print(f"{done} kill points: {seen}")
+    assert seen.get("said torn", 0) == seen.get("torn", 0) + seen.get("torn (cut after the kill)", 0)
+    return seen | {"kills": done}
+
+
+def test_sigkill_during_bench_then_resume(tmp_path):
+    """specledger bench against a fake OpenAI server, SIGKILLed at random moments (mostly while requests.jsonl
+    grows by ~13 KB records), resumed until it completes."""
+    assert _sigkill_runs(tmp_path, kill_points=10, seed=1)["kills"] == 10
+
+
+@pytest.mark.slow
+def test_sigkill_during_bench_then_resume_many(tmp_path):
+    n = int(os.environ.get("SPECLEDGER_KILL_POINTS", "40"))
+    assert _sigkill_runs(tmp_path, kill_points=n, seed=2)["kills"] == n
