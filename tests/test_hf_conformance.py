@@ -159,7 +159,7 @@ def _refused(d: Path, needle: str, exc=UnsupportedModel) -> None:
 @pytest.mark.parametrize(
     "edit,needle",
     [
-        ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}, "model_type='qwen2'"),
+        ({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"]}, "model_type='phi3'"),
         ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, "model_type='gpt2'"),
         ({"architectures": ["LlamaForSequenceClassification"]}, "architectures=['LlamaForSequenceClassification']"),
         ({"attention_bias": True}, "attention_bias=true"),

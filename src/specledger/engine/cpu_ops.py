@@ -183,16 +183,17 @@ _NONE = torch.empty(0, dtype=torch.long)  # no lengths / no slots: every entry, 
 
 def decode_layer(x: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor], eps: float, products: list,
                  cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
-                 n_heads: int, act: torch.dtype) -> torch.Tensor | None:
+                 n_heads: int, act: torch.dtype, qkv_bias: torch.Tensor | None = None) -> torch.Tensor | None:
     """A whole decoder layer for one new token in one call: x (1, 1, hidden) fp32 -> the new residual stream.
 
     products: the kernel layouts (quant.KernelLayout, or None) of wqkv, wo, w13 and w2. The same ops in the same
     order as the layer's op-by-op path (so bit-identical), for ~1/8 of its Python and dispatch overhead (~80 us a
-    layer on a 2-thread CPU). None where it does not apply (a product off the kernel, a fused op's condition)."""
+    layer on a 2-thread CPU). None where it does not apply (a product off the kernel, a fused op's condition).
+    qkv_bias: Qwen2's Q/K/V bias, added to the projection in its dtype as Attention.project does."""
     if (any(p is None for p in products) or x.dtype != torch.float32 or x.numel() != x.shape[-1]
             or not x.is_contiguous() or not _fused(x, *norms) or not _new_token_fits(act, cos, sin, k_cache, v_cache)):
         return None
     codes, scales, mins, meta = zip(*products)
     return torch.ops.specledger.decode_layer(x, norms[0], norms[1], eps, list(codes), list(scales), list(mins),
                                              [v for m in meta for v in m], cos, sin, k_cache, v_cache, start,
-                                             n_heads, act)
+                                             n_heads, act, qkv_bias)

@@ -1,4 +1,9 @@
-"""Read a Llama-family GGUF file: config, dequantized tensors, and Q4_1 / Q8_0 codes kept as-is."""
+"""Read a Llama-family GGUF file (llama, qwen2, qwen3): config, dequantized tensors, and Q4_1 / Q8_0 codes
+kept as-is.
+
+llama.cpp's converter interleaves the rows of a llama file's Q and K (its RoPE rotates adjacent pairs), so they are
+un-permuted back to HF's rotate-half order; a qwen2 / qwen3 file is converted without that permutation (llama.cpp
+runs them with NEOX RoPE, HF's order), so its Q and K are taken as stored."""
 
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ from specledger.engine.config import ModelConfig
 from specledger.engine.quant import Int4Grid, Int8Grid
 from specledger.errors import BadInput, UnsupportedModel
 
-SUPPORTED_ARCHS = ("llama",)
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+PERMUTED_ARCHS = ("llama",)  # whose Q/K rows llama.cpp's converter interleaved
 _LAYER_NAMES = {
     "attn_norm": "attn_norm",
     "attn_q": "q",
@@ -22,7 +28,10 @@ _LAYER_NAMES = {
     "ffn_gate": "gate",
     "ffn_up": "up",
     "ffn_down": "down",
+    "attn_q_norm": "q_norm",  # qwen3
+    "attn_k_norm": "k_norm",
 }
+_BIASES = {"attn_q": "q_bias", "attn_k": "k_bias", "attn_v": "v_bias"}  # qwen2
 
 
 def open_gguf(path: Path):
@@ -68,6 +77,9 @@ def read_config(reader, path: Path) -> ModelConfig:
         tie_embeddings="output.weight" not in names,
         bos_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_ids=[int(eos)] if eos is not None else [],
+        arch=str(arch),
+        qkv_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
     )
 
 
@@ -116,10 +128,13 @@ def read_tensors(reader, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], dic
         elif name == "rope_freqs.weight":
             key = "rope_freqs"
         elif name.startswith("blk."):
-            _, idx, part, _w = name.split(".", 3)
-            if part not in _LAYER_NAMES:
-                raise UnsupportedModel(f"unexpected tensor {name} (not a plain Llama layer)")
-            key = f"layers.{idx}.{_LAYER_NAMES[part]}"
+            _, idx, part, kind = name.split(".", 3)
+            if kind == "bias" and part in _BIASES and cfg.qkv_bias:
+                key = f"layers.{idx}.{_BIASES[part]}"
+            elif kind == "weight" and part in _LAYER_NAMES:
+                key = f"layers.{idx}.{_LAYER_NAMES[part]}"
+            else:
+                raise UnsupportedModel(f"unexpected tensor {name} (not a plain Llama / Qwen layer)")
         else:
             raise UnsupportedModel(f"unexpected tensor {name} in GGUF file")
         arr = dequantize(t.data, t.tensor_type)
@@ -130,7 +145,7 @@ def read_tensors(reader, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], dic
             grid = _q4_1_grid(np.asarray(t.data), *shape)
         elif t.tensor_type == GGMLQuantizationType.Q8_0 and len(shape) == 2:
             grid = _q8_0_grid(np.asarray(t.data), *shape)
-        if key.endswith((".q", ".k")):
+        if key.endswith((".q", ".k")) and cfg.arch in PERMUTED_ARCHS:
             heads = cfg.n_heads if key.endswith(".q") else cfg.n_kv_heads
             w = _unpermute(w, heads)
             if isinstance(grid, Int4Grid):

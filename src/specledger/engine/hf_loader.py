@@ -1,4 +1,5 @@
-"""Read a Hugging Face Llama-family directory: config.json + safetensors, as transformers reads them.
+"""Read a Hugging Face Llama-family directory (Llama, Mistral, Qwen2, Qwen3): config.json + safetensors, as
+transformers reads them.
 
 The configuration goes through transformers' own AutoConfig, so every spelling it accepts (top-level
 rope_theta/rope_scaling, the rope_parameters block, torch_dtype or dtype, ...) means what it means to
@@ -16,8 +17,10 @@ from specledger.engine.config import ModelConfig
 from specledger.errors import BadInput, UnsupportedModel
 
 # model_type -> the causal-LM class that transformers builds for it; both are the engine's decoder
-# (Mistral is Llama with an optional sliding window, refused below when it applies).
-MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+# (Mistral is Llama with an optional sliding window, refused below when it applies; Qwen2 adds a Q/K/V bias,
+# Qwen3 per-head Q/K norms instead).
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "qwen3": "Qwen3ForCausalLM"}
 ROPE_TYPES = ("default", "linear", "llama3")  # what engine/model.py rope_inv_freq implements
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -31,7 +34,10 @@ _PARTS = {
     "mlp.gate_proj": "gate",
     "mlp.up_proj": "up",
     "mlp.down_proj": "down",
+    "self_attn.q_norm": "q_norm",  # Qwen3
+    "self_attn.k_norm": "k_norm",
 }
+_BIASES = {"self_attn.q_proj": "q_bias", "self_attn.k_proj": "k_bias", "self_attn.v_proj": "v_bias"}  # Qwen2
 
 
 def hf_config(path: Path):
@@ -62,9 +68,9 @@ def check_supported(c, path: Path) -> dict:
         raise _refuse(path, what, f"the engine runs the Llama family: {', '.join(MODEL_TYPES)}")
     if archs and MODEL_TYPES[c.model_type] not in archs:
         raise _refuse(path, f"architectures={archs}", f"expected {MODEL_TYPES[c.model_type]}")
-    for name in ("attention_bias", "mlp_bias"):
+    for name in ("attention_bias", "mlp_bias"):  # (Qwen2's Q/K/V bias is its architecture, not this flag)
         if getattr(c, name, False):
-            raise _refuse(path, f"{name}=true", "the engine's linear layers have no bias")
+            raise _refuse(path, f"{name}=true", "the engine's linear layers have no bias (but Qwen2's Q/K/V)")
     if getattr(c, "hidden_act", "silu") != "silu":
         raise _refuse(path, f"hidden_act={c.hidden_act!r}", "the engine's MLP is SwiGLU (silu)")
     window = getattr(c, "sliding_window", None)
@@ -108,6 +114,9 @@ def read_config(path: Path) -> ModelConfig:
         rope_scaling=scaling,
         bos_id=c.bos_token_id,
         eos_ids=eos if isinstance(eos, list) else ([eos] if eos is not None else []),
+        arch=c.model_type if c.model_type in ("qwen2", "qwen3") else "llama",
+        qkv_bias=c.model_type == "qwen2",
+        qk_norm=c.model_type == "qwen3",
     )
 
 
@@ -139,6 +148,11 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             f"{p}.k": (cfg.n_kv_heads * hd, h), f"{p}.v": (cfg.n_kv_heads * hd, h), f"{p}.o": (h, cfg.n_heads * hd),
             f"{p}.gate": (i, h), f"{p}.up": (i, h), f"{p}.down": (h, i),
         }
+        if cfg.qkv_bias:
+            shapes |= {f"{p}.q_bias": (cfg.n_heads * hd,), f"{p}.k_bias": (cfg.n_kv_heads * hd,),
+                       f"{p}.v_bias": (cfg.n_kv_heads * hd,)}
+        if cfg.qk_norm:
+            shapes |= {f"{p}.q_norm": (hd,), f"{p}.k_norm": (hd,)}
     return shapes
 
 
@@ -148,6 +162,8 @@ def _hf_name(key: str) -> str:
     if key in fixed:
         return fixed[key]
     _, idx, part = key.split(".", 2)
+    if part.endswith("_bias"):
+        return f"model.layers.{idx}.{next(k for k, v in _BIASES.items() if v == part)}.bias"
     return f"model.layers.{idx}.{next(k for k, v in _PARTS.items() if v == part)}.weight"
 
 
@@ -163,13 +179,18 @@ def _canonical(name: str) -> str | None:
         idx, part = name[len("model.layers.") : -len(".weight")].split(".", 1)
         if part in _PARTS and idx.isdigit():
             return f"layers.{idx}.{_PARTS[part]}"
+    if name.startswith("model.layers.") and name.endswith(".bias"):
+        idx, part = name[len("model.layers.") : -len(".bias")].split(".", 1)
+        if part in _BIASES and idx.isdigit():
+            return f"layers.{idx}.{_BIASES[part]}"
     if "rotary_emb" in name:
         return None
     return ""
 
 
 def read_tensors(path: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Canonical fp32 tensors, each checked against the shape config.json implies."""
+    """Canonical fp32 tensors, each checked against the shape config.json implies (a bias only where the
+    architecture has one: Llama's q_proj.bias is refused by name)."""
     from safetensors.torch import load_file
 
     expected = _expected_shapes(cfg)
@@ -179,7 +200,7 @@ def read_tensors(path: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
             key = _canonical(name)
             if key is None:
                 continue
-            if key == "":
+            if key == "" or (key not in expected and key.endswith(("_bias", "_norm"))):
                 raise UnsupportedModel(f"{f.name}: tensor {name} has no place in the engine's Llama decoder")
             if not w.is_floating_point():
                 raise UnsupportedModel(f"{f.name}: tensor {name} is {w.dtype} (quantized weights are not read)")

@@ -111,6 +111,11 @@ def build_model(
             sd[f"{p}.ffn_norm.weight"] = tensors[f"{p}.ffn_norm"]
             for mod, parts in fused.items():
                 sd[f"{p}.{mod}.weight"] = torch.cat([tensors[f"{p}.{x}"] for x in parts])
+            if cfg.qkv_bias:
+                sd[f"{p}.attention.bias"] = torch.cat([tensors[f"{p}.{x}_bias"] for x in ("q", "k", "v")])
+            if cfg.qk_norm:
+                sd[f"{p}.attention.q_norm.weight"] = tensors[f"{p}.q_norm"]
+                sd[f"{p}.attention.k_norm.weight"] = tensors[f"{p}.k_norm"]
         except KeyError as exc:
             raise BadInput(f"model weights lack tensor {exc.args[0]}") from None
     # norm weights stay fp32: they act on the fp32 residual stream

@@ -122,11 +122,31 @@ class Attention(nn.Module):
         self.split = (q_out, kv_out, kv_out)
         self.wqkv = Linear(cfg.hidden_size, q_out + 2 * kv_out, bias=False)
         self.wo = Linear(q_out, cfg.hidden_size, bias=False)
+        # Qwen2's Q/K/V bias lives beside the product (not in it), so every backend of wqkv (dense, packed,
+        # int4, int8, the fused layer) adds the same bias the same way.
+        self.bias = nn.Parameter(torch.zeros(q_out + 2 * kv_out)) if cfg.qkv_bias else None
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else None  # Qwen3: per head, before RoPE
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else None
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """The fused Q/K/V projection (b, n, q + 2 kv) with the architecture's bias and per-head Q/K norms: the
+        one place both the single-sequence and the ragged passes get Q, K and V from."""
+        qkv = self.wqkv(x)
+        if self.bias is not None:
+            qkv = qkv + self.bias
+        if self.q_norm is None or self.k_norm is None:
+            return qkv
+        b, n, _ = qkv.shape
+        qk_out = self.split[0] + self.split[1]
+        heads = qkv[..., :qk_out].reshape(b, n, self.n_heads + self.n_kv, self.hd).float()
+        q = self.q_norm(heads[:, :, : self.n_heads].contiguous())
+        k = self.k_norm(heads[:, :, self.n_heads :].contiguous())
+        return torch.cat([q.reshape(b, n, -1), k.reshape(b, n, -1), qkv[..., qk_out:]], dim=-1).to(qkv.dtype)
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int, mask, residual: torch.Tensor):
         """residual + attention(x): the residual stream's add is the output projection's (see Linear.add_to)."""
         b, n, _ = x.shape
-        qkv = self.wqkv(x)
+        qkv = self.project(x)
         if n == 1 and mask is None:  # one call for RoPE, the cache write and attention where it can
             y = attend_new_token(qkv, cos, sin, cache.layer_k[layer], cache.layer_v[layer], start, self.n_heads, x.dtype)
             if y is not None:
@@ -182,9 +202,11 @@ class Block(nn.Module):
         a, f, n1, n2 = self.attention, self.feed_forward, self.attention_norm, self.ffn_norm
         if not (isinstance(n1, RMSNorm) and isinstance(n2, RMSNorm) and n1.eps == n2.eps):  # (an EAGLE head's layer may have no input norm)
             return None
+        if a.q_norm is not None:  # Qwen3's per-head norms are not in the fused layer: the op-by-op path serves it
+            return None
         products = [_layout(m) for m in (a.wqkv, a.wo, f.w13, f.w2)]
         return decode_layer(x, (n1.weight, n2.weight), n1.eps, products, cos, sin, k_cache, v_cache, start, a.n_heads,
-                            n1.out_dtype)
+                            n1.out_dtype, a.bias)
 
     def forward(self, x, cos, sin, cache, layer, start, mask):
         # The residual stream stays fp32 whatever the compute dtype: 30 layers of bf16

@@ -145,7 +145,7 @@ def ragged_block(layer: Block, i: int, x: torch.Tensor, cos: torch.Tensor, sin: 
         if y is not None:
             return y
     h = layer.attention_norm(x)  # in the compute dtype
-    qkv = a.wqkv(h)
+    qkv = a.project(h)
     if plan.one_token:  # else RoPE, the cache write and attention in one call where it can
         slot = plan.segments[0].slot
         y1 = attend_new_token(qkv, cos, sin, cache.slot_k[i][slot][None], cache.slot_v[i][slot][None], plan.starts[0],

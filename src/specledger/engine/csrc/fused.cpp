@@ -451,7 +451,7 @@ using QmmFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&
 at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& norm1, const at::Tensor& norm2, double eps,
                         at::TensorList codes, at::TensorList scales, at::TensorList mins, at::IntArrayRef meta,
                         const at::Tensor& c, const at::Tensor& sn, at::Tensor kc, at::Tensor vc, int64_t start,
-                        int64_t h, at::ScalarType act) {
+                        int64_t h, at::ScalarType act, const std::optional<at::Tensor>& qkv_bias) {
   static const auto qmm = c10::Dispatcher::singleton().findSchemaOrThrow("specledger::qmm", "").typed<QmmFn>();
   TORCH_CHECK(codes.size() == 4 && scales.size() == 4 && mins.size() == 4 && meta.size() == 20,
               "specledger decode_layer: four products and five ints for each");
@@ -464,6 +464,7 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& norm1, const at::
   const int64_t hidden = x.size(2);
   at::Tensor r = x.view({1, hidden});
   at::Tensor qkv = product(0, rms_norm(r, norm1, eps, act), std::nullopt);
+  if (qkv_bias.has_value() && qkv_bias->defined()) qkv.add_(*qkv_bias);  // Qwen2: as Attention.project adds it
   at::Tensor y = attend_new_token(qkv.view({1, 1, qkv.size(1)}), c, sn, kc, vc, start, h, act);
   r = product(1, y.view({1, y.size(2)}), r);
   r = product(3, swiglu(product(2, rms_norm(r, norm2, eps, act), std::nullopt)), r);
@@ -481,7 +482,7 @@ TORCH_LIBRARY_FRAGMENT(specledger, lib) {
           "int n_heads, ScalarType out) -> Tensor");
   lib.def("decode_layer(Tensor x, Tensor norm1, Tensor norm2, float eps, Tensor[] codes, Tensor[] scales, "
           "Tensor[] mins, int[] meta, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, int start, "
-          "int n_heads, ScalarType act) -> Tensor");
+          "int n_heads, ScalarType act, Tensor? qkv_bias=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specledger, CPU, lib) {
