@@ -371,3 +371,20 @@ def test_per_category_streams_the_same_picks_as_sampling_the_list(tmp_path):
         got = load_workload(str(path), per_category=4, seed=seed)
         assert {q.question_id for q in got} == expected
         assert got == [q for q in every if q.question_id in expected]  # file order
+
+
+def test_csv_unclosed_quote_is_a_bad_line_and_swallows_nothing(tmp_path):
+    """An unclosed quote used to swallow the next row into its prompt (so that row's reference was graded
+    against the wrong question) with "skipped lines: 0"; now its line is bad and the rows after it are read."""
+    path = tmp_path / "p.csv"
+    path.write_text('prompt,answer\n"What is 2+2?,4\nCapital of France?,Paris\n"Say ""hi""",hi\n'
+                    '"Multi, line\nprompt",x\nLast?,"open\n', encoding="utf-8")
+    w = open_workload(f"csv:{path}", on_bad_line="skip")
+    assert [(q.question_id, q.turns, q.reference) for q in w.questions] == [
+        ("L3", ("Capital of France?",), ("Paris",)), ("L4", ('Say "hi"',), ("hi",)),
+        ("L5", ("Multi, line\nprompt",), ("x",))]
+    assert sum(w.info.skipped.values()) == 2
+    assert f"{path}:2: unbalanced quote" in w.info.skipped_examples[0]
+    assert f"{path}:7: unbalanced quote" in w.info.skipped_examples[1]  # the file ends inside the quote
+    with pytest.raises(BadInput, match=rf"{path}:2: unbalanced quote"):
+        open_workload(f"csv:{path}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -134,17 +134,64 @@ def json_array_records(path: Path) -> Iterator[Record]:
             pos = end
 
 
+class _Lines:
+    """Physical lines with their numbers for the csv module, keeping those of the row being read so that the
+    reading can start again on the line after a bad row's first."""
+
+    def __init__(self, fh: Any):
+        self._fh, self._back, self._next = fh, deque[tuple[int, str]](), 1
+        self.taken: list[tuple[int, str]] = []
+
+    def __iter__(self) -> "_Lines":
+        return self
+
+    def __next__(self) -> str:
+        if self._back:
+            item = self._back.popleft()
+        else:
+            item = (self._next, next(self._fh))
+            self._next += 1
+        self.taken.append(item)
+        return item[1]
+
+    def again(self, lines: list[tuple[int, str]]) -> None:
+        self._back.extendleft(reversed(lines))
+
+
 def csv_rows(path: Path, delimiter: str = ",") -> Iterator[Record]:
-    """CSV rows as dicts keyed by the header; the line number is where the row starts."""
+    """CSV rows as dicts keyed by the header (extra fields under None, as csv.DictReader); the line number is
+    where the row starts.
+
+    A quoted field may hold line breaks, so an unclosed quote would swallow the rows after it up to the next
+    quote character. Read strictly, a quote that closes such a field is not followed by a delimiter or a line
+    end (or the file ends inside it): the row is then a bad line at its first line, and reading starts again on
+    the next line, so the rows it swallowed are read as their own.
+    """
     with _open(path) as fh:
-        reader = csv.DictReader(fh, delimiter=delimiter)
-        start = 2
-        try:
-            for row in reader:
-                yield start, row
-                start = reader.line_num + 1
-        except csv.Error as exc:
-            raise BadInput(f"{path}:{reader.line_num}: not valid CSV ({exc})") from None
+        lines = _Lines(fh)
+        header: list[str] | None = None
+        while True:
+            lines.taken.clear()
+            try:
+                fields = next(csv.reader(lines, delimiter=delimiter, strict=True))
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                start = lines.taken[0][0] if lines.taken else 1
+                if header is None:
+                    raise BadInput(f"{path}:{start}: not valid CSV ({exc})") from None
+                yield start, Unreadable(f"unbalanced quote: a quoted field opened on this line does not close before "
+                                        f"a delimiter or line end ({exc}); read on from the next line")
+                lines.again(lines.taken[1:])
+                continue
+            if header is None:
+                header = fields
+            elif fields:
+                row: dict[Any, Any] = dict(zip(header, fields))
+                row.update({h: None for h in header[len(fields):]})
+                if len(fields) > len(header):
+                    row[None] = fields[len(header):]
+                yield lines.taken[0][0], row
 
 
 def csv_header(path: Path, delimiter: str = ",") -> list[str]:
