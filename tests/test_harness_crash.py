@@ -21,7 +21,8 @@ from fake_backend import SleepBackend
 from fake_openai_server import FakeOpenAIServer, FakeSettings
 from specledger.bench.config import RunConfig, parse_run_config
 from specledger.bench.recorder import RunRecorder
-from specledger.bench.results import REQUESTS_FILE, RUN_FILE, RequestRecord, load_run, read_requests
+from specledger.bench import results
+from specledger.bench.results import REQUESTS_FILE, RUN_FILE, RequestLog, RequestRecord, load_run, read_requests
 from specledger.bench.runner import Runner
 from specledger.ledger.measurements import measurements_from_run
 
@@ -221,3 +222,36 @@ def test_sigkill_during_bench_then_resume(tmp_path):
 def test_sigkill_during_bench_then_resume_many(tmp_path):
     n = int(os.environ.get("SPECLEDGER_KILL_POINTS", "40"))
     assert _sigkill_runs(tmp_path, kill_points=n, seed=2)["kills"] == n
+
+
+def test_readers_go_on_past_a_torn_last_record_and_say_so(tmp_path, monkeypatch, capsys):
+    cfg = _config(tmp_path)
+    _runner(cfg, tmp_path / "r", resume=False).run()
+    log = tmp_path / "r" / REQUESTS_FILE
+    with open(log, "ab") as f:
+        f.write(b'{"schema_version": 1, "run_id": "r", "conf')  # a kill mid-write
+    capsys.readouterr()
+    assert len(measurements_from_run(tmp_path / "r")) == len(CONFIGS) * len(LEVELS)  # the ledger reads it
+    assert f"{log}:{len(_expected_ids()) + 1}: torn last record" in capsys.readouterr().err
+
+
+def test_a_failed_write_leaves_no_partial_line(tmp_path, monkeypatch):
+    """A write that fails half way (disk full) is cut back, so the next record starts a line of its own."""
+    cfg = _config(tmp_path)
+    _runner(cfg, tmp_path / "r", resume=False).run()
+    recs = read_requests(tmp_path / "r")
+    before = (tmp_path / "r" / REQUESTS_FILE).read_bytes()
+    write_all = results._write_all
+
+    def half_then_full(fd: int, data: bytes) -> None:
+        write_all(fd, data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    with RequestLog(tmp_path / "r") as log:
+        monkeypatch.setattr(results, "_write_all", half_then_full)
+        with pytest.raises(OSError):
+            log.append(recs[0])
+        assert (tmp_path / "r" / REQUESTS_FILE).read_bytes() == before
+        monkeypatch.setattr(results, "_write_all", write_all)
+        log.append(recs[1])
+    assert len(read_requests(tmp_path / "r", latest_only=False)) == len(recs) + 1

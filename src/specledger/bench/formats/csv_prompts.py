@@ -2,7 +2,8 @@
 
 The prompt column is --prompt-column, else the first header among PROMPT_COLUMNS (case-insensitive), else the
 only column. Optional columns: a reference (REFERENCE_COLUMNS; "a|b" = acceptable answers), `category`, `kind`,
-`id`, `max_tokens`. A row with an empty prompt or more fields than the header is a bad line.
+`id`, `max_tokens`. A row with an empty prompt, more fields than the header or an unbalanced quote (see
+lines.csv_rows) is a bad line.
 """
 
 from __future__ import annotations
