@@ -88,6 +88,15 @@ def test_errors_name_what_is_wrong(tmp_path, run_dir):
     assert fixed.configs[0].pass_rate == 0.9 and fixed.configs[0].pass_rate_source == "cost file"
 
 
+
+def test_ungraded_run_with_the_default_inputs_says_to_pass_a_cost_file(tmp_path):
+    """Not "edit default_costs.yaml" (the installed package's file): write a cost file and pass it."""
+    ungraded = make_run(tmp_path, [Spec("ar-fp32", "ar", graded=False)], n=4)
+    with pytest.raises(BadInput) as err:
+        price_run(ungraded, None, samples=0)
+    assert "specledger cost --init cost.yaml" in str(err.value) and "--inputs cost.yaml" in str(err.value)
+    assert "default_costs.yaml" not in str(err.value)
+
 def test_cost_command_prints_the_table_and_writes_json(tmp_path, run_dir):
     from specledger.cli import ledger as commands
 

@@ -14,7 +14,9 @@ from specledger.errors import BadInput
 from specledger.ledger.answer import Answer, scenario_answer
 from specledger.ledger.breakeven import BreakEven, break_even
 from specledger.ledger.concurrency import ConcurrencyBreakEven, break_even_concurrency
-from specledger.ledger.inputs import CostInputs, Range, Resolved, _is_range, _map_leaves, load_inputs
+from specledger.ledger.inputs import (
+    DEFAULT_COSTS, CostInputs, Range, Resolved, _is_range, _map_leaves, load_inputs,
+)
 from specledger.ledger.measurements import ConfigMeasurement, measurements_from_run
 from specledger.ledger.cost_model import Breakdown, Case, objective_misses, replicas_needed
 from specledger.ledger.montecarlo import simulate
@@ -154,10 +156,12 @@ def _case(m: ConfigMeasurement, res: Resolved, inputs: CostInputs, sweep: list[t
         source = "cost file"
     elif m.graded:
         source = f"measured {m.passes:g}/{m.graded}" + (f", {m.requests_failed} failed" if m.requests_failed else "")
-    else:
+    else:  # never send the user to edit the installed package's defaults
+        where = (f"in {inputs.source}" if not inputs.source.startswith(str(DEFAULT_COSTS)) else
+                 "in a cost file (`specledger cost --init cost.yaml` writes one) and pass it with --inputs cost.yaml")
         raise BadInput(
             f"{m.name}: no graded requests, so no measured pass rate; set configs.{m.name}.acceptance.pass_rate "
-            f"(or acceptance.pass_rate) in {inputs.source}"
+            f"(or acceptance.pass_rate) {where}, or benchmark a workload with reference answers"
         )
     return Case(m.name, x, op, sweep, m.concurrency), source
 
