@@ -26,17 +26,19 @@ let buf = "";
 process.stdin.on("data", d => buf += d);
 process.stdin.on("end", () => {
   const cases = JSON.parse(buf);
-  const out = cases.map(c => calc.priceAll(c.data, c.base).map(r => ({
-    name: r.name, total: r.total, verdict: r.verdict, verdict_detail: r.verdict_detail, feasible: r.feasible,
-    misses: r.misses, infinite: r.infinite,
-    parts: ["cost_per_call", "attempts", "escalation", "compute", "tools", "labour", "maintenance", "per_million_tokens"]
-      .map(k => r.breakdown[k])
+  const out = cases.map(c => calc.priceAll(c.data, c.base, c.load || null).map(r => ({
+    name: r.name, load: r.load, total: r.total, status: r.status, detail: r.detail, feasible: r.feasible,
+    misses: r.misses, infinite: r.infinite, shares: r.shares, vs_lowest: r.vs_lowest,
+    parts: r.breakdown && ["cost_per_call", "attempts", "escalation", "compute", "tools", "labour", "maintenance",
+      "per_million_tokens", "energy"].map(k => r.breakdown[k])
   })));
   process.stdout.write(JSON.stringify(out));
 });
 """
 
-PARTS = ["cost_per_call", "attempts", "escalation", "compute", "tools", "labour", "maintenance", "per_million_tokens"]
+PARTS = ["cost_per_call", "attempts", "escalation", "compute", "tools", "labour", "maintenance", "per_million_tokens",
+         "energy"]
+STATUSES = ("not comparable", "infinite cost", "infeasible")  # the ledger's reasons a row has no comparable cost
 
 
 def run_js(cases: list[dict], tmp_path) -> list:
@@ -91,13 +93,25 @@ def random_inputs(rng: np.random.Generator, i: int) -> dict:
 
 
 def compare(py_ledger, js_rows) -> None:
+    """Every number the page shows equals the ledger's point value; the page's status is the ledger's reason for
+    rows out of the running, and it names no verdict (cheapest, dominated...) for the others."""
     py = {r.name: r for r in py_ledger.configs}
     assert [r["name"] for r in js_rows] == list(py)
+    priced = [r.total for r in py_ledger.configs if r.verdict not in STATUSES and r.total is not None]
     for js in js_rows:
         p = py[js["name"]]
-        assert js["verdict"] == p.verdict, js["name"]
-        assert js["verdict_detail"] == p.verdict_detail
+        assert js["load"] == p.load, js["name"]
+        assert js["status"] == (p.verdict if p.verdict in STATUSES else ""), js["name"]
+        assert js["detail"] == (p.verdict_detail if p.verdict in STATUSES else "")
         assert js["infinite"] == p.infinite and js["feasible"] == p.feasible
+        if js["status"] == "" and p.total is not None:
+            assert js["vs_lowest"] == pytest.approx(p.total / min(priced) - 1, rel=1e-9, abs=1e-12)
+        else:
+            assert js["vs_lowest"] is None
+        shares = p.cost_shares
+        assert (js["shares"] is None) == (not shares), js["name"]
+        for k, v in shares.items():
+            assert js["shares"][k] == pytest.approx(v, rel=1e-9, abs=1e-15), (js["name"], k)
         if p.total is None:
             assert js["total"] is None
         else:

@@ -9,12 +9,19 @@ from collections import defaultdict
 import numpy as np
 from matplotlib import rcParams
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
+from specledger.ledger.answer import ScenarioAnswer
 from specledger.ledger.measurements import ConfigMeasurement
 from specledger.ledger.price import LedgerResult
 
 rcParams["svg.fonttype"] = "none"
 rcParams["svg.hashsalt"] = "specledger"  # stable ids: the same data gives the same file
+# One SVG unit is one CSS pixel at a chart's natural size, and the page never shows a chart smaller than that
+# (it scrolls sideways inside its box instead): no chart text below 10 px, phone or desktop.
+MIN_FONT_PX = 10
+rcParams.update({"font.size": 11, "axes.labelsize": 11, "xtick.labelsize": MIN_FONT_PX, "ytick.labelsize": MIN_FONT_PX,
+                 "legend.fontsize": MIN_FONT_PX, "axes.titlesize": 11})
 PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD"]
 
 
@@ -23,28 +30,42 @@ def svg(fig: Figure) -> str:
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     text = buf.getvalue()
     text = re.sub(r"^.*?(<svg)", r"\1", text, count=1, flags=re.S)
-    return re.sub(r"<metadata>.*?</metadata>", "", text, count=1, flags=re.S)
+    text = re.sub(r"<metadata>.*?</metadata>", "", text, count=1, flags=re.S)
+    m = re.search(r'viewBox="0 0 ([\d.]+) ([\d.]+)"', text)
+    if m:  # natural size: one unit per pixel; wider on a wide screen (up to 1.3x), never narrower
+        w, h = float(m[1]), float(m[2])
+        text = re.sub(r'width="[\d.]+pt" height="[\d.]+pt"',
+                      f'width="{w:.0f}" height="{h:.0f}" style="width: 100%; min-width: {w:.0f}px; max-width: {1.3 * w:.0f}px"',
+                      text, count=1)
+    return text
 
 
 def _figure(w: float = 7.5, h: float = 3.4) -> Figure:
-    fig = Figure(figsize=(w, h))
-    return fig
+    """A figure laid out by matplotlib's constrained layout (labels never drawn over each other)."""
+    return Figure(figsize=(w, h), layout="constrained")
 
 
-def _grouped_bars(ax, groups: list[str], series: dict[str, list[float | None]], ylabel: str) -> None:
+def _legend_below(fig: Figure, ax, n: int) -> None:
+    """The legend under the plot, outside the axes: it hides neither the data nor the tick labels."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(n, 3), frameon=False)
+
+
+def _grouped_bars(fig: Figure, ax, groups: list[str], series: dict[str, list[float | None]], ylabel: str) -> None:
     n = max(len(series), 1)
     width = 0.8 / n
     x = np.arange(len(groups))
     for i, (name, vals) in enumerate(series.items()):
         ys = [np.nan if v is None else v for v in vals]
         ax.bar(x + (i - (n - 1) / 2) * width, ys, width, label=name, color=PALETTE[i % len(PALETTE)])
-    ax.set_xticks(x, groups, rotation=20, ha="right")
+    ax.set_xticks(x, groups, rotation=30, ha="right", rotation_mode="anchor")
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=7, ncol=min(n, 3), frameon=False)
+    _legend_below(fig, ax, n)
     ax.spines[["top", "right"]].set_visible(False)
 
 
-def _first_level(ms: list[ConfigMeasurement]) -> list[ConfigMeasurement]:
+def first_level(ms: list[ConfigMeasurement]) -> list[ConfigMeasurement]:
     """Each configuration at its lowest load level (batch-1 speeds, as Spec-Bench reports them)."""
     best: dict[str, ConfigMeasurement] = {}
     for m in ms:
@@ -56,7 +77,7 @@ def _first_level(ms: list[ConfigMeasurement]) -> list[ConfigMeasurement]:
 
 def speedup_by_kind(ledger: LedgerResult) -> str | None:
     """Speed-up over autoregressive on the same model and precision, per task kind."""
-    ms = _first_level(ledger.measurements)
+    ms = first_level(ledger.measurements)
     base = {(m.model, m.precision): m for m in ms if m.strategy == "ar"}
     kinds = sorted({k for m in ms for k in m.by_kind})
     series = {}
@@ -73,13 +94,13 @@ def speedup_by_kind(ledger: LedgerResult) -> str | None:
         return None
     fig = _figure()
     ax = fig.add_subplot()
-    _grouped_bars(ax, kinds, series, "speed-up over autoregressive (same precision)")
+    _grouped_bars(fig, ax, kinds, series, "speed-up over autoregressive\n(same precision)")
     ax.axhline(1.0, color="#444", lw=0.8, ls="--")
     return svg(fig)
 
 
 def tau_by_kind(ledger: LedgerResult) -> str | None:
-    ms = [m for m in _first_level(ledger.measurements) if m.tau is not None]
+    ms = [m for m in first_level(ledger.measurements) if m.tau is not None]
     kinds = sorted({k for m in ms for k in m.by_kind})
     series = {m.name: [m.by_kind[k].tau if k in m.by_kind else None for k in kinds] for m in ms}
     series = {k: v for k, v in series.items() if any(x is not None for x in v)}
@@ -87,7 +108,7 @@ def tau_by_kind(ledger: LedgerResult) -> str | None:
         return None
     fig = _figure()
     ax = fig.add_subplot()
-    _grouped_bars(ax, kinds, series, "τ: tokens per target step")
+    _grouped_bars(fig, ax, kinds, series, "τ: tokens per target step")
     ax.axhline(1.0, color="#444", lw=0.8, ls="--")
     return svg(fig)
 
@@ -111,29 +132,30 @@ def verify_curves(ledger: LedgerResult) -> str | None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens verified in one forward pass")
     ax.set_ylabel("forward time (ms)")
-    ax.legend(fontsize=7, frameon=False)
+    _legend_below(fig, ax, 1)
     ax.spines[["top", "right"]].set_visible(False)
     return svg(fig)
 
 
 def latency_distributions(ledger: LedgerResult) -> str | None:
-    ms = _first_level(ledger.measurements)
+    ms = first_level(ledger.measurements)
     if not any(r.ttft_s is not None for m in ms for r in m.requests):
         return None
-    fig = _figure(7.5, 3.2)
+    fig = _figure(7.5, 3.6)
     for j, (attr, label) in enumerate((("ttft_s", "TTFT (s)"), ("tpot_s", "TPOT (s)"))):
         ax = fig.add_subplot(1, 2, j + 1)
         for i, m in enumerate(ms):
             vals = np.sort([getattr(r, attr) for r in m.requests if getattr(r, attr) is not None])
             if vals.size:
-                ax.step(vals, np.arange(1, vals.size + 1) / vals.size, where="post", label=m.name,
+                ax.step(vals, np.arange(1, vals.size + 1) / vals.size, where="post", label=f"{m.name} (n={vals.size})",
                         color=PALETTE[i % len(PALETTE)])
         ax.axhline(0.95, color="#999", lw=0.6, ls=":")
         ax.set_xlabel(label)
         ax.set_ylabel("share of requests ≤ x" if j == 0 else "")
         ax.spines[["top", "right"]].set_visible(False)
+        ax.xaxis.set_major_locator(MaxNLocator(4))
         if j == 0:
-            ax.legend(fontsize=6, frameon=False)
+            _legend_below(fig, ax, len(ms))
     return svg(fig)
 
 
@@ -145,7 +167,7 @@ def concurrency_sweep(ledger: LedgerResult) -> str | None:
     swept = {k: sorted(v, key=lambda m: m.concurrency) for k, v in by_name.items() if len(v) >= 2}
     if not swept:
         return None
-    fig = _figure(7.5, 3.2)
+    fig = _figure(7.5, 3.6)
     ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     speed = {(r.name, r.load): r for r in ledger.levels}
     crossing = {b.config: b.value for b in ledger.concurrency if b.value is not None}
@@ -173,7 +195,7 @@ def concurrency_sweep(ledger: LedgerResult) -> str | None:
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.minorticks_off()
         ax.spines[["top", "right"]].set_visible(False)
-    ax1.legend(fontsize=6, frameon=False)
+    _legend_below(fig, ax1, len(swept))
     return svg(fig)
 
 
@@ -189,9 +211,10 @@ def tornado(ledger: LedgerResult, config: str, top: int = 8) -> str | None:
         lo, hi = s["cost_low"], s["cost_high"]
         ax.barh(yi, lo - base, left=base, color="#4C72B0", height=0.6)
         ax.barh(yi, hi - base, left=base, color="#DD8452", height=0.6)
-    ax.set_yticks(y, [f"{s['label']} ({s['basis']})" for s in swings], fontsize=7)
+    ax.set_yticks(y, [f"{s['label']} ({s['basis']})" for s in swings])
     ax.axvline(base, color="#222", lw=0.8)
-    ax.set_xlabel(f"cost per accepted task of {config} (blue: input at low, orange: at high)")
+    ax.xaxis.set_major_locator(MaxNLocator(5))
+    ax.set_xlabel(f"cost per accepted task of {config}\n(blue: input at low, orange: at high)")
     ax.spines[["top", "right"]].set_visible(False)
     return svg(fig)
 
@@ -207,6 +230,38 @@ def interaction(rows: list[dict]) -> str | None:
         series[p] = [next((r["speedup"] for r in rows if r["strategy"] == s and r["precision"] == p), None) for s in methods]
     fig = _figure(7.5, 3.0)
     ax = fig.add_subplot()
-    _grouped_bars(ax, methods, series, "speed-up over autoregressive\non the same target precision")
+    _grouped_bars(fig, ax, methods, series, "speed-up over autoregressive\non the same target precision")
     ax.axhline(1.0, color="#444", lw=0.8, ls="--")
+    return svg(fig)
+
+
+def answer_curve(sa: ScenarioAnswer) -> str | None:
+    """Cost per accepted task against review minutes, one line per configuration, the threshold and today's value
+    marked: sized for a phone's width (about 360 px)."""
+    series = [s for s in sa.curve if sum(p.cost is not None for p in s.points) >= 2]
+    if not series:
+        return None
+    fig = _figure(4.6, 3.4)
+    ax = fig.add_subplot()
+    costs = [p.cost for s in series for p in s.points if p.cost is not None]
+    for i, s in enumerate(series):
+        pts = [(p.x, p.cost) for p in s.points if p.cost is not None]
+        ax.plot([x for x, _ in pts], [c for _, c in pts], color=PALETTE[i % len(PALETTE)],
+                lw=2.6 if s.config == sa.recommended else 1.2, label=s.config)
+    th = next((t for t in sa.thresholds if t.input == sa.curve_input), None)
+    if th is not None and th.value is not None:
+        if th.low is not None and th.high is not None:
+            ax.axvspan(th.low, th.high, color="#C44E52", alpha=0.12, lw=0)
+        ax.axvline(th.value, color="#C44E52", ls="--", lw=1.2, label=f"threshold {th.value:.3g} {th.unit}".strip())
+    if th is not None and th.current is not None:
+        ax.axvline(th.current, color="#444", ls=":", lw=1.2, label=f"now {th.current:.3g} {th.unit}".strip())
+    if min(costs) > 0 and max(costs) / min(costs) > 10:
+        ax.set_yscale("log")
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"${v:g}"))
+    ax.set_xlabel("review minutes per task")
+    ax.set_ylabel("$ per accepted task")
+    ax.xaxis.set_major_locator(MaxNLocator(5))
+    ax.spines[["top", "right"]].set_visible(False)
+    _legend_below(fig, ax, 2)
     return svg(fig)

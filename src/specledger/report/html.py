@@ -9,32 +9,55 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import escape
 
+from specledger.ledger.answer import Answer, ScenarioAnswer, Threshold
+from specledger.ledger.inputs import load_inputs
 from specledger.ledger.price import ConfigCost, LedgerResult
 from specledger.report import charts
 from specledger.report.interaction import interaction_rows
 from specledger.report.terminal import failed_cell, money
 
 ASSETS = Path(__file__).with_name("assets")
-CHART_SECTIONS = [
-    ("speedup_by_kind", "Speed-up by task kind", "No speculative configuration has an autoregressive baseline on the same precision."),
-    ("tau_by_kind", "τ by task kind", "No configuration reported verification steps."),
-    ("latency", "Latency distributions (TTFT, TPOT; dotted line: p95)", "The run has no per-request latencies."),
-    ("concurrency", "Throughput and speed-up vs concurrency", "The run did not sweep concurrency."),
-    ("verify_curves", "Verification cost: forward time vs tokens verified",
-     "This run recorded no verification-cost curve (forward time for k tokens per configuration)."),
-]
+
+
+def chart_sections(first: str) -> list[tuple[str, str, str]]:
+    """(chart key, title naming its load level, what is said when the run has no such chart)."""
+    return [
+        ("speedup_by_kind", f"Speed-up by task kind — {first}",
+         "No speculative configuration has an autoregressive baseline on the same precision."),
+        ("tau_by_kind", f"τ by task kind — {first}", "No configuration reported verification steps."),
+        ("latency", f"Latency distributions (TTFT, TPOT; dotted line: p95) — {first}; n = requests per line",
+         "The run has no per-request latencies."),
+        ("concurrency", "Throughput and speed-up vs concurrency (every measured level)", "The run did not sweep concurrency."),
+        ("verify_curves", "Verification cost: forward time vs tokens verified — one sequence, no concurrency (a probe)",
+         "This run recorded no verification-cost curve (forward time for k tokens per configuration)."),
+    ]
+
+
+def first_level_words(ledger: LedgerResult) -> str:
+    """Which load the per-kind charts, latency charts and interaction table use (each configuration's lowest)."""
+    loads = sorted({m.load for m in charts.first_level(ledger.measurements)})
+    priced = sorted({r.load for r in ledger.configs if r.load})
+    words = f"at {' / '.join(loads)} (each configuration's lowest load)" if loads else "at each configuration's lowest load"
+    if priced and priced != loads:
+        words += f"; the cost table prices {' / '.join(priced)}"
+    return words
+
+
+def latency_n(ledger: LedgerResult) -> dict[tuple[str, str], int]:
+    """(configuration, load) -> the requests its latency percentiles rest on."""
+    return {(m.name, m.load): sum(1 for r in m.requests if r.ttft_s is not None) for m in ledger.measurements}
 
 
 def _f(v: float | None, fmt: str, suffix: str = "") -> str:
     return "–" if v is None else format(v, fmt) + suffix
 
 
-def _row(r: ConfigCost) -> dict:
+def _row(r: ConfigCost, n: int | None) -> dict:
     s = r.shares
     return {
         "name": r.name, "precision": r.precision, "load": r.load, "tok_s": _f(r.tok_s, ".1f"),
         "speedup": _f(r.speedup, ".2f", "×") + ("" if r.speedup_low is None else
-                                                 f" [{r.speedup_low:.2f}–{r.speedup_high:.2f}]"), "ttft": f"{_f(r.ttft_p50, '.2f')} / {_f(r.ttft_p95, '.2f')}",
+                                                 f" [{r.speedup_low:.2f}–{r.speedup_high:.2f}]"), "ttft": f"{_f(r.ttft_p50, '.2f')} / {_f(r.ttft_p95, '.2f')} (n={n or 0})",
         "tau": _f(r.tau, ".2f"), "pass_rate": f"{_f(r.pass_rate, '.0%')}" + ("" if r.pass_low is None else
                                                       f" [{r.pass_low:.0%}–{r.pass_high:.0%}]")
         + f" ({r.pass_rate_source})",
@@ -184,6 +207,100 @@ def _clean(obj: object) -> object:
     return obj
 
 
+SHARE_NAMES = ("engine", "tools", "labour", "maintenance", "energy")
+
+
+def _fallback_answer(ledger: LedgerResult) -> Answer:
+    """Without the ledger's answer block (a ledger.json written before it existed): the headline scenario's
+    recommendation as the verdicts give it, and nothing the ledger did not compute."""
+    rows = [r for r in ledger.configs if r.verdict in ("cheapest", "indistinguishable") and r.total is not None]
+    best = min(rows, key=lambda r: (r.verdict != "cheapest", r.total or 0.0), default=None)
+    if best is None:
+        return Answer(scenarios=[ScenarioAnswer(scenario=ledger.scenario or "")])
+    tied = [r.name for r in rows if r.verdict == "indistinguishable" and r is not best]
+    return Answer(scenarios=[ScenarioAnswer(
+        scenario=ledger.scenario or "", recommended=best.name, verdict=best.verdict, tied_with=tied, cost=best.total,
+        cost_low=best.p5, cost_high=best.p95, tie=bool(tied) and len(tied) + 1 == len(rows),
+        confidence="the ledger computed no answer block for this file: " + (best.verdict_detail or best.verdict))])
+
+
+def _money_range(lo: float | None, hi: float | None) -> str:
+    return "" if lo is None or hi is None else f"{money(lo)} to {money(hi)}"
+
+
+def _threshold(t: Threshold) -> dict:
+    """The ledger's sentence for one threshold (it carries its interval), or one made from the numbers."""
+    unit = f" {t.unit}" if t.unit else ""
+    if t.change:
+        return {"crosses": t.value is not None, "text": t.change}
+    if t.value is None:
+        return {"crosses": False, "text": f"no change with {t.label} from {t.searched_low:.3g} to {t.searched_high:.3g}{unit}"}
+    interval = "" if t.low is None or t.high is None else f" (95%: {t.low:.3g} to {t.high:.3g}{unit})"
+    return {"crosses": True, "text": f"{t.label} {t.side} {t.value:.3g}{unit}: {t.after}{interval}"}
+
+
+def _curve_note(sa: ScenarioAnswer) -> str:
+    """What the answer chart marks, in words (and when it has no threshold to mark)."""
+    th = next((t for t in sa.thresholds if t.input == sa.curve_input), None)
+    where = ("dashed: where the answer changes (shaded: its 95% interval)" if th is not None and th.value is not None
+             else "no threshold within the searched range" if th is None else
+             f"no threshold: {th.change or 'the answer does not change in the searched range'}")
+    return (f"Cost per accepted task against review minutes, one line per configuration (the recommendation thickest), "
+            f"everything else as priced; dotted: today's value; {where}.")
+
+
+def answer_cards(ledger: LedgerResult) -> list[dict]:
+    """The answer block: one card per scenario, the headline scenario first (ledger/answer.py's Answer)."""
+    answer = ledger.answer or _fallback_answer(ledger)
+    cards = []
+    for sa in answer.scenarios:
+        saving = None
+        if sa.recommended and sa.baseline:
+            if sa.recommended == sa.baseline:
+                saving = f"It is the baseline ({sa.baseline}): nothing to save against it."
+            elif sa.saving_per_month is not None:
+                word = "Saves" if sa.saving_per_month >= 0 else "Costs"
+                rng = _money_range(sa.saving_low, sa.saving_high)
+                saving = (f"{word} {money(abs(sa.saving_per_month))} a month against {sa.baseline}"
+                          + (f" (95%: {rng})" if rng else "")
+                          + (f", {money(abs(sa.saving_per_task))} per task" if sa.saving_per_task is not None else "")
+                          + (f" at {sa.tasks_per_month:,.0f} tasks a month" if sa.tasks_per_month else "") + ".")
+        shares = " · ".join(f"{k} {sa.shares[k]:.0%}" for k in SHARE_NAMES if k in sa.shares)
+        human = None
+        if sa.human_cost is not None:
+            mine = next((h for h in sa.human if h.config == sa.recommended), None)
+            human = f"A person doing the task costs {money(sa.human_cost)}" + (
+                "" if mine is None or mine.ratio is None else f"; {sa.recommended} costs {mine.ratio:.2g}× that") + "."
+        ths = [_threshold(t) for t in sa.thresholds]
+        cards.append({
+            "scenario": sa.scenario, "recommended": sa.recommended, "verdict": sa.verdict, "headline": sa.headline,
+            "cost": money(sa.cost) if sa.cost is not None else "–",
+            "interval": _money_range(sa.cost_low, sa.cost_high), "saving": saving, "confidence": sa.confidence,
+            "tied_with": sa.tied_with, "tie": sa.tie, "tie_reason": sa.tie_reason, "shares": shares, "human": human,
+            "thresholds": [t["text"] for t in ths if t["crosses"]], "no_change": [t["text"] for t in ths if not t["crosses"]],
+            "chart": charts.answer_curve(sa), "chart_note": _curve_note(sa),
+        })
+    return cards
+
+
+def calculator_data(ledger: LedgerResult) -> dict:
+    """What the page's calculator starts from: the ledger's data plus each scenario's inputs (central values).
+    The ledger's data names the scenarios' inputs when it has them; otherwise they are read again from the cost
+    file, used only when that file still gives the headline scenario's inputs as priced."""
+    data = dict(ledger.calculator)
+    data["scenario"] = ledger.scenario
+    if "scenarios" in data or not ledger.scenario or not data.get("base"):
+        return data
+    try:
+        inputs = load_inputs(ledger.inputs_source)
+        scenarios = {name: inputs.scenario(name).base.central() for name in inputs.scenarios}
+    except Exception:  # the file moved or no longer parses: the calculator offers the headline scenario only
+        return data
+    if scenarios.get(ledger.scenario) == data["base"]:
+        data["scenarios"] = scenarios
+    return data
+
+
 def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> str:
     run_id, created, conditions = _conditions(run_dir or ledger.run_dir)
     cheapest = next((r.name for r in ledger.configs if r.verdict == "cheapest"), None)
@@ -199,30 +316,33 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
         "concurrency": charts.concurrency_sweep(ledger),
         "verify_curves": charts.verify_curves(ledger),
     }
+    ns = latency_n(ledger)
     levels = []
     if len(ledger.levels) > len(ledger.configs):
         for r in ledger.levels:
-            levels.append({"name": r.name, "load": r.load, "tok_s": _f(r.tok_s, ".1f"), "speedup": _f(r.speedup, ".2f", "×"),
+            levels.append({"name": r.name, "load": r.load, "n": ns.get((r.name, r.load), 0), "tok_s": _f(r.tok_s, ".1f"), "speedup": _f(r.speedup, ".2f", "×"),
                            "ttft_p95": _f(r.ttft_p95, ".2f"), "tpot_p95": _f(r.tpot_p95, ".3f"),
                            "dsec": _f(r.device_seconds_per_call, ".3g"), "failed": failed_cell(r),
                            "total": "∞" if r.infinite else money(r.total),
                            "objectives": "met" if r.feasible else "; ".join(r.misses)})
-    break_even = [{"config_a": b.config_a, "config_b": b.config_b, "field": b.field, "current": _f(b.current, ".4g"),
+    load_of = {r.name: r.load for r in ledger.configs}
+    break_even = [{"load": f"{load_of.get(b.config_a, '?')} vs {load_of.get(b.config_b, '?')}", "config_a": b.config_a, "config_b": b.config_b, "field": b.field, "current": _f(b.current, ".4g"),
                    "value": _f(b.value, ".4g"), "note": b.note} for b in ledger.break_even]
     env = Environment(loader=FileSystemLoader(str(ASSETS)), autoescape=select_autoescape(["html", "j2"]))
     return env.get_template("report.html.j2").render(
         title=Path(str(ledger.run_dir)).name or run_id, run_id=run_id, created=created, conditions=conditions,
-        ledger=ledger, rows=[_row(r) for r in ledger.configs], levels=levels, break_even=break_even,
+        ledger=ledger, rows=[_row(r, ns.get((r.name, r.load))) for r in ledger.configs], levels=levels, break_even=break_even,
         noise=_noise(run_dir or ledger.run_dir), concurrency=_concurrency_table(ledger),
-        scenarios={name: [{"name": r["name"], "total": money(r["total"]) if r["total"] is not None else "–",
+        scenarios={name: [{"name": r["name"], "load": r.get("load", ""), "total": money(r["total"]) if r["total"] is not None else "–",
                            "interval": "–" if r["p5"] is None else f"{money(r['p5'])}–{money(r['p95'])}",
                            "compute": _f(r["compute_share"], ".0%"), "verdict": r["verdict"],
                            "verdict_detail": r["verdict_detail"]} for r in rows]
                    for name, rows in ledger.scenarios.items()},
-        charts=figs, tornado_config=tornado_config, chart_sections=CHART_SECTIONS,
+        charts=figs, tornado_config=tornado_config, answer=answer_cards(ledger),
+        tornado_load=next((r.load for r in ledger.configs if r.name == tornado_config), ""), chart_sections=chart_sections(first_level_words(ledger)), first_level=first_level_words(ledger),
         workload=_workload(run_dir or ledger.run_dir), positions=_positions(run_dir or ledger.run_dir),
         interaction_rows=inter, interaction_table=inter_table, precisions=precisions, reference=ledger.reference,
-        data_json=_json_for_script(_clean({"calculator": ledger.calculator})),
+        data_json=_json_for_script(_clean({"calculator": calculator_data(ledger)})),
         calculator_js=(ASSETS / "calculator.js").read_text(encoding="utf-8"),
         page_js=(ASSETS / "page.js").read_text(encoding="utf-8"),
     )

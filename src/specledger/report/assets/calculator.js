@@ -1,5 +1,7 @@
-// The ledger's cost model (specledger/ledger/cost_model.py) in plain JavaScript, for the report's
-// calculator. Same formulas, same names; tests run this file under node and compare to Python.
+// The ledger's cost model (specledger/ledger/cost_model.py) and its input checks (ledger/inputs.py) in plain
+// JavaScript, for the report's calculator. Same formulas, same messages; tests compare both to Python.
+// Point estimates only, and no verdict words: the ledger's verdicts (cheapest, indistinguishable, dominated)
+// are tested on paired Monte Carlo samples of the measurements, which the page does not have.
 (function (root) {
   "use strict";
   var SECONDS_PER_YEAR = 365.25 * 24 * 3600;
@@ -54,6 +56,11 @@
     if (provisioned) {
       seconds = replicasNeeded(demand, op.requests_per_s, op.device_count) / demand;
     }
+    return deviceRatePerS(hw, provisioned) * seconds + energyPerCall(hw, op);
+  }
+
+  // The energy part of a call's compute cost (owned hardware; rent includes it), drawn only while busy.
+  function energyPerCall(hw, op) {
     var useMeasured = hw.use_measured_energy === undefined ? true : hw.use_measured_energy;
     var energyJ;
     if (op.energy_j_per_call !== null && op.energy_j_per_call !== undefined && useMeasured) {
@@ -61,7 +68,7 @@
     } else {
       energyJ = (hw.power_watts === null || hw.power_watts === undefined ? 0 : hw.power_watts) * op.device_seconds_per_call;
     }
-    return deviceRatePerS(hw, provisioned) * seconds + energyCost(hw, energyJ);
+    return energyCost(hw, energyJ);
   }
 
   function toolCost(task) {
@@ -96,7 +103,7 @@
     var perCall = computeCostPerCall(hw, op, x.volume.demand_rps);
     var tc = toolCost(task);
     var attempt = task.calls_per_task * perCall + tc;
-    var retries = Math.trunc(acc.retries);
+    var retries = acc.retries;  // an integer: validate() rejects anything else, as the ledger does
     var attempts = expectedAttempts(q, retries);
     var esc = escalationProbability(q, retries);
     var wagePerMin = acc.wage_per_hour / 60;
@@ -111,6 +118,7 @@
     return {
       cost_per_call: perCall, attempt_cost: attempt, attempts: attempts, escalation: esc,
       compute: compute, tools: tools, labour: labour, maintenance: maint, total: total,
+      energy: attempts * task.calls_per_task * energyPerCall(hw, op),
       per_million_tokens: perM, task_latency_s: latency, pass_rate: q, infinite: infinite
     };
   }
@@ -157,11 +165,6 @@
     return out;
   }
 
-  function dominates(o, r) {
-    function noWorse(a, b) { return a !== null && a !== undefined && b !== null && b !== undefined && a <= b; }
-    return o.total <= r.total && noWorse(o.ttft_p95, r.ttft_p95) && noWorse(o.e2e_p95, r.e2e_p95);
-  }
-
   // The operating point with the inputs' device count (devices per replica): the run's device-seconds are
   // per device, so n devices occupy n times as many (ledger/measurements.py operating_point).
   function withDevices(op, x) {
@@ -175,8 +178,10 @@
 
   // Every measured load level priced; the cheapest one meeting the objectives is kept (else the one missing
   // fewest, lowest concurrency first), as ledger/price.py choose_levels does: re-chosen on every edit.
-  function chooseLevel(c, x) {
+  // `load` (e.g. "c=4") prices that level instead; null when the configuration was not measured there.
+  function chooseLevel(c, x, load) {
     var levels = c.levels && c.levels.length ? c.levels : [{ load: c.load, concurrency: null, op: c.op }];
+    if (load) levels = levels.filter(function (lv) { return lv.load === load; });
     var best = null;
     levels.forEach(function (lv) {
       var op = withDevices(lv.op, x);
@@ -196,42 +201,186 @@
     return best;
   }
 
-  // Price every configuration of the calculator data with `base` as the edited inputs.
-  function priceAll(data, base) {
+  // The cost split the ledger reports (price.py cost_shares): engine compute (energy apart), tools, labour,
+  // maintenance, energy; null when the cost is infinite or zero.
+  function costShares(b) {
+    if (b.infinite || !b.total) return null;
+    return { engine: (b.compute - b.energy) / b.total, tools: b.tools / b.total, labour: b.labour / b.total,
+             maintenance: b.maintenance / b.total, energy: b.energy / b.total };
+  }
+
+  // Why a row has no cost to compare (the ledger's own reasons, verdicts.py _status), or "".
+  function status(r) {
+    if (!r.comparable) return "not comparable";
+    if (r.infinite) return "infinite cost";
+    if (!r.feasible) return "infeasible";
+    return "";
+  }
+
+  // Price every configuration of the calculator data with `base` as the edited inputs (at `load`, or at the
+  // level the ledger would choose). Point values; `vs_lowest` is the point difference from the lowest priced.
+  function priceAll(data, base, load) {
     var rows = data.configs.map(function (c) {
       var x = merge(base, (data.overrides || {})[c.name] || {});
-      var pick = chooseLevel(c, x);
+      var pick = chooseLevel(c, x, load || null);
+      var row = { name: c.name, strategy: c.strategy, precision: c.precision, tok_s: c.tok_s, tau: c.tau,
+        comparable: c.comparable, comparable_reason: c.comparable_reason, load: load || c.load, breakdown: null,
+        total: null, shares: null, infinite: false, feasible: false, misses: [], status: "", detail: "", vs_lowest: null };
+      if (pick === null) {
+        row.status = "not measured";
+        row.detail = "no requests completed at " + load;
+        return row;
+      }
       var b = pick.b;
-      var misses = pick.misses;
-      var total = b.total;
-      var shares = b.infinite || !total ? null : {
-        compute: (b.compute + b.tools) / total, labour: b.labour / total, maintenance: b.maintenance / total
-      };
-      return {
-        name: c.name, load: pick.load, strategy: c.strategy, precision: c.precision, tok_s: c.tok_s, tau: c.tau,
-        ttft_p95: pick.op.ttft_p95, e2e_p95: pick.op.e2e_p95, comparable: c.comparable,
-        comparable_reason: c.comparable_reason, breakdown: b, total: b.infinite ? null : total, shares: shares,
-        infinite: b.infinite, feasible: misses.length === 0, misses: misses, verdict: "", verdict_detail: ""
-      };
+      row.load = pick.load;
+      row.ttft_p95 = pick.op.ttft_p95;
+      row.e2e_p95 = pick.op.e2e_p95;
+      row.breakdown = b;
+      row.total = b.infinite ? null : b.total;
+      row.shares = costShares(b);
+      row.infinite = b.infinite;
+      row.feasible = pick.misses.length === 0;
+      row.misses = pick.misses;
+      row.status = status(row);
+      row.detail = row.status === "not comparable" ? c.comparable_reason : row.status === "infinite cost"
+        ? "pass rate 0: no attempt is ever accepted" : row.status === "infeasible" ? row.misses.join("; ") : "";
+      return row;
     });
-    var eligible = rows.filter(function (r) { return r.comparable && r.feasible && !r.infinite && r.total !== null; });
-    var cheapest = null;
-    eligible.forEach(function (r) { if (cheapest === null || r.total < cheapest.total) cheapest = r; });
-    rows.forEach(function (r) {
-      if (!r.comparable) { r.verdict = "not comparable"; r.verdict_detail = r.comparable_reason; }
-      else if (r.infinite) { r.verdict = "infinite cost"; r.verdict_detail = "pass rate 0: no attempt is ever accepted"; }
-      else if (!r.feasible) { r.verdict = "infeasible"; r.verdict_detail = r.misses.join("; "); }
-      else if (r === cheapest) { r.verdict = "cheapest"; }
-      else {
-        var better = eligible.filter(function (o) { return o !== r && dominates(o, r); });
-        if (better.length) { r.verdict = "dominated"; r.verdict_detail = "by " + better[0].name + ": cheaper and no slower"; }
-        else {
-          r.verdict = "trade-off";
-          r.verdict_detail = "+" + (100 * (r.total / cheapest.total - 1)).toFixed(1) + "% vs " + cheapest.name + ", but faster";
+    var priced = rows.filter(function (r) { return r.status === "" && r.total !== null; });
+    var lowest = priced.reduce(function (m, r) { return m === null || r.total < m.total ? r : m; }, null);
+    priced.forEach(function (r) { r.vs_lowest = r.total / lowest.total - 1; });
+    return rows;
+  }
+
+  // ---- Input checks: ledger/inputs.py's rules and messages (pydantic's own words where it speaks) ----
+
+  // Python's format(x, "g"): six significant digits, trailing zeros dropped, exponent below 1e-4 or from 1e6.
+  function pyG(x) {
+    if (x === 0) return 1 / x < 0 ? "-0" : "0";
+    var parts = x.toExponential(5).split("e"), exp = Number(parts[1]);
+    function strip(t) { return t.indexOf(".") < 0 ? t : t.replace(/0+$/, "").replace(/\.$/, ""); }
+    if (exp < -4 || exp >= 6) {
+      return strip(parts[0]) + "e" + (exp < 0 ? "-" : "+") + (Math.abs(exp) < 10 ? "0" : "") + Math.abs(exp);
+    }
+    return strip(x.toFixed(Math.max(0, 5 - exp)));
+  }
+
+  function bounds(lo, hi, loOpen, what) {
+    return function (v) {
+      if (lo !== null && (v < lo || (loOpen && v === lo))) return pyG(v) + " is " + (loOpen ? "not above" : "below") + " " + pyG(lo) + what;
+      if (hi !== null && v > hi) return pyG(v) + " is above " + pyG(hi) + what;
+      return null;
+    };
+  }
+  var NON_NEG = bounds(0, null, false, " (must not be negative)");
+  var POSITIVE = bounds(0, null, true, " (must be positive)");
+  var FRACTION = bounds(0, 1, true, " (a fraction in (0, 1])");
+  var PUE = bounds(1, null, false, " (PUE is at least 1)");
+  function passRateCheck(v) {
+    if (v === 0) return "a pass rate of 0 means no attempt is ever accepted: the cost per accepted task is infinite";
+    if (v < 0 || v > 1) return pyG(v) + " is outside [0, 1]";
+    return null;
+  }
+  function intAtLeast(lo) {
+    return function (v) {
+      if (v !== Math.trunc(v)) return "Input should be a valid integer, got a number with a fractional part";
+      return v < lo ? "Input should be greater than or equal to " + lo : null;
+    };
+  }
+  function above0(v) { return v > 0 ? null : "Input should be greater than 0"; }
+
+  // Field order is the models' (pydantic reports the first failing field first). [name, check, nullable, int]
+  var RULES = {
+    hardware: [["device_count", intAtLeast(1), true, true], ["price_per_device_hour", NON_NEG, true],
+      ["purchase_price", NON_NEG, true], ["lifetime_years", POSITIVE, true], ["utilisation", FRACTION, true],
+      ["power_watts", NON_NEG, true], ["energy_price_per_kwh", NON_NEG, true], ["pue", PUE, true]],
+    task: [["calls_per_task", POSITIVE, false]],
+    acceptance: [["retries", intAtLeast(0), false, true], ["pass_rate", passRateCheck, true],
+      ["review_minutes", NON_NEG, false], ["fix_minutes", NON_NEG, false], ["wage_per_hour", NON_NEG, false]],
+    maintenance: [["engineering_hours_per_month", NON_NEG, false], ["engineer_wage_per_hour", NON_NEG, true],
+      ["retraining_hours", NON_NEG, false], ["retraining_device_hours", NON_NEG, false],
+      ["changes_per_year", NON_NEG, false]],
+    volume: [["tasks_per_month", POSITIVE, false], ["demand_rps", POSITIVE, true]],
+    latency: [["ttft_p95_s", above0, true], ["tpot_p95_s", above0, true], ["e2e_p95_s", above0, true],
+      ["task_s", above0, true]],
+    human: [["minutes", NON_NEG, false], ["wage_per_hour", NON_NEG, true]]  // optional section: checked when given
+  };
+  var TOOL_FIELDS = ["calls", "price", "latency_s"];
+  var NEEDED = { rented: ["price_per_device_hour"],
+    owned: ["purchase_price", "lifetime_years", "utilisation", "power_watts", "energy_price_per_kwh", "pue"] };
+
+  function checkValue(v, rule) {
+    if (v === null || v === undefined) {
+      if (rule[2]) return null;
+      return rule[3] ? "Input should be a valid integer" : "Input should be a valid number";
+    }
+    if (typeof v !== "number" || !isFinite(v)) return rule[3] ? "Input should be a valid integer" : "Input should be a valid number";
+    return rule[1](v);
+  }
+
+  // The first problem with one configuration's inputs, as {path: [the field], loc: [where pydantic reports it,
+  // when not the field], message: "field: msg"} (the ledger's BadInput without its "file:line: " prefix), or
+  // null when the ledger would accept them.
+  function validate(x) {
+    var sections = ["hardware", "task", "acceptance", "maintenance", "volume", "latency", "human"];
+    for (var i = 0; i < sections.length; i++) {
+      var sec = sections[i], rules = RULES[sec], obj = x[sec] || {};
+      if (sec === "human" && (x.human === null || x.human === undefined)) continue;
+      for (var j = 0; j < rules.length; j++) {
+        var v = obj[rules[j][0]], msg = checkValue(v, rules[j]);
+        // pydantic places a non-number in a number-or-range field under the union's tag: [..., "value"]
+        var tagged = (v === null || v === undefined) && !rules[j][3];
+        if (msg) {
+          return { path: [sec, rules[j][0]], loc: tagged ? [sec, rules[j][0], "value"] : null,
+                   message: sec + "." + rules[j][0] + ": " + msg };
+        }
+        if (sec === "task" && j === 0) {
+          var tools = obj.tools || [];
+          for (var t = 0; t < tools.length; t++) {
+            for (var k = 0; k < TOOL_FIELDS.length; k++) {
+              var tv = tools[t][TOOL_FIELDS[k]], m2 = checkValue(tv, [TOOL_FIELDS[k], NON_NEG, false]);
+              if (m2) return { path: ["task", "tools", t, TOOL_FIELDS[k]],
+                               loc: tv === null || tv === undefined ? ["task", "tools", t, TOOL_FIELDS[k], "value"] : null, message: "task.tools." + t + "." + TOOL_FIELDS[k] + ": " + m2 };
+            }
+          }
         }
       }
-    });
-    return rows;
+      if (sec === "hardware") {
+        var need = NEEDED[obj.kind] || [];
+        for (var n = 0; n < need.length; n++) {
+          if (obj[need[n]] === null || obj[need[n]] === undefined) {
+            return { path: ["hardware", need[n]], loc: ["hardware"],
+                     message: "hardware: missing field '" + need[n] + "' (needed when kind is " + obj.kind + ")" };
+          }
+        }
+      }
+    }
+    return null;
+  }
+
+  function hasPath(d, path) {
+    for (var i = 0; i < path.length; i++) {
+      if (d === null || typeof d !== "object" || !(path[i] in d)) return false;
+      d = d[path[i]];
+    }
+    return true;
+  }
+
+  // The inputs as the ledger checks a file: the base, then each configuration's overrides merged onto it
+  // (named "configs.<name>." when the problem is in the override itself). Null when all are accepted.
+  function validateAll(data, base) {
+    var err = validate(base);
+    if (err) return err;
+    var names = Object.keys(data.overrides || {});
+    for (var i = 0; i < names.length; i++) {
+      var over = data.overrides[names[i]];
+      var e = validate(merge(base, over));
+      if (e) {
+        if (hasPath(over, e.loc || e.path)) e.message = "configs." + names[i] + "." + e.message;
+        return e;
+      }
+    }
+    return null;
   }
 
   var api = {
@@ -240,7 +389,8 @@
     replicasNeeded: replicasNeeded, computeCostPerCall: computeCostPerCall, toolCost: toolCost,
     toolLatency: toolLatency, maintenancePerTask: maintenancePerTask, passRate: passRate,
     taskCost: taskCost, objectiveMisses: objectiveMisses, merge: merge, priceAll: priceAll,
-    chooseLevel: chooseLevel, withDevices: withDevices
+    chooseLevel: chooseLevel, withDevices: withDevices, energyPerCall: energyPerCall, costShares: costShares,
+    validate: validate, validateAll: validateAll, pyG: pyG
   };
   if (typeof module !== "undefined" && module.exports) module.exports = api;
   else root.SpecLedgerCalc = api;

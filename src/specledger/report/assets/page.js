@@ -1,13 +1,19 @@
-// The report's interactive calculator: cost inputs as fields; table and chart recomputed with
-// calculator.js (the ledger's formulas) on every edit. No network, no libraries.
+// The report's interactive calculator: cost inputs as fields (and the scenario and load level as choices);
+// every edit is checked as the ledger checks a cost file (calculator.js validateAll, the same messages) and,
+// when accepted, the table and chart are recomputed with the ledger's formulas. Point estimates, no verdicts.
+// No network, no libraries.
 (function () {
   "use strict";
   var calc = window.SpecLedgerCalc;
   var data = JSON.parse(document.getElementById("ledger-data").textContent).calculator;
+  var scenarios = data.scenarios || null;  // name -> that scenario's inputs (central values)
+  var scenario = data.scenario || null;
   var start = JSON.stringify(data.base);
   var base = JSON.parse(start);
+  var load = null;  // null: each configuration at the level the ledger would choose
   var SVGNS = "http://www.w3.org/2000/svg";
-  var PARTS = [["compute", "#4C72B0"], ["tools", "#64B5CD"], ["labour", "#DD8452"], ["maintenance", "#55A868"]];
+  var PARTS = [["engine", "#4C72B0"], ["tools", "#64B5CD"], ["labour", "#DD8452"], ["maintenance", "#55A868"],
+    ["energy", "#CCB974"]];
 
   // Every input is editable: numbers (null = not set: leave the field empty), and the choices below.
   var CHOICES = {
@@ -21,6 +27,7 @@
     Object.keys(obj).forEach(function (k) {
       var v = obj[k], p = prefix.concat([Array.isArray(obj) ? Number(k) : k]);
       if (CHOICES[p.join(".")]) out.push(p);
+      else if (v === null && prefix.length === 0) return;  // an optional section the file leaves out (human)
       else if (v !== null && typeof v === "object") numericLeaves(v, p, out);
       else if (typeof v === "number" || v === null) out.push(p);
     });
@@ -46,11 +53,6 @@
     });
     return select;
   }
-
-  // Fields the cost file may leave out (null: the run's value, the default, or no objective).
-  var NULLABLE = { pass_rate: 1, demand_rps: 1, device_count: 1, utilisation: 1, engineer_wage_per_hour: 1,
-    ttft_p95_s: 1, tpot_p95_s: 1, e2e_p95_s: 1, task_s: 1, power_watts: 1, price_per_device_hour: 1,
-    purchase_price: 1, lifetime_years: 1, energy_price_per_kwh: 1, pue: 1 };
 
   function getPath(obj, path) { return path.reduce(function (o, k) { return o[k]; }, obj); }
   function setPath(obj, path, v) { getPath(obj, path.slice(0, -1))[path[path.length - 1]] = v; }
@@ -97,27 +99,15 @@
       var input = document.createElement("input");
       input.type = "number";
       input.step = "any";
-      input.min = "0";
       input.id = id;
       var initial = getPath(base, path);
       input.value = initial === null || initial === undefined ? "" : String(initial);
       input.placeholder = "not set";
       input.dataset.path = JSON.stringify(path);
       input.addEventListener("input", function () {
-        var v = Number(input.value);
-        if (input.value.trim() === "" && NULLABLE[path[path.length - 1]]) {  // cleared: not set
-          input.classList.remove("invalid");
-          setPath(base, path, null);
-          render();
-          return;
-        }
-        var bad = input.value.trim() === "" || !isFinite(v) || v < 0 ||
-          (path[1] === "device_count" && (v < 1 || v !== Math.trunc(v))) ||
-          (path[1] === "pass_rate" && (v <= 0 || v > 1)) || (path[1] === "utilisation" && (v <= 0 || v > 1)) ||
-          (path[1] === "tasks_per_month" && v <= 0);
-        input.classList.toggle("invalid", bad);
-        if (bad) return;
-        setPath(base, path, path[1] === "retries" ? Math.trunc(v) : v);
+        // cleared: not set (null); the checks below say whether the ledger allows that for this field
+        var v = input.value.trim() === "" && !input.validity.badInput ? null : Number(input.value);
+        setPath(base, path, input.validity.badInput ? NaN : v);
         render();
       });
       row.appendChild(span);
@@ -126,14 +116,59 @@
     });
     document.getElementById("calc-reset").addEventListener("click", function () {
       base = JSON.parse(start);
-      form.querySelectorAll("input, select").forEach(function (input) {
-        var path = JSON.parse(input.dataset.path), v = getPath(base, path);
-        if (input.dataset.choice) input.value = String(Math.max(0, CHOICES[path.join(".")].indexOf(v === undefined ? null : v)));
-        else input.value = v === null || v === undefined ? "" : String(v);
-        input.classList.remove("invalid");
-      });
+      fill();
       render();
     });
+    choosers();
+  }
+
+  // Every field shows the value of `base` (after a reset or a change of scenario).
+  function fill() {
+    document.querySelectorAll("#calc-form input, #calc-form select[data-path]").forEach(function (input) {
+      var path = JSON.parse(input.dataset.path), v = getPath(base, path);
+      if (input.dataset.choice) input.value = String(Math.max(0, CHOICES[path.join(".")].indexOf(v === undefined ? null : v)));
+      else input.value = v === null || v === undefined ? "" : String(v);
+    });
+  }
+
+  // The scenario (each one's inputs as the cost file gives them) and the load level, as choices.
+  function choosers() {
+    var holder = document.getElementById("calc-choices");
+    function select(id, text, options, onchange) {
+      var row = document.createElement("label"), span = document.createElement("span"), sel = document.createElement("select");
+      row.setAttribute("for", id);
+      span.textContent = text;
+      sel.id = id;
+      options.forEach(function (o) {
+        var opt = document.createElement("option");
+        opt.value = o[0];
+        opt.textContent = o[1];
+        sel.appendChild(opt);
+      });
+      sel.addEventListener("change", function () { onchange(sel.value); });
+      row.appendChild(span);
+      row.appendChild(sel);
+      holder.appendChild(row);
+      return sel;
+    }
+    if (scenarios && Object.keys(scenarios).length > 1) {
+      var sel = select("calc-scenario", "scenario", Object.keys(scenarios).map(function (n) { return [n, n]; }), function (name) {
+        scenario = name;
+        start = JSON.stringify(scenarios[name]);
+        base = JSON.parse(start);
+        fill();
+        render();
+      });
+      if (scenario) sel.value = scenario;
+    }
+    var loads = [];
+    data.configs.forEach(function (c) {
+      (c.levels || []).forEach(function (lv) { if (loads.indexOf(lv.load) < 0) loads.push(lv.load); });
+    });
+    loads.sort(function (a, b) { return (Number(a.replace(/\D+/g, "")) || 0) - (Number(b.replace(/\D+/g, "")) || 0); });
+    var options = [["", "the ledger's choice (cheapest meeting the objectives)"]].concat(
+      loads.map(function (l) { return [l, l.indexOf("c=") === 0 ? "concurrency " + l.slice(2) : l]; }));
+    select("calc-load", "load level", options, function (v) { load = v || null; render(); });
   }
 
   function cell(tr, text, cls, value) {
@@ -145,22 +180,33 @@
     return td;
   }
 
+  function sharesText(sh) {
+    return sh ? PARTS.map(function (p) { return pct(sh[p[0]]); }).join(" / ") : "–";
+  }
+
   function renderTable(rows) {
     var body = document.querySelector("#calc-table tbody");
     body.textContent = "";
     rows.forEach(function (r) {
       var b = r.breakdown, tr = document.createElement("tr");
       tr.dataset.config = r.name;
-      tr.className = "verdict-" + r.verdict.replace(/ /g, "-");
+      tr.className = r.status ? "status-" + r.status.replace(/ /g, "-") : "";
       cell(tr, r.name + " @" + r.load);
+      if (!b) {
+        var td = cell(tr, r.status + " (" + r.detail + ")", "calc-status");
+        td.colSpan = 9;
+        body.appendChild(tr);
+        return;
+      }
       cell(tr, pct(b.pass_rate), "num");
       cell(tr, b.attempts.toFixed(3), "num");
       cell(tr, pct(b.escalation), "num");
       cell(tr, money(b.cost_per_call), "num calc-per-call", b.cost_per_call);
       cell(tr, money(b.per_million_tokens), "num");
       cell(tr, money(r.total), "num calc-total", r.total);
-      cell(tr, r.shares ? pct(r.shares.compute) + " / " + pct(r.shares.labour) + " / " + pct(r.shares.maintenance) : "–", "num");
-      cell(tr, r.verdict + (r.verdict_detail ? " (" + r.verdict_detail + ")" : ""), "calc-verdict");
+      cell(tr, r.vs_lowest === null ? "–" : r.vs_lowest === 0 ? "lowest" : "+" + (100 * r.vs_lowest).toFixed(1) + "%", "num calc-vs");
+      cell(tr, sharesText(r.shares), "num calc-shares");
+      cell(tr, r.status ? r.status + " (" + r.detail + ")" : "priced", "calc-status");
       body.appendChild(tr);
     });
   }
@@ -176,30 +222,31 @@
     var holder = document.getElementById("calc-chart");
     holder.textContent = "";
     var priced = rows.filter(function (r) { return r.total !== null; });
-    var barH = 22, gap = 8, left = 170, width = 720, top = 26;
+    var barH = 22, gap = 8, left = 130, width = 600, top = 44;
     var height = top + rows.length * (barH + gap) + 30;
-    var svg = el("svg", { width: width, height: height, viewBox: "0 0 " + width + " " + height, role: "img",
+    var svg = el("svg", { width: width, height: height, style: "width: 100%; min-width: " + width + "px; max-width: " + width + "px", viewBox: "0 0 " + width + " " + height, role: "img",
       "aria-label": "cost per accepted task, by part" });
     var max = priced.reduce(function (m, r) { return Math.max(m, r.total); }, 0) || 1;
     var scale = (width - left - 80) / max;
-    var x = left;
-    PARTS.forEach(function (p) {
-      svg.appendChild(el("rect", { x: x, y: 4, width: 10, height: 10, fill: p[1] }));
-      svg.appendChild(el("text", { x: x + 14, y: 13, "font-size": 11 }, p[0]));
-      x += 110;
+    PARTS.forEach(function (p, i) {  // the legend on two rows: it fits the chart's width
+      var lx = left + (i % 3) * 130, ly = 4 + Math.floor(i / 3) * 18;
+      svg.appendChild(el("rect", { x: lx, y: ly, width: 10, height: 10, fill: p[1] }));
+      svg.appendChild(el("text", { x: lx + 14, y: ly + 10, "font-size": 12 }, p[0]));
     });
     rows.forEach(function (r, i) {
       var y = top + i * (barH + gap);
-      svg.appendChild(el("text", { x: left - 6, y: y + barH * 0.7, "text-anchor": "end", "font-size": 12 }, r.name));
+      svg.appendChild(el("text", { x: left - 6, y: y + barH * 0.7, "text-anchor": "end", "font-size": 12 },
+        r.name.length > 18 ? r.name.slice(0, 17) + "…" : r.name));
       if (r.total === null) {
-        svg.appendChild(el("text", { x: left + 4, y: y + barH * 0.7, "font-size": 12, fill: "#C44E52" }, "∞ (" + r.verdict + ")"));
+        svg.appendChild(el("text", { x: left + 4, y: y + barH * 0.7, "font-size": 12, fill: "#C44E52" }, "no cost (" + r.status + ")"));
         return;
       }
       var bx = left;
       PARTS.forEach(function (p) {
-        var w = Math.max(0, r.breakdown[p[0]] * scale);
+        var part = partValue(r.breakdown, p[0]);
+        var w = Math.max(0, part * scale);
         var rect = el("rect", { x: bx, y: y, width: w, height: barH, fill: p[1], "class": "part-" + p[0] });
-        rect.appendChild(el("title", {}, p[0] + ": " + money(r.breakdown[p[0]])));
+        rect.appendChild(el("title", {}, p[0] + ": " + money(part)));
         svg.appendChild(rect);
         bx += w;
       });
@@ -208,8 +255,23 @@
     holder.appendChild(svg);
   }
 
+  function partValue(b, name) { return name === "engine" ? b.compute - b.energy : b[name]; }
+
+  // Check the inputs as the ledger would; price them only when it would accept them.
   function render() {
-    var rows = calc.priceAll(data, base);
+    var err = calc.validateAll(data, base), box = document.getElementById("calc-error");
+    document.querySelectorAll("#calc-form input").forEach(function (input) {
+      input.classList.toggle("invalid", !!err && input.dataset.path === JSON.stringify(err.path));
+    });
+    box.hidden = !err;
+    box.textContent = err ? "The ledger rejects these inputs — " + err.message : "";
+    document.getElementById("calc-results").classList.toggle("rejected", !!err);
+    if (err) {
+      document.querySelector("#calc-table tbody").textContent = "";
+      document.getElementById("calc-chart").textContent = "";
+      return;
+    }
+    var rows = calc.priceAll(data, base, load);
     renderTable(rows);
     renderChart(rows);
   }
