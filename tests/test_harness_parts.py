@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from specledger.bench.load import SteadyStateCheck, closed_loop, open_loop, poisson_arrivals
+from specledger.bench.load import closed_loop, open_loop, poisson_arrivals
+from specledger.bench.steady import SteadyStateCheck
 from specledger.bench.telemetry import parse_prometheus, response_levels, spec_counters, telemetry_delta
 
 

@@ -115,3 +115,22 @@ def test_cli_import(tmp_path):
     assert "results:" in res.output and load_run(tmp_path / "r").configs[0].loads[0].aggregate.requests_ok == 3
     res = CliRunner().invoke(app, ["import", "genai-perf", str(src)])
     assert isinstance(res.exception, BadInput) and "unknown format 'genai-perf'" in str(res.exception)
+
+
+def test_summary_without_p95_meets_a_p95_objective_through_its_p99(tmp_path):
+    """p95 <= p99: a p99 within the objective makes the p95 objective met; one above it names the bound."""
+    from specledger.ledger.inputs import parse_inputs
+    from specledger.ledger.price import price_run
+
+    data = {k: v for k, v in SUMMARY.items() if not k.startswith("p95_")}  # p99 TTFT 80 ms
+    import_vllm_bench(write(tmp_path, data), tmp_path / "run")
+    base = ("hardware: {price_per_device_hour: 2.0}\nvolume: {tasks_per_month: 10000}\nacceptance: {pass_rate: 0.9, "
+            "retries: 2, review_minutes: 0.5, fix_minutes: 10, wage_per_hour: 60}\n")
+    (ok,) = price_run(tmp_path / "run", parse_inputs(base + "latency: {ttft_p95_s: 0.1}\n", "c.yaml"), samples=50).configs
+    assert ok.feasible and ok.verdict != "infeasible" and ok.p_feasible == 1.0
+    assert ok.ttft_p95 is None  # the table still says it was not measured
+    (late,) = price_run(tmp_path / "run", parse_inputs(base + "latency: {ttft_p95_s: 0.05}\n", "c.yaml"),
+                        samples=50).configs
+    assert late.verdict == "infeasible" and late.misses == ["p95 TTFT <= p99 0.08 s (p95 not measured) > 0.05 s"]
+    (m,) = measurements_from_run(tmp_path / "run")
+    assert m.operating_point().p95_from_p99 == ("ttft", "tpot", "e2e")

@@ -148,3 +148,38 @@ def test_sensitivity_ranks_inputs_and_uses_their_ranges():
     wage = next(s for s in swings if s.path == "acceptance.wage_per_hour")
     assert wage.basis == "±20%" and wage.low == pytest.approx(48) and wage.high == pytest.approx(72)
     assert [s.swing for s in swings] == sorted((s.swing for s in swings), reverse=True)
+
+
+OWNED = """
+hardware: {kind: owned, purchase_price: 1000, lifetime_years: 3, utilisation: 1, power_watts: 300,
+           energy_price_per_kwh: 0.5, pue: 1.2}
+acceptance: {retries: 0, pass_rate: 1, review_minutes: 0, fix_minutes: 0, wage_per_hour: 60}
+volume: {tasks_per_month: 1000}
+"""
+
+
+@pytest.mark.parametrize("method,spread", [("rapl (idle 20.0 W subtracted)", 0.12),
+                                           ("estimated: CPU time x 2.19 W per busy CPU (...)", 0.5)])
+def test_energy_is_priced_with_its_methods_spread(method, spread):
+    """A counter's figure is priced with ~12% error, an estimate's with ~50%: the interval of an energy-heavy
+    cost widens by the method's spread, around the same centre."""
+    m = meas("a", 20.0, energy_j=20 * 3600.0 * 10, energy_method=method)  # 3.6 kJ... per call: 72 kJ
+    assert m.operating_point().energy_spread == spread
+    c = case_of(m, OWNED)
+    out = simulate([c], eligible={"a"}, samples=20000, seed=0)["a"]
+    point = task_cost(c[0].x, c[0].op).total
+    assert out.mean == pytest.approx(point, rel=0.02)
+    assert (out.p95 - out.p5) / point == pytest.approx(2 * 1.645 * spread, rel=0.35)  # energy is ~all of it
+    none = simulate([case_of(meas("a", 20.0, energy_j=20 * 3600.0 * 10), OWNED)], eligible={"a"}, samples=2000,
+                    seed=0)["a"]
+    assert none.p5 == pytest.approx(none.p95)  # "unavailable": no spread claimed
+
+
+def test_a_steady_level_is_priced_at_its_steady_throughput():
+    """A level held until steady prices the steady requests/s and joules, not the whole level's burst."""
+    burst = meas("a", 10.0, energy_j=1000.0)  # 1 req/s over the level, 100 J a request
+    held = meas("a", 10.0, energy_j=1000.0, steady_req_s=0.5, steady_j_per_request=150.0)
+    assert burst.operating_point().device_seconds_per_call == pytest.approx(1.0)
+    op = held.operating_point()
+    assert op.device_seconds_per_call == pytest.approx(2.0) and op.requests_per_s == pytest.approx(0.5)
+    assert op.energy_j_per_call == pytest.approx(150.0)

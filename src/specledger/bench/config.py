@@ -288,9 +288,14 @@ class WorkloadSettings(_Strict):
 
 
 class SteadyStateSettings(_Strict):
+    """Hold a level past its planned requests until throughput is steady (bench/steady.py), or until
+    `duration_s` or `max_requests` ends it first."""
+
     window: int = Field(8, ge=2)  # completed requests per window
-    tolerance: float = Field(0.1, gt=0)  # relative difference of consecutive windows' throughput
+    tolerance: float = Field(0.1, gt=0)  # how far the fitted slope may move throughput across the span, relative
+    span: int = Field(2, ge=2)  # windows the slope is fitted over
     max_requests: int = Field(256, ge=1)
+    duration_s: float | None = Field(None, gt=0)  # --sustain: the longest a level is held
 
 
 class LoadSettings(_Strict):

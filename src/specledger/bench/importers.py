@@ -129,8 +129,9 @@ def import_vllm_bench(path: str | Path, run_dir: str | Path, *, name: str | None
         notes.append("summary only (saved without --save-detailed): no per-request latencies, so no bootstrap "
                      "intervals; percentiles are those vLLM was asked for")
         if agg.ttft.p95 is None or agg.e2e.p95 is None:
-            notes.append("no p95 latencies (the ledger's objectives use p95): rerun with "
-                         "--percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,95,99, or --save-detailed")
+            notes.append("no p95 latencies (the ledger's objectives use p95; it takes a measured p99 as an upper "
+                         "bound): rerun with --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,95,99, "
+                         "or --save-detailed")
     spec = {k: v for k, v in data.items() if not isinstance(v, (list, dict))}
     cr = ConfigResult(name=name, backend="vllm-bench-serve", model=model, strategy="as served", spec=spec,
                       loads=[LoadResult(load=label, concurrency=conc, rate=rate, aggregate=agg, complete=True)],

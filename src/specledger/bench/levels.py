@@ -8,6 +8,7 @@ seeing the model's earlier answers; every turn becomes one record.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from dataclasses import dataclass, field, replace
@@ -18,9 +19,10 @@ from rich.progress import Progress
 from specledger.bench.backends.base import Backend
 from specledger.bench.config import BenchConfig, LoadLevel, RunConfig
 from specledger.bench.energy import EnergyMeter
-from specledger.bench.load import SteadyStateCheck, closed_loop, open_loop, replay
+from specledger.bench.load import closed_loop, open_loop, replay
 from specledger.bench.recorder import RunRecorder
-from specledger.bench.results import RequestRecord, SteadyState, now
+from specledger.bench.results import RequestRecord, now
+from specledger.bench.steady import ConditionSampler, SteadyStateCheck
 from specledger.bench.telemetry import telemetry_delta
 from specledger.bench.question import Question
 from specledger.quality.graders import grade
@@ -115,13 +117,16 @@ class Levels:
         n = len(qs) if level.questions else self.items_per_pass * self.cfg.repeats
         done = self.rec.done_items(bc, lv.label)
         check = load.steady_state if level.questions is None else None
-        steady = SteadyStateCheck(check.window, check.tolerance) if check else None
+        steady = SteadyStateCheck(check.window, check.tolerance, check.span) if check else None
         counter = iter(range(max(n, check.max_requests) if check else n))
 
         def next_index() -> int | None:
             for i in counter:
                 if i >= n and (steady is None or steady.reached):
                     return None
+                if steady is not None and check is not None and check.duration_s is not None \
+                        and time.perf_counter() - steady.start >= check.duration_s:
+                    return None  # held as long as asked: the level ends, steady or not
                 if i not in done:
                     return i
             return None
@@ -135,7 +140,7 @@ class Levels:
             tokens = await self.conversation(backend, bc, q, item=i, arrival=arrival, level=level)
             nonlocal total
             if steady is not None:
-                steady.completed(tokens, time.perf_counter())
+                steady.completed(tokens, time.perf_counter(), self.meter.read())
                 if i >= n:  # past the planned count: the bar grows
                     total += len(q.turns)
                     self.progress.update(self._task, total=total)
@@ -146,12 +151,15 @@ class Levels:
         before = await backend.scrape_metrics()
         e0 = self.meter.read()
         started = now()
-        if lv.replay is not None:
-            await replay(job, next_index, arrival_s, lv.replay, max_in_flight=load.max_in_flight)
-        elif lv.rate is not None:
-            await open_loop(job, next_index, lv.rate, seed=self.cfg.seed, max_in_flight=load.max_in_flight)
-        else:
-            await closed_loop(job, next_index, lv.concurrency or 1)
+        if steady is not None:
+            steady.begin(time.perf_counter(), e0)
+        with ConditionSampler() if steady is not None else contextlib.nullcontext() as sampler:
+            if lv.replay is not None:
+                await replay(job, next_index, arrival_s, lv.replay, max_in_flight=load.max_in_flight)
+            elif lv.rate is not None:
+                await open_loop(job, next_index, lv.rate, seed=self.cfg.seed, max_in_flight=load.max_in_flight)
+            else:
+                await closed_loop(job, next_index, lv.concurrency or 1)
         e1 = self.meter.read()
         after = await backend.scrape_metrics()
         self.rec.sync()
@@ -159,9 +167,11 @@ class Levels:
         energy = (e1 - e0) if single and e0 is not None and e1 is not None else None
         lr = self.rec.load_result(bc, lv, level.records, energy=energy, started=started)
         lr.telemetry, lr.telemetry_levels = telemetry_delta(before, after) if single else (None, [])
-        if steady is not None:
-            lr.steady_state = SteadyState(window=steady.window, tolerance=steady.tolerance, reached=steady.reached,
-                                          windows_tok_s=steady.windows)
+        if steady is not None and check is not None:
+            lr.steady_state = steady.result(sampler.samples if sampler is not None else [], check.duration_s)
+            if not steady.reached:
+                self.rec.note(f"{bc.name} {lv.label}: throughput was not steady when the level ended "
+                              f"({len(steady.windows)} window(s) of {steady.window}): its figures are a burst's")
         self.rec.finish_level(bc, lr)
         self.progress.update(self._task, completed=total)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 Job = Callable[[int, float], Awaitable[None]]
@@ -87,37 +86,3 @@ async def scheduled(job: Job, next_index: NextIndex, offset: Callable[[int], flo
         await asyncio.gather(*tasks, return_exceptions=True)
     if errors:
         raise errors[0]
-
-
-@dataclass
-class SteadyStateCheck:
-    """Throughput (output tokens/s) of consecutive windows of `window` completed conversations.
-
-    Steady when the last two windows agree within `tolerance` (relative to the larger).
-    """
-
-    window: int
-    tolerance: float
-    start: float = field(default_factory=time.perf_counter)
-    windows: list[float] = field(default_factory=list)
-    _tokens: int = 0
-    _count: int = 0
-    _window_start: float = 0.0
-
-    def __post_init__(self) -> None:
-        self._window_start = self.start
-
-    def completed(self, tokens: int, t: float) -> None:
-        self._tokens += tokens
-        self._count += 1
-        if self._count == self.window:
-            span = max(t - self._window_start, 1e-9)
-            self.windows.append(self._tokens / span)
-            self._tokens, self._count, self._window_start = 0, 0, t
-
-    @property
-    def reached(self) -> bool:
-        if len(self.windows) < 2:
-            return False
-        a, b = self.windows[-2], self.windows[-1]
-        return abs(a - b) <= self.tolerance * max(a, b, 1e-12)

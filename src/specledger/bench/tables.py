@@ -185,6 +185,35 @@ def failures_text(run: RunResult) -> Text:
     return out
 
 
+def steady_text(run: RunResult) -> Text:
+    """Per level held for steady state: burst vs steady throughput, when it settled, energy per request there,
+    and the machine's clock and heat; a warning where the level ended before it settled."""
+    out = Text()
+    for c in run.configs:
+        for lr in c.loads:
+            ss = lr.steady_state
+            if ss is None:
+                continue
+            out.append(f"{c.name} {lr.load}: ", style="bold")
+            burst = f"burst {_f(ss.burst_tok_s, '{:.1f}')} tok/s"
+            if ss.reached and ss.steady_tok_s is not None and ss.burst_tok_s:
+                out.append(f"{burst}, steady {ss.steady_tok_s:.1f} tok/s ({ss.steady_tok_s / ss.burst_tok_s:.2f}x the "
+                           f"burst) after {_f(ss.time_to_steady_s, '{:.0f}')} s")
+                if ss.steady_j_per_request is not None:
+                    out.append(f", {ss.steady_j_per_request:.1f} J/request at steady state ({run.conditions.energy})")
+            else:
+                out.append(f"{burst}; NOT STEADY when the level ended ({len(ss.windows_tok_s)} window(s) of "
+                           f"{ss.window}): its figures are a burst's", style="yellow")
+            mhz = [x.cpu_mhz for x in ss.samples if x.cpu_mhz]
+            temps = [x.cpu_temp_c for x in ss.samples if x.cpu_temp_c]
+            if mhz:
+                out.append(f"; CPU {min(mhz):.0f}-{max(mhz):.0f} MHz")
+            if temps:
+                out.append(f", {min(temps):.0f}-{max(temps):.0f} C")
+            out.append("\n")
+    return out
+
+
 def kind_passes(run: RunResult, kind: str) -> str:
     """"config passed/graded" for one task kind at each configuration's first load level (graded kinds only)."""
     parts = []
@@ -228,6 +257,9 @@ def render_run(run: RunResult, *, categories: bool = True, width: int = WIDE) ->
     failures = failures_text(run)
     if failures:
         parts.append(failures)
+    steady = steady_text(run)
+    if steady:
+        parts.append(steady)
     if categories and any(lr.by_category for c in run.configs for lr in c.loads):
         parts.append(category_table(run, width))
     if _has_server_speculation(run):

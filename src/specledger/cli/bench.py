@@ -144,6 +144,9 @@ def register(app: typer.Typer) -> None:
         threads: Optional[int] = typer.Option(None, "--threads", min=1,
                                               help="torch threads for in-process configurations (default: chosen "
                                                    "by a short probe at 1, 2, ... threads; recorded)"),
+        sustain: Optional[str] = typer.Option(None, "--sustain", metavar="DURATION",
+                                              help="hold each load level until its throughput is steady or "
+                                                   "DURATION (e.g. 300, 5m) ends; reports burst vs steady state"),
         cpu_watts: Optional[float] = typer.Option(None, "--cpu-watts", min=0.001,
                                                   help="power of one busy logical CPU (W) for the energy estimate "
                                                        "where the machine has no RAPL/NVML counter (default: a "
@@ -170,6 +173,11 @@ def register(app: typer.Typer) -> None:
                 "repeats": repeats, "interleave": interleave, "threads": threads,
                 "cpu_watts": cpu_watts,
             }
+            if sustain is not None:
+                from specledger.bench.steady import sustain_settings
+
+                for k, v in (sustain_settings(sustain) or {}).items():
+                    overrides[f"load.steady_state.{k}"] = v
             cfg = build_config(config_file, strategies=strategy, backend=backend, model=model, dtype=dtype,
                                quant=quant, group_size=group_size, params=param, max_new_tokens=max_new_tokens,
                                temperature=temperature, seed=seed, base_url=base_url, api=api, tokenizer=tokenizer,

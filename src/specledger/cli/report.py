@@ -65,12 +65,16 @@ def register(app: typer.Typer) -> None:
                                                   help="closed-loop levels to sweep, e.g. 1,4 (the default matrix's)"),
         threads: Optional[int] = typer.Option(None, "--threads", min=1,
                                               help="torch threads (default: chosen by a short probe; recorded)"),
+        sustain: Optional[str] = typer.Option(None, "--sustain", metavar="DURATION",
+                                              help="hold each load level until its throughput is steady or "
+                                                   "DURATION (e.g. 300, 5m) ends; reports burst vs steady state"),
         cpu_watts: Optional[float] = typer.Option(None, "--cpu-watts", min=0.001,
                                                   help="power of one busy logical CPU (W) for the energy estimate "
                                                        "where the machine has no RAPL/NVML counter"),
     ) -> None:
         """The main job: run the configurations side by side (default: the embedded model's matrix), apply the
         quality gates, price each accepted task, print the table and write the report."""
+        from specledger.bench.steady import sustain_settings
         from specledger.pipeline import build_config, run_compare
 
         run_config = build_config(
@@ -78,7 +82,8 @@ def register(app: typer.Typer) -> None:
             workload={"spec": workload, "limit": limit, "sample": sample, "per_category": per_category,
                       "kind": kind, "prompt_column": prompt_column, "on_bad_line": on_bad_line},
             load={"replay": _floats(replay, "replay"),
-                  "concurrency": [int(c) for c in _floats(concurrency, "concurrency") or []] or None})
+                  "concurrency": [int(c) for c in _floats(concurrency, "concurrency") or []] or None,
+                  "steady_state": sustain_settings(sustain)})
         if repeats > 1 or threads is not None or cpu_watts is not None:
             run_config = run_config.model_copy(update={"repeats": repeats, "threads": threads, "cpu_watts": cpu_watts})
         run_compare(run_config, run_dir=out, inputs=inputs, report=not no_report, samples=samples,

@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from specledger.bench.config import QUALITY_LEVEL
+from specledger.bench.energy import METHOD_SPREAD
 from specledger.errors import BadInput
 from specledger.ledger.cost_model import TRAINED_DRAFTERS, OperatingPoint
 
@@ -67,6 +68,10 @@ class ConfigMeasurement(BaseModel):
     tpot_p95: float | None = None
     e2e_p50: float | None = None
     e2e_p95: float | None = None
+    # a summary-only import may have a p99 and no p95: the p99 bounds the p95 from above (objectives use it)
+    ttft_p99: float | None = None
+    tpot_p99: float | None = None
+    e2e_p99: float | None = None
     requests: list[RequestPoint] = Field(default_factory=list)
     tau: float | None = None
     # Graded items, each counted once however many times it was asked (--repeats): an item passes by the share
@@ -76,6 +81,11 @@ class ConfigMeasurement(BaseModel):
     comparable: bool = True
     comparable_reason: str = ""
     energy_j: float | None = None  # measurement phase, all devices
+    energy_method: str = "unavailable"  # how energy_j was had (bench/energy.py METHOD_SPREAD's keys)
+    # a level held until steady (--sustain): requests/s and joules per request in its steady windows, which the
+    # ledger prices instead of the whole level's (burst included); None: not held, or it never settled
+    steady_req_s: float | None = None
+    steady_j_per_request: float | None = None
     by_kind: dict[str, KindMeasurement] = Field(default_factory=dict)
     verify_curve: list[CurvePoint] = Field(default_factory=list)
     grades: dict[str, float] = Field(default_factory=dict)  # graded item (question id) -> share of its answers passed
@@ -102,16 +112,22 @@ class ConfigMeasurement(BaseModel):
         if self.requests_completed <= 0 or self.wall_s <= 0:
             raise BadInput(f"{self.label}: no completed requests to price (requests_completed={self.requests_completed})")
         n = device_count or self.device_count
+        per_call = 1.0 / self.steady_req_s if self.steady_req_s else self.wall_s / self.requests_completed
+        energy = self.steady_j_per_request if self.steady_req_s and self.steady_j_per_request is not None else (
+            None if self.energy_j is None else self.energy_j / self.requests_completed)
         return OperatingPoint(
-            device_seconds_per_call=self.wall_s * n / self.requests_completed,
+            device_seconds_per_call=per_call * n,
             output_tokens_per_call=self.output_tokens / self.requests_completed,
             pass_rate=self.pass_rate,
-            requests_per_s=self.requests_per_s,
+            requests_per_s=self.steady_req_s or self.requests_per_s,
             device_count=n,
-            energy_j_per_call=None if self.energy_j is None else self.energy_j / self.requests_completed,
-            ttft_p95=self.ttft_p95,
-            tpot_p95=self.tpot_p95,
-            e2e_p95=self.e2e_p95,
+            energy_j_per_call=energy,
+            energy_spread=METHOD_SPREAD.get(self.energy_method.split(":")[0].split(" ")[0], 0.0),
+            ttft_p95=self.ttft_p95 if self.ttft_p95 is not None else self.ttft_p99,
+            tpot_p95=self.tpot_p95 if self.tpot_p95 is not None else self.tpot_p99,
+            e2e_p95=self.e2e_p95 if self.e2e_p95 is not None else self.e2e_p99,
+            p95_from_p99=tuple(k for k in ("ttft", "tpot", "e2e")
+                               if getattr(self, f"{k}_p95") is None and getattr(self, f"{k}_p99") is not None),
             e2e_p50=self.e2e_p50,
             retrains=self.strategy in TRAINED_DRAFTERS,
         )
@@ -139,6 +155,7 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
 
     run_dir = Path(run_dir)
     run = load_run(run_dir)
+    energy_method = run.conditions.energy
     raw = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
     raw_configs = {c.get("name"): c for c in raw.get("configs", []) if isinstance(c, dict)}
     records = [r for r in read_requests(run_dir) if r.status == "ok"]
@@ -193,6 +210,9 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
                     tpot_p95=a.tpot.p95,
                     e2e_p50=a.e2e.p50,
                     e2e_p95=a.e2e.p95,
+                    ttft_p99=a.ttft.p99,
+                    tpot_p99=a.tpot.p99,
+                    e2e_p99=a.e2e.p99,
                     requests=reqs,
                     tau=a.tau,
                     passes=sum(grades.values()),
@@ -200,6 +220,9 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
                     comparable=c.comparable,
                     comparable_reason=c.comparable_reason,
                     energy_j=a.energy_j,
+                    energy_method=energy_method,
+                    steady_req_s=lr.steady_state.steady_req_s if lr.steady_state else None,
+                    steady_j_per_request=lr.steady_state.steady_j_per_request if lr.steady_state else None,
                     by_kind={
                         k: KindMeasurement(requests=g.requests_ok, tok_s=g.output_tok_s, tau=g.tau,
                                            passes=sum(kind_grades.get(k, {}).values()),

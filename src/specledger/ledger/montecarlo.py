@@ -125,6 +125,9 @@ def sample_case(case: Case, resolved: Resolved, m: ConfigMeasurement, uniforms: 
     return costs.copy(), feasible
 
 
+ENERGY_SEED = 20260  # the energy method's error draws: fixed, so every configuration of a run shares them
+
+
 def draw_case(case: Case, resolved: Resolved, m: ConfigMeasurement, uniforms: dict[tuple, np.ndarray],
               n: int, rng: np.random.Generator, shared: SharedDraws | None = None) -> tuple[dict, OperatingPoint]:
     """One configuration's inputs and operating point with n draws at their leaves: task_cost(x, op) prices them
@@ -156,6 +159,12 @@ def draw_case(case: Case, resolved: Resolved, m: ConfigMeasurement, uniforms: di
             output_tokens_per_call=np.maximum(toks[rows].mean(axis=1), 1e-9),
             energy_j_per_call=None if op.energy_j_per_call is None else op.energy_j_per_call * ratio,
         )
+    if op.energy_j_per_call is not None and op.energy_spread > 0:
+        # the energy method's own error (a counter's ~12%, an estimate's ~50%): one log-normal factor per draw,
+        # the same draws for every configuration (one method, one bias), so it widens each cost, not the gaps
+        z = np.random.default_rng(ENERGY_SEED).standard_normal(n)
+        factor = np.exp(op.energy_spread * z - op.energy_spread ** 2 / 2)
+        op = replace(op, energy_j_per_call=op.energy_j_per_call * factor)
     if x["acceptance"]["pass_rate"] is None and m.graded and m.passes:
         q = _paired_pass_rate(m, shared) if shared is not None else None
         op = replace(op, pass_rate=q if q is not None else rng.beta(m.passes + 0.5, m.graded - m.passes + 0.5, size=n))

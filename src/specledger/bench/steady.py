@@ -1,0 +1,167 @@
+"""Steady state: is a load level's throughput still moving, and what did the machine do meanwhile?
+
+A burst of a few minutes on a cool machine is not what a deployment gets (users report 5-18% drift from a burst
+to sustained load), so a level can be held (`--sustain DURATION`, load.steady_state) until its throughput stops
+moving: consecutive windows of `window` completed conversations, each with its tokens/s, requests/s and joules;
+steady when the least-squares slope over the last `span` windows moves throughput by at most `tolerance` of
+their mean across those windows. The steady figures are the mean of those windows; the burst is the first.
+Alongside, `ConditionSampler` reads the CPU frequency and temperatures (and, on NVIDIA GPUs, their temperature,
+SM clock and throttle reasons) once a second, so a throttling machine shows why it slowed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from specledger.bench.results import ConditionSample, SteadyState
+
+
+def parse_duration(text: str) -> float:
+    """'300', '300s', '5m', '1.5h' -> seconds (a BadInput naming the option otherwise)."""
+    from specledger.errors import BadInput
+
+    t = text.strip().lower()
+    scale = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(t[-1:], None)
+    try:
+        v = float(t[:-1] if scale else t) * (scale or 1.0)
+    except ValueError:
+        v = -1.0
+    if not v > 0 or v == float("inf"):
+        raise BadInput(f"--sustain: expected a duration such as 300, 300s, 5m or 1h, got {text!r}")
+    return v
+
+
+def sustain_settings(duration: str | None) -> dict | None:
+    """The load.steady_state settings `--sustain DURATION` stands for (None: not given)."""
+    if duration is None:
+        return None
+    return {"duration_s": parse_duration(duration), "max_requests": 1_000_000}
+
+
+@dataclass
+class SteadyStateCheck:
+    window: int
+    tolerance: float
+    span: int = 2
+    start: float = field(default_factory=time.perf_counter)
+    windows: list[float] = field(default_factory=list)  # tokens/s
+    windows_req_s: list[float] = field(default_factory=list)
+    windows_j: list[float | None] = field(default_factory=list)  # joules in each window (None: not measured)
+    ends: list[float] = field(default_factory=list)  # each window's end, seconds from the level's start
+    reached_at: float | None = None  # seconds from the start when the check began to hold, this time
+    energy_start: float | None = None  # the energy meter at the start (then at each window's end)
+    _tokens: int = 0
+    _count: int = 0
+    _window_start: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._window_start = self.start
+
+    def begin(self, t: float, energy_j: float | None) -> None:
+        """The level starts now (perf_counter t), with the energy meter at energy_j."""
+        self.start = self._window_start = t
+        self.energy_start = energy_j
+
+    def completed(self, tokens: int, t: float, energy_j: float | None = None) -> None:
+        """One conversation finished at perf_counter t with `tokens` output tokens; energy_j: the meter now."""
+        self._tokens += tokens
+        self._count += 1
+        if self._count == self.window:
+            span = max(t - self._window_start, 1e-9)
+            self.windows.append(self._tokens / span)
+            self.windows_req_s.append(self._count / span)
+            e0 = self.energy_start
+            self.windows_j.append(None if e0 is None or energy_j is None else energy_j - e0)
+            self.ends.append(t - self.start)
+            self._tokens, self._count, self._window_start, self.energy_start = 0, 0, t, energy_j
+            if not self.reached:  # the steady stretch (if any) starts again
+                self.reached_at = None
+            elif self.reached_at is None:
+                self.reached_at = t - self.start
+
+    @property
+    def reached(self) -> bool:
+        n = max(2, self.span)
+        if len(self.windows) < n:
+            return False
+        ys, xs = self.windows[-n:], self.ends[-n:]
+        mx, my = sum(xs) / n, sum(ys) / n
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+        return abs(slope * (xs[-1] - xs[0])) <= self.tolerance * max(my, 1e-12)
+
+    def result(self, samples: list[ConditionSample], duration_s: float | None) -> SteadyState:
+        n = max(2, self.span)
+        steady = self.reached
+        last = slice(-n, None)
+        joules = self.windows_j[last]
+        return SteadyState(
+            window=self.window, tolerance=self.tolerance, span=n, reached=steady, windows_tok_s=self.windows,
+            windows_req_s=self.windows_req_s, window_ends_s=self.ends, duration_s=duration_s,
+            burst_tok_s=self.windows[0] if self.windows else None,
+            steady_tok_s=sum(self.windows[last]) / n if steady else None,
+            steady_req_s=sum(self.windows_req_s[last]) / n if steady else None,
+            time_to_steady_s=self.reached_at if steady else None,
+            steady_j_per_request=(sum(j for j in joules if j is not None) / (n * self.window)
+                                  if steady and all(j is not None for j in joules) else None),
+            samples=samples)
+
+
+def _nvml_handles() -> list:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:  # no library, no driver
+        return []
+
+
+def read_conditions(t: float, gpus: list) -> ConditionSample:
+    """One reading of what moves throughput besides the engine: CPU clock and heat, GPU heat/clock/throttling."""
+    freq = psutil.cpu_freq() if hasattr(psutil, "cpu_freq") else None
+    temps = psutil.sensors_temperatures() if hasattr(psutil, "sensors_temperatures") else {}
+    hottest = max((s.current for entries in temps.values() for s in entries if s.current), default=None)
+    s = ConditionSample(t=t, cpu_mhz=freq.current if freq and freq.current else None, cpu_temp_c=hottest)
+    if gpus:
+        import pynvml
+
+        try:
+            h = gpus[0]
+            s.gpu_temp_c = float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
+            s.gpu_sm_mhz = float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
+            s.gpu_throttle = int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+        except Exception:  # a counter this GPU does not have
+            pass
+    return s
+
+
+class ConditionSampler:
+    """Reads the machine's conditions every `every_s` seconds on a daemon thread (no torch: it never competes
+    with the torch thread for an OpenMP team) until stop()."""
+
+    def __init__(self, every_s: float = 1.0) -> None:
+        self.every_s = every_s
+        self.samples: list[ConditionSample] = []
+        self._stop = threading.Event()
+        self._t0 = time.perf_counter()
+        self._gpus = _nvml_handles()
+        self._thread = threading.Thread(target=self._run, name="specledger-conditions", daemon=True)
+
+    def __enter__(self) -> "ConditionSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append(read_conditions(time.perf_counter() - self._t0, self._gpus))
+            if self._stop.wait(self.every_s):
+                return

@@ -1,0 +1,107 @@
+"""Sustained mode: a level held until throughput is steady reports the steady state, not the burst."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fake_backend import SleepBackend
+from specledger.bench.config import parse_run_config
+from specledger.bench.results import load_run
+from specledger.bench.runner import Runner
+from specledger.bench.tables import steady_text
+from specledger.bench.steady import SteadyStateCheck, parse_duration, read_conditions
+from specledger.errors import BadInput
+
+
+def test_a_throttle_is_steady_only_once_the_slow_windows_agree():
+    s = SteadyStateCheck(window=1, tolerance=0.05, span=3, start=0.0)
+    t = 0.0
+    for k, dt in enumerate([0.1] * 4 + [0.2] * 4):  # 10 tokens a request; twice as slow from the fifth
+        t += dt
+        s.completed(10, t)
+        if k in (4, 5):  # the slow windows are not yet a plateau
+            assert not s.reached
+    assert s.reached
+    r = s.result([], None)
+    assert r.burst_tok_s == pytest.approx(100.0) and r.steady_tok_s == pytest.approx(50.0)
+    assert r.time_to_steady_s == pytest.approx(0.4 + 0.6)  # the third slow window closes the plateau
+    assert r.steady_req_s == pytest.approx(5.0)
+
+
+def test_a_slope_within_the_tolerance_is_steady():
+    s = SteadyStateCheck(window=1, tolerance=0.1, span=3, start=0.0)
+    for t, tok in ((1.0, 100), (2.0, 98), (3.0, 96)):  # -2%/window: 4% across the span
+        s.completed(tok, t)
+    assert s.reached
+    s2 = SteadyStateCheck(window=1, tolerance=0.1, span=3, start=0.0)
+    for t, tok in ((1.0, 100), (2.0, 90), (3.0, 80)):  # 20% across the span
+        s2.completed(tok, t)
+    assert not s2.reached
+
+
+def _workload(tmp_path, n=4):
+    p = tmp_path / "w.jsonl"
+    p.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [f"word{i} please"]}) + "\n"
+                         for i in range(n)))
+    return str(p)
+
+
+def _run(tmp_path, seconds, steady):
+    cfg = parse_run_config({
+        "configs": [{"name": "engine", "max_new_tokens": 8}],
+        "workload": {"spec": _workload(tmp_path)},
+        "load": {"concurrency": [1], "warmup": 0, "num_requests": 4, "steady_state": steady},
+        "bootstrap": 0, "verify_curve": False, "calibration": False, "cpu_watts": 2.0,
+    })
+    calls: list[str] = []
+    result = Runner(cfg, tmp_path / "run", show_progress=False,
+                    backend_factory=lambda bc: SleepBackend(bc, calls, seconds)).run()
+    return result, calls
+
+
+def test_sustained_level_reports_the_throttled_steady_state(tmp_path):
+    """The engine slows down request by request to half speed (a machine that heats up), then holds: the level
+    goes on past its planned 4 requests until the slow throughput is steady, and reports it beside the burst."""
+    ramp = 8  # requests; long service times, so a busy machine's jitter stays small beside the 12%/window ramp
+    result, calls = _run(tmp_path, lambda n, bc: 0.08 * (1 + min(n, ramp) / ramp),
+                         {"window": 2, "tolerance": 0.2, "span": 3, "duration_s": 60, "max_requests": 1000})
+    ss = result.configs[0].loads[0].steady_state
+    assert ss is not None and ss.reached
+    assert len(calls) >= ramp + 2  # past the ramp
+    assert ss.steady_tok_s == pytest.approx(ss.burst_tok_s * 0.53, rel=0.3)  # 8 tokens in 160 ms vs ~85 ms
+    assert ss.time_to_steady_s is not None and ss.time_to_steady_s >= ramp * 0.08
+    assert ss.samples and ss.samples[0].t >= 0  # the machine's conditions were read through the level
+    assert ss.steady_j_per_request is not None and ss.steady_j_per_request >= 0  # the estimate, at steady state
+    run = load_run(tmp_path / "run")
+    assert run.configs[0].loads[0].steady_state == ss
+    assert not any("not steady" in n for n in run.notes)
+    text = steady_text(run).plain
+    assert "burst" in text and "steady" in text and "J/request at steady state (estimated" in text
+
+
+def test_a_level_that_never_settles_ends_at_its_duration_and_says_so(tmp_path):
+    result, calls = _run(tmp_path, lambda n, bc: 0.005 * (n + 1),  # slower with every request
+                         {"window": 2, "tolerance": 0.01, "span": 3, "duration_s": 0.6, "max_requests": 1000})
+    ss = result.configs[0].loads[0].steady_state
+    assert ss is not None and not ss.reached and ss.steady_tok_s is None and ss.duration_s == 0.6
+    assert len(calls) < 1000
+    run = load_run(tmp_path / "run")
+    assert any("not steady" in n for n in run.notes) and "NOT STEADY" in steady_text(run).plain
+
+
+@pytest.mark.parametrize("text,want", [("300", 300.0), ("45s", 45.0), ("5m", 300.0), ("1.5h", 5400.0)])
+def test_parse_duration(text, want):
+    assert parse_duration(text) == want
+
+
+@pytest.mark.parametrize("bad", ["", "m", "five", "-3", "0", "inf"])
+def test_parse_duration_refuses_nonsense(bad):
+    with pytest.raises(BadInput, match="--sustain"):
+        parse_duration(bad)
+
+
+def test_conditions_read_here():
+    s = read_conditions(0.0, [])
+    assert s.t == 0.0 and (s.cpu_mhz is None or s.cpu_mhz > 0)
