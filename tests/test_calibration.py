@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from specledger.bench.calibration import DRIFT_WARN, assess, probe_ms
 from specledger.bench.results import Noise, NoiseProbe
 
@@ -49,3 +51,30 @@ def test_report_warns_naming_the_cause(tmp_path):
     write_run(run_dir, run)
     html = render_report(price_run(run_dir, load_inputs(None), samples=100), run_dir)
     assert 'id="noise-warning"' not in html and 'id="noise"' in html
+
+
+def _counted(own_cores: float, others_cores: float, load: float = 2.2, cores: int = 2):
+    """Probes 60 s apart in which this run kept `own_cores` busy and other processes `others_cores`."""
+    probes = [NoiseProbe(when=w, ms=2.0, load_avg=[load] * 3, clock_s=60.0 * i,
+                         busy_cpu_s=1000 + 60.0 * i * (own_cores + others_cores), own_cpu_s=5 + 60.0 * i * own_cores)
+              for i, w in enumerate(("before", "during", "after"))]
+    return Noise(probes=probes, threads={"cpu_count": cores, "torch_threads": 2})
+
+
+def test_the_runs_own_threads_are_not_noise():
+    """A load average over the cores from the run's own two threads (nothing else ran) is no warning."""
+    n = assess(_counted(own_cores=2.0, others_cores=0.05))
+    assert n.warning is None and n.probes[1].others_cores == pytest.approx(0.05)
+
+
+def test_other_processes_cpu_time_warns():
+    n = assess(_counted(own_cores=1.0, others_cores=1.3, load=1.0))
+    assert "other processes kept 1.3 of 2 cores busy on average between the before and during probes" in n.warning
+    assert "load average" not in n.warning
+
+
+def test_counters_read_this_machine():
+    from specledger.bench.calibration import cpu_counters
+
+    clock, busy, own = cpu_counters()
+    assert clock > 0 and busy > 0 and 0 < own <= busy

@@ -2,8 +2,11 @@
 
 The probe does the same work every time, so a change in its time is a change in the machine
 (another process taking a core, frequency scaling, thermal limits), not in the code measured.
-The run records each probe with the load average, and the thread settings; the report warns,
-naming the cause, when the probe drifts more than DRIFT_WARN or the load exceeds the cores.
+The run records each probe with the load average, the CPU counters and the thread settings; the report warns,
+naming the cause, when the probe drifts more than DRIFT_WARN or other processes took the CPU: the machine's busy
+CPU time minus this run's own (its threads and child processes) between two probes. (The load average alone
+counts the run's own threads, so a run with nothing beside it could look "noisy"; it decides only where the
+counters are missing.)
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 from specledger.bench.results import Noise, NoiseProbe
 
 DRIFT_WARN = 0.10  # probes 10% apart: speed-ups of that size between configurations are suspect
+OTHERS_WARN = 0.25  # other processes busy on a quarter of the cores (at least half a core) on average: contention
 PROBE_SIZE = 256  # fp32 matrix side: ~0.3-1 ms per product on one CPU core
 PROBE_REPEATS = 21
 
@@ -71,8 +75,44 @@ def thread_settings() -> dict[str, Any]:
     return out
 
 
+def cpu_counters() -> tuple[float, float, float] | None:
+    """(a clock every process shares, the machine's busy CPU seconds, this process tree's CPU seconds), or None
+    where psutil cannot read them."""
+    try:
+        import psutil
+
+        from specledger.bench.energy import _tree_cpu_seconds
+
+        t = psutil.cpu_times()
+        # guest time is already in user time; steal is a neighbour taking the CPU: counted as others' work
+        busy = sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+        return time.monotonic(), busy, _tree_cpu_seconds(psutil.Process())
+    except (ImportError, OSError, AttributeError, RuntimeError):
+        return None
+
+
 def take_probe(when: str, probe=probe_ms) -> NoiseProbe:
-    return NoiseProbe(when=when, ms=probe(), load_avg=load_average())
+    counters = cpu_counters()
+    clock, busy, own = counters if counters is not None else (None, None, None)
+    return NoiseProbe(when=when, ms=probe(), load_avg=load_average(), clock_s=clock, busy_cpu_s=busy, own_cpu_s=own)
+
+
+def _counters(p: NoiseProbe) -> tuple[float, float, float] | None:
+    if p.clock_s is None or p.busy_cpu_s is None or p.own_cpu_s is None:
+        return None
+    return p.clock_s, p.busy_cpu_s, p.own_cpu_s
+
+
+def _others(noise: Noise) -> list[tuple[str, float]]:
+    """Per interval between two probes with counters: (its name, other processes' mean CPU use in cores)."""
+    out = []
+    read = [(p, c) for p in noise.probes if (c := _counters(p)) is not None]
+    for (a, (t0, busy0, own0)), (b, (t1, busy1, own1)) in zip(read, read[1:]):
+        if t1 <= t0 or own1 < own0:  # another process resumed the run: its counters started afresh
+            continue
+        b.others_cores = max(0.0, (busy1 - busy0 - (own1 - own0)) / (t1 - t0))
+        out.append((f"between the {a.when} and {b.when} probes", b.others_cores))
+    return out
 
 
 def assess(noise: Noise, *, threshold: float = DRIFT_WARN) -> Noise:
@@ -87,9 +127,16 @@ def assess(noise: Noise, *, threshold: float = DRIFT_WARN) -> Noise:
     if noise.drift is not None and noise.drift > threshold:
         slow = max(noise.probes, key=lambda p: p.ms)
         causes.append(f"the calibration probe drifted {noise.drift:.0%} (slowest {slow.when} the run)")
-    if busy > cores:
-        causes.append(f"load average {busy:.1f} on {cores} core{'s' if cores != 1 else ''}: "
-                      "other processes competed for the CPU")
+    others = _others(noise)
+    plural = "s" if cores != 1 else ""
+    if others:
+        when, most = max(others, key=lambda o: o[1])
+        if most >= max(0.5, OTHERS_WARN * cores):
+            causes.append(f"other processes kept {most:.1f} of {cores} core{plural} busy on average {when}: "
+                          "they competed for the CPU")
+    elif busy > cores:
+        causes.append(f"load average {busy:.1f} on {cores} core{plural} (this run's own threads included): "
+                      "other processes may have competed for the CPU")
     threads = noise.threads.get("torch_threads")
     if threads and threads > cores:
         causes.append(f"torch uses {threads} threads on {cores} cores (oversubscribed)")

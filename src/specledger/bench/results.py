@@ -259,7 +259,13 @@ class NoiseProbe(_Model):
 
     when: str  # "before", "during", "after"
     ms: float  # median time of the fixed product
-    load_avg: list[float] | None = None  # os.getloadavg(): 1, 5, 15 minutes
+    load_avg: list[float] | None = None  # os.getloadavg(): 1, 5, 15 minutes (counts this run's own threads too)
+    # CPU counters (bench/calibration.py cpu_counters): seconds on a clock shared by processes, the machine's busy
+    # CPU seconds, this process tree's CPU seconds; from two probes, what other processes took in between
+    clock_s: float | None = None
+    busy_cpu_s: float | None = None
+    own_cpu_s: float | None = None
+    others_cores: float | None = None  # other processes' mean CPU use (cores) since the previous probe
 
 
 class ThreadProbe(_Model):
