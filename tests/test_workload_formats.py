@@ -388,3 +388,15 @@ def test_csv_unclosed_quote_is_a_bad_line_and_swallows_nothing(tmp_path):
     assert f"{path}:7: unbalanced quote" in w.info.skipped_examples[1]  # the file ends inside the quote
     with pytest.raises(BadInput, match=rf"{path}:2: unbalanced quote"):
         open_workload(f"csv:{path}")
+
+
+def test_unknown_format_prefix_is_named_not_a_missing_file(tmp_path):
+    path = tmp_path / "w.xml"
+    path.write_text("<q>hi</q>\n", encoding="utf-8")
+    with pytest.raises(BadInput, match=r"unknown format 'xml' \(known: spec-bench, sharegpt, chat, csv, text, trace"):
+        open_workload(f"xml:{path}")
+    with pytest.raises(BadInput, match="workload file not found"):  # a known format still checks its file
+        open_workload(f"csv:{tmp_path / 'missing.csv'}")
+    odd = tmp_path / "a:b.txt"  # a file name with a colon is still a file
+    odd.write_text("hello\n", encoding="utf-8")
+    assert [q.turns for q in open_workload(str(odd)).questions] == [("hello",)]

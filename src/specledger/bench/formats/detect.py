@@ -83,6 +83,9 @@ def resolve(spec: str) -> tuple[str, Path, str]:
             raise BadInput(f"workload file not found: {path}")
         return name, path, "named"
     path = Path(spec).expanduser()
+    if sep and not path.is_file() and len(prefix) > 1 and prefix.replace("-", "").isalnum():  # not a drive letter
+        raise BadInput(f"workload {spec!r}: unknown format {prefix!r} (known: {', '.join(FORMATS)}; or give the PATH "
+                       "alone and the format is detected)")
     if not path.is_file():
         known = ", ".join(("builtin", "builtin-quick", "synthetic:in=..,out=..,n=..", "FORMAT:PATH", "PATH"))
         raise BadInput(f"workload file not found: {path} (a workload is one of {known})")
