@@ -43,7 +43,7 @@ def test_labour_heavy_ties_and_says_from_which_review_time_decoding_matters(run_
     assert a.shares["labour"] > 0.99 and "labour is 99% of the cost per task" in a.tie_reason
     review = next(t for t in a.thresholds if t.input == "acceptance.review_minutes")
     # the verdict needs the 95% interval beyond 1%: it changes a little before the central crossing
-    assert review.before == "tie" and review.after == "fast" and review.side == "below"
+    assert review.before == "tie" and review.after == "fast" and review.side == review.matters_side == "below"
     assert 0.8 * CROSSING < review.value < CROSSING
     assert review.low < CROSSING < review.high < 1.3 * CROSSING  # where the samples cross, around the central one
     assert "the decoding choice matters when the review time per task is below 2." in review.change
@@ -60,6 +60,7 @@ def test_no_labour_recommends_the_faster_configuration_and_prices_its_saving(run
     assert a.shares["engine"] == pytest.approx(1.0)
     review = next(t for t in a.thresholds if t.input == "acceptance.review_minutes")
     assert review.before == "fast" and review.after == "tie" and review.side == "above"
+    assert review.matters_side == "below"  # it matters on the other side of where it ties
     assert CROSSING * 0.8 < review.value < CROSSING * 1.2  # the tie needs only 2.5% of samples inside the margin
     # the wage acts like the review time (labour = minutes x wage): at 0 minutes it cannot change anything
     wage = next(t for t in a.thresholds if t.input == "acceptance.wage_per_hour")
@@ -135,3 +136,17 @@ def test_every_scenario_is_answered_and_cost_leads_with_it(run_dir, tmp_path):
     ledger = LedgerResult.model_validate_json(out.read_text())
     assert [s.scenario for s in ledger.answer.scenarios] == ["reviewed", "automated"]
     assert json.loads(out.read_text())["answer"]["scenarios"][1]["recommended"] == "fast"
+
+
+def test_a_tie_the_review_time_cannot_break_borrows_the_threshold_of_another_scenario():
+    from specledger.ledger.answer import Answer, ScenarioAnswer, Threshold, link_scenarios
+
+    review = "acceptance.review_minutes"
+    held = ScenarioAnswer(scenario="reviewed", tie=True, headline="h", tie_reason="r",
+                          thresholds=[Threshold(input=review, label="review", value=None)])
+    auto = ScenarioAnswer(scenario="automated", thresholds=[Threshold(input=review, label="review", value=0.2,
+                                                                      low=0.2, high=0.6, matters_side="below")])
+    link_scenarios(Answer(scenarios=[held, auto]))
+    note = "the decoding choice matters when the review time per task is below 12 s (95%: 12 s–36 s)"
+    assert note in held.tie_reason and "automated scenario" in held.headline
+    assert auto.headline == "" and auto.tie_reason == ""

@@ -26,8 +26,10 @@ class Threshold(BaseModel):
 
     `value` is where the verdict of verdicts.py changes (paired Monte Carlo, a difference only beyond 1% of the cost
     with a 95% interval); `low`/`high` bound where it may really change: the 2.5th and 97.5th percentiles, over the
-    Monte Carlo samples, of the value at which that sample's costs cross (a bound is None when more than 2.5% of
-    the samples do not cross within the searched range)."""
+    Monte Carlo samples, of the value at which that sample's gap between the two configurations deciding the change
+    crosses the same 1% margin (a bound is None when more than 2.5% of the samples do not cross within the searched
+    range; a bound at `current` says the change may already have happened). The verdict, sure at 95%, changes near
+    one end of that interval."""
 
     input: str  # dotted inputs path: acceptance.review_minutes, acceptance.fix_minutes, acceptance.wage_per_hour,
     # volume.tasks_per_month, hardware.price_per_device_hour (or hardware.purchase_price), acceptance.pass_rate
@@ -43,7 +45,9 @@ class Threshold(BaseModel):
     before: str = ""  # the answer at the current value: a configuration's name, or "tie"
     after: str = ""  # the answer past the threshold: a configuration's name, "tie", or "differs" (some verdict is
     # not a tie, but no single configuration is cheapest)
-    change: str = ""  # the sentence: "decoding matters below 0.034 min (2 s) of review per task: lookup-w4 cheapest"
+    change: str = ""  # the sentence: "the decoding choice matters when the review time per task is below 2 s ..."
+    matters_side: str = ""  # "below" | "above": where the decoding choice matters (one side is a tie); "": it
+    # matters on both sides (one clear choice gives way to another), or no change was found
 
 
 class CurvePoint(BaseModel):
@@ -119,6 +123,7 @@ class Priced(Row, Protocol):  # the fields of ledger.price.ConfigCost read here
     def cost_shares(self) -> dict[str, float]: ...
 
 
+REVIEW_PATH = ".".join(REVIEW.path)
 ELIGIBLE = ("cheapest", "indistinguishable", "dominated", "trade-off")  # verdicts of configurations in the running
 
 
@@ -180,6 +185,8 @@ def threshold_model(c: Crossing) -> Threshold:
                   value=c.value, low=c.low, high=c.high, side=c.side, searched_low=c.searched_low,
                   searched_high=c.searched_high, before=c.before, after=c.after)
     unit = c.input.unit
+    if TIE in (c.before, c.after) and c.value is not None:
+        t.matters_side = c.side if c.before == TIE else ("above" if c.side == "below" else "below")
     if c.value is None:
         t.change = (f"no change with {c.input.label} anywhere from {amount(c.searched_low, unit)} to "
                     f"{amount(c.searched_high, unit)}")
@@ -262,7 +269,7 @@ def scenario_answer(scenario: str, rows: Sequence[Priced], chosen: list[tuple[Pr
             if c is not None:
                 out.thresholds.append(threshold_model(c))
         out.thresholds.sort(key=lambda t: t.value is None)
-        review = next((t for t in out.thresholds if t.input == "acceptance.review_minutes"), None)
+        review = next((t for t in out.thresholds if t.input == REVIEW_PATH), None)
         now = search.current(REVIEW) or 0.0
         out.curve = [CurveSeries(config=name, points=[CurvePoint(x=x, cost=c, low=lo, high=hi) for x, c, lo, hi in pts])
                      for name, pts in curve(search, REVIEW, _curve_values(now, review.value if review else None))]
@@ -325,7 +332,7 @@ def _headline(out: ScenarioAnswer) -> str:
             span = ("" if out.saving_low is None or out.saving_high is None else
                     f" ({_money(out.saving_low)}–{_money(out.saving_high)}, 95%)")
             first += f", saving {_money(out.saving_per_month)} a month{span} against {out.baseline}"
-    review = next((t for t in out.thresholds if t.input == "acceptance.review_minutes" and t.value is not None), None)
+    review = next((t for t in out.thresholds if t.input == REVIEW_PATH and t.value is not None), None)
     if review is not None and out.tie:
         first += f"; {review.change.split(' (now ')[0]}"
     return first
@@ -339,3 +346,22 @@ def _money(v: float | None) -> str:
     if v >= 100:
         return f"{sign}${v:,.0f}"
     return f"{sign}${v:.2f}" if v >= 1 else f"{sign}${v:.3g}"
+
+
+def link_scenarios(answer: Answer) -> None:
+    """A scenario where every configuration ties and the review time alone cannot change that (other labour holds
+    it) borrows another scenario's review-time threshold: from which review time the decoding choice matters."""
+    for a in answer.scenarios:
+        if not a.tie or any(t.input == REVIEW_PATH and t.value is not None for t in a.thresholds):
+            continue
+        other = next(((o, t) for o in answer.scenarios if o is not a for t in o.thresholds
+                      if t.input == REVIEW_PATH and t.matters_side and t.value is not None), None)
+        if other is None:
+            continue
+        o, t = other
+        span = "" if t.low is None and t.high is None else (
+            f" (95%: {'…' if t.low is None else duration(t.low)}–{'…' if t.high is None else duration(t.high)})")
+        note = (f"the decoding choice matters when the review time per task is {t.matters_side} "
+                f"{duration(t.value or 0.0)}{span}, as in the {o.scenario} scenario")
+        a.tie_reason += f"; {note}"
+        a.headline += f". {note[0].upper()}{note[1:]}"

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from scipy.stats import beta
 
 from specledger.errors import BadInput
-from specledger.ledger.answer import Answer, scenario_answer
+from specledger.ledger.answer import Answer, link_scenarios, scenario_answer
 from specledger.ledger.breakeven import BreakEven, break_even
 from specledger.ledger.concurrency import ConcurrencyBreakEven, break_even_concurrency
 from specledger.ledger.inputs import (
@@ -265,6 +265,8 @@ def price_measurements(
             out.scenarios[name] = [_summary(r) for r in other.configs]
             if out.answer is not None and other.answer is not None:
                 out.answer.scenarios += other.answer.scenarios
+        if out.answer is not None:
+            link_scenarios(out.answer)
         return out
     levels, chosen = choose_levels(ms, inputs)
     rows = [c[0] for c in chosen]

@@ -5,8 +5,9 @@ The answer at a value is what verdicts.py says there (paired Monte Carlo, a diff
 with a 95% interval): one configuration "cheapest", a "tie" (every candidate indistinguishable: the decoding
 choice does not matter), or "differs" (some verdict is not a tie, but no single configuration is cheapest). A log
 grid outward from today's value finds the first change, bisection refines it, and the full sample count confirms
-it. Its interval comes from the samples one at a time: the value at which each sample's costs reach the new
-answer (the same 1% margin, no interval), read at its 2.5th and 97.5th percentiles. The search reprices only the
+it. Its interval comes from the samples one at a time: the value at which each sample's gap between the two
+configurations that decide the change crosses the same 1% margin, read at its 2.5th and 97.5th percentiles (the
+verdict, sure at 95%, changes near one end of it). The search reprices only the
 configurations in the running (comparable, feasible, finite: these inputs move none of that) at their priced load
 level, with fewer samples than the table (`SEARCH_SAMPLES`), the same seed at every value (common random numbers).
 """
@@ -128,21 +129,25 @@ class Search:
         tested_verdicts(rows, {r.name: c[i] for i, r in enumerate(rows)})
         return state_of(rows)
 
-    def sample_state_is(self, c: np.ndarray, before: str, after: str) -> np.ndarray:
-        """Per sample (columns of c): whether its costs alone, with the same 1% margin, give `after` rather than
-        `before`."""
-        lo = c.min(axis=0)
-        tie = c.max(axis=0) - lo <= MATERIAL * lo
-        if after == TIE:
-            return tie
-        if after == DIFFERS or before == TIE:
-            return ~tie if before == TIE else ~self._clear(c, before)
-        return self._clear(c, after)
+    def names(self) -> list[str]:
+        return [r.name for r in self.rows]
 
-    def _clear(self, c: np.ndarray, name: str) -> np.ndarray:
-        i = [r.name for r in self.rows].index(name)
-        others = np.delete(c, i, axis=0)
-        return np.all(others > (1 + MATERIAL) * c[i], axis=0) if others.size else np.ones(c.shape[1], bool)
+    def pair(self, path: tuple, v: float, first: str | None = None, *, closest: bool = False) -> tuple[int, int]:
+        """The two candidates that decide the answer at v: `first` (default: the lowest central cost) and the one
+        most clearly apart from it (largest 2.5th percentile of the paired difference), or, with `closest`,
+        the one nearest to it (smallest mean difference)."""
+        pts = self.points(path, v)
+        i = self.names().index(first) if first is not None else int(np.argmin(pts))
+        c = self.costs(path, v)
+        d = np.delete(c - c[i], i, axis=0)
+        key = d.mean(axis=1) if closest else -np.percentile(d, 2.5, axis=1)
+        j = int(np.argmin(key))
+        return i, j + (j >= i)
+
+
+def separated(c: np.ndarray, a: int, b: int) -> np.ndarray:
+    """Per sample: b costs more than a by over the material margin (verdicts.MATERIAL) of a's cost."""
+    return c[b] - c[a] > MATERIAL * c[a]
 
 
 def grid(inp: Input, current: float) -> tuple[list[float], list[float]]:
@@ -196,42 +201,64 @@ def find(search: Search, inp: Input) -> Crossing | None:
     if not found:
         return Crossing(inp, now, None, None, None, "", before, before, lo_s, hi_s)
     _, value, side, after = min(found)
-    low, high = interval(search, inp, now, down if side == "below" else up, before, after)
+    low, high = interval(search, inp, now, down if side == "below" else up, value, before, after)
     return Crossing(inp, now, value, low, high, side, before, after, lo_s, hi_s)
 
 
-def interval(search: Search, inp: Input, now: float, values: list[float], before: str,
+def reached(search: Search, inp: Input, now: float, value: float, before: str,
+            after: str) -> tuple[int, int, bool]:
+    """The pair whose gap decides the change, and whether `after` means it is apart (True) or together (False)."""
+    p = inp.path
+    if before == TIE:  # it starts to matter: the pair that is apart past the threshold
+        return (*search.pair(p, value), True)
+    if after == TIE:  # it stops mattering: the pair that was apart before it
+        return (*search.pair(p, now), False)
+    names = search.names()
+    if before == DIFFERS:  # after: one configuration clear of its nearest rival
+        return (*search.pair(p, value, after, closest=True), True)
+    if after == DIFFERS:  # the clear choice meets its nearest rival
+        return (*search.pair(p, value, before, closest=True), False)
+    return names.index(after), names.index(before), True  # one clear choice gives way to another
+
+
+def interval(search: Search, inp: Input, now: float, values: list[float], value: float, before: str,
              after: str) -> tuple[float | None, float | None]:
-    """2.5th and 97.5th percentiles over the samples of where each sample's costs first give `after` along
-    `values` (refined by per-sample bisection); a bound is None where too few samples get there."""
+    """2.5th and 97.5th percentiles over the samples of where, along `values`, each sample's gap between the
+    deciding pair (see `reached`) crosses the 1% margin (refined by per-sample bisection); a bound is None where
+    too few samples cross within the range searched."""
     path, n = inp.path, search.n
+    a, b, apart = reached(search, inp, now, value, before, after)
+
+    def there(v) -> np.ndarray:
+        sep = separated(search.costs(path, v), a, b)
+        return sep if apart else ~sep
+
     walk = [now] + values
-    inside = np.full(n, np.nan)  # last value still `before`, per sample
-    outside = np.full(n, np.nan)  # first value giving `after`
+    inside = np.full(n, np.nan)  # last value still before the crossing, per sample
+    outside = np.full(n, np.nan)  # first value past it
     prev = None
     for v in walk:
-        reached = search.sample_state_is(search.costs(path, v), before, after)
-        new = reached & np.isnan(outside)
+        new = there(v) & np.isnan(outside)
         outside[new] = v
         inside[new] = v if prev is None else prev
         prev = v
     hit = ~np.isnan(outside)
     if hit.any():
-        a, b = inside[hit].copy(), outside[hit].copy()
+        lo, hi = inside[hit].copy(), outside[hit].copy()
         for _ in range(BISECTIONS):
-            mid = np.where((a > 0) & (b > 0), np.sqrt(np.abs(a * b)), (a + b) / 2)
+            mid = np.where((lo > 0) & (hi > 0), np.sqrt(np.abs(lo * hi)), (lo + hi) / 2)
             full = np.full(n, now, dtype=np.float64)
             full[hit] = mid
-            ok = search.sample_state_is(search.costs(path, full), before, after)[hit]
-            b = np.where(ok, mid, b)
-            a = np.where(ok, a, mid)
-        outside[hit] = b
-    # samples that never get there cross beyond the walk: +-inf on the walk's side
+            ok = there(full)[hit]
+            hi = np.where(ok, mid, hi)
+            lo = np.where(ok, lo, mid)
+        outside[hit] = hi
+    # samples that never cross do so beyond the walk: +-inf on the walk's side
     far = -np.inf if values and values[-1] < now else np.inf
     x = np.where(hit, outside, far)
     p = np.quantile(x, [0.025, 0.975], method="inverted_cdf")  # no interpolation: +-inf stays a bound
-    lo, hi = (float(v) if np.isfinite(v) else None for v in sorted(p))
-    return lo, hi
+    low, high = (float(v) if np.isfinite(v) else None for v in sorted(p))
+    return low, high
 
 
 def curve(search: Search, inp: Input, values: list[float]) -> list[tuple[str, list[tuple]]]:
