@@ -271,7 +271,8 @@ def render_answer(ledger: LedgerResult) -> Text | None:
         if a.human_cost is not None and a.human:
             ratios = sorted(h.ratio for h in a.human if h.ratio is not None)
             if ratios:
-                span = _pct(ratios[0]) if ratios[0] == ratios[-1] else f"{_pct(ratios[0])}–{_pct(ratios[-1])}"
+                lo, hi = _pct(ratios[0]), _pct(ratios[-1])
+                span = lo if lo == hi else f"{lo}–{hi}"
                 out.append("  against a person: ", style="dim").append(
                     f"{money(a.human_cost)} a task; the configurations cost {span} of that\n")
     return out
