@@ -166,9 +166,10 @@ def test_qwen3_takes_the_op_by_op_path(tmp_path):
 # ---- GGUF -------------------------------------------------------------------------------------------------
 
 
-def write_qwen_gguf(path: Path, hf_dir: Path, arch: str = "qwen2") -> None:
+def write_qwen_gguf(path: Path, hf_dir: Path, arch: str = "qwen2", encode=None) -> None:
     """The HF model's tensors under GGUF's names for a qwen2/qwen3 file, as llama.cpp's converter writes them
-    (F32, Q and K NOT permuted: qwen rotates the halves, llama.cpp's NEOX RoPE), with a gpt2 vocabulary."""
+    (F32, Q and K NOT permuted: qwen rotates the halves, llama.cpp's NEOX RoPE), with a gpt2 vocabulary.
+    encode(gguf_name, fp32 array) -> (bytes array, GGML type) or None: store that tensor quantized."""
     import gguf
     from safetensors.torch import load_file
 
@@ -206,7 +207,11 @@ def write_qwen_gguf(path: Path, hf_dir: Path, arch: str = "qwen2") -> None:
         else:
             _, _, idx, rest = name.split(".", 3)
             out = f"blk.{idx}.{names[rest]}"
-        w.add_tensor(out, np.ascontiguousarray(t.float().numpy()))
+        coded = encode(out, t.float().numpy()) if encode is not None else None
+        if coded is None:
+            w.add_tensor(out, np.ascontiguousarray(t.float().numpy()))
+        else:
+            w.add_tensor(out, coded[0], raw_dtype=coded[1])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -90,10 +90,29 @@ def quality(
     t.add_row(str(a.tokens), f"{a.top1_agreement:.2%}", f"{a.mean_kl:.4f}", f"{a.ppl_reference:.2f}",
               f"{a.ppl_candidate:.2f}", f"{cand.weight_bytes:,} (ref {ref.weight_bytes:,})")
     console.print(t)
+    weights = _weights_note(cand.extra.get("layer_types"), quant, group_size)
+    if weights:
+        console.print(weights["note"], markup=False, highlight=False, soft_wrap=True)
     if json_out:
         with open(json_out, "w") as f:
             json.dump({"reference": ref.label, "candidate": cand.label, **a.as_dict(),
-                       "weight_bytes": cand.weight_bytes, "reference_weight_bytes": ref.weight_bytes}, f, indent=2)
+                       "weight_bytes": cand.weight_bytes, "reference_weight_bytes": ref.weight_bytes,
+                       **({"layer_weights": weights} if weights else {})}, f, indent=2)
+
+
+def _weights_note(types: dict[str, int] | None, quant: str, group_size: int) -> dict | None:
+    """What the candidate did with a GGUF file's own codes: the reference is the file's weights dequantized, so
+    the table's agreement and KL are the cost of the re-quantized types (kept codes lose only fp16 scales)."""
+    from specledger.engine.gguf_loader import grid_plan
+
+    if not types or quant == "none":
+        return None
+    kept, again = grid_plan(types, quant, group_size)
+    fmt = lambda d: ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "none"  # noqa: E731
+    grid = "int4 g" + str(group_size) if quant == "int4" else "int8 (Q8_0 grid)"
+    note = (f"reference: the file's own weights dequantized (fp32). Layer matrices on the file's codes: {fmt(kept)}; "
+            f"dequantized and re-quantized to {grid}: {fmt(again)}")
+    return {"kept": kept, "requantized": again, "grid": grid, "note": note}
 
 
 def register(app: typer.Typer) -> None:

@@ -1,5 +1,5 @@
-"""Read a Llama-family GGUF file (llama, qwen2, qwen3): config, dequantized tensors, and Q4_1 / Q8_0 codes
-kept as-is.
+"""Read a Llama-family GGUF file (llama, qwen2, qwen3): config, dequantized tensors, and Q4_1 / Q4_K / Q8_0
+codes kept as-is (every other type, e.g. Q4_0, Q5_0, Q5_1, Q6_K, is dequantized and re-quantized by the loader).
 
 llama.cpp's converter interleaves the rows of a llama file's Q and K (its RoPE rotates adjacent pairs), so they are
 un-permuted back to HF's rotate-half order; a qwen2 / qwen3 file is converted without that permutation (llama.cpp
@@ -100,6 +100,26 @@ def _q4_1_grid(raw: np.ndarray, rows: int, cols: int) -> Int4Grid:
     return Int4Grid(torch.from_numpy(codes.astype(np.uint8)), d_t, m_t + 8 * d_t, 32)
 
 
+def _q4_k_grid(raw: np.ndarray, rows: int, cols: int) -> Int4Grid:
+    """Q4_K super-blocks of 256 (144 bytes): fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of
+    nibbles. Sub-block s of 32 values: w = d sc_s q - dmin m_s, the Q4_1 form at group 32 (scale = d sc_s,
+    zero = 8 scale - dmin m_s), so its codes are kept as stored (llama.cpp's get_scale_min_k4 unpacks sc, m:
+    sub-blocks 0-3 in the low 6 bits of bytes 0-3 / 4-7, 4-7 in the nibbles of bytes 8-11 with the top 2 bits
+    from bytes 0-3 / 4-7; sub-blocks 2j, 2j+1 share qs[32 j : 32 j + 32], low nibble then high)."""
+    b = raw.reshape(rows, cols // 256, 144)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    packed = b[..., 4:16]
+    lo, hi, ext = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = np.concatenate([lo & 63, (ext & 0x0F) | ((lo >> 6) << 4)], axis=-1).astype(np.float32)
+    mn = np.concatenate([hi & 63, (ext >> 4) | ((hi >> 6) << 4)], axis=-1).astype(np.float32)
+    qs = b[..., 16:].reshape(rows, cols // 256, 4, 1, 32)
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-2).reshape(rows, cols)
+    scale = torch.from_numpy((d[..., None] * sc).reshape(rows, cols // 32))
+    mins = torch.from_numpy((dmin[..., None] * mn).reshape(rows, cols // 32))
+    return Int4Grid(torch.from_numpy(codes.astype(np.uint8)), scale, 8 * scale - mins, 32)
+
+
 def _q8_0_grid(raw: np.ndarray, rows: int, cols: int) -> Int8Grid:
     """Q8_0 blocks: fp16 d, then 32 int8 codes, per 32 values (w = d * q)."""
     blocks = raw.reshape(rows, cols // 32, 34)
@@ -109,10 +129,29 @@ def _q8_0_grid(raw: np.ndarray, rows: int, cols: int) -> Int8Grid:
 
 
 Grid = Int4Grid | Int8Grid
+KEPT = {"int4": ("Q4_1", "Q4_K"), "int8": ("Q8_0",)}  # the file types whose codes a precision keeps as stored
+
+
+def layer_types(reader) -> dict[str, int]:
+    """How many of the file's decoder-layer matrices (what quantization replaces) are stored in each type."""
+    out: dict[str, int] = {}
+    for t in reader.tensors:
+        if t.name.startswith("blk.") and len(t.shape) == 2:
+            out[t.tensor_type.name] = out.get(t.tensor_type.name, 0) + 1
+    return out
+
+
+def grid_plan(types: dict[str, int], quant: str, group_size: int) -> tuple[dict[str, int], dict[str, int]]:
+    """(kept, re-quantized): the layer matrices whose stored codes the engine keeps at this precision, and those it
+    dequantizes and quantizes again (F32/F16/BF16 are not counted: they carry no codes to lose)."""
+    kept = KEPT.get(quant, ()) if quant != "int4" or group_size == 32 else ()
+    coded = {k: v for k, v in types.items() if k not in ("F32", "F16", "BF16")}
+    return ({k: v for k, v in coded.items() if k in kept}, {k: v for k, v in coded.items() if k not in kept})
 
 
 def read_tensors(reader, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], dict[str, Grid]]:
-    """Canonical float32 tensors (HF orientation [out, in]) and the Q4_1 / Q8_0 grids of the tensors stored so."""
+    """Canonical float32 tensors (HF orientation [out, in]) and the Q4_1 / Q4_K / Q8_0 grids of the tensors stored
+    so."""
     from gguf import GGMLQuantizationType, dequantize
 
     tensors: dict[str, torch.Tensor] = {}
@@ -143,6 +182,8 @@ def read_tensors(reader, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], dic
         grid: Grid | None = None
         if t.tensor_type == GGMLQuantizationType.Q4_1 and len(shape) == 2:
             grid = _q4_1_grid(np.asarray(t.data), *shape)
+        elif t.tensor_type == GGMLQuantizationType.Q4_K and len(shape) == 2:
+            grid = _q4_k_grid(np.asarray(t.data), *shape)
         elif t.tensor_type == GGMLQuantizationType.Q8_0 and len(shape) == 2:
             grid = _q8_0_grid(np.asarray(t.data), *shape)
         if key.endswith((".q", ".k")) and cfg.arch in PERMUTED_ARCHS:

@@ -12,7 +12,8 @@ from specledger.engine import gguf_loader, hf_loader
 from specledger.engine.config import ModelConfig
 from specledger.engine.model import Transformer
 from specledger.engine.packed_linear import pack_linears
-from specledger.engine.quant import QUANTS, Int4Grid, Int4Linear, Int8Grid, Int8Linear, check_group_size, int4_grid
+from specledger.engine.quant import (QUANTS, Int4Grid, Int4Linear, Int8Grid, Int8Linear, check_group_size, int4_grid,
+                                    int8_grid)
 from specledger.engine.registry import identify_model
 from specledger.engine.tokenizer import Tokenizer
 from specledger.errors import BadInput
@@ -50,6 +51,14 @@ def parse_dtype(dtype: str) -> torch.dtype:
 def default_dtype(quant: str) -> str:
     """Weight-only quantization means 16-bit activations (the packed kernels' fast path)."""
     return "fp32" if quant == "none" else "bf16"
+
+
+def _own_or_quantized(grids: list, tensors: dict[str, torch.Tensor], layer: int, parts: list[str],
+                      dev: torch.device, kind: type, make) -> list:
+    """Each part's grid as the file stores it where it is of `kind`, else the part quantized by `make` (grids are
+    row-wise, so parts quantized apart equal the fused product quantized whole): a file that mixes types (Q4_K
+    beside Q6_K, as Q4_K_M does) keeps the codes of the parts it can."""
+    return [g if isinstance(g, kind) else make(tensors[f"layers.{layer}.{x}"].to(dev)) for g, x in zip(grids, parts)]
 
 
 def _concat_grids(grids: list) -> Int4Grid | None:
@@ -132,9 +141,13 @@ def build_model(
                 src = [grids.get(f"layers.{i}.{x}") for x in parts]
                 new: nn.Module
                 if quant == "int8":
+                    if any(isinstance(g, Int8Grid) for g in src):
+                        src = _own_or_quantized(src, tensors, i, parts, dev, Int8Grid, int8_grid)
                     g8 = _concat_int8_grids(src)
                     new = Int8Linear(g8 if g8 is not None else _fp32(tensors, i, parts, dev), tdtype, dev)
                 else:
+                    if group_size == 32 and any(isinstance(g, Int4Grid) for g in src):
+                        src = _own_or_quantized(src, tensors, i, parts, dev, Int4Grid, lambda w: int4_grid(w, 32))
                     grid = _concat_grids(src) if group_size == 32 else None
                     new = Int4Linear(grid or int4_grid(_fp32(tensors, i, parts, dev), group_size), tdtype, dev)
                 setattr(owner, attr, new)
@@ -183,6 +196,7 @@ def load_model(
     ref = identify_model(name_or_path)
     path = ref.path
     grids: dict[str, Int4Grid | Int8Grid] = {}
+    extra: dict = {}
     if path.is_dir():
         cfg = hf_loader.read_config(path)
         tensors = hf_loader.read_tensors(path, cfg)
@@ -191,6 +205,7 @@ def load_model(
         reader = gguf_loader.open_gguf(path)
         cfg = gguf_loader.read_config(reader, path)
         tensors, grids = gguf_loader.read_tensors(reader, cfg)
+        extra["layer_types"] = gguf_loader.layer_types(reader)
         tok = Tokenizer.from_gguf(path, set(cfg.eos_ids)) if with_tokenizer else None
     if tok is not None:
         for special in ("<|endoftext|>", "<|im_end|>", "<|eot_id|>"):
@@ -215,4 +230,5 @@ def load_model(
         device=device,
         weight_bytes=weight_bytes(model),
         load_s=time.perf_counter() - t0,
+        extra=extra,
     )
