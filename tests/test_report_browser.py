@@ -327,7 +327,9 @@ def edited(doc: dict, path: tuple, value) -> dict:
     doc = copy.deepcopy(doc)
     node = doc
     for k in path[:-1]:
-        node = node.setdefault(k, {})
+        if node.get(k) is None:  # a section the file left out (human)
+            node[k] = {}
+        node = node[k]
     node[path[-1]] = value
     return doc
 

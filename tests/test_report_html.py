@@ -7,6 +7,7 @@ import re
 
 import pytest
 import typer
+from markupsafe import escape
 from typer.testing import CliRunner
 
 from specledger.ledger.inputs import load_inputs
@@ -82,3 +83,35 @@ def test_report_command(tmp_path):
     default = CliRunner().invoke(app, ["report", str(run_dir), "--samples", "0"])
     assert default.exit_code == 0, default.output
     assert (run_dir / "report.html").exists()
+
+
+def test_quality_items_column_is_the_count(report):
+    """Issue 43: the column printed `<built-in method items of dict ...>` (Jinja's q.items is the dict method)."""
+    ledger, html = report
+    assert "built-in method" not in html
+    body = re.search(r'<table id="quality-tests">.*?<tbody>(.*?)</tbody>', html, re.S).group(1)
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)]
+    assert cells and [int(c[2]) for c in cells] == [q["items"] for q in ledger.quality]
+
+
+def test_the_answer_block_leads_the_report(report):
+    ledger, html = report
+    assert ledger.answer is not None
+    start = html.index('<section id="answer"')
+    assert start < html.index("<table") and start < html.index('class="chart') and start < html.index('<h2 id="cost"')
+    block = html[start:html.index("</section>", start)]
+    for sa in ledger.answer.scenarios:
+        assert f'data-scenario="{sa.scenario}"' in block
+        assert f'<b class="answer-config">{sa.recommended}</b>' in block
+    assert block.count("<svg") == sum(1 for sa in ledger.answer.scenarios if sa.curve)  # cost vs review minutes
+
+
+def test_shares_are_the_ledgers_five_way_split(report):
+    """Engine, tools, labour, maintenance, energy: tool calls are no longer counted as compute."""
+    ledger, html = report
+    for r in ledger.configs:
+        if r.total is None:
+            continue
+        row = re.search(rf'<tr data-config="{re.escape(str(escape(r.name)))}"[^>]*>(.*?)</tr>', html, re.S).group(1)
+        want = " / ".join(f"{r.cost_shares[k]:.0%}" for k in ("engine", "tools", "labour", "maintenance", "energy"))
+        assert want in row, (r.name, want)

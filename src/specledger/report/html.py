@@ -17,6 +17,7 @@ from specledger.report.interaction import interaction_rows
 from specledger.report.terminal import failed_cell, money
 
 ASSETS = Path(__file__).with_name("assets")
+SHARE_NAMES = ("engine", "tools", "labour", "maintenance", "energy")  # the ledger's cost split (cost_shares)
 
 
 def chart_sections(first: str) -> list[tuple[str, str, str]]:
@@ -53,7 +54,7 @@ def _f(v: float | None, fmt: str, suffix: str = "") -> str:
 
 
 def _row(r: ConfigCost, n: int | None) -> dict:
-    s = r.shares
+    s = r.cost_shares
     return {
         "name": r.name, "precision": r.precision, "load": r.load, "tok_s": _f(r.tok_s, ".1f"),
         "speedup": _f(r.speedup, ".2f", "×") + ("" if r.speedup_low is None else
@@ -66,7 +67,7 @@ def _row(r: ConfigCost, n: int | None) -> dict:
         "total_raw": "inf" if r.infinite else ("" if r.total is None else repr(r.total)),
         "interval": "–" if r.p5 is None else f"{money(r.mean)} [{money(r.p5)}–{money(r.p95)}]",
         "p_cheapest": _f(r.p_cheapest, ".0%"),
-        "shares": f"{s['compute']:.0%} / {s['labour']:.0%} / {s['maintenance']:.0%}" if s else "–",
+        "shares": " / ".join(f"{s[k]:.0%}" for k in SHARE_NAMES) if s else "–",
         "verdict": r.verdict, "verdict_detail": r.verdict_detail,
     }
 
@@ -207,9 +208,6 @@ def _clean(obj: object) -> object:
     return obj
 
 
-SHARE_NAMES = ("engine", "tools", "labour", "maintenance", "energy")
-
-
 def _fallback_answer(ledger: LedgerResult) -> Answer:
     """Without the ledger's answer block (a ledger.json written before it existed): the headline scenario's
     recommendation as the verdicts give it, and nothing the ledger did not compute."""
@@ -335,7 +333,7 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
         noise=_noise(run_dir or ledger.run_dir), concurrency=_concurrency_table(ledger),
         scenarios={name: [{"name": r["name"], "load": r.get("load", ""), "total": money(r["total"]) if r["total"] is not None else "–",
                            "interval": "–" if r["p5"] is None else f"{money(r['p5'])}–{money(r['p95'])}",
-                           "compute": _f(r["compute_share"], ".0%"), "verdict": r["verdict"],
+                           "shares": " / ".join(_f(r.get(f"{k}_share"), ".0%") for k in SHARE_NAMES), "verdict": r["verdict"],
                            "verdict_detail": r["verdict_detail"]} for r in rows]
                    for name, rows in ledger.scenarios.items()},
         charts=figs, tornado_config=tornado_config, answer=answer_cards(ledger),

@@ -312,6 +312,7 @@
   function checkValue(v, rule) {
     if (v === null || v === undefined) {
       if (rule[2]) return null;
+      if (v === undefined) return "missing";  // a field the section leaves out
       return rule[3] ? "Input should be a valid integer" : "Input should be a valid number";
     }
     if (typeof v !== "number" || !isFinite(v)) return rule[3] ? "Input should be a valid integer" : "Input should be a valid number";
@@ -329,7 +330,7 @@
       for (var j = 0; j < rules.length; j++) {
         var v = obj[rules[j][0]], msg = checkValue(v, rules[j]);
         // pydantic places a non-number in a number-or-range field under the union's tag: [..., "value"]
-        var tagged = (v === null || v === undefined) && !rules[j][3];
+        var tagged = v === null && !rules[j][3];
         if (msg) {
           return { path: [sec, rules[j][0]], loc: tagged ? [sec, rules[j][0], "value"] : null,
                    message: sec + "." + rules[j][0] + ": " + msg };
