@@ -400,3 +400,53 @@ def test_unknown_format_prefix_is_named_not_a_missing_file(tmp_path):
     odd = tmp_path / "a:b.txt"  # a file name with a colon is still a file
     odd.write_text("hello\n", encoding="utf-8")
     assert [q.turns for q in open_workload(str(odd)).questions] == [("hello",)]
+
+
+def test_trace_prompt_with_the_chat_template_is_input_length_tokens():
+    """The filler is trimmed by the tokens the chat template adds (~30 for SmolLM2, its default system prompt)."""
+    from specledger.bench.formats.trace import prompt_of
+    from specledger.bench.synthetic import fit_prompt, template_overhead
+
+    try:
+        from specledger.engine.registry import resolve_model
+        from specledger.engine.tokenizer import Tokenizer
+
+        tok = Tokenizer.from_gguf(resolve_model("smollm2-135m"), set())
+    except Exception as exc:  # model package not installed
+        pytest.skip(f"embedded tokenizer unavailable: {exc}")
+    overhead = template_overhead(tok)
+    assert 10 < overhead < 60
+    for n, hash_ids in ((300, None), (700, [1, 2]), (1200, [5])):
+        text = fit_prompt(prompt_of(n, hash_ids, 3), n, overhead)
+        assert len(tok.chat([{"role": "user", "content": text}])) == n
+
+
+def test_trace_prompts_are_trimmed_by_the_backends_template_tokens(tmp_path):
+    """What the runner sends: input_length minus the backend's template tokens; unknown (a chat server without a
+    tokenizer): the filler as is and a note saying so. A trace line's own prompt is never trimmed."""
+    from fake_backend import SleepBackend
+
+    from specledger.bench.config import parse_run_config
+    from specledger.bench.runner import Runner
+    from specledger.bench.synthetic import estimate_tokens
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 200, "output_length": 2}\n'
+                    '{"timestamp": 5, "input_length": 90, "output_length": 2, "prompt": "keep me whole"}\n')
+    for overhead in (30, None):
+        sent: list[str] = []
+
+        class Templated(SleepBackend):
+            def template_tokens(self, overhead: int | None = overhead) -> int | None:
+                return overhead
+
+            async def complete(self, messages, sent: list[str] = sent, **kw):
+                sent.append(messages[-1]["content"])
+                return await super().complete(messages, **kw)
+
+        cfg = parse_run_config({"configs": [{"name": "a", "max_new_tokens": 4}], "workload": {"spec": f"trace:{path}"},
+                                "load": {"concurrency": [1], "warmup": 0}, "bootstrap": 0, "verify_curve": False})
+        run = Runner(cfg, tmp_path / f"r{overhead}", show_progress=False,
+                     backend_factory=lambda bc: Templated(bc, [], lambda n, bc: 0.0)).run()
+        assert [estimate_tokens(t) for t in sent] == [200 - (overhead or 0), 3]
+        assert any("chat template adds tokens" in n for n in run.notes) == (overhead is None)

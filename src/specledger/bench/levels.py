@@ -23,6 +23,7 @@ from specledger.bench.load import closed_loop, open_loop, replay
 from specledger.bench.recorder import RunRecorder
 from specledger.bench.results import RequestRecord, now
 from specledger.bench.steady import ConditionSampler, SteadyStateCheck
+from specledger.bench.synthetic import fit_prompt
 from specledger.bench.telemetry import telemetry_delta
 from specledger.bench.question import Question
 from specledger.quality.graders import grade
@@ -184,6 +185,12 @@ class Levels:
         answers: list[str] = []
         tokens = 0
         for turn, text in enumerate(q.turns, 1):
+            if q.prompt_tokens is not None:  # a trace's input_length counts the chat template's tokens too
+                overhead = backend.template_tokens()
+                if overhead is None:
+                    self.rec.note(f"{bc.name}: the server's chat template adds tokens on top of the trace's "
+                                  "input_length (give the openai backend a tokenizer to size prompts exactly)")
+                text = fit_prompt(text, q.prompt_tokens, overhead)
             messages.append({"role": "user", "content": text})
             limit = q.max_new_tokens or bc.max_new_tokens
             if level is None and self.cfg.load.warmup_max_new_tokens:  # a warm-up conversation

@@ -57,6 +57,9 @@ class Question:
     min_new_tokens: int | None = None
     system: str | None = None  # a system message sent before the first turn (chat and ShareGPT records)
     arrival_s: float | None = None  # timed traces: seconds after the trace's first request
+    # the whole prompt's tokens the workload asks for, chat template included (a trace's input_length): the
+    # filler turn is trimmed by the tokens the backend's template adds (synthetic.fit_prompt)
+    prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import re
+from typing import Any
 
 # Filler made of common English words that are one token (with a leading space) in Llama-family BPE
 # vocabularies, so the estimate below (one token per word, punctuation mark and newline) is exact for
@@ -39,6 +40,18 @@ def truncate_tokens(text: str, n_tokens: int) -> str:
     """The start of `text` holding its first `n_tokens` estimated tokens."""
     marks = list(_TOKEN_RE.finditer(text))
     return text if n_tokens >= len(marks) else text[: marks[n_tokens - 1].end()] if n_tokens > 0 else ""
+
+
+def template_overhead(tokenizer: Any) -> int:
+    """Tokens a chat template adds around one user message (the engine's Tokenizer.chat), measured on filler
+    whose token count is known."""
+    sample = synthetic_prompt(64, 0)
+    return len(tokenizer.chat([{"role": "user", "content": sample}])) - estimate_tokens(sample)
+
+
+def fit_prompt(text: str, prompt_tokens: int, overhead: int | None) -> str:
+    """Filler trimmed so that it and the template's `overhead` make `prompt_tokens` (None: overhead unknown, as is)."""
+    return text if overhead is None else truncate_tokens(text, max(1, prompt_tokens - overhead))
 
 
 def _sentence(rng: random.Random, size: int) -> str:

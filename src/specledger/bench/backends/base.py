@@ -60,6 +60,11 @@ class Backend(ABC):
         """[{tokens, ms}]: the target's forward time for n new tokens, where the backend can measure it."""
         return None
 
+    def template_tokens(self) -> int | None:
+        """Tokens the prompt format adds around one user message (its chat template), where known; 0: the text
+        goes raw. A trace sizes whole prompts, so its filler is trimmed by them."""
+        return None
+
     async def scrape_metrics(self) -> str | None:
         """Prometheus text of the server, where there is one."""
         return None

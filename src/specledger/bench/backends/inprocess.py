@@ -92,6 +92,13 @@ class InProcessBackend(Backend):
         async with self._lock:
             return await asyncio.wrap_future(threads.submit(measure_verify_curve, self.models["target"]))
 
+    def template_tokens(self) -> int | None:
+        from specledger.bench.synthetic import template_overhead
+
+        if getattr(self, "_template_tokens", None) is None:
+            self._template_tokens = template_overhead(self.models["target"].tokenizer)
+        return self._template_tokens
+
     def describe(self) -> str:
         import torch
 

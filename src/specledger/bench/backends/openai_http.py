@@ -265,6 +265,19 @@ class OpenAIBackend(Backend):
         if not st.done:
             raise StreamFailure("stream ended before [DONE] (connection dropped)", retry=True, kind="dropped")
 
+    def template_tokens(self) -> int | None:
+        """Completions: one message goes as raw text (0). Chat: the server applies its template; known where the
+        backend has a tokenizer with that template."""
+        from specledger.bench.synthetic import template_overhead
+
+        if self.s.api != "chat":
+            return 0
+        if not hasattr(self._tokenizer, "chat"):
+            return None
+        if getattr(self, "_template_tokens", None) is None:
+            self._template_tokens: int | None = template_overhead(self._tokenizer)
+        return self._template_tokens
+
     def count_tokens(self, text: str) -> int | None:
         if self._tokenizer is None:
             return None

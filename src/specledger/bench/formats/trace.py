@@ -3,7 +3,8 @@
 Each line is one single-turn request arriving `timestamp` milliseconds into the trace (`arrival_s`, replayed by
 the `replay` load kind at its own spacing, scaled by a speed factor), answering exactly `output_length` tokens
 (min = max). The prompt is the line's `prompt` when it has one, else synthetic filler of `input_length` tokens
-(the synthetic workload's estimate; the chat template adds its own). With `hash_ids` the filler is built in
+(the synthetic workload's estimate), trimmed when sent by the tokens the backend's chat template adds, so that
+the whole prompt is `input_length` tokens (synthetic.fit_prompt; a run notes where the template is not known). With `hash_ids` the filler is built in
 blocks of BLOCK_TOKENS, block j seeded by hash_ids[j] (a partial last block is the start of the full one), so
 requests that share hash ids share a prompt prefix, as in the trace (Mooncake hashes 512-token blocks). Task kind: --kind, else summarization (the filler asks for a
 summary); traces carry no references.
@@ -64,6 +65,7 @@ def parse_record(obj: Any, lineno: int, opts: ReadOptions) -> Question:
         category="trace", kind=opts.kind or "summarization",
         turns=(prompt or prompt_of(n_in, hash_ids, lineno),),
         max_new_tokens=n_out, min_new_tokens=n_out, arrival_s=ts / 1000.0,
+        prompt_tokens=None if prompt else n_in,
     )
 
 
