@@ -183,3 +183,18 @@ def test_a_steady_level_is_priced_at_its_steady_throughput():
     op = held.operating_point()
     assert op.device_seconds_per_call == pytest.approx(2.0) and op.requests_per_s == pytest.approx(0.5)
     assert op.energy_j_per_call == pytest.approx(150.0)
+
+
+def test_break_even_on_concurrency_compares_both_at_the_same_level():
+    """A is faster than B at every level measured, though slower at c=1 than B at c=4: no crossing (A is never
+    "cheaper above" some level only because B was priced at its best level)."""
+    a, _, _ = case_of(meas("a", 20.0))
+    a.sweep = [(1.0, 0.3), (4.0, 1.2)]
+    b, _, _ = case_of(meas("b", 20.0))
+    b.sweep = [(1.0, 0.25), (4.0, 1.0)]
+    b = b.with_op(device_seconds_per_call=1.0, requests_per_s=1.0)  # priced at its c=4 level
+    be = break_even(a, b, "concurrency")
+    assert be.value is None and "a is cheaper across [1, 4] (both at the same concurrency)" in be.note
+    # B swept over other levels only: the comparison stops at the levels both measured
+    b.sweep = [(2.0, 0.5), (8.0, 2.0)]
+    assert (break_even(a, b, "concurrency").lo, break_even(a, b, "concurrency").hi) == (2.0, 4.0)

@@ -2,7 +2,9 @@
 
 Fields: "pass_rate" and "device_seconds_per_call" (of configuration A only: how far may A's
 quality or speed move), "concurrency" (A's operating point along its measured sweep, throughput
-interpolated between levels), or any inputs path such as "acceptance.review_minutes" or
+interpolated between levels; B's too when B was swept, so both are compared at the same concurrency and only
+within the levels both measured: B fixed at its priced level would make a method that is faster at every level
+"cheaper above" the level where it overtakes B's best), or any inputs path such as "acceptance.review_minutes" or
 "hardware.price_per_device_hour" (changed for both).
 """
 
@@ -55,7 +57,7 @@ def _current(a: Case, field: str) -> float | None:
 
 def _cost_at(case: Case, field: str, v: float, is_a: bool) -> float:
     if field in MEASURED:
-        if not is_a:
+        if not is_a and not (field == "concurrency" and len(case.sweep) >= 2):
             return task_cost(case.x, case.op).total
         if field == "pass_rate":
             if case.x["acceptance"]["pass_rate"] is not None:
@@ -90,6 +92,11 @@ def break_even(a: Case, b: Case, field: str, lo: float | None = None, hi: float 
         raise BadInput(f"break-even on concurrency needs a concurrency sweep of {a.name} (it has {len(a.sweep)} level)")
     current = _current(a, field)
     d_lo, d_hi = default_bounds(a, field, current)
+    both = field == "concurrency" and len(b.sweep) >= 2  # B moves along its sweep too: the levels both measured
+    if both:
+        d_lo, d_hi = max(d_lo, min(c for c, _ in b.sweep)), min(d_hi, max(c for c, _ in b.sweep))
+        if not d_lo < d_hi:
+            raise BadInput(f"break-even on concurrency: {a.name} and {b.name} share no range of measured levels")
     lo = d_lo if lo is None else lo
     hi = d_hi if hi is None else hi
     if not lo < hi:
@@ -113,7 +120,8 @@ def break_even(a: Case, b: Case, field: str, lo: float | None = None, hi: float 
             cheaper_below = y0 < 0
             side = "below" if cheaper_below else "above"
             return BreakEven(a.name, b.name, field, current, float(v), lo, hi,
-                             f"{a.name} is cheaper {side} {v:.4g}, {b.name} {'above' if cheaper_below else 'below'}")
+                             f"{a.name} is cheaper {side} {v:.4g}, {b.name} {'above' if cheaper_below else 'below'}"
+                             + (" (both at that concurrency)" if both else ""))
     finite = [y for y in ys if math.isfinite(y)]
     if not finite:
         note = "cost is infinite across the range"
@@ -123,4 +131,6 @@ def break_even(a: Case, b: Case, field: str, lo: float | None = None, hi: float 
         note = f"{a.name} is cheaper across [{lo:.4g}, {hi:.4g}]"
     else:
         note = f"{b.name} is cheaper across [{lo:.4g}, {hi:.4g}]"
+    if both:
+        note += " (both at the same concurrency)"
     return BreakEven(a.name, b.name, field, current, None, lo, hi, note)
