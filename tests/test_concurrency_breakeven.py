@@ -11,6 +11,7 @@ from specledger.ledger.concurrency import break_even_concurrency
 from specledger.ledger.inputs import parse_inputs
 from specledger.ledger.measurements import ConfigMeasurement, RequestPoint
 from specledger.ledger.price import price_measurements
+from specledger.report.terminal import break_even_cell
 
 INPUTS = """
 hardware: {price_per_device_hour: 1.0}
@@ -48,8 +49,15 @@ def test_the_crossing_and_its_interval_are_read_off_the_sweep():
     assert (lk.low, lk.high) == pytest.approx((2 ** 0.5, 2 ** 1.5))
     assert "≈ 2" in lk.note and "1.41 to 2.83" in lk.note
     assert out["eagle"].status == "pays throughout" and out["eagle"].value is None
-    assert "above 4" in out["eagle"].note and "not distinguishable from 1" in out["eagle"].note
+    assert "no break-even within the levels measured" in out["eagle"].note and "above 4" in out["eagle"].note
+    assert "not distinguishable from 1" in out["eagle"].note
     assert out["draft"].status == "never pays" and "below 1" in out["draft"].note
+    assert break_even_cell(out["eagle"]) == "none in 1–4\n[dim]faster[/dim]"
+    assert break_even_cell(out["draft"]).startswith("none in 1–4")
+    # slower at c=1, faster at c=4: it starts paying where the speed-up crosses 1 upwards (half-way: c = 2)
+    (up,) = break_even_concurrency([Row("x", "eagle", 1, 0.8, 0.7, 0.9), Row("x", "eagle", 4, 1.2, 1.1, 1.3)])
+    assert up.status == "starts paying" and up.value == pytest.approx(2.0) and up.low < 2.0 < up.high
+    assert break_even_cell(up) == "≈2\n[dim]pays above[/dim]"
     # the interval open below: the low bound already under 1 at the first level
     (b,) = break_even_concurrency([Row("x", "lookup", 1, 1.1, 0.9, 1.3), Row("x", "lookup", 8, 0.9, 0.8, 1.2)])
     assert b.low is None and b.high is None and "≤ 1 to ≥ 8" in b.note
@@ -118,11 +126,11 @@ def test_the_report_and_the_terminal_show_the_sweep(tmp_path):
     assert be["lookup-fp32"].status == "pays throughout" and be["lookup-fp32"].points[1].low is not None
     html = render_report(ledger, run_dir)
     table = html.split('id="concurrency-table"')[1].split("</table>")[0]
-    assert 'data-config="lookup-fp32"' in table and "baseline" in table and "&gt; 4" in table
+    assert 'data-config="lookup-fp32"' in table and "baseline" in table and "none in 1–4" in table
     assert re.search(r"\d\.\d\d× \[\d\.\d\d–\d\.\d\d\]", table)  # a paired interval in a cell
     console = Console(width=80, record=True, force_terminal=False, color_system=None)
     print_ledger(ledger, console)
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
     sweep = text.split("Throughput and speed-up vs concurrency")[1]
-    assert re.search(r"│ eagle-w4-long-config-name\s", sweep) and "> 4" in sweep
+    assert re.search(r"│ eagle-w4-long-config-name\s", sweep) and "none in 1–4" in sweep

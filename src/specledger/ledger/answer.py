@@ -8,7 +8,7 @@ second rule), and read by every output that ends a run: the terminal (report/ter
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -179,6 +179,15 @@ def amount(v: float, unit: str) -> str:
     return f"{_sig(v)} {unit}"
 
 
+def _span(low: float | None, high: float | None, fmt: Callable[[float], str]) -> str:
+    """" (95%: 1 s–3 s)", with an open end where too few samples cross within the range searched."""
+    if low is not None and high is not None:
+        return f" (95%: {fmt(low)}–{fmt(high)})"
+    if low is not None:
+        return f" (95%: {fmt(low)} or more)"
+    return "" if high is None else f" (95%: up to {fmt(high)})"
+
+
 def threshold_model(c: Crossing) -> Threshold:
     """A crossing as the answer block holds it, with its sentence."""
     t = Threshold(input=".".join(map(str, c.input.path)), label=c.input.label, unit=c.input.unit, current=c.current,
@@ -191,11 +200,7 @@ def threshold_model(c: Crossing) -> Threshold:
         t.change = (f"no change with {c.input.label} anywhere from {amount(c.searched_low, unit)} to "
                     f"{amount(c.searched_high, unit)}")
         return t
-    span = ""
-    if c.low is not None or c.high is not None:
-        lo = "…" if c.low is None else amount(c.low, unit)
-        hi = "…" if c.high is None else amount(c.high, unit)
-        span = f" (95%: {lo}–{hi})"
+    span = _span(c.low, c.high, lambda v: amount(v, unit))
     when = f"when {c.input.label} is {c.side} {amount(c.value, unit)}{span}"
     if c.before == TIE:
         lead = "the decoding choice matters " + when + (f": {c.after} is cheapest there"
@@ -359,8 +364,7 @@ def link_scenarios(answer: Answer) -> None:
         if other is None:
             continue
         o, t = other
-        span = "" if t.low is None and t.high is None else (
-            f" (95%: {'…' if t.low is None else duration(t.low)}–{'…' if t.high is None else duration(t.high)})")
+        span = _span(t.low, t.high, duration)
         note = (f"the decoding choice matters when the review time per task is {t.matters_side} "
                 f"{duration(t.value or 0.0)}{span}, as in the {o.scenario} scenario")
         a.tie_reason += f"; {note}"

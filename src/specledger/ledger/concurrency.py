@@ -49,16 +49,17 @@ class ConcurrencyBreakEven(BaseModel):
     value: float | None = None  # concurrency where the speed-up crosses 1 (None: no crossing in the sweep)
     low: float | None = None  # earliest crossing the paired intervals allow (None: at or below the lowest level)
     high: float | None = None  # latest (None: at or beyond the highest level)
-    status: str = ""  # "pays throughout" | "never pays" | "stops paying" | "pays again"
+    status: str = ""  # "pays throughout" | "never pays" | "stops paying" | "starts paying" (value: where it does)
     note: str = ""
 
 
-def _crossing(cs: Sequence[int], ys: Sequence[float | None]) -> float | None:  # None in ys: not measured
-    """First concurrency where y goes from >= 1 to < 1 (log2-linear between levels), else None."""
+def _crossing(cs: Sequence[int], ys: Sequence[float | None], up: bool = False) -> float | None:
+    """First concurrency where y goes from >= 1 to < 1 (`up`: from < 1 to >= 1), log2-linear between levels, else
+    None (None in ys: not measured)."""
     for (c0, y0), (c1, y1) in zip(zip(cs, ys), zip(cs[1:], ys[1:])):
         if y0 is None or y1 is None:
             continue
-        if y0 >= 1.0 > y1:
+        if (y1 >= 1.0 > y0) if up else (y0 >= 1.0 > y1):
             f = (y0 - 1.0) / (y0 - y1)
             return 2 ** (math.log2(c0) + f * (math.log2(c1) - math.log2(c0)))
     return None
@@ -99,18 +100,24 @@ def break_even_concurrency(levels: Sequence[LevelRow]) -> list[ConcurrencyBreakE
             sure = has_ci and all((v or 0.0) > 1.0 for v in lows)
             b.note = (f"faster than {b.base or 'autoregressive'} at every concurrency measured ({lo_c}–{hi_c})"
                       + ("" if sure or not has_ci else "; not distinguishable from 1 at some levels")
-                      + f": break-even above {hi_c}")
+                      + f": no break-even within the levels measured (if there is one, it is above {hi_c})")
         elif all(y < 1.0 for y in ys):
             b.status = "never pays"
             sure = has_ci and all((v or 0.0) < 1.0 for v in highs)
             b.note = (f"slower than {b.base or 'autoregressive'} at every concurrency measured ({lo_c}–{hi_c})"
                       + ("" if sure or not has_ci else "; not distinguishable from 1 at some levels")
-                      + f": break-even below {lo_c}")
+                      + f": no break-even within the levels measured (if there is one, it is below {lo_c})")
         elif b.value is not None:
             b.status = "stops paying"
             b.note = f"speed-up crosses 1 at concurrency ≈ {_fmt(b.value)}{ci}"
-        else:
-            b.status = "pays again"
-            b.note = "slower at low concurrency, faster at high (the batch leaves room for drafting)"
+        else:  # slower at low concurrency, faster at high: where it starts paying (the high bound crosses first)
+            b.status = "starts paying"
+            b.value = _crossing(cs, ys, up=True)
+            if has_ci:
+                b.low, b.high = _crossing(cs, highs, up=True), _crossing(cs, lows, up=True)
+            ci = "" if not has_ci else (f" (95%: {'≤ ' + _fmt(lo_c) if b.low is None else _fmt(b.low)} to "
+                                        f"{'≥ ' + _fmt(hi_c) if b.high is None else _fmt(b.high)})")
+            b.note = (f"slower at low concurrency, faster at high: speed-up crosses 1 upwards at concurrency "
+                      f"≈ {_fmt(b.value or 0.0)}{ci}")
         out.append(b)
     return out

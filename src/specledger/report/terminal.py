@@ -195,14 +195,15 @@ def render_interaction(ledger: LedgerResult) -> Table | None:
 
 
 def break_even_cell(b: ConcurrencyBreakEven) -> str:
-    """Where a method stops paying: "≈2.1 (1.4–2.8)", "> 4" (pays throughout), "< 1" (never pays)."""
+    """Where a method's speed-up crosses 1, only where the sweep shows it: "≈2.1 (1.4–2.8)" (stops paying),
+    "≈2.1 (pays above)" (starts paying), "none in 1–4 (faster)" / "(slower)": no crossing in the sweep."""
     c = [p.concurrency for p in b.points if p.speedup is not None]
-    if b.status == "pays throughout":
-        return f"> {c[-1]}"
-    if b.status == "never pays":
-        return f"< {c[0]}"
+    if b.status in ("pays throughout", "never pays"):
+        return f"none in {c[0]}–{c[-1]}\n[dim]{'faster' if b.status == 'pays throughout' else 'slower'}[/dim]"
     if b.value is None:
-        return "pays again"
+        return "–"
+    if b.status == "starts paying":
+        return f"≈{b.value:.2g}\n[dim]pays above[/dim]"
     lo = f"≤{c[0]}" if b.low is None else f"{b.low:.2g}"
     hi = f"≥{c[-1]}" if b.high is None else f"{b.high:.2g}"
     return f"≈{b.value:.2g}\n[dim]{lo}–{hi}[/dim]"
