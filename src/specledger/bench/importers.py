@@ -33,7 +33,7 @@ _METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
 def read_json(path: Path, what: str) -> dict[str, Any]:
     """One JSON object from a peer tool's result file, or a one-line error saying what was expected."""
     if not path.is_file():
-        raise BadInput(f"{path}: no such file")
+        raise BadInput(f"{path}: {'a directory, not a file' if path.is_dir() else 'no such file'}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -149,7 +149,10 @@ def import_vllm_bench(path: str | Path, run_dir: str | Path, *, name: str | None
 
 def write_imported(run_dir: Path, run: RunResult, records: list[RequestRecord]) -> RunResult:
     """An imported run as a run directory the ledger and report read (requests.jsonl only when per-request)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(f"--run-dir {run_dir}: cannot create it ({exc.strerror or exc})") from None
     if records:
         with RequestLog(run_dir) as log:
             for r in records:

@@ -64,10 +64,14 @@ class RunRecorder:
             self.note("the workload's arrival times are not used at this load (replay them with load.replay / --replay)")
 
     def open(self) -> None:
-        if not self.resume:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self.save()
-        self.log = RequestLog(self.run_dir)
+        """Create the run directory (or reopen it): a place that cannot be written is one line, before any request."""
+        try:
+            if not self.resume:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                self.save()
+            self.log = RequestLog(self.run_dir)
+        except OSError as exc:
+            raise BadInput(f"cannot write the run directory {self.run_dir}: {exc.strerror or exc}") from None
 
     def close(self) -> None:
         if self.log is not None:

@@ -28,7 +28,10 @@ def register(app: typer.Typer) -> None:
             path = target or Path("cost.yaml")
             if path.exists() and not force:
                 raise BadInput(f"{path} exists (use --force to overwrite)")
-            path.write_text(example_text(), encoding="utf-8")
+            try:
+                path.write_text(example_text(), encoding="utf-8")
+            except OSError as exc:
+                raise BadInput(f"--init {path}: cannot write it ({exc.strerror or exc})") from None
             typer.echo(f"wrote {path}")
             return
         if target is None:
@@ -39,8 +42,11 @@ def register(app: typer.Typer) -> None:
         ledger = price_run(target, inputs, samples=samples, seed=seed)
         print_ledger(ledger)
         if json_out is not None:
-            json_out.parent.mkdir(parents=True, exist_ok=True)
-            json_out.write_text(ledger.model_dump_json(indent=2), encoding="utf-8")
+            try:
+                json_out.parent.mkdir(parents=True, exist_ok=True)
+                json_out.write_text(ledger.model_dump_json(indent=2), encoding="utf-8")
+            except OSError as exc:
+                raise BadInput(f"--json {json_out}: cannot write it ({exc.strerror or exc})") from None
             typer.echo(f"wrote {json_out}")
 
     @app.command("break-even")

@@ -78,6 +78,8 @@ def resolve(spec: str) -> tuple[str, Path, str]:
     prefix, sep, rest = spec.partition(":")
     name = _ALIASES.get(prefix.strip().lower(), prefix.strip().lower())
     if sep and name in FORMATS:
+        if not rest.strip():
+            raise BadInput(f"workload {spec!r}: give the file after the colon ({name}:PATH)")
         path = Path(rest).expanduser()
         if not path.is_file():
             raise BadInput(f"workload file not found: {path}")
