@@ -24,6 +24,7 @@ from specledger.bench.recorder import RunRecorder
 from specledger.bench import results
 from specledger.bench.results import REQUESTS_FILE, RUN_FILE, RequestLog, RequestRecord, load_run, read_requests
 from specledger.bench.runner import Runner
+from specledger.errors import BadInput
 from specledger.ledger.measurements import measurements_from_run
 
 N_ITEMS, LEVELS, CONFIGS = 4, [1, 2], ["twin-a", "twin-b"]
@@ -255,3 +256,22 @@ def test_a_failed_write_leaves_no_partial_line(tmp_path, monkeypatch):
         monkeypatch.setattr(results, "_write_all", write_all)
         log.append(recs[1])
     assert len(read_requests(tmp_path / "r", latest_only=False)) == len(recs) + 1
+
+
+def test_a_run_poisoned_by_an_older_resume_is_read_again(tmp_path, capsys):
+    """Before the cut on resume, the next record landed on the torn line: that line's whole record is read (with
+    a warning), so cost and report take such a run again, and resuming it goes on."""
+    cfg = _config(tmp_path)
+    _runner(cfg, tmp_path / "r", resume=False).run()
+    log = tmp_path / "r" / REQUESTS_FILE
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(lines[:3]) + lines[3][:5000] + b"".join(lines[4:]))  # record 4 torn, 5 on its line
+    capsys.readouterr()
+    raw = read_requests(tmp_path / "r", latest_only=False)
+    assert len(raw) == len(lines) - 1 and raw[3].model_dump_json().encode() + b"\n" == lines[4]
+    assert f"{log}:4: a torn record, then a whole one" in capsys.readouterr().err
+    assert len(measurements_from_run(tmp_path / "r")) == len(CONFIGS) * len(LEVELS)
+    # no whole record after the tear: still an error naming the line
+    log.write_bytes(b"".join(lines[:3]) + lines[3][:5000] + lines[4][10:] + b"".join(lines[5:]))
+    with pytest.raises(BadInput, match=r"requests.jsonl:4: not a request record"):
+        read_requests(tmp_path / "r")

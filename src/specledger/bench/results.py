@@ -413,6 +413,13 @@ def repair_requests(run_dir: str | Path) -> str | None:
             "resuming; its request runs again")
 
 
+def _after_torn(line: bytes) -> RequestRecord | None:
+    """The whole record after a torn one on the same line (what resuming after a kill appended before
+    repair_requests), or None."""
+    start = line.rfind(b'{"' + next(iter(RequestRecord.model_fields)).encode() + b'":')
+    return _parse_record(line[start:]) if start > 0 else None
+
+
 _warned: set[tuple[str, int]] = set()
 
 
@@ -426,7 +433,8 @@ def _warn_torn(path: Path, line: int, size: int) -> None:
 def read_requests(run_dir: str | Path, *, latest_only: bool = True) -> list[RequestRecord]:
     """Records of a run; with latest_only a request measured again (resume) keeps its last record.
 
-    A torn last line (a kill mid-write) is ignored with a warning on stderr; any other bad line is an error
+    A torn last line (a kill mid-write) is ignored with a warning on stderr, and so is a torn record that a whole
+    one follows on the same line (written by a resume from before repair_requests); any other bad line is an error
     naming it.
     """
     path = Path(run_dir) / REQUESTS_FILE
@@ -446,6 +454,12 @@ def read_requests(run_dir: str | Path, *, latest_only: bool = True) -> list[Requ
             if i == len(lines):
                 _warn_torn(path, i, len(data))
                 break
+            whole = _after_torn(line)
+            if whole is not None:
+                records.append(whole)
+                print(f"warning: {path}:{i}: a torn record, then a whole one on the same line (an older specledger "
+                      "resumed after a kill without cutting it): read the whole one", file=sys.stderr)
+                continue
             raise BadInput(f"{path}:{i}: not a request record ({_first_error(exc)})") from None
     if latest_only:
         by_id: dict[str, RequestRecord] = {}
