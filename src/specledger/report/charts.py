@@ -247,7 +247,8 @@ def answer_curve(sa: ScenarioAnswer) -> str | None:
     for i, s in enumerate(series):
         pts = [(p.x, p.cost) for p in s.points if p.cost is not None]
         ax.plot([x for x, _ in pts], [c for _, c in pts], color=PALETTE[i % len(PALETTE)],
-                lw=2.6 if s.config == sa.recommended else 1.2, label=s.config)
+                lw=2.6 if s.config == sa.recommended else 1.2, label=s.config,
+                zorder=3 if s.config == sa.recommended else 2)  # the recommendation drawn over the lines it ties with
     th = next((t for t in sa.thresholds if t.input == sa.curve_input), None)
     if th is not None and th.value is not None:
         if th.low is not None and th.high is not None:
