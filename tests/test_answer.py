@@ -99,6 +99,14 @@ def test_shares_put_tools_and_energy_apart_from_the_engine(run_dir):
     s = r.cost_shares
     assert s["tools"] == pytest.approx(0.75, rel=0.05) and s["engine"] == pytest.approx(0.25, rel=0.15)
     assert sum(s.values()) == pytest.approx(1.0) and s["energy"] == 0  # rented: energy is in the rent
+    from rich.console import Console
+
+    from specledger.report.terminal import render_cost_table
+
+    console = Console(width=80, record=True, color_system=None)
+    console.print(render_cost_table(led))
+    expected = f"{s['engine']:.0%}/{s['tools']:.0%}/0%/0%"
+    assert expected in console.export_text() and "/0%/0%" in expected and expected.startswith("2")
     owned = parse_inputs(INPUTS.replace("REVIEW", "0").replace(
         "hardware: {price_per_device_hour: 36}",
         "hardware: {kind: owned, purchase_price: 1000, lifetime_years: 1, utilisation: 1, power_watts: 3600000, "

@@ -75,10 +75,11 @@ def render_cost_table(ledger: LedgerResult, scenario: str | None = None) -> Tabl
     t.add_column("tok/s\n[dim]×ar[/dim]", justify="right", no_wrap=True)
     t.add_column("pass", justify="right", no_wrap=True)
     t.add_column("$/task\n[dim]90%[/dim]", justify="right", no_wrap=True)
-    t.add_column("verdict\n[dim]compute/labour/maint[/dim]", no_wrap=True)
+    t.add_column("verdict\n[dim]engine/tools/\nlabour/maint[/dim]", no_wrap=True)
     for r in ledger.configs:
-        s = r.shares
-        share = f"{s['compute']:.0%}/{s['labour']:.0%}/{s['maintenance']:.0%}" if s else "–"
+        s = r.cost_shares  # the engine's compute (its energy included) apart from tool calls
+        share = (f"{s['engine'] + s['energy']:.0%}/{s['tools']:.0%}/{s['labour']:.0%}/{s['maintenance']:.0%}"
+                 if s else "–")
         verdict = f"[{VERDICT_STYLE[r.verdict]}]{r.verdict}[/]" if r.verdict in VERDICT_STYLE else r.verdict
         t.add_row(
             f"{r.name}\n[dim]{r.precision} @{r.load}[/dim]",
@@ -115,13 +116,14 @@ def render_scenario(ledger: LedgerResult, name: str) -> Table:
     t = Table(title=f"Cost per accepted task — {name}", title_justify="left", header_style="bold")
     t.add_column("configuration", no_wrap=True)
     t.add_column("$/task\n[dim]90%[/dim]", justify="right", no_wrap=True)
-    t.add_column("compute\nshare", justify="right", no_wrap=True)
+    t.add_column("engine\nshare", justify="right", no_wrap=True)
     t.add_column("verdict", no_wrap=True)
     for r in ledger.scenarios[name]:
         verdict = r["verdict"]
         span = f"\n[dim]{money(r['p5'], 2)}–{money(r['p95'], 2).lstrip('$')}[/dim]" if r["p5"] is not None else ""
         t.add_row(r["name"], (money(r["total"]) if r["total"] is not None else "–") + span,
-                  _num(r["compute_share"], ".0%"),
+                  _num(None if r.get("engine_share") is None else r["engine_share"] + r.get("energy_share", 0.0),
+                       ".0%"),
                   f"[{VERDICT_STYLE[verdict]}]{verdict}[/]" if verdict in VERDICT_STYLE else verdict)
     return t
 
