@@ -179,9 +179,12 @@ def amount(v: float, unit: str) -> str:
     return f"{_sig(v)} {unit}"
 
 
-def _span(low: float | None, high: float | None, fmt: Callable[[float], str]) -> str:
-    """" (95%: 1 s–3 s)", with an open end where too few samples cross within the range searched."""
+def _span(low: float | None, high: float | None, fmt: Callable[[float], str], now: float | None = None) -> str:
+    """" (95%: 1 s–3 s)", with an open end where too few samples cross within the range searched, and "today's"
+    for an end at the current value (the change may already have happened)."""
     if low is not None and high is not None:
+        if now is not None and now in (low, high):
+            return f" (95%: {fmt(high if low == now else low)} to today's)"
         return f" (95%: {fmt(low)}–{fmt(high)})"
     if low is not None:
         return f" (95%: {fmt(low)} or more)"
@@ -200,7 +203,7 @@ def threshold_model(c: Crossing) -> Threshold:
         t.change = (f"no change with {c.input.label} anywhere from {amount(c.searched_low, unit)} to "
                     f"{amount(c.searched_high, unit)}")
         return t
-    span = _span(c.low, c.high, lambda v: amount(v, unit))
+    span = _span(c.low, c.high, lambda v: amount(v, unit), c.current)
     when = f"when {c.input.label} is {c.side} {amount(c.value, unit)}{span}"
     if c.before == TIE:
         lead = "the decoding choice matters " + when + (f": {c.after} is cheapest there"

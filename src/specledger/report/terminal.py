@@ -246,7 +246,8 @@ def render_concurrency(ledger: LedgerResult) -> Table | None:
 
 
 def _pct(v: float) -> str:
-    return f"{v:.0%}" if v >= 0.01 or v == 0 else f"{v:.1%}"
+    """A share: whole percent from 1%, two significant digits below (0.011%), 0% only for nothing."""
+    return f"{v:.0%}" if v >= 0.01 or v == 0 else f"{float(f'{100 * v:.2g}'):g}%"
 
 
 def render_answer(ledger: LedgerResult) -> Text | None:
