@@ -6,6 +6,7 @@ passes it; only an outside reference can catch that. This runs both on the same 
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,10 +88,13 @@ def check_model(name_or_path: str, n_tokens: int = 64, atol: float = DEFAULT_ATO
             raise
         lm = load_model(name_or_path, dtype="fp32", with_tokenizer=False)
     ids, token_source = check_ids(lm, min(n_tokens, lm.config.max_seq_len))
-    hf = transformers_model(path)
     x = torch.tensor([ids])
     with torch.inference_mode():
         ours = lm.model(x, lm.model.new_cache(len(ids)))[0].float()
+    del lm  # one fp32 model in memory at a time (a 1.5B model is 7 GB in fp32)
+    gc.collect()
+    hf = transformers_model(path)
+    with torch.inference_mode():
         try:
             ref = hf(x).logits[0].float()
         except (RuntimeError, IndexError) as exc:  # e.g. a vocabulary transformers sizes differently
