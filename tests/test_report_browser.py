@@ -9,6 +9,7 @@ ledger rejects. SPECLEDGER_SCREENSHOTS=<dir> keeps screenshots of the first scre
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shutil
@@ -242,6 +243,24 @@ def measurements(tmp_path_factory):
     return measurements_from_run(make_run(tmp_path_factory.mktemp("prop"), specs, n=12))
 
 
+def more_random_inputs(rng: np.random.Generator, i: int) -> dict:
+    """random_inputs plus what it leaves out: a pass rate in the file, every latency objective, a person's cost,
+    fractional tool calls at zero price, a demand rate on per-busy-second billing."""
+    doc = random_inputs(rng, i)
+    r = lambda lo, hi: float(rng.uniform(lo, hi))  # noqa: E731
+    if i % 7 == 3:
+        doc["acceptance"]["pass_rate"] = r(0.05, 1.0)
+    if i % 6 == 1:
+        doc["latency"] = {"tpot_p95_s": r(0.01, 0.1), "e2e_p95_s": r(3, 9), "task_s": r(5, 40)}
+    if i % 4 == 1:
+        doc["human"] = {"minutes": r(1, 60), **({"wage_per_hour": r(20, 90)} if i % 8 == 1 else {})}
+    if i % 9 == 4:
+        doc["task"]["tools"] = [{"name": "lookup", "calls": r(0, 0.5), "price": 0, "latency_s": 0}]
+    if doc["hardware"].get("billing") == "per_busy_second" and i % 3 == 2:
+        doc["volume"]["demand_rps"] = r(0.1, 3)
+    return doc
+
+
 def price_in_page(page, cases: list[dict]) -> list:
     return page.evaluate("""cases => cases.map(c => SpecLedgerCalc.priceAll(c.data, c.base, c.load || null).map(r => ({
         name: r.name, load: r.load, total: r.total, status: r.status, detail: r.detail, feasible: r.feasible,
@@ -251,14 +270,14 @@ def price_in_page(page, cases: list[dict]) -> list:
 
 
 def test_calculator_equals_python_on_random_valid_inputs(fixture_page, measurements):
-    """60 random cost files (rented/owned, billing, tools, overrides, demand, objectives, device counts): every
+    """80 random cost files (rented/owned, billing, tools, overrides, demand, objectives, device counts): every
     point value, share and status in the browser's calculator equals the Python ledger's, at the level the
     ledger chooses and at each forced load level (Python priced on that level's measurements alone)."""
     page, _, errors = fixture_page
     rng = np.random.default_rng(2026)
     ledgers, cases = [], []
-    for i in range(60):
-        doc = random_inputs(rng, i)
+    for i in range(80):
+        doc = more_random_inputs(rng, i)
         inputs = parse_inputs(yaml.safe_dump(doc), f"random-{i}")
         ledger = price_measurements(measurements, inputs, samples=0)
         data = _clean(ledger.calculator)
@@ -397,4 +416,38 @@ def test_the_issue_cases_are_refused_in_the_form(fixture_page):
     assert page.locator("#calc-table td.calc-total").count() == 0
     page.click("#calc-reset")
     page.wait_for_selector("#calc-table td.calc-total")
+    assert errors == []
+
+
+def test_the_form_typed_in_full_gives_the_python_cost(fixture_page):
+    """Random cost files typed into the page's form field by field (rented, owned, billed per busy second): the
+    page then shows the ledger's point cost of every configuration for that file."""
+    page, ledger, errors = fixture_page
+    rng = np.random.default_rng(43)
+    choices = {"hardware.kind": ["rented", "owned"], "hardware.billing": ["always_on", "per_busy_second"],
+               "hardware.use_measured_energy": [True, False], "maintenance.retraining": [None, True, False]}
+    for i in (1, 2, 6):
+        doc = random_inputs(rng, i)
+        doc.pop("configs", None)
+        doc["task"]["tools"] = [{"name": "retrieval", "calls": float(rng.uniform(0, 3)), "price": 0.001, "latency_s": 0.1}]
+        doc["human"] = {"minutes": float(rng.uniform(1, 30))}  # the page edits the sections its file has
+        inputs = parse_inputs(yaml.safe_dump(doc))
+        x = inputs.base.central()
+        page.click("#calc-reset")
+        for field in page.locator("#calc-form [data-path]").all():
+            path = json.loads(field.get_attribute("data-path"))
+            value = x
+            for k in path:
+                value = value[k]
+            key = ".".join(str(k) for k in path)
+            if key in choices:
+                field.select_option(str(choices[key].index(value)))
+            else:
+                field.fill("" if value is None else repr(value))
+        expected = price_measurements(ledger.measurements, inputs, samples=0)
+        assert page.locator("#calc-error").is_hidden(), page.inner_text("#calc-error")
+        for r in expected.configs:
+            if r.total is not None:
+                assert total_in_page(page, r.name) == pytest.approx(r.total, rel=1e-12), (i, r.name)
+    page.click("#calc-reset")
     assert errors == []
