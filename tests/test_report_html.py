@@ -115,3 +115,16 @@ def test_shares_are_the_ledgers_five_way_split(report):
         row = re.search(rf'<tr data-config="{re.escape(str(escape(r.name)))}"[^>]*>(.*?)</tr>', html, re.S).group(1)
         want = " / ".join(f"{r.cost_shares[k]:.0%}" for k in ("engine", "tools", "labour", "maintenance", "energy"))
         assert want in row, (r.name, want)
+
+
+def test_without_the_ledgers_answer_the_verdicts_still_lead(report, tmp_path):
+    """A ledger result from before the answer block: the report still opens on the recommendation, taken from
+    the tested verdicts (the cheapest, else the lowest of the tied), and claims nothing the ledger did not say."""
+    ledger, _ = report
+    old = ledger.model_copy(update={"answer": None})
+    html = write_report(old.run_dir, old, tmp_path / "old.html").read_text(encoding="utf-8")
+    rows = [r for r in old.configs if r.verdict in ("cheapest", "indistinguishable") and r.total is not None]
+    best = min(rows, key=lambda r: (r.verdict != "cheapest", r.total))
+    block = html[html.index('<section id="answer"'):html.index("</section>")]
+    assert f'<b class="answer-config">{best.name}</b>' in block and "computed no answer block" in block
+    assert html.index('<section id="answer"') < html.index("<table")
