@@ -30,55 +30,81 @@ ANY_JSON = st.recursive(
     max_leaves=6,
 )
 SHORT_TEXT = st.text(max_size=20)
-# Limits never absent or null together: the answer stays 1 or 2 tokens (or the request is refused).
-LIMIT = st.sampled_from([1, 2, 0, -1, "2", True, 2.5, 2**70, 10**6])
 
-MESSAGE_FIELDS: dict[str, st.SearchStrategy[Any]] = {
-    "role": st.sampled_from(["user", "system", "assistant", "developer", "tool", "", None]),
-    "content": SHORT_TEXT | st.none() | st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image"]),
-                                                                         "text": SHORT_TEXT}), max_size=2),
-}
-PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
-    "model": st.sampled_from([MODEL, "gpt-9", ""]),
-    "max_tokens": LIMIT,
-    "max_completion_tokens": LIMIT,
-    "temperature": st.floats(-1, 3, allow_nan=False),
-    "top_p": st.floats(-0.5, 1.5, allow_nan=False),
-    "top_k": st.integers(-3, 100),
-    "seed": st.integers(-(2**64), 2**65),
-    "stop": st.none() | SHORT_TEXT | st.lists(SHORT_TEXT, max_size=6),
+# Per field: values the server takes, and values of the right shape it must refuse. Limits are never absent or
+# null together (requests() sees to it): an answer is 1 or 2 tokens, or the request is refused.
+VALID: dict[str, st.SearchStrategy[Any]] = {
+    "model": st.just(MODEL),
+    "max_tokens": st.sampled_from([1, 2]),
+    "max_completion_tokens": st.sampled_from([1, 2]),
+    "temperature": st.sampled_from([0, 0.7, 1]) | st.floats(0, 2),
+    "top_p": st.floats(0.01, 1),
+    "top_k": st.integers(-1, 100),
+    "seed": st.integers(-(2**63), 2**64 - 1),
+    "stop": st.none() | SHORT_TEXT | st.lists(SHORT_TEXT, max_size=4),
     "stream": st.booleans(),
-    "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans() | ANY_JSON}),
-    "min_tokens": st.integers(-2, 5),
+    "min_tokens": st.integers(0, 5),
     "ignore_eos": st.booleans(),
-    "n": st.integers(0, 3),
-    "logprobs": st.booleans() | st.none(),
-    "response_format": st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema"])}),
-    "prompt": SHORT_TEXT | st.lists(st.integers(-5, 60_000), max_size=8) | st.lists(SHORT_TEXT, max_size=2),
+    "n": st.just(1),
+    "logprobs": st.just(False) | st.none(),
+    "response_format": st.just({"type": "text"}),
+    "user": SHORT_TEXT,
+    "prompt": SHORT_TEXT | st.lists(st.integers(0, 40_000), min_size=1, max_size=8),
 }
+WRONG: dict[str, st.SearchStrategy[Any]] = {
+    "model": st.sampled_from(["gpt-9", 5]),
+    "max_tokens": st.sampled_from([0, -1, "2", True, 2.5, 2**70, 10**6]),
+    "max_completion_tokens": st.sampled_from([0, -1, "2", True, 2.5, 2**70, 10**6]),
+    "temperature": st.floats(-1, 3, allow_nan=False) | st.sampled_from(["0.5", True]),
+    "top_p": st.sampled_from([0, -0.5, 1.5, "1"]),
+    "top_k": st.sampled_from([-3, 2.0, "5", 2**70]),
+    "seed": st.sampled_from([2**64, -(2**63) - 1, 2**70, "1", 1.5, True]),
+    "stop": st.lists(SHORT_TEXT, min_size=5, max_size=6) | st.lists(st.integers(), min_size=1, max_size=2),
+    "stream": st.sampled_from(["yes", 1, None]),
+    "min_tokens": st.sampled_from([-2, "1", True]),
+    "n": st.integers(2, 3),
+    "logprobs": st.just(True),
+    "response_format": st.sampled_from([{"type": "json_object"}, {"type": "json_schema"}, {}, "text"]),
+    "prompt": st.lists(st.integers(-5, -1) | st.integers(60_000, 70_000), min_size=1, max_size=3) | st.just(""),
+}
+ROLES = ["user", "system", "assistant", "developer"]
+VALID_MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(ROLES), "content": SHORT_TEXT | st.lists(
+    st.fixed_dictionaries({"type": st.just("text"), "text": SHORT_TEXT}), max_size=2)})
+WRONG_MESSAGE = st.builds(
+    lambda known, extra: {**known, **extra},
+    st.fixed_dictionaries({}, optional={"role": st.sampled_from(ROLES + ["tool", "", None]),
+                                        "content": SHORT_TEXT | st.none()}),
+    st.dictionaries(st.sampled_from(sorted(ChatMessage.model_fields) + ["contnet"]), ANY_JSON, max_size=2))
 
 
-def fields_of(model: type, plausible: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[dict[str, Any]]:
-    """Any subset of the model's fields, each plausible or any JSON, plus maybe a field it does not have."""
-    optional = {name: plausible.get(name, ANY_JSON) | ANY_JSON for name in model.model_fields}
-    unknown = st.dictionaries(st.sampled_from(["max_token", "extra", "temperatur", "best_of_n"]), ANY_JSON,
-                              max_size=1)
-    return st.builds(lambda known, extra: {**known, **extra}, st.fixed_dictionaries({}, optional=optional), unknown)
-
-
-MESSAGE = fields_of(ChatMessage, MESSAGE_FIELDS)
+def fields_of(model: type, sane: bool) -> st.SearchStrategy[dict[str, Any]]:
+    """Any subset of the model's fields: sane, with values it takes; else each valid or wrong, and up to two of
+    its fields (or fields it does not have) set to any JSON at all."""
+    names = [n for n in model.model_fields if n in VALID]
+    if sane:
+        return st.fixed_dictionaries({}, optional={n: VALID[n] for n in names})
+    optional = {n: VALID[n] | WRONG[n] if n in WRONG else VALID[n] for n in names}
+    chaos = st.dictionaries(st.sampled_from(sorted(model.model_fields) + ["max_token", "extra", "temperatur"]),
+                            ANY_JSON, max_size=2)
+    return st.builds(lambda known, extra: {**known, **extra}, st.fixed_dictionaries({}, optional=optional), chaos)
 
 
 @st.composite
 def requests(draw: st.DrawFn) -> tuple[str, Any]:
     path = draw(st.sampled_from([CHAT, COMPLETIONS]))
-    if draw(st.integers(0, 9)) == 0:  # not an object at all
+    kind = draw(st.sampled_from(["sane", "sane", "hostile seed", "mixed", "mixed", "not an object"]))
+    if kind == "not an object":
         return path, draw(ANY_JSON)
+    sane = kind != "mixed"
     if path == CHAT:
-        base = {"messages": draw(st.lists(MESSAGE, min_size=1, max_size=3) | ANY_JSON)}
-        body = draw(fields_of(ChatCompletionRequest, {**PLAUSIBLE, "messages": st.just(base["messages"])}))
+        message = VALID_MESSAGE if sane else VALID_MESSAGE | WRONG_MESSAGE
+        body = {"messages": draw(st.lists(message, min_size=1, max_size=3)), **draw(fields_of(ChatCompletionRequest,
+                                                                                              sane))}
     else:
-        body = draw(fields_of(CompletionRequest, PLAUSIBLE))
+        body = {"prompt": draw(VALID["prompt"] if sane else VALID["prompt"] | WRONG["prompt"]),
+                **draw(fields_of(CompletionRequest, sane))}
+    if kind == "hostile seed":  # a request the engine would take, but for its seed (issue 42)
+        body["seed"] = draw(WRONG["seed"])
     body.setdefault("max_tokens", draw(st.sampled_from([1, 2])))  # no unbounded answers, no long ones
     for key in ("max_tokens", "max_completion_tokens"):
         v = body.get(key)
@@ -110,12 +136,11 @@ def test_any_request_is_answered_200_or_4xx(fuzz_server, logs, req):
         with client.stream("POST", path, content=json.dumps(body).encode(),
                            headers={"content-type": "application/json"}) as r:
             r.read()
-    event(f"HTTP {r.status_code}")
+    event(f"HTTP {r.status_code}" + (f" {r.json()['error']['param']}" if r.status_code == 400 else ""))
     assert r.status_code in (200, 400, 404), (r.status_code, r.text[:300], body)
     if r.status_code != 200:
         err = r.json()["error"]
-        assert err["message"] and err["type"] == ("not_found_error" if r.status_code == 404 else
-                                                  "invalid_request_error")
+        assert err["message"] and err["type"] == "invalid_request_error" and err["param"] != ""
     elif r.headers["content-type"].startswith("text/event-stream"):
         events = [x[5:].strip() for x in r.text.splitlines() if x.startswith("data:")]
         assert events[-1] == "[DONE]" and not any(e.startswith('{"error"') for e in events), events[-3:]

@@ -118,8 +118,9 @@ def tiny():
 
 def test_scheduler_fails_one_request_alone_at_admission_and_in_its_callbacks(tiny):
     """Past the API's bounds (the bench backend submits to a scheduler directly): a seed no generator takes,
-    and a caller's on_tokens that raises, fail their own request; the others finish as if alone."""
-    sched = Scheduler(tiny, max_batch=4)
+    a sampling that raises (a top_k set wrong after the checks) and a caller's on_tokens that raises fail their
+    own request; the others finish as if alone."""
+    sched = Scheduler(tiny, max_batch=6)
 
     def boom(new: list[int], t: float) -> None:
         raise RuntimeError("the caller's hook broke")
@@ -129,11 +130,23 @@ def test_scheduler_fails_one_request_alone_at_admission_and_in_its_callbacks(tin
     bad_seed = sched.submit([1, 2, 3], SamplingParams(max_new_tokens=5, temperature=1.0, seed=BAD_SEED,
                                                       ignore_eos=True))
     bad_hook = sched.submit([4, 5], sp, on_tokens=boom)
+    broken = SamplingParams(max_new_tokens=5, temperature=1.0, ignore_eos=True)
+    broken.top_k = -5  # torch.topk raises on the first token
+    bad_sampling = sched.submit([6, 7], broken)
+    told: list[str | None] = []
+
+    def bad_done(r) -> None:  # the caller's end-of-request hook raises: still told, once more, as an error
+        told.append(r.finish_reason)
+        raise RuntimeError("the caller's on_done broke")
+
+    sched.submit([8, 9], SamplingParams(max_new_tokens=2, ignore_eos=True), on_done=bad_done)
     done = {r.request_id: r for r in sched.run()}
     assert {rid: done[rid].finish_reason for rid in good} == {rid: "length" for rid in good}
     assert all(len(done[rid].token_ids) == 5 for rid in good)
     assert done[bad_seed].finish_reason == "error" and "Overflow" in (done[bad_seed].error or "")
     assert done[bad_hook].finish_reason == "error" and "hook broke" in (done[bad_hook].error or "")
+    assert done[bad_sampling].finish_reason == "error" and done[bad_sampling].token_ids == []
+    assert told == ["length", "error"]
     assert sched.n_running == sched.n_waiting == 0
     # the slots came back: the next batch runs whole
     again = [sched.submit([1, 2, 3], SamplingParams(max_new_tokens=3, ignore_eos=True)) for _ in range(4)]

@@ -23,7 +23,10 @@ fields (param names the field, e.g. "messages[0].role") and context overflow (co
 "context_length_exceeded"), 404 for an unknown model, 503 with Retry-After when the queue is
 full (code "queue_full") or the server is shutting down, 500 for an internal error (the server
 keeps serving), 401 for /v1/* without a valid key when the server has API keys (server/auth.py;
-/health stays open, /metrics too unless closed). A stream that fails after it started ends with a `data: {"error": ...}` event.
+/health stays open, /metrics too unless closed), 413 for a body over max_body_bytes (server/limits.py: refused
+before it is read), 400 "prompt_too_long" for a prompt over max_prompt_chars (refused before it is tokenized;
+tokenizing runs off the event loop). A stream that fails after it started ends with a `data: {"error": ...}`
+event, then `data: [DONE]`; so does one still running when shutdown's time is up (code "shutting_down").
 """
 
 from __future__ import annotations
