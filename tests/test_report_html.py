@@ -113,7 +113,7 @@ def test_shares_are_the_ledgers_five_way_split(report):
         if r.total is None:
             continue
         row = re.search(rf'<tr data-config="{re.escape(str(escape(r.name)))}"[^>]*>(.*?)</tr>', html, re.S).group(1)
-        want = " / ".join(f"{r.cost_shares[k]:.0%}" for k in ("engine", "tools", "labour", "maintenance", "energy"))
+        want = " · ".join(f"{100 * r.cost_shares[k]:.0f}" for k in ("engine", "tools", "labour", "maintenance", "energy"))
         assert want in row, (r.name, want)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -53,6 +54,13 @@ def _f(v: float | None, fmt: str, suffix: str = "") -> str:
     return "–" if v is None else format(v, fmt) + suffix
 
 
+def _shares(s: Mapping[str, float | None]) -> str:
+    """The five-way split as percentages without their signs (the column header says %): "0 · 1 · 98 · 1 · 0"."""
+    if not s or any(s.get(k) is None for k in SHARE_NAMES):
+        return "–"
+    return " · ".join(f"{100 * (s[k] or 0.0):.0f}" for k in SHARE_NAMES)
+
+
 def _row(r: ConfigCost, n: int | None) -> dict:
     s = r.cost_shares
     return {
@@ -67,7 +75,7 @@ def _row(r: ConfigCost, n: int | None) -> dict:
         "total_raw": "inf" if r.infinite else ("" if r.total is None else repr(r.total)),
         "interval": "–" if r.p5 is None else f"{money(r.mean)} [{money(r.p5)}–{money(r.p95)}]",
         "p_cheapest": _f(r.p_cheapest, ".0%"),
-        "shares": " / ".join(f"{s[k]:.0%}" for k in SHARE_NAMES) if s else "–",
+        "shares": _shares(s),
         "verdict": r.verdict, "verdict_detail": r.verdict_detail,
     }
 
@@ -333,7 +341,7 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
         noise=_noise(run_dir or ledger.run_dir), concurrency=_concurrency_table(ledger),
         scenarios={name: [{"name": r["name"], "load": r.get("load", ""), "total": money(r["total"]) if r["total"] is not None else "–",
                            "interval": "–" if r["p5"] is None else f"{money(r['p5'])}–{money(r['p95'])}",
-                           "shares": " / ".join(_f(r.get(f"{k}_share"), ".0%") for k in SHARE_NAMES), "verdict": r["verdict"],
+                           "shares": _shares({k: r.get(f"{k}_share") for k in SHARE_NAMES}), "verdict": r["verdict"],
                            "verdict_detail": r["verdict_detail"]} for r in rows]
                    for name, rows in ledger.scenarios.items()},
         charts=figs, tornado_config=tornado_config, answer=answer_cards(ledger),

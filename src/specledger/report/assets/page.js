@@ -181,7 +181,7 @@
   }
 
   function sharesText(sh) {
-    return sh ? PARTS.map(function (p) { return pct(sh[p[0]]); }).join(" / ") : "–";
+    return sh ? PARTS.map(function (p) { return Math.round(100 * sh[p[0]]); }).join(" · ") : "–";  // header: %
   }
 
   function renderTable(rows) {
@@ -205,7 +205,7 @@
       cell(tr, money(b.per_million_tokens), "num");
       cell(tr, money(r.total), "num calc-total", r.total);
       cell(tr, r.vs_lowest === null ? "–" : r.vs_lowest === 0 ? "lowest" : "+" + (100 * r.vs_lowest).toFixed(1) + "%", "num calc-vs");
-      cell(tr, sharesText(r.shares), "num calc-shares");
+      cell(tr, sharesText(r.shares), "num shares calc-shares");
       cell(tr, r.status ? r.status + " (" + r.detail + ")" : "priced", "calc-status");
       body.appendChild(tr);
     });
