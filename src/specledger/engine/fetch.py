@@ -89,6 +89,9 @@ def assemble(pieces: Pieces, target: Path, get: Callable[[str, str, Path], Path]
         if digest.hexdigest() != pieces.sha256:
             raise FetchError(f"the assembled file's sha256 {digest.hexdigest()[:16]}... is not the registry's "
                              f"{pieces.sha256[:16]}...")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(partial, 0o644 & ~umask)  # (mkstemp made it private; a model file is readable like any download)
         os.replace(partial, target)
         if progress:
             progress(done, pieces.size, "verified")
