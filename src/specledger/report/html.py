@@ -310,7 +310,8 @@ def calculator_data(ledger: LedgerResult) -> dict:
 def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> str:
     run_id, created, conditions = _conditions(run_dir or ledger.run_dir)
     cheapest = next((r.name for r in ledger.configs if r.verdict == "cheapest"), None)
-    tornado_config = cheapest or next((r.name for r in ledger.configs if r.total is not None), None)
+    recommended = ledger.answer.scenarios[0].recommended if ledger.answer and ledger.answer.scenarios else None
+    tornado_config = recommended or cheapest or next((r.name for r in ledger.configs if r.total is not None), None)
     inter = interaction_rows(ledger)
     precisions, inter_table = _interaction_table(inter)
     figs = {
