@@ -251,17 +251,20 @@ def price_measurements(
     seed: int = 0,
     run_dir: str = "",
     scenario: str = "",
+    thresholds: bool = True,
 ) -> LedgerResult:
     """Point costs, verdicts, Monte Carlo intervals, break-evens and sensitivity for a set of measurements, and the
     answer first (ledger/answer.py). With scenarios in the cost file, the first is priced in full and the others
-    summarised; the answer has one entry per scenario."""
+    summarised; the answer has one entry per scenario. `thresholds=False` skips the answer's threshold search and
+    curve (a second or two per scenario: for callers that price many times and read only the verdicts)."""
     if inputs.scenarios:
         names = list(inputs.scenarios)
         out = price_measurements(ms, inputs.scenario(names[0]), samples=samples, seed=seed, run_dir=run_dir,
-                                 scenario=names[0])
+                                 scenario=names[0], thresholds=thresholds)
         out.scenario, out.inputs_source = names[0], inputs.source
         for name in names[1:]:
-            other = price_measurements(ms, inputs.scenario(name), samples=min(samples, 1000), seed=seed, scenario=name)
+            other = price_measurements(ms, inputs.scenario(name), samples=min(samples, 1000), seed=seed, scenario=name,
+                                       thresholds=thresholds)
             out.scenarios[name] = [_summary(r) for r in other.configs]
             if out.answer is not None and other.answer is not None:
                 out.answer.scenarios += other.answer.scenarios
@@ -294,7 +297,7 @@ def price_measurements(
     ref = _reference([c[3] for c in chosen])
     # thresholds need the Monte Carlo: without samples (point estimates) the answer has none
     answer = Answer(scenarios=[scenario_answer(scenario, rows, chosen, ref, cost_samples, samples=samples, seed=seed,
-                                               thresholds=samples > 0)])
+                                               thresholds=thresholds and samples > 0)])
     sens = {}
     for row, case, res, m in chosen:
         if row.total is not None:
