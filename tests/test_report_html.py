@@ -128,3 +128,12 @@ def test_without_the_ledgers_answer_the_verdicts_still_lead(report, tmp_path):
     block = html[html.index('<section id="answer"'):html.index("</section>")]
     assert f'<b class="answer-config">{best.name}</b>' in block and "computed no answer block" in block
     assert html.index('<section id="answer"') < html.index("<table")
+
+
+def test_the_verdict_legend_states_the_rule(report):
+    """Issue 43: the legend said "straddles zero"; the rule is a difference beyond 1% of the cost (verdicts.py)."""
+    from specledger.ledger.verdicts import MATERIAL
+
+    _, html = report
+    assert "straddles zero" not in html
+    assert f"<b>indistinguishable</b> = the difference from the lowest cost is within {MATERIAL:.0%} of the cost" in html

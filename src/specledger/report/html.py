@@ -13,6 +13,7 @@ from markupsafe import escape
 from specledger.ledger.answer import Answer, ScenarioAnswer, Threshold
 from specledger.ledger.inputs import load_inputs
 from specledger.ledger.price import ConfigCost, LedgerResult
+from specledger.ledger.verdicts import MATERIAL
 from specledger.report import charts
 from specledger.report.interaction import interaction_rows
 from specledger.report.terminal import failed_cell, money
@@ -345,7 +346,7 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
                            "shares": _shares({k: r.get(f"{k}_share") for k in SHARE_NAMES}), "verdict": r["verdict"],
                            "verdict_detail": r["verdict_detail"]} for r in rows]
                    for name, rows in ledger.scenarios.items()},
-        charts=figs, tornado_config=tornado_config, answer=answer_cards(ledger),
+        charts=figs, tornado_config=tornado_config, answer=answer_cards(ledger), material=f"{MATERIAL:.0%}",
         tornado_load=next((r.load for r in ledger.configs if r.name == tornado_config), ""), chart_sections=chart_sections(first_level_words(ledger)), first_level=first_level_words(ledger),
         workload=_workload(run_dir or ledger.run_dir), positions=_positions(run_dir or ledger.run_dir),
         interaction_rows=inter, interaction_table=inter_table, precisions=precisions, reference=ledger.reference,
