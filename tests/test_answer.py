@@ -49,6 +49,7 @@ def test_labour_heavy_ties_and_says_from_which_review_time_decoding_matters(run_
     assert "the decoding choice matters when the review time per task is below 2." in review.change
     assert review.change in a.tie_reason or review.change.split(" (now ")[0] in a.tie_reason
     assert "below 2." in a.headline and a.headline.startswith("the decoding choice does not matter")
+    assert "central costs differ" not in a.tie_reason  # ~0.3% apart: under the margin, not just within the noise
 
 
 def test_no_labour_recommends_the_faster_configuration_and_prices_its_saving(run_dir):
@@ -156,5 +157,13 @@ def test_a_tie_the_review_time_cannot_break_borrows_the_threshold_of_another_sce
                                                                       low=0.2, high=0.6, matters_side="below")])
     link_scenarios(Answer(scenarios=[held, auto]))
     note = "the decoding choice matters when the review time per task is below 12 s (95%: 12 s–36 s)"
-    assert note in held.tie_reason and "automated scenario" in held.headline
+    assert note in held.tie_reason and "In the automated scenario the decoding choice matters" in held.headline
     assert auto.headline == "" and auto.tie_reason == ""
+
+
+def test_a_tie_that_is_apart_at_the_centre_says_the_noise_holds_it(tmp_path):
+    """One item of 20 graded apart: ~10% apart in cost per task (escalations), yet not beyond the 1% margin at 95%."""
+    run = make_run(tmp_path, [Spec("ar-fp32", "ar", passes=10), Spec("ar-w4", "ar", quant="int4", passes=11)])
+    text = INPUTS.replace("REVIEW", "0.5").replace("pass_rate: 1.0, ", "").replace("fix_minutes: 0", "fix_minutes: 10")
+    a = price_run(run, parse_inputs(text), samples=1000, thresholds=False).answer.scenarios[0]
+    assert a.tie and "their central costs differ by up to 1" in a.tie_reason and "more graded items" in a.tie_reason

@@ -281,7 +281,9 @@ def scenario_answer(scenario: str, rows: Sequence[Priced], chosen: list[tuple[Pr
         now = search.current(REVIEW) or 0.0
         out.curve = [CurveSeries(config=name, points=[CurvePoint(x=x, cost=c, low=lo, high=hi) for x, c, lo, hi in pts])
                      for name, pts in curve(search, REVIEW, _curve_values(now, review.value if review else None))]
-    out.tie_reason = _tie_reason(out, case) if out.tie else ""  # a tie at the top: `confidence` says it
+    totals = [r.total or 0.0 for r in eligible]
+    spread = max(totals) / min(totals) - 1 if min(totals) > 0 else 0.0
+    out.tie_reason = _tie_reason(out, case, spread) if out.tie else ""  # a tie at the top: `confidence` says it
     out.headline = _headline(out)
     return out
 
@@ -300,7 +302,7 @@ def _human(out: ScenarioAnswer, rows: Sequence[Priced], case: Case) -> None:
                                            saving_per_task=out.human_cost - r.total))
 
 
-def _tie_reason(out: ScenarioAnswer, case: Case) -> str:
+def _tie_reason(out: ScenarioAnswer, case: Case, spread: float) -> str:
     """Why they tie: what the decoding choice can move (the engine's compute and energy) is a small share of the
     cost per task next to labour, tools and maintenance, which it cannot move; and from where it would matter."""
     s = out.shares
@@ -314,6 +316,9 @@ def _tie_reason(out: ScenarioAnswer, case: Case) -> str:
                   + (f", {duration(acc['fix_minutes'])} to fix an escalated task" if acc["fix_minutes"] else "") + ")")
     why = (f"{big} is {fixed[big]:.0%} of the cost per task{detail} and the engine's compute {movable:.1%}: no "
            f"configuration costs more than another by over {MATERIAL:.0%} with 95% confidence")
+    if spread > MATERIAL:  # apart at the centre, not beyond the noise: the measurements cannot tell them apart
+        why += (f" (their central costs differ by up to {spread:.0%}, through the measured pass rates and device "
+                "time, but within their noise: more graded items or requests would tell)")
     crossing = next((t for t in out.thresholds if t.value is not None and t.before == TIE), None)
     if crossing is not None:
         why += f"; {crossing.change.split(' (now ')[0]}"
@@ -368,7 +373,7 @@ def link_scenarios(answer: Answer) -> None:
             continue
         o, t = other
         span = _span(t.low, t.high, duration)
-        note = (f"the decoding choice matters when the review time per task is {t.matters_side} "
-                f"{duration(t.value or 0.0)}{span}, as in the {o.scenario} scenario")
+        note = (f"in the {o.scenario} scenario the decoding choice matters when the review time per task is "
+                f"{t.matters_side} {duration(t.value or 0.0)}{span}")
         a.tie_reason += f"; {note}"
         a.headline += f". {note[0].upper()}{note[1:]}"

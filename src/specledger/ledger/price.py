@@ -62,6 +62,8 @@ class ConfigCost(BaseModel):
     escalation: float | None = None
     compute: float | None = None  # device cost of the attempts, energy included
     energy: float | None = None  # the energy part of compute (owned hardware: rent includes it)
+    energy_j_per_task: float | None = None  # measured joules of an accepted task's attempts (None: not measured)
+    energy_method: str = "unavailable"  # how they were had: a counter (rapl, nvml) or "estimated: ..."
     tools: float | None = None
     labour: float | None = None
     maintenance: float | None = None
@@ -133,7 +135,9 @@ def _cost_row(m: ConfigMeasurement, case: Case, b: Breakdown, misses: list[str],
     low = high = None
     if source.startswith("measured") and m.graded:
         low, high = (float(v) for v in beta.ppf([0.025, 0.975], m.passes + 0.5, m.graded - m.passes + 0.5))
-    return ConfigCost(pass_low=low, pass_high=high,
+    per_call_j = case.op.energy_j_per_call
+    energy_j = None if per_call_j is None else float(b.attempts * case.x["task"]["calls_per_task"] * per_call_j)
+    return ConfigCost(pass_low=low, pass_high=high, energy_j_per_task=energy_j, energy_method=m.energy_method,
         name=m.name, strategy=m.strategy, model=m.model, precision=m.precision, load=m.load,
         concurrency=m.concurrency, tok_s=m.tok_s, ttft_p50=m.ttft_p50, ttft_p95=m.ttft_p95,
         tpot_p95=m.tpot_p95, e2e_p95=m.e2e_p95, tau=m.tau, pass_rate=float(b.pass_rate),
@@ -409,8 +413,9 @@ def _default_break_evens(chosen, ref: str | None) -> list[BreakEven]:
 
 
 def price_run(run_dir: str | Path, inputs: CostInputs | str | Path | None = None, *, samples: int = 2000,
-              seed: int = 0) -> LedgerResult:
+              seed: int = 0, thresholds: bool = True) -> LedgerResult:
     """Read a harness results directory and price every configuration in it."""
     if not isinstance(inputs, CostInputs):
         inputs = load_inputs(inputs)
-    return price_measurements(measurements_from_run(run_dir), inputs, samples=samples, seed=seed, run_dir=str(run_dir))
+    return price_measurements(measurements_from_run(run_dir), inputs, samples=samples, seed=seed, run_dir=str(run_dir),
+                              thresholds=thresholds)
