@@ -155,7 +155,10 @@ def test_a_tie_the_review_time_cannot_break_borrows_the_threshold_of_another_sce
                           thresholds=[Threshold(input=review, label="review", value=None)])
     auto = ScenarioAnswer(scenario="automated", thresholds=[Threshold(input=review, label="review", value=0.2,
                                                                       low=0.2, high=0.6, matters_side="below")])
-    link_scenarios(Answer(scenarios=[held, auto]))
+    own = ScenarioAnswer(scenario="own", tie=True, thresholds=[Threshold(input=review, label="review", value=0.1,
+                                                                         matters_side="below")])
+    link_scenarios(Answer(scenarios=[held, auto, own]))
+    assert own.headline == "" and own.tie_reason == ""  # it has its own review threshold
     note = "the decoding choice matters when the review time per task is below 12 s (95%: 12 s–36 s)"
     assert note in held.tie_reason and "In the automated scenario the decoding choice matters" in held.headline
     assert auto.headline == "" and auto.tie_reason == ""
