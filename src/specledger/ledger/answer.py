@@ -183,8 +183,10 @@ def _span(low: float | None, high: float | None, fmt: Callable[[float], str], no
     """" (95%: 1 s–3 s)", with an open end where too few samples cross within the range searched, and "today's"
     for an end at the current value (the change may already have happened)."""
     if low is not None and high is not None:
-        if now is not None and now in (low, high):
-            return f" (95%: {fmt(high if low == now else low)} to today's)"
+        if now is not None and low == now:
+            return f" (95%: today's to {fmt(high)})"
+        if now is not None and high == now:
+            return f" (95%: {fmt(low)} to today's)"
         return f" (95%: {fmt(low)}–{fmt(high)})"
     if low is not None:
         return f" (95%: {fmt(low)} or more)"

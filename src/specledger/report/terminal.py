@@ -267,7 +267,7 @@ def render_answer(ledger: LedgerResult) -> Text | None:
             split = " · ".join(f"{k} {_pct(v)}" for k, v in a.shares.items())
             out.append("  cost split: ", style="dim").append(f"{split} ({a.recommended})\n")
         for t in a.thresholds:
-            if t.value is not None and t.change not in a.tie_reason:
+            if t.value is not None and t.change.split(" (now ")[0] not in a.tie_reason:  # not said twice
                 out.append("  • ", style="dim").append(t.change + "\n")
         flat = [t.label for t in a.thresholds if t.value is None]
         if flat:
