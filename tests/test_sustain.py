@@ -43,8 +43,8 @@ def test_a_slope_within_the_tolerance_is_steady():
 
 def _workload(tmp_path, n=4):
     p = tmp_path / "w.jsonl"
-    p.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [f"word{i} please"]}) + "\n"
-                         for i in range(n)))
+    p.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [f"word{i} please"],
+                                     "reference": [f"word{i}"]}) + "\n" for i in range(n)))
     return str(p)
 
 
@@ -79,6 +79,10 @@ def test_sustained_level_reports_the_throttled_steady_state(tmp_path):
     assert not any("not steady" in n for n in run.notes)
     text = steady_text(run).plain
     assert "burst" in text and "steady" in text and "J/request at steady state (estimated" in text
+    page = _report(tmp_path / "run")
+    assert 'id="chart-steady"' in page and 'id="steady-warning"' not in page
+    energy = page[page.index('id="energy-table"'):]
+    assert "engine" in energy and "estimated: CPU time x 2.00 W" in energy  # per accepted task, with its method
 
 
 def test_a_level_that_never_settles_ends_at_its_duration_and_says_so(tmp_path):
@@ -89,6 +93,14 @@ def test_a_level_that_never_settles_ends_at_its_duration_and_says_so(tmp_path):
     assert len(calls) < 1000
     run = load_run(tmp_path / "run")
     assert any("not steady" in n for n in run.notes) and "NOT STEADY" in steady_text(run).plain
+    assert 'id="steady-warning"' in _report(tmp_path / "run")
+
+
+def _report(run_dir) -> str:
+    from specledger.ledger.price import price_run
+    from specledger.report.html import render_report
+
+    return render_report(price_run(run_dir, samples=200), run_dir)
 
 
 @pytest.mark.parametrize("text,want", [("300", 300.0), ("45s", 45.0), ("5m", 300.0), ("1.5h", 5400.0)])

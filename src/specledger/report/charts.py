@@ -5,12 +5,14 @@ from __future__ import annotations
 import io
 import re
 from collections import defaultdict
+from typing import Sequence
 
 import numpy as np
 from matplotlib import rcParams
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
+from specledger.bench.results import SteadyState
 from specledger.ledger.answer import ScenarioAnswer
 from specledger.ledger.measurements import ConfigMeasurement
 from specledger.ledger.price import LedgerResult
@@ -265,4 +267,34 @@ def answer_curve(sa: ScenarioAnswer) -> str | None:
     ax.xaxis.set_major_locator(MaxNLocator(5))
     ax.spines[["top", "right"]].set_visible(False)
     _legend_below(fig, ax, 2)
+    return svg(fig)
+
+
+def steady_state(levels: Sequence[tuple[str, SteadyState]]) -> str | None:
+    """Throughput by window through each level held for steady state (a marker where it settled), and the CPU
+    clock sampled meanwhile: a throttling machine shows as a falling line with a falling clock.
+    `levels`: (label, bench.results.SteadyState)."""
+    held = [(label, ss) for label, ss in levels if ss.windows_tok_s]
+    if not held:
+        return None
+    fig = _figure(7.5, 3.4)
+    ax = fig.add_subplot(1, 1, 1)
+    clock = None
+    for i, (label, ss) in enumerate(held):
+        color = PALETTE[i % len(PALETTE)]
+        ends = ss.window_ends_s or list(range(1, len(ss.windows_tok_s) + 1))
+        ax.plot(ends, ss.windows_tok_s, marker="o", ms=3, color=color,
+                label=f"{label}" + ("" if ss.reached else " (not steady)"))
+        if ss.reached and ss.time_to_steady_s is not None and ss.steady_tok_s is not None:
+            ax.plot([ss.time_to_steady_s], [ss.steady_tok_s], marker="*", ms=11, color=color)
+        mhz = [(x.t, x.cpu_mhz) for x in ss.samples if x.cpu_mhz]
+        if mhz and len({m for _, m in mhz}) > 1:  # a clock that moved: worth its own axis
+            clock = clock or ax.twinx()
+            clock.plot([t for t, _ in mhz], [m for _, m in mhz], ls=":", color=color, lw=1)
+    ax.set_xlabel("seconds into the level")
+    ax.set_ylabel("output tok/s per window\n(*: steady from here)")
+    if clock is not None:
+        clock.set_ylabel("CPU MHz (dotted)")
+    ax.spines[["top"]].set_visible(False)
+    _legend_below(fig, ax, len(held))
     return svg(fig)

@@ -154,6 +154,41 @@ def _noise(run_dir: str | Path) -> dict | None:
             "interleaved": run.conditions.interleaved}
 
 
+def _energy(ledger: LedgerResult) -> list[dict]:
+    """Energy per request and per accepted task, each with its method, for every priced row that measured it."""
+    out = []
+    for r in ledger.configs:
+        if r.energy_j_per_task is None:
+            continue
+        m = next((m for m in ledger.measurements if m.name == r.name and m.load == r.load), None)
+        per_req = m.operating_point().energy_j_per_call if m is not None else None
+        out.append({"name": r.name, "load": r.load, "per_request": _f(per_req, ".3g", " J"),
+                    "per_task": _f(r.energy_j_per_task, ".3g", " J"),
+                    "wh_per_1000": _f(r.energy_j_per_task / 3.6, ".3g", " Wh"),
+                    "method": r.energy_method})
+    return out
+
+
+def _steady(run_dir: str | Path) -> dict | None:
+    """Levels held for steady state: their windows (for the chart) and which ended before settling."""
+    try:
+        from specledger.bench.results import load_run
+
+        run = load_run(run_dir)
+    except Exception:
+        return None
+    levels = [(f"{c.name} @{lr.load}", lr.steady_state) for c in run.configs for lr in c.loads if lr.steady_state]
+    if not levels:
+        return None
+    rows = [{"label": label, "burst": _f(ss.burst_tok_s, ".1f"), "steady": _f(ss.steady_tok_s, ".1f"),
+             "ratio": _f(ss.steady_tok_s / ss.burst_tok_s if ss.steady_tok_s and ss.burst_tok_s else None, ".2f",
+                         "×"),
+             "after": _f(ss.time_to_steady_s, ".3g", " s"), "reached": ss.reached, "windows": len(ss.windows_tok_s),
+             "window": ss.window} for label, ss in levels]
+    return {"chart": charts.steady_state(levels), "rows": rows,
+            "unsettled": [r["label"] for r in rows if not r["reached"]]}
+
+
 def _conditions(run_dir: str | Path) -> tuple[str, str, str]:
     """Run id, creation time and a one-line description of the machine, when run.json is readable."""
     try:
@@ -341,6 +376,7 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
         title=Path(str(ledger.run_dir)).name or run_id, run_id=run_id, created=created, conditions=conditions,
         ledger=ledger, rows=[_row(r, ns.get((r.name, r.load))) for r in ledger.configs], levels=levels, break_even=break_even,
         noise=_noise(run_dir or ledger.run_dir), concurrency=_concurrency_table(ledger),
+        energy=_energy(ledger), steady=_steady(run_dir or ledger.run_dir),
         scenarios={name: [{"name": r["name"], "load": r.get("load", ""), "total": money(r["total"]) if r["total"] is not None else "–",
                            "interval": "–" if r["p5"] is None else f"{money(r['p5'])}–{money(r['p95'])}",
                            "shares": _shares({k: r.get(f"{k}_share") for k in SHARE_NAMES}), "verdict": r["verdict"],
