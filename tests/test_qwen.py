@@ -231,3 +231,13 @@ def test_gguf_qwen_reads_as_the_hf_model(tmp_path, kind):
     a = ours.model(ids, ours.model.new_cache(32))
     b = ref.model(ids, ref.model.new_cache(32))
     assert b.std() > 0.5 and (a - b).abs().max().item() < 1e-4
+
+
+def test_gguf_llama_with_biases_is_refused(tmp_path):
+    """A llama file's Q/K rows are un-permuted; biases would need the same, which nothing writes: refused by name."""
+    from specledger.errors import UnsupportedModel
+
+    f = tmp_path / "llama-bias.gguf"
+    write_qwen_gguf(f, save_qwen(tmp_path / "hf", "qwen2"), "llama")
+    with pytest.raises(UnsupportedModel, match="llama file with attention biases"):
+        load_model(str(f), with_tokenizer=False)

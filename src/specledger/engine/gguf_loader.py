@@ -63,6 +63,8 @@ def read_config(reader, path: Path) -> ModelConfig:
     if vocab is None:
         vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    if arch in PERMUTED_ARCHS and "blk.0.attn_q.bias" in names:  # (its bias rows would need llama's un-permutation)
+        raise UnsupportedModel(f"{path.name}: a {arch} file with attention biases is not supported")
     return ModelConfig(
         vocab_size=int(vocab),
         hidden_size=hidden,
