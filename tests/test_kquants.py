@@ -170,3 +170,28 @@ def test_the_real_files_if_here(name):
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max())
             checked += 1
     assert checked > 0
+
+
+def test_quality_command_reads_one_model_at_a_time(tmp_path):
+    """`specledger quality` loads the reference, reads the text, lets it go, then the candidate: same figures as
+    both at once (teacher_forced_agreement)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from specledger.cli import app
+    from specledger.data import quality_text
+    from specledger.quality.agreement import teacher_forced_agreement
+    from test_hf_conformance import save_tokenizer
+
+    d = save_qwen(tmp_path / "q", "qwen2", **HIDDEN)
+    save_tokenizer(d)
+    out = tmp_path / "a.json"
+    r = CliRunner().invoke(app, ["quality", "--model", str(d), "--quant", "int8", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    got = json.loads(out.read_text())
+    ref, cand = load_model(str(d)), load_model(str(d), quant="int8")
+    want = teacher_forced_agreement(ref, cand, ref.tokenizer.encode(quality_text()))
+    assert got["tokens"] == want.tokens and got["reference"] == ref.label and got["candidate"] == cand.label
+    assert abs(got["mean_kl"] - want.mean_kl) < 1e-6 and got["top1_agreement"] == want.top1_agreement
+    assert "layer_weights" not in got  # (a directory has no file codes to keep)

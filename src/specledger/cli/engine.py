@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from typing import Optional
 
@@ -98,7 +99,7 @@ def quality(
     from specledger.engine.loader import load_model
     from specledger.errors import BadInput
     from specledger.data import quality_text
-    from specledger.quality.agreement import teacher_forced_agreement
+    from specledger.quality.agreement import agreement_of, logprobs
 
     if text:
         try:
@@ -107,25 +108,34 @@ def quality(
             raise BadInput(f"cannot read text file {text}: {exc.strerror}") from None
     else:
         body = quality_text()
-    with console.status("loading models"):
+    # one model in memory at a time: a 1.5B reference is 7 GB in fp32, and its quantized copy is built from fp32
+    with console.status("loading the reference"):
         ref = load_model(model, dtype=reference_dtype)
+    if ref.tokenizer is None:
+        raise BadInput(f"{model}: no tokenizer to read the text with")
+    ids = ref.tokenizer.encode(body)[: ref.config.max_seq_len]
+    with console.status(f"reading {len(ids)} tokens with the reference"):
+        lp_ref = logprobs(ref, ids)
+    ref_label, ref_bytes = ref.label, ref.weight_bytes
+    del ref
+    gc.collect()
+    with console.status("loading the candidate"):
         cand = load_model(model, dtype=dtype, quant=quant, group_size=group_size)
-    ids = ref.tokenizer.encode(body)
-    with console.status(f"reading {len(ids)} tokens with both models"):
-        a = teacher_forced_agreement(ref, cand, ids)
-    t = Table(title=f"{cand.label} vs {ref.label}")
+    with console.status(f"reading {len(ids)} tokens with the candidate"):
+        a = agreement_of(lp_ref, logprobs(cand, ids), ids)
+    t = Table(title=f"{cand.label} vs {ref_label}")
     for col in ("tokens", "top-1 agreement", "mean KL (nats)", "ppl reference", "ppl candidate", "weight bytes"):
         t.add_column(col, justify="right")
     t.add_row(str(a.tokens), f"{a.top1_agreement:.2%}", f"{a.mean_kl:.4f}", f"{a.ppl_reference:.2f}",
-              f"{a.ppl_candidate:.2f}", f"{cand.weight_bytes:,} (ref {ref.weight_bytes:,})")
+              f"{a.ppl_candidate:.2f}", f"{cand.weight_bytes:,} (ref {ref_bytes:,})")
     console.print(t)
     weights = _weights_note(cand.extra.get("layer_types"), quant, group_size)
     if weights:
         console.print(weights["note"], markup=False, highlight=False, soft_wrap=True)
     if json_out:
         with open(json_out, "w") as f:
-            json.dump({"reference": ref.label, "candidate": cand.label, **a.as_dict(),
-                       "weight_bytes": cand.weight_bytes, "reference_weight_bytes": ref.weight_bytes,
+            json.dump({"reference": ref_label, "candidate": cand.label, **a.as_dict(),
+                       "weight_bytes": cand.weight_bytes, "reference_weight_bytes": ref_bytes,
                        **({"layer_weights": weights} if weights else {})}, f, indent=2)
 
 

@@ -97,7 +97,7 @@ def build_model(
     """Assemble the engine's model from canonical tensors (fusing QKV and gate/up, then quantizing).
 
     pack: lay a CPU bf16 model's products out for oneDNN once (engine/packed_linear.py) where the host can.
-    consume: unquantized, drop each layer's tensors from `tensors` once fused (load_model's own dict), so a
+    consume: drop each layer's tensors from `tensors` once fused or quantized (load_model's own dict), so a
     model's fp32 weights are held once, not twice, while it is built (a 1.5B model: 7 GB less at the peak)."""
     if quant not in QUANTS:
         raise BadInput(f"unknown quantization {quant!r} (choose from {', '.join(QUANTS)})")
@@ -157,6 +157,9 @@ def build_model(
                     grid = _concat_grids(src) if group_size == 32 else None
                     new = Int4Linear(grid or int4_grid(_fp32(tensors, i, parts, dev), group_size), tdtype, dev)
                 setattr(owner, attr, new)
+            if consume:  # this layer's fp32 sources are no longer needed (the output layer's are, below)
+                for key in [k for k in tensors if k.startswith(f"layers.{i}.")]:
+                    del tensors[key]
         # The output layer (the GGUF's Q8_0 embedding when tied) is kept at 8 bits in both modes, on the
         # file's own codes where it stores them so.
         head = grids.get("output") if "output" in tensors else grids.get("embed")

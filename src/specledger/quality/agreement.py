@@ -26,7 +26,8 @@ class Agreement:
 
 
 @torch.inference_mode()
-def _logprobs(lm: LoadedModel, ids: list[int]) -> torch.Tensor:
+def logprobs(lm: LoadedModel, ids: list[int]) -> torch.Tensor:
+    """Teacher-forced next-token log-probabilities (len(ids), vocab), fp32 on the CPU."""
     cache = lm.model.new_cache(len(ids))
     x = torch.tensor([ids], device=lm.model.device)
     return torch.log_softmax(lm.model(x, cache)[0].float().cpu(), dim=-1)
@@ -34,7 +35,11 @@ def _logprobs(lm: LoadedModel, ids: list[int]) -> torch.Tensor:
 
 def teacher_forced_agreement(reference: LoadedModel, candidate: LoadedModel, ids: list[int]) -> Agreement:
     ids = ids[: min(reference.config.max_seq_len, candidate.config.max_seq_len)]
-    lp_r, lp_c = _logprobs(reference, ids), _logprobs(candidate, ids)
+    return agreement_of(logprobs(reference, ids), logprobs(candidate, ids), ids)
+
+
+def agreement_of(lp_r: torch.Tensor, lp_c: torch.Tensor, ids: list[int]) -> Agreement:
+    """The comparison from both models' log-probabilities on ids (so the two need not be in memory at once)."""
     agree = (lp_r.argmax(-1) == lp_c.argmax(-1)).float().mean().item()
     kl = (lp_r.exp() * (lp_r - lp_c)).sum(-1).mean().item()
     nxt = torch.tensor(ids[1:])
