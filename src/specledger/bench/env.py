@@ -27,7 +27,9 @@ def collect_conditions(config: dict[str, Any], *, seed: int, backends: dict[str,
                        local_engine: bool = True) -> Conditions:
     """`local_engine`: the engine runs in this process, so its torch threads and GPU matter
     (an HTTP-only run records torch's version without paying for importing it)."""
-    torch_version, threads, gpu = None, None, None
+    torch_version: str | None = None
+    threads: int | None = None
+    gpu: str | None = None
     if local_engine or "torch" in sys.modules:
         try:
             import torch

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -253,7 +253,7 @@ def workload_text(run: RunResult) -> Text:
 
 def render_run(run: RunResult, *, categories: bool = True, width: int = WIDE) -> Group:
     """Everything `bench` and `show` print of a run, laid out for a console `width` columns wide."""
-    parts = [Text(conditions_line(run), style="dim"), run_table(run, width)]
+    parts: list[RenderableType] = [Text(conditions_line(run), style="dim"), run_table(run, width)]
     failures = failures_text(run)
     if failures:
         parts.append(failures)

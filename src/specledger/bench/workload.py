@@ -61,9 +61,9 @@ def _synthetic(spec: str) -> list[Question]:
         if key not in params:
             raise BadInput(f"synthetic workload {spec!r}: missing {key}= (e.g. synthetic:in=256,out=128,n=8)")
     n, seed = params.get("n", 8), params.get("seed", 0)
-    for key, value in (("in", params["in"]), ("out", params["out"]), ("n", n)):
-        if value < 1:
-            raise BadInput(f"synthetic workload {spec!r}: {key} must be >= 1, got {value}")
+    for key, count in (("in", params["in"]), ("out", params["out"]), ("n", n)):
+        if count < 1:
+            raise BadInput(f"synthetic workload {spec!r}: {key} must be >= 1, got {count}")
     return [
         Question(
             question_id=f"synthetic-{i}",

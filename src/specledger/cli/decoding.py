@@ -92,8 +92,10 @@ def generate_cmd(
     params = check_params(strategy, params)  # before spending seconds on loading weights
     with console.status("loading model"):
         lm = load_model(model, dtype=dtype, quant=quant, group_size=group_size, device=device)
+        tok = lm.tokenizer
+        if tok is None:
+            raise BadInput(f"model {model!r} has no tokenizer to encode the prompt with")
         strat = make_strategy(strategy, lm, **params)
-    tok = lm.tokenizer
     ids = tok.encode(prompt) if raw else tok.chat([{"role": "user", "content": prompt}])
     printed = 0
     out: list[int] = []

@@ -78,7 +78,7 @@ class CachedModel:
         if start + n_run + n_tree > self.max_len:
             raise BadInput(f"draft of {n_tree} tokens does not fit the remaining context ({self.max_len - start - n_run})")
         x = torch.tensor([run + (tree.tokens if tree else [])], device=self.device)
-        if n_tree == 0 or tree.is_chain():
+        if tree is None or n_tree == 0 or tree.is_chain():
             positions = mask = None  # plain causal continuation
         else:
             depths = torch.tensor(tree.depths())

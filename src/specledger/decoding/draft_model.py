@@ -34,13 +34,14 @@ AGREEMENT_TOKENS = 256  # of the built-in quality text: the draft model's prior 
 def agreement_prior(target: LoadedModel, draft: LoadedModel, n: int = AGREEMENT_TOKENS) -> float | None:
     """How often the draft's next-token argmax is the target's, teacher-forced on the built-in text: the per-token
     acceptance of its greedy chains, measured once per pair of models (~0.3 s here). None without a tokenizer."""
-    if target.tokenizer is None:
+    tokenizer = target.tokenizer
+    if tokenizer is None:
         return None
 
     def measure() -> float:
         from specledger.data import quality_text
 
-        ids = target.tokenizer.encode(quality_text())[: min(n, target.config.max_seq_len, draft.config.max_seq_len)]
+        ids = tokenizer.encode(quality_text())[: min(n, target.config.max_seq_len, draft.config.max_seq_len)]
         x = torch.tensor([ids], device=target.model.device)
         top = [lm.model(x.to(lm.model.device), lm.model.new_cache(len(ids)))[0].argmax(-1).cpu() for lm in (target, draft)]
         return float((top[0] == top[1]).float().mean())
@@ -109,8 +110,11 @@ class ModelDrafter:
                 if sp.greedy:
                     tok = int(logits.argmax())
                 else:
+                    gen = seqs[i].gen
+                    if gen is None:
+                        raise ValueError(f"sequence {seqs[i].key!r} samples without a generator")
                     q = probs_from_logits(logits, sp).cpu()
-                    tok = sample(q, seqs[i].gen)
+                    tok = sample(q, gen)
                     qs[i].append(q)
                 runner.accept(mine[i], fwd, [], [tok])
                 toks[i].append(tok)

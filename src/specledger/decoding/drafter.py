@@ -49,8 +49,12 @@ class Drafter(Protocol):
     name: str
     wants_features: bool
     tree: bool  # proposes trees with several children (else chains)
-    max_tokens: int  # the most nodes one proposal may hold
     prior: float | None  # its measured per-token acceptance before any draft is verified (None: not measured)
+
+    @property
+    def max_tokens(self) -> int:  # read-only: a plain attribute or a property satisfies it
+        """The most nodes one proposal may hold."""
+        ...
 
     def params(self) -> dict: ...
 

@@ -310,7 +310,12 @@ class EagleDrafter:
     def _grow(self, grow: list[_Grow]) -> None:
         k = min(self.top_k, len(self.vocab) if self.vocab else self.base.config.vocab_size)
         dev = self.model.device
-        v, ids = self._top(torch.stack([g.st.root for g in grow]), k)  # (B, k): depth 1 from every root
+        roots: list[torch.Tensor] = []
+        for g in grow:
+            if g.st.root is None:  # callers grow only sequences that have a root
+                raise ValueError(f"sequence in slot {g.st.slot} has no root to draft from")
+            roots.append(g.st.root)
+        v, ids = self._top(torch.stack(roots), k)  # (B, k): depth 1 from every root
         for j, g in enumerate(grow):
             st = g.st
             st.cand_tokens += ids[j * k : (j + 1) * k]
@@ -318,7 +323,7 @@ class EagleDrafter:
             st.cand_logp += v[j].tolist()
             g.scores.append(v[j])
             g.front, g.front_score = torch.arange(k), v[j]
-            g.front_feat = st.root[None].expand(k, -1)
+            g.front_feat = roots[j][None].expand(k, -1)
             g.anc = torch.zeros(k * self.depth, k * self.depth, dtype=torch.bool)
             st.full = True
         for d in range(1, self.depth):
@@ -409,7 +414,9 @@ def _probe(d: EagleDrafter) -> None:
     slots = [d.cache.alloc() for _ in range(m)]
     explore, d.explore = d.explore, True
     try:
-        rows, one, many = [], [], []
+        rows: list[float] = []
+        one: list[float] = []
+        many: list[float] = []
         for _ in range(3):
             for sl in slots:
                 d.cache.rollback(sl, 0)
@@ -585,12 +592,13 @@ class EagleTree(Speculative):
                 total_nodes = int(total_nodes)
             except (TypeError, ValueError):
                 raise BadInput(f"EAGLE total_nodes must be an integer or 'auto' (got {total_nodes!r})") from None
-        check_tree_params(top_k, depth, AUTO_MAX_NODES if auto else total_nodes)
+        lookahead = AUTO_MAX_NODES if auto else int(total_nodes)
+        check_tree_params(top_k, depth, lookahead)
         dtype = parse_dtype(head_dtype) if head_dtype else default_head_dtype(target)
         self.head, self.head_source = resolve_head(target, head, dtype)
         self.top_k, self.depth = top_k, depth
         self.total_nodes = total_nodes
-        self.lookahead = AUTO_MAX_NODES if auto else int(total_nodes)
+        self.lookahead = lookahead
         self.sizer = TreeSizer(verify_cost_curve(target)) if auto else None
 
     def params(self) -> dict:

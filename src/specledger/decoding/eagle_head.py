@@ -71,6 +71,8 @@ class _Cast(nn.Module):
 
 
 class EagleHead(nn.Module):
+    draft_vocab: torch.Tensor | None  # a buffer (register_buffer below): the draft vocabulary's target ids
+
     def __init__(self, cfg: HeadConfig, draft_vocab: torch.Tensor | None = None) -> None:
         super().__init__()
         if draft_vocab is not None:
@@ -185,11 +187,12 @@ def draft_lm_head(head: EagleHead, base: Transformer) -> Callable[[torch.Tensor]
         return out
     if ids is not None:
         ids = ids.to(base.device)
+    sub: nn.Module
     if isinstance(out, (nn.Linear, PackedLinear)):
         w = out.weight.detach() if ids is None else out.weight.detach().index_select(0, ids)
-        sub = nn.Linear(out.in_features, w.shape[0], bias=False, device=base.device, dtype=head.dtype)
-        sub.weight = nn.Parameter(w.to(head.dtype).clone(), requires_grad=False)
-        sub = pack(sub) or sub  # a CPU bf16 product on oneDNN's layout or the engine's kernel, as the target's
+        linear = nn.Linear(out.in_features, w.shape[0], bias=False, device=base.device, dtype=head.dtype)
+        linear.weight = nn.Parameter(w.to(head.dtype).clone(), requires_grad=False)
+        sub = pack(linear) or linear  # a CPU bf16 product on oneDNN's layout or the engine's kernel, as the target's
     elif isinstance(out, Int8Linear) and ids is not None:  # the same codes and scales, fewer rows
         sub = _Rows(out.select_rows(ids), None, out.act_dtype)
     else:

@@ -45,17 +45,22 @@ def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     return {**values.given(), **{k: v for k, v in params.items() if k in MODEL_PARAMS}}
 
 
-def resolve_model(value: Any, target: LoadedModel) -> LoadedModel:
-    """A model-valued parameter: a LoadedModel, a name/path, or {model, dtype, quant, group_size, max_seq_len}.
+def resolve_model(value: Any, target: LoadedModel) -> LoadedModel | list[LoadedModel]:
+    """A model-valued parameter: a LoadedModel, a name/path, or {model, dtype, quant, group_size, max_seq_len};
+    a list or tuple of them resolves to a list (a stack of levels).
 
     'target' (or 'self') names the target's own file. Loaded models are shared within the process, keyed by
     the model's identity and precision, whatever name they were given, in the process's model pool (they are
     read-only; each run has its own caches); one with the target's identity and precision is the target itself.
     """
+    if isinstance(value, (list, tuple)):  # a stack of levels (hierarchy intermediates), each one model
+        return [_resolve_one(v, target) for v in value]
+    return _resolve_one(value, target)
+
+
+def _resolve_one(value: Any, target: LoadedModel) -> LoadedModel:
     if isinstance(value, LoadedModel):
         return value
-    if isinstance(value, (list, tuple)):  # a stack of levels (hierarchy intermediates)
-        return [resolve_model(v, target) for v in value]
     if isinstance(value, str):
         value = {"model": value}
     if not isinstance(value, dict) or "model" not in value:

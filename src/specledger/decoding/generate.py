@@ -99,7 +99,7 @@ def generate(
     t0 = clock(dev)
     target = CachedModel(lm, max_len)
     logits = target.prefill(prompt_ids)
-    first = int(logits.argmax()) if sp.greedy else sample(probs_from_logits(logits, sp), gen)
+    first = int(logits.argmax()) if gen is None else sample(probs_from_logits(logits, sp), gen)  # None: greedy
     t1 = clock(target.device)
     target.tokens.append(first)
     ctx = Context(target, list(prompt_ids), sp, gen)

@@ -13,6 +13,8 @@ expensive (e.g. quantized, compute-bound) target sees a short chain.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import torch
 
 from specledger.decoding.cached_model import CachedModel
@@ -23,6 +25,12 @@ from specledger.decoding.tree import Tree
 from specledger.decoding.verify import verify
 from specledger.engine.loader import LoadedModel
 from specledger.errors import BadInput
+
+
+class _TreeParams(TypedDict):
+    top_k: int
+    depth: int
+    total_nodes: int
 
 
 def _as_list(x) -> list:
@@ -57,7 +65,7 @@ class Hierarchy(Strategy):
         if drafter not in ("eagle", "lookup"):
             raise BadInput(f"hier drafter must be 'eagle' or 'lookup' (got {drafter!r})")
         self.drafter_kind, self.max_chain = drafter, max_chain
-        self.tree_params = {"top_k": top_k, "depth": depth, "total_nodes": total_nodes}
+        self.tree_params: _TreeParams = {"top_k": top_k, "depth": depth, "total_nodes": total_nodes}
         if drafter == "eagle":
             from specledger.decoding.eagle import resolve_head
 
@@ -128,7 +136,10 @@ class Hierarchy(Strategy):
                 self.seq.tokens = runner.tokens
                 self.drafter.accept(self.seq, feats if self.drafter.wants_features else None)
             if qs is not None:
-                qs.extend(verdict.probs[r] for r in verdict.rows())
+                probs = verdict.probs
+                if probs is None:  # verify() returns the target's rows whenever it samples
+                    raise RuntimeError("sampling verification returned no target distribution")
+                qs.extend(probs[r] for r in verdict.rows())
             chain.extend(new)
             st.verifications[level].append((len(tree), len(verdict.path)))
             st.level_s[level + 1] += clock(runner.device) - t0

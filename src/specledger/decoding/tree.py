@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -21,8 +22,8 @@ class Tree:
     q: list[torch.Tensor | None] | None = None
 
     @classmethod
-    def chain(cls, tokens: list[int], q: list[torch.Tensor] | None = None) -> "Tree":
-        return cls(list(tokens), list(range(-1, len(tokens) - 1)), q)
+    def chain(cls, tokens: list[int], q: Sequence[torch.Tensor | None] | None = None) -> "Tree":
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)), list(q) if q is not None else None)
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -190,7 +190,7 @@ def _layout(m: nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.attention_norm: nn.Module = RMSNorm(cfg.hidden_size, cfg.rms_eps)  # an EAGLE head's may be a cast
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.feed_forward = FeedForward(cfg)

@@ -53,6 +53,7 @@ def pass_rate_gate(results: list[bool | None], *, min_rate: float | None = None)
     if n == 0:
         ok = min_rate is None
         return GateResult("pass_rate", ok, "no graded answers" + ("" if ok else f", minimum {min_rate:.2f}"), figures)
+    rate = passes / n  # n > 0 from here on
     summary = f"{passes}/{n} passed ({rate:.1%}, 95% CI {low:.1%}-{high:.1%})"
     if min_rate is None:
         return GateResult("pass_rate", True, summary, figures)
@@ -86,6 +87,7 @@ def lossless_gate(
     n, identical = len(keys), len(keys) - len(positions)
     share = identical / n if n else None
     divs = [positions[k] for k in keys if k in positions]
+    missing_in_candidate = sorted(k for k in reference if k not in candidate)
     figures = {
         "compared": n,
         "identical": identical,
@@ -94,15 +96,16 @@ def lossless_gate(
         "first_divergence_mean": sum(divs) / len(divs) if divs else None,
         "first_divergence_min": min(divs) if divs else None,
         "diverged": [k for k in keys if k in positions],
-        "missing_in_candidate": sorted(k for k in reference if k not in candidate),
+        "missing_in_candidate": missing_in_candidate,
         "missing_in_reference": sorted(k for k in candidate if k not in reference),
     }
-    missing = len(figures["missing_in_candidate"])
+    missing = len(missing_in_candidate)
     note = f"; {missing} request(s) missing from the candidate" if missing else ""
     if n == 0:
         return GateResult("lossless", False, "no request in common with the reference run", figures)
     if not divs:
         return GateResult("lossless", True, f"{n}/{n} outputs identical to the reference{note}", figures)
+    share = identical / n  # n > 0 from here on
     summary = (
         f"{identical}/{n} outputs identical ({share:.0%}); first divergence at token "
         f"{min(divs)} (mean {figures['first_divergence_mean']:.1f}){note}"

@@ -155,11 +155,11 @@ def chrf(candidate: str, reference: str, order: int = CHRF_ORDER, beta: float = 
         recalls.append(matched / sum(r.values()))
     if not precisions:
         return 0.0
-    p, r = sum(precisions) / len(precisions), sum(recalls) / len(recalls)
-    if p == 0 and r == 0:
+    prec, rec = sum(precisions) / len(precisions), sum(recalls) / len(recalls)
+    if prec == 0 and rec == 0:
         return 0.0
     b2 = beta * beta
-    return 100 * (1 + b2) * p * r / (b2 * p + r)
+    return 100 * (1 + b2) * prec * rec / (b2 * prec + rec)
 
 
 # --- per-turn checks --------------------------------------------------------------------------------------
@@ -179,7 +179,10 @@ def _is_rule(ref: str) -> bool:
 
 
 def _check_rule(rule: str, answer: str) -> tuple[bool | None, float | None, str]:
-    name, arg = _RULE_RE.match(rule).groups()
+    m = _RULE_RE.match(rule)
+    if m is None:  # callers check _is_rule first
+        raise ValueError(f"not a rule: {rule!r}")
+    name, arg = m.groups()
     if name == "contains":
         alternatives = [a.strip() for a in arg.split("|")]
         hit = contains_any(answer, alternatives)
@@ -193,9 +196,9 @@ def _check_rule(rule: str, answer: str) -> tuple[bool | None, float | None, str]
     want = final_number(arg)
     if want is None:
         return None, None, f"rule {rule!r} holds no number"
-    got = final_number(answer)
-    ok = got is not None and numbers_match(got, want)
-    return ok, float(ok), f"final number {got} vs {want:g}"
+    got_number = final_number(answer)
+    ok = got_number is not None and numbers_match(got_number, want)
+    return ok, float(ok), f"final number {got_number} vs {want:g}"
 
 
 def _check_kind(kind: str, reference: str, answer: str) -> tuple[bool | None, float | None, str]:
@@ -256,7 +259,13 @@ _KIND_GRADER = {
 
 def _combine(grader: str, checks: list[tuple[int, bool | None, float | None, str]]) -> GradeResult:
     """All graded turns must pass; the score (0..1) is their mean. Ungraded turns only add to the detail."""
-    graded = [(ok, score) for _, ok, score, _ in checks if ok is not None]
+    graded: list[tuple[bool, float]] = []
+    for i, ok, score, _ in checks:
+        if ok is None:
+            continue
+        if score is None:  # every check that grades a turn also scores it
+            raise ValueError(f"turn {i + 1} is graded but has no score")
+        graded.append((ok, score))
     detail = "; ".join(f"turn {i + 1}: {d}" for i, _, _, d in checks)
     if not graded:
         return GradeResult(passed=None, score=None, grader=grader, detail=detail)
@@ -287,6 +296,8 @@ def load_user_grader(spec: str) -> tuple[Callable, float]:
             if not path.is_file():
                 raise BadInput(f"user grader {spec!r}: file not found: {path}")
             mod_spec = importlib.util.spec_from_file_location(f"specledger_user_grader_{path.stem}", path)
+            if mod_spec is None or mod_spec.loader is None:
+                raise BadInput(f"user grader {spec!r}: cannot load {path} as a Python module")
             module = importlib.util.module_from_spec(mod_spec)
             mod_spec.loader.exec_module(module)
         else:
@@ -342,8 +353,13 @@ def grade(question: Question, answers: list[str], user_grader: str | None = None
         reason = "no reference" if not question.reference else f"no grader for kind {question.kind} without rules"
         return GradeResult(passed=None, score=None, grader="none", detail=reason)
     rules = [_entry_is_rule(r) for _, r in refs]
-    grader = "rules" if all(rules) else kind_grader if not any(rules) else f"{kind_grader}+rules"
-    checks = []
+    if all(rules):
+        grader = "rules"
+    elif kind_grader is None:  # unreachable: refs keeps a non-rule reference only when its kind has a grader
+        raise ValueError(f"no grader for kind {question.kind}")
+    else:
+        grader = kind_grader if not any(rules) else f"{kind_grader}+rules"
+    checks: list[tuple[int, bool | None, float | None, str]] = []
     for i, ref in refs:
         if i >= len(answers) or answers[i] is None:
             checks.append((i, False, 0.0, "no answer"))
