@@ -288,7 +288,7 @@ class Scheduler:
         keep: list[_Live] = []
         for lv in self._running:
             if lv.finish is not None:
-                finished.append(self._retire(lv, now))
+                finished.append(_retire(self, lv, now))
             else:
                 keep.append(lv)
         self._running = keep
@@ -339,7 +339,7 @@ class Scheduler:
         out = []
         for lv in victims:
             lv.finish, lv.error = "error", error
-            out.append(self._retire(lv, now))
+            out.append(_retire(self, lv, now))
         return out
 
     def _admit_and_cancel(self) -> list[ScheduledResult]:
@@ -351,7 +351,7 @@ class Scheduler:
                 for lv in [w for w in self._waiting if w.rid in cancel]:
                     self._waiting.remove(lv)
                     lv.finish = "cancelled"
-                    finished.append(self._retire(lv, now))
+                    finished.append(_retire(self, lv, now))
             admit: list[_Live] = []
             while self._waiting and len(self._running) + len(admit) < self.max_batch:
                 admit.append(self._waiting.popleft())
@@ -359,7 +359,7 @@ class Scheduler:
         for lv in self._running:
             if lv.rid in cancel:
                 lv.finish = "cancelled"
-                finished.append(self._retire(lv, now))
+                finished.append(_retire(self, lv, now))
             else:
                 keep.append(lv)
         self._running = keep
@@ -370,61 +370,65 @@ class Scheduler:
                 lv.gen = None if lv.sp.greedy else lv.sp.generator()
             except Exception as exc:  # noqa: BLE001
                 lv.fail(exc)
-                finished.append(self._retire(lv, now))
+                finished.append(_retire(self, lv, now))
                 continue
             self._running.append(lv)
         return finished
 
-    def _retire(self, lv: _Live, now: float) -> ScheduledResult:
-        """Close the request's slot and hand its result on; a failure here fails this request alone."""
-        try:
-            return self._result(lv, now)
-        except Exception as exc:  # noqa: BLE001 - still answer it: an error result, its slot dropped
-            lv.fail(exc)
-            if lv.seq is not None:
-                try:
-                    self.runner.close(lv.seq, keep=False)
-                except Exception:  # noqa: BLE001 - the slot is beyond repair; the result still goes out
-                    pass
-                lv.seq = None
-            res = ScheduledResult(token_ids=lv.out, text="", finish_reason="error", prompt_tokens=len(lv.prompt),
-                                  ttft_s=0.0, prefill_s=0.0, draft_prefill_s=0.0, total_s=now - lv.arrival,
-                                  token_times=lv.times, steps=lv.steps, strategy=self.strategy_name,
-                                  request_id=lv.rid, arrival=lv.arrival, error=lv.error)
-            if lv.on_done:
-                try:
-                    lv.on_done(res)
-                except Exception:  # noqa: BLE001 - its caller's hook failed twice: nothing more to tell it
-                    pass
-            return res
 
-    def _result(self, lv: _Live, now: float) -> ScheduledResult:
-        cached = lv.seq.reused if lv.seq is not None else 0
+def _retire(sched: Scheduler, lv: _Live, now: float) -> ScheduledResult:
+    """Close the request's slot and hand its result on; a failure here fails this request alone. (Module
+    functions over the scheduler: they keep the Scheduler class to its loop.)"""
+    try:
+        return _result(sched, lv, now)
+    except Exception as exc:  # noqa: BLE001 - still answer it: an error result, its slot dropped
+        lv.fail(exc)
         if lv.seq is not None:
-            self.runner.close(lv.seq, keep=lv.error is None)
+            try:
+                sched.runner.close(lv.seq, keep=False)
+            except Exception:  # noqa: BLE001 - the slot is beyond repair; the result still goes out
+                pass
             lv.seq = None
-        levels: list[LevelStats] = []
-        draft_prefill_s = draft_s = 0.0
-        if self.spec is not None:
-            if lv.draft is not None:
-                draft_prefill_s, draft_s = lv.draft.prefill_s, lv.draft.draft_s
-                levels = [self.spec.end(lv.draft)]
-                lv.draft = None
-            else:  # finished (or failed) before its first token
-                levels = [LevelStats(name=self.spec.drafter.name, steps=0, drafts=0)]
-        tok = self.lm.tokenizer
-        text = lv.text if lv.text is not None else (tok.decode(lv.out) if tok is not None else "")
-        admitted = lv.admitted or now
-        first = lv.first_at if lv.first_at is not None else now
-        res = ScheduledResult(
-            token_ids=lv.out, text=text, finish_reason=lv.finish or "cancelled", prompt_tokens=len(lv.prompt),
-            cached_tokens=cached, ttft_s=first - lv.arrival, prefill_s=first - admitted - draft_prefill_s,
-            draft_prefill_s=draft_prefill_s, total_s=now - lv.arrival,
-            token_times=lv.times, steps=lv.steps, appended=lv.appended, levels=levels, draft_s=draft_s,
-            verify_s=lv.verify_s, strategy=self.strategy_name, params=self.params(),
-            request_id=lv.rid, arrival=lv.arrival, queue_s=admitted - lv.arrival,
-            mean_batch=lv.batch_sum / lv.passes if lv.passes else 0.0, error=lv.error,
-        )
+        res = ScheduledResult(token_ids=lv.out, text="", finish_reason="error", prompt_tokens=len(lv.prompt),
+                              ttft_s=0.0, prefill_s=0.0, draft_prefill_s=0.0, total_s=now - lv.arrival,
+                              token_times=lv.times, steps=lv.steps, strategy=sched.strategy_name,
+                              request_id=lv.rid, arrival=lv.arrival, error=lv.error)
         if lv.on_done:
-            lv.on_done(res)
+            try:
+                lv.on_done(res)
+            except Exception:  # noqa: BLE001 - its caller's hook failed twice: nothing more to tell it
+                pass
         return res
+
+
+def _result(sched: Scheduler, lv: _Live, now: float) -> ScheduledResult:
+    """The request's result, its slot closed (its entries kept for the prefix cache unless it failed)."""
+    cached = lv.seq.reused if lv.seq is not None else 0
+    if lv.seq is not None:
+        sched.runner.close(lv.seq, keep=lv.error is None)
+        lv.seq = None
+    levels: list[LevelStats] = []
+    draft_prefill_s = draft_s = 0.0
+    if sched.spec is not None:
+        if lv.draft is not None:
+            draft_prefill_s, draft_s = lv.draft.prefill_s, lv.draft.draft_s
+            levels = [sched.spec.end(lv.draft)]
+            lv.draft = None
+        else:  # finished (or failed) before its first token
+            levels = [LevelStats(name=sched.spec.drafter.name, steps=0, drafts=0)]
+    tok = sched.lm.tokenizer
+    text = lv.text if lv.text is not None else (tok.decode(lv.out) if tok is not None else "")
+    admitted = lv.admitted or now
+    first = lv.first_at if lv.first_at is not None else now
+    res = ScheduledResult(
+        token_ids=lv.out, text=text, finish_reason=lv.finish or "cancelled", prompt_tokens=len(lv.prompt),
+        cached_tokens=cached, ttft_s=first - lv.arrival, prefill_s=first - admitted - draft_prefill_s,
+        draft_prefill_s=draft_prefill_s, total_s=now - lv.arrival,
+        token_times=lv.times, steps=lv.steps, appended=lv.appended, levels=levels, draft_s=draft_s,
+        verify_s=lv.verify_s, strategy=sched.strategy_name, params=sched.params(),
+        request_id=lv.rid, arrival=lv.arrival, queue_s=admitted - lv.arrival,
+        mean_batch=lv.batch_sum / lv.passes if lv.passes else 0.0, error=lv.error,
+    )
+    if lv.on_done:
+        lv.on_done(res)
+    return res
