@@ -160,7 +160,7 @@ MUTANTS = [
            "src/specledger/decoding/draft_model.py", "                runner.sync(m, s.tokens)\n", "                pass\n",
            ["tests/test_batch_drafters.py"]),
     Mutant("batched-drafts-one-generator", "batched drafting samples every request with the first one's generator",
-           "src/specledger/decoding/draft_model.py", "tok = sample(q, seqs[i].gen)", "tok = sample(q, seqs[0].gen)",
+           "src/specledger/decoding/draft_model.py", "gen = seqs[i].gen\n", "gen = seqs[0].gen\n",
            ["tests/test_batch_drafters.py"]),
     Mutant("prefix-cache-keeps-one-stale-entry", "a reused slot keeps one entry past the prefix it shares",
            "src/specledger/decoding/batch_runner.py", "        return slot, lcp[slot]\n",
