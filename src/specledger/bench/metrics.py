@@ -132,16 +132,19 @@ def dist(values: Sequence[float], groups: Sequence[int] | None = None, *, resamp
 
 def busy_time(intervals: Iterable[tuple[float, float]]) -> float:
     """Length of the union of [start, end] intervals: time with at least one request in service."""
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
+    ordered = iter(sorted(intervals))
+    first = next(ordered, None)
+    if first is None:
+        return 0.0
+    total = 0.0
+    cur_s, cur_e = first
+    for s, e in ordered:
+        if s > cur_e:
+            total += cur_e - cur_s
             cur_s, cur_e = s, e
         else:
             cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
+    total += cur_e - cur_s
     return total
 
 
@@ -207,17 +210,18 @@ def aggregate(
         if slo is not None:
             a.slo_met = sum(meets_slo(r, slo) for r in records)
             a.goodput_rps = a.slo_met / wall_s
-    stepped = [r for r in ok if r.steps]
+    stepped = [(r, r.steps) for r in ok if r.steps]
     if stepped:
-        a.steps = sum(r.steps for r in stepped)
-        a.tau = sum((r.tau if r.tau is not None else r.output_tokens / r.steps) * r.steps for r in stepped) / a.steps
+        steps = a.steps = sum(n for _, n in stepped)
+        a.tau = sum((r.tau if r.tau is not None else r.output_tokens / n) * n for r, n in stepped) / steps
     a.acceptance = acceptance(ok)
     if any(r.draft_s is not None for r in ok):
         a.draft_s = sum(r.draft_s or 0.0 for r in ok)
     if any(r.verify_s is not None for r in ok):
         a.verify_s = sum(r.verify_s or 0.0 for r in ok)
-    if energy_j is None and ok and all(r.energy_j is not None for r in ok):
-        energy_j = sum(r.energy_j for r in ok)
+    energies = [r.energy_j for r in ok if r.energy_j is not None]
+    if energy_j is None and ok and len(energies) == len(ok):
+        energy_j = sum(energies)
     if energy_j is not None:
         a.energy_j = energy_j
         a.energy_j_per_token = energy_j / out_tokens if out_tokens else None

@@ -16,6 +16,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -59,6 +60,17 @@ class HeadConfig:
     def block_config(self) -> ModelConfig:
         return ModelConfig(self.target_vocab, self.hidden_size, self.intermediate_size, 1, self.n_heads,
                            self.n_kv_heads, self.head_dim, 0, self.rope_theta, self.rms_eps)
+
+
+class HeadCache(Protocol):
+    """What `EagleHead.hidden` appends to: the engine's KVCache, or a training cache that concatenates
+    (train/trainer.py: GrowingCache, so autograd reaches every unroll step)."""
+
+    length: int
+    max_len: int
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ...
 
 
 class _Cast(nn.Module):
@@ -120,7 +132,7 @@ class EagleHead(nn.Module):
         base: Transformer,
         tokens: torch.Tensor,
         features: torch.Tensor,
-        cache: KVCache,
+        cache: HeadCache,
         *,
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,

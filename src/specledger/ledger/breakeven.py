@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from scipy.optimize import brentq
@@ -41,9 +42,10 @@ def _path(field: str) -> tuple:
 def _current(a: Case, field: str) -> float | None:
     if field == "pass_rate":
         q = a.x["acceptance"]["pass_rate"]
-        return a.op.pass_rate if q is None else q
+        # a priced Case holds measured point values (arrays of draws exist only in Monte Carlo copies)
+        return cast(float | None, a.op.pass_rate) if q is None else q
     if field == "device_seconds_per_call":
-        return a.op.device_seconds_per_call
+        return cast(float, a.op.device_seconds_per_call)  # a point value, as above
     if field == "concurrency":
         return a.concurrency
     try:

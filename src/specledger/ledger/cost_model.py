@@ -14,7 +14,8 @@ import numpy as np
 
 SECONDS_PER_YEAR = 365.25 * 24 * 3600
 J_PER_KWH = 3.6e6
-TRAINED_DRAFTERS = ("eagle", "hier")  # strategies whose draft head needs retraining after a target change
+TRAINED_DRAFTERS = ("eagle", "hier")
+Draws = float | np.ndarray  # a point value, or one value per Monte Carlo draw (ledger/montecarlo.py: draw_case)  # strategies whose draft head needs retraining after a target change
 
 
 def expected_attempts(q, retries: int):
@@ -74,14 +75,15 @@ def device_hour_cost(hw: dict):
 
 @dataclass
 class OperatingPoint:
-    """What the ledger needs from one configuration at one measured load level."""
+    """What the ledger needs from one configuration at one measured load level (the Monte Carlo replaces the
+    measured values with arrays of draws)."""
 
-    device_seconds_per_call: float
-    output_tokens_per_call: float
-    pass_rate: float | None  # measured; None when nothing was graded
-    requests_per_s: float
+    device_seconds_per_call: Draws
+    output_tokens_per_call: Draws
+    pass_rate: Draws | None  # measured; None when nothing was graded
+    requests_per_s: Draws
     device_count: int = 1
-    energy_j_per_call: float | None = None  # measured, when the run has it
+    energy_j_per_call: Draws | None = None  # measured, when the run has it
     energy_spread: float = 0.0  # the energy method's relative 1-sigma error (bench/energy.py METHOD_SPREAD)
     ttft_p95: float | None = None
     tpot_p95: float | None = None

@@ -85,10 +85,11 @@ class ConfigCost(BaseModel):
     @property
     def shares(self) -> dict[str, float]:
         """The three-way split the report's table shows ("compute" counts tool calls too; see cost_shares)."""
-        if self.infinite or not self.total:
-            return {}
-        return {"compute": (self.compute + self.tools) / self.total, "labour": self.labour / self.total,
-                "maintenance": self.maintenance / self.total}
+        compute, tools, labour, maintenance = self.compute, self.tools, self.labour, self.maintenance
+        if self.infinite or not self.total or compute is None or tools is None or labour is None or maintenance is None:
+            return {}  # not priced (a priced row has every part; see _cost_row)
+        return {"compute": (compute + tools) / self.total, "labour": labour / self.total,
+                "maintenance": maintenance / self.total}
 
     @property
     def cost_shares(self) -> dict[str, float]:
@@ -206,7 +207,7 @@ def choose_levels(ms: list[ConfigMeasurement], inputs: CostInputs):
         by_name[m.name].append(m)
     ups = speedups(ms)
     levels: list[ConfigCost] = []
-    chosen: list[tuple[ConfigCost, Case, Resolved, ConfigMeasurement]] = []
+    chosen: list[tuple[ConfigCost, Case | None, Resolved, ConfigMeasurement]] = []  # None: nothing to price
     for name in names:
         res = inputs.resolve(name)
         group = [m for m in by_name[name] if m.requests_completed > 0]
@@ -275,10 +276,10 @@ def price_measurements(
         if out.answer is not None:
             link_scenarios(out.answer)
         return out
-    levels, chosen = choose_levels(ms, inputs)
-    rows = [c[0] for c in chosen]
+    levels, all_chosen = choose_levels(ms, inputs)
+    rows = [c[0] for c in all_chosen]
     point_verdicts(rows)
-    chosen = [c for c in chosen if c[1] is not None]
+    chosen = [(row, case, res, m) for row, case, res, m in all_chosen if case is not None]
     eligible = {r.name for r in rows if r.verdict in ("cheapest", "dominated", "trade-off")}
     cost_samples = None
     if samples > 0:
@@ -309,7 +310,7 @@ def price_measurements(
     bes = _default_break_evens(chosen, ref)
     by_name = {c[3].name: c[3] for c in chosen}
     quality = [asdict(mcnemar(ref, by_name[ref].grades, n, m.grades)) for n, m in by_name.items()
-               if ref in by_name and n != ref and m.grades and by_name[ref].grades]
+               if n != ref and m.grades and by_name[ref].grades] if ref is not None and ref in by_name else []
 
     calculator = {
         "base": inputs.base.central(),

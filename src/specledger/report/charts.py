@@ -162,21 +162,22 @@ def latency_distributions(ledger: LedgerResult) -> str | None:
 
 
 def concurrency_sweep(ledger: LedgerResult) -> str | None:
-    by_name: dict[str, list[ConfigMeasurement]] = defaultdict(list)
+    by_name: dict[str, list[tuple[int, float, ConfigMeasurement]]] = defaultdict(list)  # (concurrency, tok/s, m)
     for m in ledger.measurements:
         if m.concurrency is not None and m.tok_s:
-            by_name[m.name].append(m)
-    swept = {k: sorted(v, key=lambda m: m.concurrency) for k, v in by_name.items() if len(v) >= 2}
+            by_name[m.name].append((m.concurrency, m.tok_s, m))
+    swept = {k: sorted(v, key=lambda p: p[0]) for k, v in by_name.items() if len(v) >= 2}
     if not swept:
         return None
     fig = _figure(7.5, 3.6)
     ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     speed = {(r.name, r.load): r for r in ledger.levels}
     crossing = {b.config: b.value for b in ledger.concurrency if b.value is not None}
-    for i, (name, levels) in enumerate(swept.items()):
-        c = [m.concurrency for m in levels]
+    for i, (name, points) in enumerate(swept.items()):
+        c = [n for n, _, _ in points]
+        levels = [m for _, _, m in points]
         color = PALETTE[i % len(PALETTE)]
-        ax1.plot(c, [m.tok_s for m in levels], marker="o", label=name, color=color)
+        ax1.plot(c, [tok_s for _, tok_s, _ in points], marker="o", label=name, color=color)
         rows = [speed.get((name, m.load)) for m in levels]
         ups = [np.nan if r is None or r.speedup is None else r.speedup for r in rows]
         if levels[0].strategy == "ar" or all(np.isnan(ups)):
@@ -191,7 +192,7 @@ def concurrency_sweep(ledger: LedgerResult) -> str | None:
     ax2.set_xlabel("concurrency")
     ax2.set_ylabel("speed-up over autoregressive\n(95% paired; x: break-even)")
     ax2.axhline(1.0, color="#444", lw=0.8, ls="--")
-    ticks = sorted({m.concurrency for v in swept.values() for m in v})
+    ticks = sorted({n for v in swept.values() for n, _, _ in v})
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, [str(t) for t in ticks])
@@ -203,9 +204,9 @@ def concurrency_sweep(ledger: LedgerResult) -> str | None:
 
 def tornado(ledger: LedgerResult, config: str, top: int = 8) -> str | None:
     swings = ledger.sensitivity.get(config, [])[:top]
-    if not swings:
-        return None
     base = next((r.total for r in ledger.configs if r.name == config), None)
+    if not swings or base is None:  # (a configuration with a sensitivity table is priced: it has a total)
+        return None
     fig = _figure(7.5, 0.45 * len(swings) + 1.0)
     ax = fig.add_subplot()
     y = np.arange(len(swings))[::-1]

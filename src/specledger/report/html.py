@@ -6,6 +6,7 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import escape
@@ -161,7 +162,8 @@ def _energy(ledger: LedgerResult) -> list[dict]:
         if r.energy_j_per_task is None:
             continue
         m = next((m for m in ledger.measurements if m.name == r.name and m.load == r.load), None)
-        per_req = m.operating_point().energy_j_per_call if m is not None else None
+        # operating_point() builds point values from the measurement (no Monte Carlo draws)
+        per_req = cast(float | None, m.operating_point().energy_j_per_call) if m is not None else None
         out.append({"name": r.name, "load": r.load, "per_request": _f(per_req, ".3g", " J"),
                     "per_task": _f(r.energy_j_per_task, ".3g", " J"),
                     "wh_per_1000": _f(r.energy_j_per_task / 3.6, ".3g", " Wh"),

@@ -152,9 +152,9 @@ def render_break_even(ledger: LedgerResult) -> Table | None:
 
 
 def render_sensitivity(ledger: LedgerResult, config: str | None = None, top: int = 6) -> Table | None:
-    priced = [r for r in ledger.configs if r.total is not None and r.verdict in VERDICT_STYLE]
+    priced = [(r.total, r.name) for r in ledger.configs if r.total is not None and r.verdict in VERDICT_STYLE]
     name = config or next((r.name for r in ledger.configs if r.verdict == "cheapest"), None) or \
-        (min(priced, key=lambda r: r.total).name if priced else None)
+        (min(priced, key=lambda p: p[0])[1] if priced else None)
     swings = ledger.sensitivity.get(name or "", [])
     if not swings:
         return None
@@ -176,9 +176,11 @@ def render_interaction(ledger: LedgerResult) -> Table | None:
         return None
     precisions = sorted({r["precision"] for r in rows}, key=lambda p: (p not in ("fp32", "bf16", "fp16"), p))
     methods = sorted({r["strategy"] for r in rows}, key=lambda s: (s != "ar", s))
+    caption = f"every cell is a measured configuration; ar row: vs {ledger.reference}"
+    if any(not r["comparable"] for r in rows):
+        caption += "; * not comparable (a quality gate failed)"
     t = Table(title="Speed-up over autoregressive on the same precision", title_justify="left", header_style="bold",
-              caption=f"every cell is a measured configuration; ar row: vs {ledger.reference}", caption_justify="left",
-              min_width=72)
+              caption=caption, caption_justify="left", min_width=72)
     t.add_column("method")
     for p in precisions:
         t.add_column(p, justify="right")
@@ -191,8 +193,6 @@ def render_interaction(ledger: LedgerResult) -> Table | None:
                  f"{h['vs_reference'] if m == 'ar' else h['speedup']:.2f}×")
                 + ("" if h["comparable"] else "*") for h in hits) or "[dim]not measured[/dim]")
         t.add_row(m, *cells)
-    if any(not r["comparable"] for r in rows):
-        t.caption += "; * not comparable (a quality gate failed)"
     return t
 
 

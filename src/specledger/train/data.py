@@ -104,6 +104,8 @@ def answer_stream(
 
     def finish_or_keep(r: int) -> Iterator[tuple[int, Sample]]:
         row = rows[r]
+        if row is None:  # callers pass a row that holds a sequence
+            raise ValueError(f"batch row {r} is empty")
         if row["out"][-1] in eos or len(row["out"]) >= max_new_tokens:
             p = prompts[row["i"]]
             toks = list(p) + row["out"]
@@ -248,6 +250,8 @@ def generate_data(
     if samples < 1 or temperature <= 0:
         raise BadInput(f"samples must be >= 1 and temperature > 0 (got {samples}, {temperature})")
     tok = lm.tokenizer
+    if tok is None:
+        raise BadInput(f"model {lm.label} has no tokenizer: the prompts need its chat template")
     ids = [tok.chat([{"role": "user", "content": p}]) for p in prompts]
     ids = [x for x in ids if len(x) <= max_prompt_tokens]
     skipped = len(prompts) - len(ids)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -56,7 +57,8 @@ class Batch:
 def make_batches(samples: list[Sample], batch_tokens: int) -> list[list[int]]:
     """Sequences sorted by length, chunked so each batch pads to at most batch_tokens."""
     order = sorted(range(len(samples)), key=lambda i: len(samples[i].tokens))
-    batches, cur = [], []
+    batches: list[list[int]] = []
+    cur: list[int] = []
     for i in order:
         if cur and (len(cur) + 1) * len(samples[i].tokens) > batch_tokens:
             batches.append(cur)
@@ -84,7 +86,7 @@ def collate(samples: list[Sample], idx: list[int], prompt_loss: bool = False) ->
     return Batch(toks, feats, mask, answer)
 
 
-def pick_draft_vocab(samples: list[Sample], size: int, vocab_size: int, always: list[int] = ()) -> torch.Tensor | None:
+def pick_draft_vocab(samples: list[Sample], size: int, vocab_size: int, always: Sequence[int] = ()) -> torch.Tensor | None:
     """The `size` tokens seen most often in the data (plus `always`), sorted; None = everything.
 
     Unseen tokens are ranked by id: BPE vocabularies give common merges low ids.
