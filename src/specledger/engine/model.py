@@ -230,7 +230,7 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.output = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.output: nn.Module = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)  # loader.py: or Int8Linear
         self.init_rope()
 
     def init_rope(self, device: torch.device | str | None = None) -> None:
