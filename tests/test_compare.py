@@ -208,6 +208,8 @@ def test_compare_quick_end_to_end(tmp_path):
     assert run.status == "complete"
     assert [c.name for c in run.configs] == ["ar-fp32", "lookup-fp32", "ar-w4", "lookup-w4"]
     ledger = json.loads((out / "ledger.json").read_text())
+    assert run.answer == ledger["answer"] and run.answer["scenarios"][0]["recommended"]  # run.json has the decision
+    assert list(json.loads((out / "run.json").read_text())).index("answer") == 5  # ... after id, times, status
     assert {r["name"] for r in ledger["configs"]} == {c.name for c in run.configs}
     assert all(r["verdict"] for r in ledger["configs"]), ledger["configs"]
     by = {c.name: c for c in run.configs}

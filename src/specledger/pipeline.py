@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specledger.bench.config import RunConfig, load_run_config, parse_run_config
-from specledger.bench.results import REQUESTS_FILE
+from specledger.bench.results import REQUESTS_FILE, load_run, write_run
 from specledger.errors import BadInput, SpecLedgerError
 
 if TYPE_CHECKING:
@@ -191,6 +191,10 @@ def run_compare(config: RunConfig, *, run_dir: Path | None = None, inputs: Path 
     except SpecLedgerError as exc:
         raise SpecLedgerError(f"{exc} (the measurements are in {run_dir})") from None
     (run_dir / "ledger.json").write_text(ledger.model_dump_json(indent=2), encoding="utf-8")
+    if ledger.answer is not None:  # run.json leads with the decision too
+        run = load_run(run_dir)
+        run.answer = ledger.answer.model_dump(mode="json")
+        write_run(run_dir, run)
     answer = render_answer(ledger)
     if answer is not None:  # the decision first; the gates, tables and report are its evidence
         console.print(answer)

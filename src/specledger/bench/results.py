@@ -325,6 +325,9 @@ class RunResult(_Model):
     created: datetime
     updated: datetime | None = None
     status: Literal["running", "complete", "interrupted", "failed"] = "running"
+    # the decision `compare` reached on this run (ledger/answer.py's Answer as JSON; the ledger imports bench,
+    # not the other way round); also in ledger.json with the whole ledger
+    answer: dict[str, Any] | None = None
     conditions: Conditions
     configs: list[ConfigResult] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
