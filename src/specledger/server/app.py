@@ -97,7 +97,7 @@ def extension(result: GenerationResult, queue_s: float) -> dict[str, Any]:
     }
 
 
-def usage(result: GenerationResult) -> dict[str, int]:
+def usage(result: GenerationResult) -> dict[str, int | dict[str, int]]:
     n = len(result.token_ids)
     return {"prompt_tokens": result.prompt_tokens, "completion_tokens": n, "total_tokens": result.prompt_tokens + n,
             "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
@@ -297,7 +297,7 @@ class ServerState:
         chat = endpoint == CHAT
         created = int(time.time())
         with_usage = req.include_usage
-        outcome = {"status": "cancelled", "counted": False}
+        outcome: dict[str, str | bool] = {"status": "cancelled", "counted": False}
 
         def chunk(text: str | None, finish: str | None = None) -> dict[str, Any]:
             if chat:
@@ -305,8 +305,8 @@ class ServerState:
                 choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
             else:
                 choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-            c = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                 "created": created, "model": self.name, "choices": [choice]}
+            c: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                                 "created": created, "model": self.name, "choices": [choice]}
             if with_usage:
                 c["usage"] = None
             return c
@@ -501,7 +501,9 @@ class Server(uvicorn.Server):
     def __init__(self, app: FastAPI, *, shutdown_timeout_s: float = 30.0, log_level: str = "info",
                  access_log: bool = True) -> None:
         super().__init__(uvicorn.Config(app, log_level=log_level, access_log=access_log,
-                                        timeout_graceful_shutdown=shutdown_timeout_s, lifespan="on"))
+                                        # uvicorn annotates int | None; it only hands it to asyncio.timeout (float)
+                                        timeout_graceful_shutdown=shutdown_timeout_s,  # type: ignore[arg-type]
+                                        lifespan="on"))
         self.app_state: ServerState = app.state.server
 
     def handle_exit(self, sig: int, frame: Any) -> None:
