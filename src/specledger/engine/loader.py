@@ -122,7 +122,8 @@ def build_model(
             sd[f"{p}.attention_norm.weight"] = tensors[f"{p}.attn_norm"]
             sd[f"{p}.ffn_norm.weight"] = tensors[f"{p}.ffn_norm"]
             for mod, parts in fused.items():
-                sd[f"{p}.{mod}.weight"] = torch.cat([tensors[f"{p}.{x}"] for x in parts])
+                # in the compute dtype at once: an fp32 copy of every fused matrix would coexist with the sources
+                sd[f"{p}.{mod}.weight"] = torch.cat([tensors[f"{p}.{x}"] for x in parts]).to(device=dev, dtype=tdtype)
             if cfg.qkv_bias:
                 sd[f"{p}.attention.bias"] = torch.cat([tensors[f"{p}.{x}_bias"] for x in ("q", "k", "v")])
             if cfg.qk_norm:
