@@ -89,58 +89,45 @@ def test_chi_square_rejects_a_wrong_distribution():
     assert chi2_pvalue(counts, exact_joint(lm, prompt)) < ALPHA
 
 
-@pytest.mark.parametrize("stochastic", [False, True])
-def test_tree_verifier_with_several_children_is_exact(stochastic):
-    g = torch.Generator().manual_seed(0)
-    V = 5
-    p = torch.softmax(torch.randn(V, generator=g) * 1.5, 0)
-    q = torch.softmax(torch.randn(V, generator=g) * 1.5, 0)
+def first_tokens_of_three_children(p, q, stochastic: bool, n: int, seed: int):
+    """Counts of the first emitted token over n verifications of three root children drafted from q (drawn from q
+    without replacement, or its deterministic top 3) against a target p."""
     logits = torch.log(p).repeat(4, 1)  # root row + 3 node rows
     sp = SamplingParams(temperature=1.0)
-    counts = torch.zeros(V, dtype=torch.float64)
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(6000):
-        if stochastic:  # three children drawn from q without replacement
+    counts = torch.zeros(len(p), dtype=torch.float64)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        if stochastic:
             qq, kids = q.clone(), []
             for _ in range(3):
                 x = int(torch.multinomial(qq / qq.sum(), 1, generator=gen))
                 kids.append(x)
                 qq[x] = 0
             tree = Tree(kids, [-1, -1, -1], [q, q, q])
-        else:  # deterministic top-3 of q
+        else:  # q = one-hot for each chosen child
             tree = Tree(q.topk(3).indices.tolist(), [-1, -1, -1])
         v = verify(logits, tree, sp, gen)
-        first = tree.tokens[v.path[0]] if v.path else v.bonus
-        counts[first] += 1
-    assert chi2_pvalue(counts, p.double()) > ALPHA
+        counts[tree.tokens[v.path[0]] if v.path else v.bonus] += 1
+    return counts
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_sibling_children_see_the_renormalised_residual(deterministic):
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_tree_verifier_with_several_children_is_exact(stochastic):
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(5, generator=g) * 1.5, 0)
+    q = torch.softmax(torch.randn(5, generator=g) * 1.5, 0)
+    assert chi2_pvalue(first_tokens_of_three_children(p, q, stochastic, 6000, seed=1), p.double()) > ALPHA
+
+
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_sibling_children_see_the_renormalised_residual(stochastic):
     """A draft close to the target (the usual case) accepts often, so the second and third children are reached
     with a residual whose mass is small: unless it is renormalised before the next child's p/q test, the output
     drifts from p. (With q far from p, as above, the first child decides almost every step and hides this.)"""
     g = torch.Generator().manual_seed(3)
-    V = 4
     p = torch.softmax(torch.tensor([2.0, 1.6, 0.4, -0.5]), 0)
-    q = torch.softmax(torch.log(p) + 0.35 * torch.randn(V, generator=g), 0)
-    logits = torch.log(p).repeat(4, 1)
-    sp = SamplingParams(temperature=1.0)
-    counts = torch.zeros(V, dtype=torch.float64)
-    gen = torch.Generator().manual_seed(4)
-    for _ in range(12000):
-        if deterministic:  # top-3 of q, q = one-hot for each
-            tree = Tree(q.topk(3).indices.tolist(), [-1, -1, -1])
-        else:
-            qq, kids = q.clone(), []
-            for _ in range(3):
-                x = int(torch.multinomial(qq / qq.sum(), 1, generator=gen))
-                kids.append(x)
-                qq[x] = 0
-            tree = Tree(kids, [-1, -1, -1], [q, q, q])
-        v = verify(logits, tree, sp, gen)
-        counts[tree.tokens[v.path[0]] if v.path else v.bonus] += 1
-    assert chi2_pvalue(counts, p.double()) > ALPHA
+    q = torch.softmax(torch.log(p) + 0.35 * torch.randn(4, generator=g), 0)
+    assert chi2_pvalue(first_tokens_of_three_children(p, q, stochastic, 12000, seed=4), p.double()) > ALPHA
 
 
 def test_greedy_tree_verifier_follows_argmax_path():
