@@ -282,3 +282,18 @@ def test_a_run_poisoned_by_an_older_resume_is_read_again(tmp_path, capsys):
     log.write_bytes(b"".join(lines[:3]) + lines[3][:5000] + lines[4][10:] + b"".join(lines[5:]))
     with pytest.raises(BadInput, match=r"requests.jsonl:4: not a request record"):
         read_requests(tmp_path / "r")
+
+
+def test_a_complete_level_whose_last_record_is_cut_is_measured_again(tmp_path):
+    """run.json says every level is complete, but requests.jsonl lost its last record (torn and cut on resume):
+    the level is reopened and the missing request measured, not skipped with a request short."""
+    cfg = _config(tmp_path)
+    run_dir = tmp_path / "run"
+    _runner(cfg, run_dir, resume=False).run()
+    log = run_dir / REQUESTS_FILE
+    data = log.read_bytes()
+    last = data.rfind(b"\n", 0, len(data) - 1) + 1
+    os.truncate(log, last + (len(data) - last) // 2)  # the last record torn halfway
+    _runner(cfg, run_dir, resume=True).run()
+    _check_complete_and_readable(run_dir)
+    assert any("records are gone from requests.jsonl: measured again" in n for n in load_run(run_dir).notes)

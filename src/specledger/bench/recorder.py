@@ -48,6 +48,7 @@ class RunRecorder:
             self.result.status = "running"
             self.result.notes.append(f"resumed {now().isoformat(timespec='seconds')} (segment {self.segment})")
             self.previous = read_requests(run_dir)
+            self._reopen_short_levels()
         else:
             if (run_dir / REQUESTS_FILE).exists():
                 raise BadInput(f"{run_dir} already holds a run; resume it (--resume) or choose another run id")
@@ -62,6 +63,18 @@ class RunRecorder:
         self.result.workload = info
         if info.timed and not cfg.load.replay:
             self.note("the workload's arrival times are not used at this load (replay them with load.replay / --replay)")
+
+    def _reopen_short_levels(self) -> None:
+        """A level run.json calls complete whose records are no longer all in requests.jsonl (its last one cut as
+        torn, say) is measured again for what is missing rather than skipped with a request short."""
+        for cr in self.result.configs:
+            for lr in cr.loads:
+                have = sum(r.config == cr.name and r.load == lr.load for r in self.previous)
+                want = lr.aggregate.requests_ok + lr.aggregate.requests_failed
+                if lr.complete and have < want:
+                    lr.complete = False
+                    self.note(f"{cr.name} {lr.load}: {want - have} of its {want} records are gone from "
+                              f"{REQUESTS_FILE}: measured again")
 
     def open(self) -> None:
         """Create the run directory (or reopen it): a place that cannot be written is one line, before any request."""
