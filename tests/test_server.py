@@ -19,6 +19,7 @@ from specledger.bench.telemetry import telemetry_delta
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.generate import generate
 from specledger.decoding.sampling import SamplingParams
+from specledger.engine import qkernel
 from specledger.server.app import ServerThread, create_app
 
 MODEL = "smollm2-135m"
@@ -77,7 +78,8 @@ def test_models_and_health(server):
     assert [m["id"] for m in models["data"]] == [MODEL]
     assert health(server.url) == {"status": "ok", "model": MODEL, "strategy": "lookup", "running": 0,
                                   "waiting": 0, "max_queue": 1, "max_batch": 8, "prefill_chunk": 256,
-                                  "prefix_cache": True}
+                                  "prefix_cache": True, "kernel": qkernel.describe()}
+    assert health(server.url)["kernel"].startswith(("specledger kernel, avx", "PyTorch's kernels ("))
 
 
 def test_chat_greedy_equals_in_process_and_metrics_move(server, client, smollm):

@@ -30,14 +30,17 @@ def collect_conditions(config: dict[str, Any], *, seed: int, backends: dict[str,
     torch_version: str | None = None
     threads: int | None = None
     gpu: str | None = None
+    kernel: str | None = None
     if local_engine or "torch" in sys.modules:
         try:
             import torch
 
+            from specledger.engine import qkernel
             from specledger.engine.threads import count
 
             torch_version = torch.__version__
             threads = count()
+            kernel = qkernel.describe() if local_engine else None
             gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
         except ImportError:
             pass
@@ -55,6 +58,7 @@ def collect_conditions(config: dict[str, Any], *, seed: int, backends: dict[str,
         cpu_count=os.cpu_count(),
         gpu=gpu,
         torch_threads=threads,
+        kernel=kernel,
         seed=seed,
         backends=backends,
         energy=energy,

@@ -246,6 +246,7 @@ class Conditions(_Model):
     cpu_count: int | None = None
     gpu: str | None = None
     torch_threads: int | None = None
+    kernel: str | None = None  # the CPU product path of in-process engines (engine/qkernel.py describe)
     seed: int = 0
     backends: dict[str, str] = Field(default_factory=dict)  # backend name -> version/description
     energy: str = "unavailable"  # "rapl", "nvml", "rapl+nvml" or "unavailable"

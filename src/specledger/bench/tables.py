@@ -36,6 +36,8 @@ def conditions_line(run: RunResult) -> str:
         parts.append(f"{c.torch_threads} threads")
     if c.gpu:
         parts.append(c.gpu)
+    if c.kernel:
+        parts.append(f"products: {c.kernel}")
     parts.append(f"energy: {c.energy}")
     return " | ".join(str(p) for p in parts)
 

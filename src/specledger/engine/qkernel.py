@@ -152,13 +152,39 @@ def activation_digits() -> int:
     return 1 if os.environ.get("SPECLEDGER_QKERNEL_ACT", "").lower() in ("int8", "8", "1") else 2
 
 
+def describe() -> str:
+    """Which CPU product path serves quantized (and AVX2 bf16) products in this process, for run.json, the report
+    and /health: the engine's kernel and its instruction set, or PyTorch's kernels and why."""
+    if os.environ.get("SPECLEDGER_QKERNEL", "").lower() in ("off", "0", "no", "torch"):
+        return "PyTorch's kernels (SPECLEDGER_QKERNEL=off)"
+    if op() is None:
+        return "PyTorch's kernels (the engine's kernel is unavailable here)"
+    forced = {1: "avx2", 2: "avx512-vnni", 3: "avx512-vnni+amx"}.get(requested_isa())
+    return f"specledger kernel, {host_isa()}" + (f", forced to {forced}" if forced else "")
+
+
+OPT_OUT = "SPECLEDGER_ALLOW_NO_KERNEL"
+
+
 def main() -> None:
+    """`make install`: build the kernel and say which path it will use. A failed build on a host that should have
+    one fails the install (exit 1) unless the user opts out with SPECLEDGER_ALLOW_NO_KERNEL=1 (PyTorch's kernels:
+    slower quantized products); hosts with no kernel at all (not x86-64) install without it."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or sys.platform not in ("linux", "darwin"):
+        print(f"quantized-product kernel: none for {sys.platform}/{platform.machine()}; PyTorch's kernels serve")
+        return
     try:
         path = build()
+        torch.ops.load_library(str(path))
     except Exception as exc:
-        _notice(f"quantized-product kernel not built ({exc})")
-        return
-    print(f"quantized-product kernel: {path} ({host_isa()})")
+        if os.environ.get(OPT_OUT, "").lower() in ("1", "yes", "true"):
+            _notice(f"quantized-product kernel not built ({exc}; {OPT_OUT} set)")
+            return
+        print(f"error: the quantized-product kernel did not build: {exc}\n"
+              f"  (install a C++ compiler or set CXX; or install without it, slower, with {OPT_OUT}=1)",
+              file=sys.stderr)
+        sys.exit(1)
+    print(f"quantized-product kernel: {path}; this host will use: {describe()}")
 
 
 if __name__ == "__main__":

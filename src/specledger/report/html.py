@@ -201,7 +201,8 @@ def _conditions(run_dir: str | Path) -> tuple[str, str, str]:
         return Path(str(run_dir)).name or "run", "", ""
     c = run.conditions
     bits = [b for b in (c.cpu_model, f"{c.cpu_count} CPUs" if c.cpu_count else None, c.gpu,
-                        f"torch {c.torch}" if c.torch else None, f"energy: {c.energy}") if b]
+                        f"torch {c.torch}" if c.torch else None, f"products: {c.kernel}" if c.kernel else None,
+                        f"energy: {c.energy}") if b]
     return run.run_id, run.created.strftime("%Y-%m-%d %H:%M UTC"), " · ".join(bits)
 
 

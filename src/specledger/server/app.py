@@ -151,6 +151,10 @@ class ServerState:
             self.worker = BatchEngineWorker(scheduler, self.metrics, max_queue)
         else:
             self.worker = EngineWorker(strategy, self.metrics, max_queue)
+        from specledger.engine import qkernel
+
+        on_gpu = next(lm.model.parameters()).device.type != "cpu"
+        self.kernel = "PyTorch's kernels on the GPU" if on_gpu else qkernel.describe()  # said by /health
         self.created = int(time.time())
         self.avg_e2e_s = 1.0  # running mean of served requests, for Retry-After
 
@@ -463,7 +467,7 @@ def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None =
     async def health() -> Response:
         w = state.worker
         body = {"status": "ok" if w.accepting else "draining", "model": state.name, "strategy": strategy.name,
-                "running": w.running, "waiting": w.waiting, "max_queue": w.max_queue}
+                "running": w.running, "waiting": w.waiting, "max_queue": w.max_queue, "kernel": state.kernel}
         if isinstance(w, BatchEngineWorker):
             body["max_batch"] = w.scheduler.max_batch
             body["prefill_chunk"] = w.scheduler.prefill_chunk
