@@ -40,7 +40,7 @@ TARGETS = {"fp32": ("none", "fp32"), "bf16": ("none", "bf16"), "w4a16": ("int4",
 
 
 def configs(models: dict) -> list[tuple[str, str, str, dict]]:
-    """(name, target, strategy, params); the hierarchy's intermediate is chosen in BENCHMARKS.md."""
+    """(name, target, strategy, params); the hierarchy's intermediate is chosen in docs/benchmarks-log.md."""
     return [
         ("ar fp32", "fp32", "ar", {}),
         ("ar bf16", "bf16", "ar", {}),

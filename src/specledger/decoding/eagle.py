@@ -580,8 +580,8 @@ class EagleTree(Speculative):
         total_nodes: int | str = "auto",
         head_dtype: str | None = None,
     ) -> None:
-        """depth 3 by default: on the CPU targets measured (benchmarks/speculation.py, BENCHMARKS.md) depths 4-6
-        added drafting time (~2-3 ms per level) for under 0.1 of tau with the shipped head.
+        """depth 3 by default: on the CPU targets measured (benchmarks/speculation.py, docs/benchmarks-log.md)
+        depths 4-6 added drafting time (~2-3 ms per level) for under 0.1 of tau with the shipped head.
 
         head_dtype: the head's compute dtype. Default: the target's, except bf16 for an fp32 target on
         a CPU with native bf16 (drafts are only proposals: still lossless, and drafting is ~2x cheaper)."""

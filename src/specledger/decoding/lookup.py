@@ -79,7 +79,7 @@ class PromptLookup(Speculative):
     ) -> None:
         """num_tokens default: 3 on CPU, 10 elsewhere. On the CPU targets measured, verifying a 10-token
         chain cost more than its extra accepted tokens gained (fp32 1.00x, W4A16 0.68x of autoregressive
-        at 10; 1.19x and 1.14x at 3; BENCHMARKS.md)."""
+        at 10; 1.19x and 1.14x at 3; docs/benchmarks-log.md, session 2)."""
         super().__init__(target)
         self.batch_cap = num_tokens or 8  # batched, a cap: the planner drafts what pays of it, per step
         if num_tokens is None:

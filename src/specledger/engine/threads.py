@@ -4,10 +4,10 @@ GNU OpenMP (PyTorch's intra-op threads on Linux) keeps a team of worker threads 
 entered a parallel region, for as long as that thread lives. Once a process holds more of them than the machine
 has cores, libgomp stops spinning between regions (its throttled spin count) and every region of a decode step
 waits for a futex wake-up. A server whose main thread had loaded the model and whose engine thread decoded ran
-at half speed on 2 cores: 18.2 against 9.6 ms a token (BENCHMARKS.md, session 17). So every op of a serving or
-benchmarking process goes through `run`/`submit` to one long-lived thread with the process's thread count, and
-the thread that first asks gives that count up (it runs whatever it still computes on one core, which never
-starts a team).
+at half speed on 2 cores: 18.2 against 9.6 ms a token (docs/benchmarks-log.md, session 17). So every op of a
+serving or benchmarking process goes through `run`/`submit` to one long-lived thread with the process's thread
+count, and the thread that first asks gives that count up (it runs whatever it still computes on one core, which
+never starts a team).
 """
 
 from __future__ import annotations
