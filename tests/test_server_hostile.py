@@ -320,6 +320,8 @@ def test_wrong_types_and_unknown_fields_are_400_naming_the_field(small, extra, p
     {"user": "u-1", "n": 1, "metadata": {"k": "v"}, "store": False, "logprobs": False, "tool_choice": "none",
      "parallel_tool_calls": False, "stop": None, "service_tier": "auto"},
     {"stream": True, "stream_options": {"include_usage": True}},
+    {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},  # GuideLLM's
+     "max_completion_tokens": 1, "ignore_eos": True},
     {"seed": 2**64 - 1, "temperature": 1},
     {"seed": -(2**63), "temperature": 1},
     {"max_completion_tokens": 1, "max_tokens": 1, "ignore_eos": True, "min_tokens": 1, "top_k": 5, "top_p": 0.9},

@@ -41,6 +41,7 @@ class StreamOptions(BaseModel):
     model_config = STRICT
     include_usage: bool = False
     include_obfuscation: bool | None = None  # (OpenAI's; nothing to obfuscate here)
+    continuous_usage_stats: bool | None = None  # (vLLM's, sent by GuideLLM: usage on every chunk; the last has it)
 
 
 class ResponseFormat(BaseModel):
