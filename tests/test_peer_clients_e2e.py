@@ -246,12 +246,15 @@ def test_peer_round_trip_matches_our_own_run_and_the_server(served, tmp_path, pe
     checked = [f"{stat}/server" for stat in STATS if stat.endswith(".mean") or (same_load and quiet)]
     if not (same_load and quiet):
         print(f"percentiles reported, not asserted: {'a busy machine' if same_load else 'another load'}")
-    speeds = [(p[1]["e2e"], o[1]["e2e"]) for p, o in zip(runs[peer], runs["ours"])]
+    # the server's own mean TTFT and e2e under each client, per round: raw figures compare only where both agree
+    # (seen: the server's TTFT 0.026 s under ours, 0.023-0.024 s under AIPerf, with the e2e within 2%: the raw
+    # TTFT means then differed by 13% while each client's over the server's agreed within its tolerance)
+    speeds = [(p[1][k], o[1][k]) for p, o in zip(runs[peer], runs["ours"]) for k in ("e2e", "ttft")]
     if same_load and quiet and all(x == pytest.approx(y, rel=0.05) for x, y in speeds):
         # (b) raw, when the server ran as fast under both clients in every round; and the latencies the ledger prices
         checked += [*STATS, "priced ttft_p50", "priced e2e_p95"]
     else:
-        print(f"raw comparison not checked (server's mean e2e per round, {peer} vs ours: {speeds})")
+        print(f"raw comparison not checked (server's mean e2e, ttft per round, {peer} vs ours: {speeds})")
     # TTFT's median is reported, not asserted: at concurrency 2 a request's TTFT is one of two modes (its prefill
     # alone, or beside the other stream's), and which mode holds the median of 32 depends on the two streams' phase,
     # which differs between clients by design (seen on a quiet machine: p50 over the server's mean TTFT 1.13 ours,
