@@ -81,12 +81,12 @@ def cpu_counters() -> tuple[float, float, float] | None:
     try:
         import psutil
 
-        from specledger.bench.energy import _tree_cpu_seconds
+        from specledger.bench.energy import tree_cpu_seconds
 
         t = psutil.cpu_times()
         # guest time is already in user time; steal is a neighbour taking the CPU: counted as others' work
         busy = sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
-        return time.monotonic(), busy, _tree_cpu_seconds(psutil.Process())
+        return time.monotonic(), busy, tree_cpu_seconds(psutil.Process())
     except (ImportError, OSError, AttributeError, RuntimeError):
         return None
 

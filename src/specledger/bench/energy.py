@@ -25,27 +25,27 @@ import psutil
 # with ~10-15% reported error (RAPL) and ~5% (NVML's board counter); the estimate: a TDP share can be off by half.
 METHOD_SPREAD = {"rapl": 0.12, "nvml": 0.05, "rapl+nvml": 0.12, "estimated": 0.5}
 
-# (pattern on /proc/cpuinfo's model name, package TDP in watts, logical CPUs per package). Cloud VMs often show
-# only the family ("AMD EPYC"), so family rows come last as the fallback for their models.
-KNOWN_CPUS: list[tuple[str, float, int]] = [
-    (r"EPYC 9[0-9]{3}", 360.0, 192),   # Zen 4 Genoa (e.g. 9654: 360 W, 96 cores)
-    (r"EPYC 7[0-9]{2}3", 280.0, 128),  # Zen 3 Milan (e.g. 7763: 280 W, 64 cores)
-    (r"EPYC 7[0-9]{2}2", 225.0, 128),  # Zen 2 Rome
-    (r"AMD EPYC", 280.0, 128),
-    (r"Xeon.*Platinum 84[0-9]{2}", 350.0, 112),  # Sapphire Rapids (8480+: 350 W, 56 cores)
-    (r"Xeon.*Platinum 83[0-9]{2}", 270.0, 80),  # Ice Lake (8380: 270 W, 40 cores)
-    (r"Xeon", 250.0, 80),
-    (r"Ryzen", 105.0, 16),
-    (r"Core\(TM\) i[3579]", 65.0, 12),
+# (pattern on /proc/cpuinfo's model name, what it stands for, package TDP in watts, logical CPUs per package). Cloud
+# VMs often show only the family ("AMD EPYC"), so family rows come last as the fallback for their models.
+KNOWN_CPUS: list[tuple[str, str, float, int]] = [
+    (r"EPYC 9[0-9]{3}", "AMD EPYC Genoa, e.g. 9654", 360.0, 192),
+    (r"EPYC 7[0-9]{2}3", "AMD EPYC Milan, e.g. 7763", 280.0, 128),
+    (r"EPYC 7[0-9]{2}2", "AMD EPYC Rome", 225.0, 128),
+    (r"AMD EPYC", "AMD EPYC, model not shown", 280.0, 128),
+    (r"Xeon.*Platinum 84[0-9]{2}", "Xeon Sapphire Rapids, e.g. 8480+", 350.0, 112),
+    (r"Xeon.*Platinum 83[0-9]{2}", "Xeon Ice Lake, e.g. 8380", 270.0, 80),
+    (r"Xeon", "Xeon, model not known", 250.0, 80),
+    (r"Ryzen", "AMD Ryzen", 105.0, 16),
+    (r"Core\(TM\) i[3579]", "Intel Core", 65.0, 12),
 ]
 DEFAULT_WATTS_PER_CPU = 4.0  # an unknown server CPU: ~250 W over ~64 threads
 
 
 def watts_per_cpu(model: str | None) -> tuple[float, str]:
     """Power of one busy logical CPU for a CPU model name, and where the figure comes from."""
-    for pattern, tdp, threads in KNOWN_CPUS:
+    for pattern, label, tdp, threads in KNOWN_CPUS:
         if model and re.search(pattern, model):
-            return tdp / threads, f"{tdp:.0f} W TDP / {threads} threads ({pattern})"
+            return tdp / threads, f"{tdp:.0f} W TDP / {threads} threads: {label}"
     return DEFAULT_WATTS_PER_CPU, "unknown CPU: a default"
 
 
@@ -57,7 +57,7 @@ class _RaplZone:
     total_uj: int = 0
 
 
-def _tree_cpu_seconds(proc: psutil.Process) -> float:
+def tree_cpu_seconds(proc: psutil.Process) -> float:
     """CPU seconds of this process, its reaped children and its live ones (a managed server)."""
     t = proc.cpu_times()
     total = t.user + t.system + t.children_user + t.children_system
@@ -132,7 +132,7 @@ class EnergyMeter:
 
                 self._watts, self._basis = watts_per_cpu(self.cpu_model or cpu_model())
             self._proc = psutil.Process()
-            self._cpu0 = _tree_cpu_seconds(self._proc)
+            self._cpu0 = tree_cpu_seconds(self._proc)
 
     @property
     def method(self) -> str:
@@ -183,7 +183,7 @@ class EnergyMeter:
             idle = self.idle_watts * (time.perf_counter() - self._t0)
             return self._counters() - self._j0 - idle
         if self._watts:
-            return (_tree_cpu_seconds(self._proc) - self._cpu0) * self._watts
+            return (tree_cpu_seconds(self._proc) - self._cpu0) * self._watts
         return None
 
 
