@@ -5,7 +5,7 @@ equal autoregressive decoding of it alone, while drafts are accepted sometimes a
 perturbed copy of the target as draft model, a random EAGLE head). A batched EAGLE proposal equals each
 sequence's proposal made alone (no row, position or mask leaks between sequences). Sampling: chi-square
 against the exact joint distribution, requests sharing the batch. The planner turns drafting off when every
-row costs its full share, and a hierarchy says it runs one request at a time.
+row costs its full share. (The hierarchy's drafter: test_hier_batch.py.)
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from specledger.decoding.eagle_head import EagleHead, HeadConfig
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
-from specledger.errors import BadInput
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -171,13 +170,6 @@ def test_batched_sampling_follows_target_distribution(name):
     assert chi2_pvalue(counts, exact_joint(lm, prompt)) > 1e-3
 
 
-def test_hierarchy_is_not_batched():
-    lm = varied_model()
-    hier = make_strategy("hier", lm, intermediate=varied_model(noise=0.1), drafter="lookup")
-    with pytest.raises(BadInput, match="runs one request at a time"):
-        hier.batch_drafter(4)
-
-
 def test_lazy_draft_model_prices_the_prompt_it_has_not_fed_yet():
     """A batched draft model feeds a prompt only when it first drafts for it, so the plan of that first draft
     carries the catch-up rows (a long one spread over the tokens left); once fed, a draft costs its chain."""
@@ -276,7 +268,7 @@ def test_sampled_drafting_in_a_batch_is_reproducible_per_seed(name):
     def run(ps):
         sched = Scheduler(lm, max_batch=3, drafter=strategy(name, lm).batch_drafter(3), cost=FLAT)
         assert sched.spec is not None
-        sched.spec.evidence = 1e9
+        sched.spec.policy.evidence = 1e9
         ids = [sched.submit(p, sp) for p in ps]
         got = {r.request_id: r for r in sched.run()}
         return [got[i] for i in ids]

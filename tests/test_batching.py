@@ -459,10 +459,10 @@ def test_inprocess_backend_batches_ar_concurrency(tmp_path):
         return any(b.start_t < a.end_t for a, b in itertools.pairwise(rs))
 
     assert overlaps("batched") and not overlaps("serial")
-    with pytest.raises(BadInput, match="strategy 'hier' runs one request at a time"):
-        parse_run_config({"configs": [{"name": "h", "strategy": "hier", "batching": True,
-                                       "intermediate": {"model": "smollm2-135m", "dtype": "bf16"}}],
-                          "workload": {"spec": str(wl)}})
+    hier = parse_run_config({"configs": [{"name": "h", "strategy": "hier",  # batched by default, as the others
+                                          "intermediate": {"model": "smollm2-135m", "dtype": "bf16"}}],
+                             "workload": {"spec": str(wl)}})
+    assert hier.configs[0].batched
 
 
 @pytest.mark.slow

@@ -138,7 +138,16 @@ class BatchDrafting:
             self.population.update(len(tree), path)
             self.evidence += len(tree)
 
-    def end(self, st: DraftState) -> LevelStats:
+    def end(self, st: DraftState) -> list[LevelStats]:
+        """The request's levels, lowest first: a hierarchy's inner levels (what each intermediate verified), then
+        the drafter's own as the target verified it; their seconds add up to the request's drafting time."""
+        inner = self.inner_levels(st.seq.key)
         self.drafter.end(st.seq)
-        st.level.time_s = st.draft_s
-        return st.level
+        st.level.time_s = st.draft_s - sum(lv.time_s or 0.0 for lv in inner)
+        return [*inner, st.level]
+
+    def inner_levels(self, key: Hashable | None) -> list[LevelStats]:
+        """A drafter with levels of its own below the target's (hierarchy.HierDrafter) reports them; key None:
+        their names alone (a request that ended before its first token)."""
+        levels = getattr(self.drafter, "inner_levels", None)
+        return levels(key) if levels is not None else []

@@ -9,22 +9,32 @@ one causal pass. Every level is a lossless verifier of the one below, so the out
 target's (greedy: identical; sampling: each chain token carries its model's distribution as q).
 The point: the wide tree is checked by a model whose verification is cheap, while the
 expensive (e.g. quantized, compute-bound) target sees a short chain.
+
+The hierarchy is a stack of drafters: each intermediate is a `HierDrafter` whose inner drafter is the level
+below (the EAGLE head or prompt lookup at the bottom), so the same drafter serves one request (generate())
+and a continuous batch (scheduler.py), where every round of a level is one pass of its model over every
+sequence still building its chain.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass, field
 from typing import TypedDict
 
 import torch
 
-from specledger.decoding.cached_model import CachedModel
-from specledger.decoding.draft_model import check_same_tokenizer
+from specledger.decoding.batch_runner import BatchItem, BatchRunner, Sequence
+from specledger.decoding.draft_budget import CostSurface, catch_up_share, cost_surface
+from specledger.decoding.draft_model import agreement_prior, check_same_tokenizer
 from specledger.decoding.drafter import Drafter, DraftSeq
-from specledger.decoding.strategy import Context, StepStats, Strategy, clock
+from specledger.decoding.strategy import Context, Speculative, StepStats, clock
 from specledger.decoding.tree import Tree
 from specledger.decoding.verify import verify
 from specledger.engine.loader import LoadedModel
 from specledger.errors import BadInput
+from specledger.spec_stats import LevelStats
 
 
 class _TreeParams(TypedDict):
@@ -37,7 +47,222 @@ def _as_list(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-class Hierarchy(Strategy):
+@dataclass
+class LevelRecord:
+    """A level's verifications for one sequence: (tokens proposed, tokens accepted) each time the level above
+    checked its proposal, and the seconds spent making its proposals."""
+
+    name: str
+    checks: list[tuple[int, int]] = field(default_factory=list)
+    time_s: float = 0.0
+
+    def stats(self) -> LevelStats:
+        lv = LevelStats(name=self.name, steps=0, drafts=0, time_s=self.time_s)
+        for p, a in self.checks:
+            lv.observe(p, a)
+        return lv
+
+
+@dataclass
+class _Follow:
+    """One sequence at one level: its slot in the intermediate's cache, the sequence its inner drafter follows
+    (the intermediate's own), the inner level's record, and the intermediate's own seconds."""
+
+    mseq: Sequence
+    inner: DraftSeq
+    record: LevelRecord
+    own_s: float = 0.0
+
+
+PER_ROUND = 2.0  # tokens a round adds to a chain (accepted path + bonus) before any is measured
+
+
+class HierDrafter:
+    """An intermediate model turning its inner drafter's proposals into chains, for many sequences at once.
+
+    Each round the inner drafter proposes to every sequence still building its chain, and the intermediate
+    verifies every proposal in one pass (its own slot cache) with the shared verifier, appending the accepted
+    path and its bonus token to the chain, until the chain holds min_chain tokens (or the budget). Sampling:
+    each chain token carries the intermediate's distribution as q, so the level above verifies losslessly.
+
+    lazy (the batched drafter): a sequence's prompt is fed with its first proposal (and priced then, as
+    ModelDrafter's), not when it begins; an inner drafter that reads features (EAGLE) begins from what the
+    intermediate has cached and follows it from there."""
+
+    wants_features = False
+    tree = False
+
+    def __init__(self, mid: LoadedModel, inner: Drafter, name: str, *, min_chain: int, max_chain: int,
+                 n_slots: int = 1, max_len: int | None = None, lazy: bool = False, prior: float | None = None,
+                 params: dict | None = None) -> None:
+        if not 1 <= min_chain <= max_chain:
+            raise BadInput(f"hier chains need 1 <= min_chain <= max_chain (got {min_chain}, {max_chain})")
+        self.lm, self.inner, self.name = mid, inner, name
+        self.min_chain, self.max_tokens, self.lazy, self.prior = min_chain, max_chain, lazy, prior
+        self._params = params
+        self.runner = BatchRunner(mid, n_slots, max_len, prefix_cache=lazy, keep_features=inner.wants_features)
+        self.seqs: dict[Hashable, _Follow] = {}
+        self.per_round = PER_ROUND  # measured: an EMA of the tokens a round adds
+        self._surface: CostSurface | None = None
+        self._catchup: list[float] = []  # per sequence of the latest candidates(): extra rows its first round feeds
+        self._inner_k: list[int] = []  # per sequence of the latest candidates(): what the inner drafter could propose
+
+    def params(self) -> dict:
+        return self._params or {"intermediate": self.lm.label, "min_chain": self.min_chain,
+                                "max_chain": self.max_tokens}
+
+    @property
+    def level_names(self) -> list[str]:
+        """Every level below this one, lowest first (the drafter's name, then the intermediates')."""
+        below = self.inner.level_names if isinstance(self.inner, HierDrafter) else []
+        return [*below, self.inner.name]
+
+    # --- following the verifier's sequence --------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
+        """Take a slot (eager: and prefill every token but the pending one); the inner drafter begins from what
+        the intermediate has cached when it reads features, else from the whole sequence."""
+        runner = self.runner
+        m = runner.open(seq.tokens)
+        if not self.lazy and (n := len(seq.tokens) - 1 - runner.cached(m)) > 0:
+            runner.forward([BatchItem(m, max_run=n)])
+        k = runner.cached(m)
+        wants = self.inner.wants_features
+        inner = DraftSeq(seq.key, m.tokens[: k + 1] if wants else m.tokens, seq.sp, seq.gen)
+        self.seqs[seq.key] = st = _Follow(m, inner, LevelRecord(self.inner.name))
+        self.inner.begin(st.inner, runner.features(m) if wants else None)
+        st.inner.tokens = m.tokens
+
+    def accept(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
+        pass  # the next proposal syncs to the verifier's tokens (keeping the common prefix)
+
+    def end(self, seq: DraftSeq) -> None:
+        st = self.seqs.pop(seq.key)
+        self.inner.end(st.inner)
+        self.runner.close(st.mseq)
+
+    def _follow(self, states: list[_Follow], seqs: list[DraftSeq]) -> None:
+        """Adopt the verifier's tokens and bring the inner drafter along: one pass feeds, for every sequence whose
+        inner drafter reads features, what the intermediate lacks short of the pending token."""
+        runner = self.runner
+        for st, s in zip(states, seqs):
+            runner.sync(st.mseq, s.tokens)
+            st.inner.tokens = st.mseq.tokens
+        if not self.inner.wants_features:
+            for st in states:
+                self.inner.accept(st.inner, None)
+            return
+        starts = [runner.cached(st.mseq) for st in states]
+        behind = [(st, len(st.mseq.tokens) - 1 - k) for st, k in zip(states, starts)]
+        behind = [(st, n) for st, n in behind if n > 0]
+        if behind:
+            t0 = clock(runner.device)
+            runner.forward([BatchItem(st.mseq, max_run=n) for st, n in behind])
+            dt = (clock(runner.device) - t0) / len(behind)
+            for st, _ in behind:
+                st.own_s += dt
+        for st, k in zip(states, starts):
+            self.inner.accept(st.inner, runner.features(st.mseq)[k:])
+
+    # --- drafting ---------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[DraftSeq], budgets: list[int]) -> list[Tree]:
+        runner = self.runner
+        states = [self.seqs[s.key] for s in seqs]
+        budgets = [min(b, self.max_tokens) if len(s.tokens) <= runner.max_len else 0 for s, b in zip(seqs, budgets)]
+        live = [i for i, b in enumerate(budgets) if b > 0]
+        self._follow([states[i] for i in live], [seqs[i] for i in live])
+        chains: list[list[int]] = [[] for _ in seqs]
+        qs: list[list[torch.Tensor]] = [[] for _ in seqs]
+        building = live
+        dev = runner.device
+        while building:
+            sts = [states[i] for i in building]
+            rooms = [min(budgets[i] - len(chains[i]), runner.room(st.mseq)) for i, st in zip(building, sts)]
+            t0 = clock(dev)
+            trees = self.inner.propose([st.inner for st in sts], rooms)
+            t1 = clock(dev)
+            fwds = runner.forward([BatchItem(st.mseq, tree) for st, tree in zip(sts, trees)])
+            for i, st, tree, fwd in zip(building, sts, trees, fwds):
+                s = seqs[i]
+                assert fwd.logits is not None  # the whole run is fed
+                verdict = verify(fwd.logits, tree, s.sp, s.gen)
+                new = verdict.tokens(tree)
+                feats = runner.accept(st.mseq, fwd, verdict.path, new)
+                self.inner.accept(st.inner, feats if self.inner.wants_features else None)
+                if not s.sp.greedy:
+                    if verdict.probs is None:  # verify() returns the intermediate's rows whenever it samples
+                        raise RuntimeError("sampling verification returned no distribution")
+                    qs[i].extend(verdict.probs[r] for r in verdict.rows())
+                chains[i].extend(new)
+                st.record.checks.append((len(tree), len(verdict.path)))
+                self.per_round += 0.05 * (len(new) - self.per_round)
+            t2 = clock(dev)
+            for st in sts:
+                st.record.time_s += (t1 - t0) / len(sts)
+                st.own_s += (t2 - t1) / len(sts)
+            building = [i for i in building if len(chains[i]) < min(self.min_chain, budgets[i])
+                        and runner.room(states[i].mseq) >= 0]
+        return [Tree.chain(c[:b], None if s.sp.greedy else q[:b]) if b > 0 else Tree()
+                for c, q, s, b in zip(chains, qs, seqs, budgets)]
+
+    # --- statistics -------------------------------------------------------------------------------------------
+
+    def records(self, key: Hashable) -> list[LevelRecord]:
+        """Every level below this one for the sequence, lowest first: what the level above verified of its
+        proposals and the seconds it spent making them (an intermediate's: its own passes)."""
+        st = self.seqs[key]
+        if not isinstance(self.inner, HierDrafter):
+            return [st.record]
+        below = self.inner.records(key)
+        return [*below, LevelRecord(st.record.name, st.record.checks, self.inner.seqs[key].own_s)]
+
+    def inner_levels(self, key: Hashable | None) -> list[LevelStats]:
+        """The levels below this one for a sequence (key None: the names alone, for a request that never
+        drafted), lowest first: the scheduler reports them before the level the target verifies."""
+        if key is None:
+            return [LevelStats(name=n, steps=0, drafts=0) for n in self.level_names]
+        return [r.stats() for r in self.records(key)]
+
+    # --- the planner's price ----------------------------------------------------------------------------------
+
+    def candidates(self, seqs: list[DraftSeq], caps: list[int]) -> list[int]:
+        """caps: also the tokens each sequence has left, over which a long catch-up is spread. The intermediate
+        makes a chain whatever its inner drafter finds."""
+        chain = self.max_tokens + 1  # what a round feeds again at most: the accepted chain and the next token
+        sts = [self.seqs[s.key] for s in seqs]
+        self._catchup = []
+        for s, st, c in zip(seqs, sts, caps):
+            behind = max(0, len(s.tokens) - 1 - self.runner.cached(st.mseq))
+            self._catchup.append(min(behind, chain) + catch_up_share(behind, chain, c))
+        caps = [min(c, self.max_tokens) for c in caps]
+        self._inner_k = self.inner.candidates([st.inner for st in sts], caps)
+        return caps
+
+    def draft_cost(self, budgets: list[int]) -> float:
+        """The rounds a chain of min(min_chain, budget) tokens needs at the measured tokens per round; each is the
+        inner drafter's proposal and a pass of the intermediate over every sequence still building (its pending
+        token and the proposal; the first pass also what each fell behind by): the intermediate's own surface."""
+        if not any(budgets):
+            return 0.0
+        if self._surface is None:
+            n, k = self.runner.cache.n_slots, self.inner.max_tokens + 1
+            self._surface = cost_surface(self.lm, max_rows=n * k, n_seqs=min(8, n), rows_per_seq=k)
+        n = len(budgets)
+        behind = self._catchup if len(self._catchup) == n else [0.0] * n
+        inner_k = self._inner_k if len(self._inner_k) == n else [self.inner.max_tokens] * n
+        rounds = [math.ceil(min(b, self.min_chain) / max(1.0, self.per_round)) if b > 0 else 0 for b in budgets]
+        total = 0.0
+        for d in range(max(rounds)):
+            ks = [min(k, b) if r > d else 0 for k, b, r in zip(inner_k, budgets, rounds)]
+            rows = sum(1 + k + (behind[i] if d == 0 else 0) for i, (k, r) in enumerate(zip(ks, rounds)) if r > d)
+            total += self.inner.draft_cost(ks) + self._surface(rows)
+        return total
+
+
+class Hierarchy(Speculative):
     name = "hier"
 
     def __init__(
@@ -67,10 +292,14 @@ class Hierarchy(Strategy):
         self.drafter_kind, self.max_chain = drafter, max_chain
         self.tree_params: _TreeParams = {"top_k": top_k, "depth": depth, "total_nodes": total_nodes}
         if drafter == "eagle":
-            from specledger.decoding.eagle import resolve_head
+            from specledger.decoding.eagle import check_tree_params, resolve_head
 
+            check_tree_params(top_k, depth, total_nodes)
             self.head, self.head_source = resolve_head(self.mids[0], head)
         else:
+            from specledger.decoding.lookup import check_lookup
+
+            check_lookup(lookup_tokens, 3, 1)
             self.lookup_tokens = lookup_tokens
         self.level_names = [drafter] + [f"mid{i}:{m.label}" for i, m in enumerate(self.mids)]
         self.lookahead = max_chain
@@ -84,78 +313,45 @@ class Hierarchy(Strategy):
             p["lookup_tokens"] = self.lookup_tokens
         return p
 
-    def start(self, ctx: Context) -> None:
-        self.runners = [CachedModel(m, ctx.target.max_len) for m in self.mids]
-        for r in self.runners:
-            r.prefill(ctx.prompt)
-            r.sync(ctx.target.tokens)
+    def _stack(self, n_slots: int, max_len: int, lazy: bool) -> HierDrafter:
+        """The drafter at the bottom, then one HierDrafter per intermediate, lowest first."""
+        inner: Drafter
         if self.drafter_kind == "eagle":
             from specledger.decoding.eagle import EagleDrafter
 
-            self.drafter: Drafter = EagleDrafter(self.head, self.mids[0], max_len=ctx.target.max_len,
-                                                 **self.tree_params)
+            inner = EagleDrafter(self.head, self.mids[0], max_len=max_len, n_slots=n_slots, lazy=lazy,
+                                 **self.tree_params)
         else:
             from specledger.decoding.lookup import LookupDrafter
 
-            self.drafter = LookupDrafter(self.lookup_tokens)
-        self.seq = DraftSeq(0, self.runners[0].tokens, ctx.sp, ctx.gen)  # the drafter follows the lowest level
-        self.drafter.begin(self.seq, self.runners[0].last_hidden if self.drafter.wants_features else None)
+            inner = LookupDrafter(self.lookup_tokens)
+        top = len(self.mids) - 1
+        for i, m in enumerate(self.mids):
+            # the top's per-token acceptance: its greedy chains are its own continuations, so its agreement with
+            # the target (measured once per pair, batched only: a single request does not plan its drafts)
+            prior = agreement_prior(self.target, m) if lazy and i == top else None
+            inner = HierDrafter(m, inner, self.level_names[i + 1], min_chain=self.min_chain[i],
+                                max_chain=self.max_chain, n_slots=n_slots, max_len=max_len, lazy=lazy, prior=prior,
+                                params=self.params() if i == top else None)
+        assert isinstance(inner, HierDrafter)
+        return inner
 
-    def _resync(self, level: int, tokens: list[int]) -> None:
-        """Adopt the sequence of the level above; the lowest intermediate also re-feeds the drafter."""
-        r = self.runners[level]
-        r.sync(tokens)
-        if level == 0:
-            self.seq.tokens = r.tokens
-            self.drafter.accept(self.seq, r.catch_up() if self.drafter.wants_features else None)
+    def make_drafter(self, ctx: Context) -> HierDrafter:
+        self._seen = [0] * len(self.mids)  # inner verifications already reported, per level
+        self._seen_s = [0.0] * len(self.mids)
+        return self._stack(1, ctx.target.max_len, lazy=False)
 
-    def _chain(self, level: int, ctx: Context, budget: int, st: StepStats
-               ) -> tuple[list[int], list[torch.Tensor] | None]:
-        """Tokens model `level` appends to its own sequence by verifying what the level below proposes."""
-        runner = self.runners[level]
-        chain: list[int] = []
-        qs: list[torch.Tensor] | None = None if ctx.sp.greedy else []
-        while len(chain) < self.min_chain[level] and budget - len(chain) > 0:
-            room = budget - len(chain)
-            t0 = clock(runner.device)
-            if level == 0:
-                self.seq.tokens = runner.tokens
-                tree = self.drafter.propose([self.seq], [room])[0]
-                st.level_s[0] += clock(runner.device) - t0
-                t0 = clock(runner.device)
-            else:
-                self._resync(level - 1, runner.tokens)
-                tokens, q = self._chain(level - 1, ctx, room, st)
-                tree = Tree.chain(tokens, q)
-                t0 = clock(runner.device)
-            fwd = runner.forward(tree)
-            verdict = verify(fwd.logits, tree, ctx.sp, ctx.gen)
-            new = verdict.tokens(tree)
-            feats = runner.accept(fwd, verdict.path, new)
-            if level == 0:
-                self.seq.tokens = runner.tokens
-                self.drafter.accept(self.seq, feats if self.drafter.wants_features else None)
-            if qs is not None:
-                probs = verdict.probs
-                if probs is None:  # verify() returns the target's rows whenever it samples
-                    raise RuntimeError("sampling verification returned no target distribution")
-                qs.extend(probs[r] for r in verdict.rows())
-            chain.extend(new)
-            st.verifications[level].append((len(tree), len(verdict.path)))
-            st.level_s[level + 1] += clock(runner.device) - t0
-        return chain, qs
+    def batch_drafter(self, n_slots: int) -> HierDrafter:
+        return self._stack(n_slots, self.target.config.max_seq_len, lazy=True)
 
     def step(self, ctx: Context) -> StepStats:
-        n = len(self.mids)
-        st = StepStats(appended=0, verifications=[[] for _ in range(n + 1)], level_s=[0.0] * (n + 1))
-        self._resync(n - 1, ctx.target.tokens)
-        budget = min(ctx.budget(), self.max_chain)
-        tokens, qs = self._chain(n - 1, ctx, budget, st) if budget > 0 else ([], None)
-        tokens = tokens[:budget]
-        qs = qs[:budget] if qs is not None else None
-        t0 = clock(ctx.target.device)
-        new, _, verdict = self.verify_and_accept(ctx, Tree.chain(tokens, qs))
-        st.verify_s = clock(ctx.target.device) - t0
-        st.appended = len(new)
-        st.verifications[n].append((len(tokens), len(verdict.path)))
-        return st
+        """Speculative's step, with every level below the target's reported: each one's verifications and
+        seconds since the last step (the drafting seconds left over are the top intermediate's)."""
+        st = super().step(ctx)
+        assert isinstance(self.drafter, HierDrafter)
+        records = self.drafter.records(self.seq.key)
+        checks = [r.checks[n:] for r, n in zip(records, self._seen)]
+        spent = [r.time_s - t for r, t in zip(records, self._seen_s)]
+        self._seen = [len(r.checks) for r in records]
+        self._seen_s = [r.time_s for r in records]
+        return StepStats(st.appended, checks + st.verifications, spent + [st.level_s[0] - sum(spent)], st.verify_s)

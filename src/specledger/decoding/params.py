@@ -108,8 +108,8 @@ PARAMS: dict[str, type[StrategyParams]] = {
 }
 STRATEGIES = tuple(PARAMS)
 # run continuously batched (decoding/scheduler.py) in the server and, by default, in-process; the others
-# one request at a time (a hierarchy's levels are not batched)
-BATCHED_STRATEGIES = ("ar", "lookup", "draft", "eagle")
+# one request at a time
+BATCHED_STRATEGIES = ("ar", "lookup", "draft", "eagle", "hier")
 
 
 def params_class(name: str) -> type[StrategyParams]:

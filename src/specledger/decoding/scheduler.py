@@ -412,10 +412,10 @@ def _result(sched: Scheduler, lv: _Live, now: float) -> ScheduledResult:
     if sched.spec is not None:
         if lv.draft is not None:
             draft_prefill_s, draft_s = lv.draft.prefill_s, lv.draft.draft_s
-            levels = [sched.spec.end(lv.draft)]
+            levels = sched.spec.end(lv.draft)
             lv.draft = None
         else:  # finished (or failed) before its first token
-            levels = [LevelStats(name=sched.spec.drafter.name, steps=0, drafts=0)]
+            levels = [*sched.spec.inner_levels(None), LevelStats(name=sched.spec.drafter.name, steps=0, drafts=0)]
     tok = sched.lm.tokenizer
     text = lv.text if lv.text is not None else (tok.decode(lv.out) if tok is not None else "")
     admitted = lv.admitted or now

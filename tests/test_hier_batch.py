@@ -1,0 +1,174 @@
+"""The hierarchy in a continuous batch: HierDrafter (an intermediate verifying its inner drafter's trees into
+chains, for many sequences at once) under the scheduler, at concurrency 1 and 4.
+
+Lossless: greedy, every request's tokens equal autoregressive decoding of it alone while every level's
+proposals are accepted sometimes and rejected sometimes (a perturbed copy of the target as intermediate, prompt
+lookup or a random EAGLE head below it); a stack of two intermediates too. Sampling: chi-square against the
+exact joint distribution, requests sharing the batch. Each level's statistics are reported per request, lowest
+first, and agree with one another. The planner's price counts the rounds a chain takes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TEMP, chi2_pvalue, exact_joint, tiny_model
+from varied_model import alone, run_joining, varied_model, varied_prompts
+
+from specledger.decoding.draft_budget import CostSurface
+from specledger.decoding.drafter import DraftSeq
+from specledger.decoding.eagle_head import EagleHead, HeadConfig
+from specledger.decoding.factory import make_strategy
+from specledger.decoding.hierarchy import HierDrafter
+from specledger.decoding.params import BATCHED_STRATEGIES
+from specledger.decoding.sampling import SamplingParams
+from specledger.decoding.scheduler import Scheduler
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
+FLAT = CostSurface((1,), (1.0,))  # every pass costs the same: drafting always pays
+
+
+def random_head(lm, seed: int = 0) -> EagleHead:
+    torch.manual_seed(seed)
+    return EagleHead(HeadConfig.for_target(lm)).eval().requires_grad_(False)
+
+
+def hier(kind: str, lm):
+    mid = varied_model(noise=0.1)  # mostly agrees with the target, as an intermediate should
+    chains = {"min_chain": 2, "max_chain": 4}
+    if kind == "lookup":
+        return make_strategy("hier", lm, intermediate=mid, drafter="lookup", lookup_tokens=3, **chains)
+    if kind == "eagle":
+        return make_strategy("hier", lm, intermediate=mid, drafter="eagle", head=random_head(mid), top_k=3, depth=3,
+                             total_nodes=10, **chains)
+    # a stack: lookup -> a closer copy -> the perturbed one -> the target
+    return make_strategy("hier", lm, intermediate=[varied_model(noise=0.05), mid], drafter="lookup", lookup_tokens=3,
+                         min_chain=[2, 3], max_chain=4)
+
+
+def check_levels(results, names: list[str]) -> None:
+    """Every request reports every level, lowest first; each level's counts are consistent, the last is what the
+    target verified, and a level below produced (accepted path + bonus per verification) every token it passed up."""
+    for r in results:
+        lv = r.levels
+        assert [x.name for x in lv] == names
+        for x in lv:
+            assert 0 <= x.accepted <= x.proposed and sum(x.accepted_per_position) == x.accepted
+            assert x.drafts is not None and x.steps is not None and x.drafts <= x.steps
+        top = lv[-1]
+        assert r.appended == r.steps + top.accepted and top.steps == r.steps
+        for below, above in zip(lv, lv[1:]):  # the chains below fed every token proposed above
+            assert below.accepted + below.steps >= above.proposed
+            assert below.steps >= above.drafts  # every chain took at least one verification below
+        assert sum(x.time_s or 0.0 for x in lv) == pytest.approx(r.draft_s)
+    for i, name in enumerate(names):  # over the requests, each level was right sometimes and wrong sometimes
+        proposed = sum(r.levels[i].proposed for r in results)
+        accepted = sum(r.levels[i].accepted for r in results)
+        assert 0 < accepted < proposed, (name, accepted, proposed)
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+@pytest.mark.parametrize("kind", ["lookup", "eagle", "stack"])
+def test_batched_hierarchy_is_lossless_and_mixed(kind, concurrency):
+    lm = varied_model()
+    st = hier(kind, lm)
+    prompts = varied_prompts(n=5, seed=2)
+    max_new = [30, 12, 25, 40, 18]
+    drafter = st.batch_drafter(concurrency)
+    sched = Scheduler(lm, max_batch=concurrency, prefill_chunk=8, drafter=drafter, cost=FLAT)
+    results = run_joining(sched, prompts, max_new)
+    for i, p in enumerate(prompts):
+        want = alone(lm, p, SamplingParams(max_new_tokens=max_new[i], temperature=0.0))
+        assert results[i].token_ids == want.token_ids, i
+        assert results[i].finish_reason == want.finish_reason
+    if concurrency > 1:
+        assert max(r.mean_batch for r in results.values()) > 1.5  # sequences did share passes
+    check_levels(list(results.values()), st.level_names)
+    assert sched.runner.cache.free_slots == concurrency and drafter.seqs == {}  # every slot given back, each level's
+    inner = drafter.inner
+    while isinstance(inner, HierDrafter):
+        assert inner.seqs == {} and inner.runner.cache.free_slots == concurrency
+        inner = inner.inner
+
+
+def test_a_batched_round_is_each_sequence_alone():
+    """Three sequences' chains built together (one pass of the intermediate per round over those still building)
+    equal each one's chain built alone: no row, position or cache entry leaks between sequences."""
+    lm = varied_model()
+    st = hier("eagle", lm)
+    prompts = varied_prompts(n=3, seed=4)
+    seqs = [DraftSeq(i, p + [i + 1], SamplingParams()) for i, p in enumerate(prompts)]
+    together = st.batch_drafter(3)
+    for s in seqs:
+        together.begin(s, None)
+    budgets = [4, 2, 3]
+    chains = together.propose(seqs, budgets)
+    for s, b, chain in zip(seqs, budgets, chains):
+        one = st.batch_drafter(1)
+        one.begin(DraftSeq(0, s.tokens, s.sp), None)
+        [want] = one.propose([DraftSeq(0, s.tokens, s.sp)], [b])
+        assert chain.tokens == want.tokens and chain.is_chain() and 0 < len(chain) <= b
+        # a greedy chain is the intermediate's own greedy continuation, whatever its drafter proposed
+        mine = alone(st.mids[0], s.tokens, SamplingParams(max_new_tokens=len(chain), temperature=0.0, ignore_eos=True))
+        assert chain.tokens == mine.token_ids
+
+
+def test_batched_hierarchy_sampling_follows_target_distribution():
+    """Seeded requests, eight at a time in one batch, each verifying with its own generator at both levels: the
+    first three tokens follow the target's exact joint distribution."""
+    lm = tiny_model(vocab=4, scale=0.05)
+    mid = tiny_model(seed=7, vocab=4, scale=0.1)
+    prompt = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    st = make_strategy("hier", lm, intermediate=mid, drafter="eagle", head=random_head(mid), top_k=2, depth=2,
+                       total_nodes=4, min_chain=2, max_chain=3)
+    sched = Scheduler(lm, max_batch=8, drafter=st.batch_drafter(8), cost=FLAT)
+    n_samples, vocab, n = 1500, 4, 3
+    for seed in range(n_samples):
+        sched.submit(prompt, SamplingParams(max_new_tokens=n, temperature=TEMP, seed=seed))
+    counts = torch.zeros(vocab**n, dtype=torch.float64)
+    results = sched.run()
+    assert len(results) == n_samples and max(r.mean_batch for r in results) > 4
+    for r in results:
+        counts[sum(t * vocab ** (n - 1 - i) for i, t in enumerate(r.token_ids))] += 1
+    for level in range(2):
+        proposed = sum(r.levels[level].proposed for r in results)
+        assert 0 < sum(r.levels[level].accepted for r in results) < proposed
+    assert chi2_pvalue(counts, exact_joint(lm, prompt)) > 1e-3
+
+
+def test_hierarchy_price_counts_its_rounds_and_catch_up():
+    """A chain of min(min_chain, budget) tokens takes about that many over the measured tokens per round; each
+    round is a pass of the intermediate over the sequences still building (their pending token and proposal),
+    the first also a lazy prompt's catch-up, spread over the tokens left like a draft model's."""
+    lm = varied_model()
+    drafter = make_strategy("hier", lm, intermediate=varied_model(noise=0.1), drafter="lookup", lookup_tokens=3,
+                            min_chain=4, max_chain=6).batch_drafter(2)
+    drafter._surface = CostSurface((1, 64), (1.0, 64.0))  # a row costs 1 s: the price counts rows
+    drafter.per_round = 2.0
+    p = varied_prompts(n=1, length=5)[0] + [3, 3, 3]  # 13 tokens: 12 to feed behind the pending one
+    seq = DraftSeq(0, p, SamplingParams())
+    drafter.begin(seq, None)
+    [k] = drafter.candidates([seq], [5])
+    [ki] = drafter._inner_k  # what lookup finds to propose a round
+    assert k == 5 and ki <= 3
+    # two rounds (4 tokens at 2 a round); the first also feeds 7 (a chain's worth) + 5 spread over 5/7 steps
+    assert drafter.draft_cost([5]) == pytest.approx((1 + ki + 7 + 5) + (1 + ki))
+    assert drafter.draft_cost([1]) == pytest.approx(1 + min(ki, 1) + 7 + 5)  # one token: one round
+    assert drafter.draft_cost([0]) == 0
+    drafter.candidates([seq], [19])
+    assert drafter.draft_cost([5]) == pytest.approx((1 + ki + 7 + 5 / (19 / 7)) + (1 + ki))
+    drafter.propose([seq], [5])
+    drafter.candidates([seq], [20])
+    drafter.per_round = 2.0
+    [ki] = drafter._inner_k
+    assert drafter.draft_cost([5]) == pytest.approx(2 * (1 + ki))  # fed: a pending row and a proposal per round
+
+
+def test_hier_is_batched_with_its_levels_named():
+    assert "hier" in BATCHED_STRATEGIES
+    lm = varied_model()
+    d = hier("stack", lm).batch_drafter(4)
+    assert d.name == "mid1:varied0~0.1:fp32" and d.level_names == ["lookup", "mid0:varied0~0.05:fp32"]
+    assert d.prior is None  # no tokenizer: the agreement is not measured
+    assert [x.name for x in d.inner_levels(None)] == d.level_names
