@@ -26,7 +26,7 @@ from specledger.decoding.draft_budget import (
     RankAcceptance,
     StepOverhead,
 )
-from specledger.decoding.batch_drafting import EVIDENCE
+from specledger.decoding.draft_policy import EVIDENCE
 from specledger.decoding.lookup import LookupDrafter
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
@@ -176,7 +176,7 @@ def test_one_sequence_tries_the_drafter_until_its_acceptance_is_known(lm):
 
     def plan(states, caps, prefill_rows):
         trees = real_plan(states, caps, prefill_rows)
-        drafting.append((sum(1 for t in trees if len(t)), spec.evidence, prefill_rows))
+        drafting.append((sum(1 for t in trees if len(t)), spec.policy.evidence, prefill_rows))
         return trees
 
     spec.plan = plan
@@ -226,14 +226,14 @@ def test_the_scheduler_measures_the_step_overhead_of_drafting_passes(lm):
 
     sched = Scheduler(lm, max_batch=3, prefill_chunk=8, drafter=LookupDrafter(4), cost=FLAT)  # prompts over passes
     assert sched.spec is not None
-    sched.spec.overhead = Recorder()
+    sched.spec.policy.overhead = Recorder()
     for p in repetitive_prompts()[:5]:  # the last two join while the first decode
         sched.submit(p, SamplingParams(max_new_tokens=12, temperature=0.0))
     sched.run()
     assert seen and any(d for _, _, d, *_ in seen) and any(not d for _, _, d, *_ in seen)
     for seconds, n, d, batch, drafted, rows in seen:
         assert seconds > 0 and n == batch and 0 <= d <= min(n, drafted) and rows == n + drafted  # no prefill rows
-    assert sched.spec.overhead.base is not None
+    assert sched.spec.policy.overhead.base is not None
 
 
 def test_fitted_surface_prices_rows_at_the_measured_ratio():
@@ -258,17 +258,17 @@ def test_the_scheduler_fits_its_measured_surface_to_decode_passes(lm):
     """With no cost given, the planner's surface is the probe's, corrected by the decode passes the batch runs
     (passes carrying prefill rows are not decode passes and feed nothing); a given cost is used as it is."""
     sched = Scheduler(lm, max_batch=3, prefill_chunk=8, drafter=LookupDrafter(4))
-    assert sched.spec is not None and isinstance(sched.spec.fit, FittedSurface) and sched.spec.cost is sched.spec.fit
+    assert sched.spec is not None and isinstance(sched.spec.policy.fit, FittedSurface) and sched.spec.policy.cost is sched.spec.policy.fit
     seen = []
-    observe = sched.spec.fit.observe
-    sched.spec.fit.observe = lambda rows, s: seen.append((rows, sched.last_batch, sched.last_drafted)) or observe(rows, s)
+    observe = sched.spec.policy.fit.observe
+    sched.spec.policy.fit.observe = lambda rows, s: seen.append((rows, sched.last_batch, sched.last_drafted)) or observe(rows, s)
     for p in repetitive_prompts()[:5]:
         sched.submit(p, SamplingParams(max_new_tokens=12, temperature=0.0))
     sched.run()
     assert seen and all(rows == batch + drafted for rows, batch, drafted in seen)
-    assert any(q is not None for q in sched.spec.fit.ratio)
+    assert any(q is not None for q in sched.spec.policy.fit.ratio)
     given = Scheduler(lm, max_batch=3, drafter=LookupDrafter(4), cost=FLAT)
-    assert given.spec is not None and given.spec.fit is None and given.spec.cost is FLAT
+    assert given.spec is not None and given.spec.policy.fit is None and given.spec.policy.cost is FLAT
 
 
 def test_acceptance_estimate_moves_with_outcomes():
@@ -314,20 +314,20 @@ def test_a_new_request_starts_from_what_the_drafters_recent_requests_accepted(lm
     [r] = sched.run()
     first = r.levels[0].proposed
     assert sched.spec is not None and first > 0
-    learnt = sched.spec.population.a
+    learnt = sched.spec.policy.population.a
     assert learnt < PRIOR
     sched.submit(repetitive_prompts()[0], sp)
     sched.step()  # the prompt's pass: its first token, and its drafting state begun
     [live] = sched._running
-    assert live.draft is not None and live.draft.acc.a == pytest.approx(learnt)
+    assert live.draft is not None and sched.spec.policy.acc[live.rid].a == pytest.approx(learnt)
     [r] = sched.run()
     assert r.levels[0].proposed <= first
     # passes that draft nothing (here every row costs its share) teach nothing: the estimate drifts back up
-    low = sched.spec.population.a
-    sched.spec.cost = lambda n: float(n)
+    low = sched.spec.policy.population.a
+    sched.spec.policy.cost = lambda n: float(n)
     sched.submit(repetitive_prompts()[1], sp)
     [r] = sched.run()
-    assert r.levels[0].proposed == 0 and low < sched.spec.population.a < PRIOR
+    assert r.levels[0].proposed == 0 and low < sched.spec.policy.population.a < PRIOR
 
 
 def test_acceptance_estimates_drift_back_to_the_prior_without_evidence():
@@ -394,7 +394,7 @@ def test_sampled_lookup_in_a_batch_is_reproducible_per_seed(lm):
     def run(ps):
         sched = Scheduler(lm, max_batch=3, drafter=LookupDrafter(4), cost=FLAT)
         assert sched.spec is not None
-        sched.spec.evidence = 1e9
+        sched.spec.policy.evidence = 1e9
         ids = [sched.submit(p, sp) for p in ps]
         got = {r.request_id: r for r in sched.run()}
         return [got[i] for i in ids]
@@ -437,7 +437,7 @@ def test_the_planner_drafts_by_the_calibrated_gains(lm):
     drafts less than a fresh one (drafting here pays only while a token's chance is above ~0.3)."""
     def burn(spec):
         for _ in range(300):
-            spec.calibration.observe(4.0, 1)
+            spec.policy.calibration.observe(4.0, 1)
 
     fresh, burnt = proposed_fresh_and_burnt(lm, burn)
     assert fresh > 0 and burnt < fresh
@@ -493,8 +493,8 @@ def test_the_scheduler_prices_drafting_at_what_its_drafting_passes_took(lm):
     sched = Scheduler(lm, max_batch=2, prefill_chunk=64, drafter=LookupDrafter(4))
     assert sched.spec is not None
     seen = []
-    observe = sched.spec.pass_price.observe
-    sched.spec.pass_price.observe = lambda pred, meas: seen.append((pred, meas, sched.last_drafted)) or observe(pred, meas)
+    observe = sched.spec.policy.pass_price.observe
+    sched.spec.policy.pass_price.observe = lambda pred, meas: seen.append((pred, meas, sched.last_drafted)) or observe(pred, meas)
     for p in repetitive_prompts()[:3]:
         sched.submit(p, sp)
     sched.run()
@@ -502,7 +502,7 @@ def test_the_scheduler_prices_drafting_at_what_its_drafting_passes_took(lm):
 
     def burn(spec):
         for _ in range(100):
-            spec.pass_price.observe(1.0, 4.0)
+            spec.policy.pass_price.observe(1.0, 4.0)
 
     fresh, burnt = proposed_fresh_and_burnt(lm, burn)
     assert fresh > 0 and burnt < fresh
@@ -511,7 +511,7 @@ def test_the_scheduler_prices_drafting_at_what_its_drafting_passes_took(lm):
 def test_the_probed_surface_reaches_a_whole_proposal_beside_the_batch(lm):
     """A batch of 2 whose drafter proposes up to 20 nodes has its surface probed past 22 rows, not only 4 a sequence."""
     sched = Scheduler(lm, max_batch=2, drafter=LookupDrafter(20))
-    assert sched.spec is not None and sched.spec.fit is not None and sched.spec.fit.prior.rows[-1] >= 22
+    assert sched.spec is not None and sched.spec.policy.fit is not None and sched.spec.policy.fit.prior.rows[-1] >= 22
 
 
 def test_a_drafter_with_a_measured_prior_is_tried_where_the_default_prior_is_not(lm):
@@ -525,7 +525,7 @@ def test_a_drafter_with_a_measured_prior_is_tried_where_the_default_prior_is_not
         d.prior = prior  # type: ignore[assignment]  # (lookup measures none: as if it had)
         sched = Scheduler(lm, max_batch=1, drafter=d, cost=surface)
         assert sched.spec is not None
-        pop = sched.spec.population
+        pop = sched.spec.policy.population
         assert isinstance(pop, AcceptanceEMA) and pop.a == pytest.approx(prior or PRIOR)
         pop.relax(0.5)
         assert pop.a == pytest.approx(prior or PRIOR)

@@ -15,7 +15,7 @@ from specledger.errors import BadInput
                   "in a run configuration: draft: {model: smollm2-135m, quant: int4})"),
     ("hier", {"drafter": "lookup"}, "strategy 'hier' needs an intermediate model (e.g. --intermediate-model target"),
     ("lookup", {"num_tokns": 3}, "strategy 'lookup' has no parameter 'num_tokns'; did you mean num_tokens? "
-                                 "(it accepts: num_tokens, max_ngram, min_ngram)"),
+                                 "(it accepts: num_tokens, max_ngram, min_ngram, draft_length)"),
     ("ar", {"depth": 3}, "strategy 'ar' has no parameter 'depth' (it takes no parameters)"),
     ("lookup", {"draft": "target"}, "strategy 'lookup' does not use a draft model (--draft-model is for --strategy draft)"),
     ("eagle", {"intermediate": "target"}, "(--intermediate-model is for --strategy hier)"),

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
+from collections import namedtuple
+from types import SimpleNamespace
 
 import pytest
 
@@ -117,3 +121,80 @@ def test_parse_duration_refuses_nonsense(bad):
 def test_conditions_read_here():
     s = read_conditions(0.0, [])
     assert s.t == 0.0 and (s.cpu_mhz is None or s.cpu_mhz > 0)
+
+
+def _fake_sysfs(root, khz=(2_000_000, 3_000_000), millic=(45_000, 71_500)):
+    for i, f in enumerate(khz):
+        d = root / f"devices/system/cpu/cpu{i}/cpufreq"
+        d.mkdir(parents=True)
+        (d / "scaling_cur_freq").write_text(f"{f}\n")
+    (root / "devices/system/cpu/cpufreq").mkdir(parents=True)  # not a CPU: never read
+    for i, m in enumerate(millic):
+        d = root / f"class/hwmon/hwmon{i}"
+        d.mkdir(parents=True)
+        (d / f"temp{i + 1}_input").write_text(f"{m}\n")
+        (d / "name").write_text("coretemp\n")
+    return root
+
+
+def test_the_sampler_reads_cpufreq_and_hwmon(tmp_path, monkeypatch):
+    """cpufreq's kHz and hwmon's m°C, read through the level; sysfs wins over psutil's nominal clock."""
+    from specledger.bench import steady
+
+    monkeypatch.setattr(steady.psutil, "cpu_freq", lambda: pytest.fail("cpufreq was there"))
+    monkeypatch.setattr(steady.psutil, "sensors_temperatures", lambda: {}, raising=False)
+    with steady.ConditionSampler(every_s=0.01, sys_root=_fake_sysfs(tmp_path), gpus=[]) as sampler:
+        while len(sampler.samples) < 3:
+            time.sleep(0.01)
+    s = sampler.samples[-1]
+    assert s.cpu_mhz == pytest.approx(2500.0) and s.cpu_temp_c == pytest.approx(71.5)
+    assert s.gpu_temp_c is None and s.gpu_sm_mhz is None and s.gpu_throttle is None
+    assert [x.t for x in sampler.samples] == sorted(x.t for x in sampler.samples)
+
+
+def test_absent_sources_stay_absent_and_psutil_fills_in(tmp_path, monkeypatch):
+    from specledger.bench import steady
+
+    monkeypatch.setattr(steady.psutil, "cpu_freq", lambda: None)
+    monkeypatch.setattr(steady.psutil, "sensors_temperatures", lambda: {}, raising=False)
+    s = read_conditions(0.0, [], tmp_path)  # a cloud VM: no cpufreq, no hwmon, no sensors
+    assert s.cpu_mhz is None and s.cpu_temp_c is None
+    shw = namedtuple("shw", "label current high critical")
+    monkeypatch.setattr(steady.psutil, "cpu_freq", lambda: SimpleNamespace(current=1234.0))
+    monkeypatch.setattr(steady.psutil, "sensors_temperatures",
+                        lambda: {"acpitz": [shw("", 52.0, None, None)], "nvme": [shw("", 0.0, None, None)]})
+    s = read_conditions(0.0, [], tmp_path)
+    assert s.cpu_mhz == 1234.0 and s.cpu_temp_c == 52.0
+    s = read_conditions(0.0, [], _fake_sysfs(tmp_path, khz=(), millic=(40_000,)))
+    assert s.cpu_temp_c == 52.0  # the hottest of hwmon and psutil's sensors
+
+
+def test_nvml_counters_are_read_one_by_one(monkeypatch):
+    """A GPU without a temperature sensor still reports its clock and throttle reasons."""
+    def no_sensor(h, kind):
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    fake = SimpleNamespace(NVML_TEMPERATURE_GPU=0, NVML_CLOCK_SM=1, nvmlDeviceGetTemperature=no_sensor,
+                           nvmlDeviceGetClockInfo=lambda h, kind: 1410 if kind == 1 else 0,
+                           nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: 0x4)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    s = read_conditions(0.0, ["gpu0"])
+    assert s.gpu_temp_c is None and s.gpu_sm_mhz == 1410.0 and s.gpu_throttle == 0x4
+
+
+@pytest.mark.parametrize("exposed", [True, False])
+def test_the_report_plots_the_conditions_or_says_they_are_not_exposed(tmp_path, monkeypatch, exposed):
+    from specledger.bench import steady
+
+    monkeypatch.setattr(steady, "cpu_mhz", lambda root: 2400.0 if exposed else None)
+    monkeypatch.setattr(steady, "hottest_c", lambda root: 66.0 if exposed else None)
+    _run(tmp_path, lambda n, bc: 0.01, {"window": 2, "tolerance": 0.5, "span": 2, "duration_s": 0.3,
+                                        "max_requests": 1000})
+    ss = load_run(tmp_path / "run").configs[0].loads[0].steady_state
+    assert ss is not None and ss.samples
+    page = _report(tmp_path / "run")
+    chart = page[page.index('id="chart-steady"'):page.index('id="steady-table"')]
+    assert ("MHz" in chart and "°C" in chart) == exposed
+    assert ('id="conditions-unexposed"' in page) != exposed
+    if not exposed:
+        assert "CPU frequency, temperature: not exposed on this host." in page

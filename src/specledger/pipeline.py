@@ -92,6 +92,42 @@ def default_matrix(*, quick: bool = False, max_new_tokens: int | None = None, mo
     return with_max_new_tokens(config, max_new_tokens)
 
 
+def arm_strategies() -> list[str]:
+    """The strategies `compare --arms` takes: those that draft in a continuous batch (where draft_length acts)."""
+    from specledger.decoding.params import BATCHED_STRATEGIES
+
+    return [s for s in BATCHED_STRATEGIES if s != "ar"]
+
+
+def arms_matrix(strategy: str, *, quick: bool = False, model: str = EMBEDDED) -> RunConfig:
+    """Three arms side by side on one target (fp32; a hierarchy's W4A16), the protocol production engines show adaptive speculation
+    with: no speculation (`ar`), the strategy drafting a fixed K every step (`<strategy>-fixed`, K its
+    num_tokens / total_nodes) and the cost-aware planner (`<strategy>-adaptive`); each arm greedy, so the
+    lossless gate holds it to `ar`'s outputs and it shares `ar`'s graded pass rate, swept over the concurrency
+    levels (where fixed K stops paying and the planner should not)."""
+    if strategy not in arm_strategies():
+        raise BadInput(f"--arms takes a strategy that drafts in a batch ({', '.join(arm_strategies())}), "
+                       f"got {strategy!r}")
+    size = QUICK if quick else FULL
+    # as in the default matrix: a draft model is the W4A16 copy; a hierarchy verifies its tree on the bf16 copy
+    # and the chain on the W4A16 target
+    roles: dict[str, Any] = {"draft": {"draft": {"model": model, **W4A16}},
+                             "hier": {"intermediate": {"model": model, "dtype": "bf16", "quant": "none"}}
+                             }.get(strategy, {})
+    precision = W4A16 if strategy == "hier" else FP32
+
+    def arm(name: str, strategy: str, **extra: Any) -> dict[str, Any]:
+        return {"name": name, "model": model, "strategy": strategy, **precision,
+                "max_new_tokens": size.max_new_tokens, **extra}
+
+    configs = [arm("ar", "ar")] + [arm(f"{strategy}-{policy}", strategy, params={"draft_length": policy}, **roles)
+                                   for policy in ("fixed", "adaptive")]
+    data = {"configs": configs, "workload": size.workload, "output_dir": "runs",
+            "load": {"concurrency": list(size.concurrency), "warmup_max_new_tokens": 16},
+            "quality": {"spec": "builtin-graded", "limit": size.quality_items}}
+    return parse_run_config(data, source=f"--arms {strategy}")
+
+
 def with_max_new_tokens(config: RunConfig, max_new_tokens: int | None) -> RunConfig:
     """Every configuration's answer length capped the same (a workload's own limit still wins)."""
     if max_new_tokens is None:
@@ -103,9 +139,16 @@ def with_max_new_tokens(config: RunConfig, max_new_tokens: int | None) -> RunCon
 
 
 def build_config(config_file: Path | None, *, quick: bool, max_new_tokens: int | None,
-                 workload: dict[str, Any] | None = None, load: dict[str, Any] | None = None) -> RunConfig:
-    """The default matrix or the file's, with --max-new-tokens and any workload / load settings given."""
-    config = default_matrix(quick=quick) if config_file is None else load_run_config(config_file)
+                 workload: dict[str, Any] | None = None, load: dict[str, Any] | None = None,
+                 arms: str | None = None) -> RunConfig:
+    """The default matrix, the file's or a strategy's three arms, with --max-new-tokens and any workload / load
+    settings given."""
+    if arms is not None and config_file is not None:
+        raise BadInput("--arms and --config each give the configurations: give one of them")
+    if arms is not None:
+        config = arms_matrix(arms, quick=quick)
+    else:
+        config = default_matrix(quick=quick) if config_file is None else load_run_config(config_file)
     workload = {k: v for k, v in (workload or {}).items() if v is not None}
     load = {k: v for k, v in (load or {}).items() if v is not None}
     if workload or load:

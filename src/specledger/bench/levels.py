@@ -154,7 +154,7 @@ class Levels:
         started = now()
         if steady is not None:
             steady.begin(time.perf_counter(), e0)
-        with ConditionSampler() if steady is not None else contextlib.nullcontext() as sampler:
+        with ConditionSampler(t0=steady.start) if steady is not None else contextlib.nullcontext() as sampler:
             if lv.replay is not None:
                 await replay(job, next_index, arrival_s, lv.replay, max_in_flight=load.max_in_flight)
             elif lv.rate is not None:

@@ -14,10 +14,13 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
 from specledger.bench.results import ConditionSample, SteadyState
+
+SYS = Path("/sys")
 
 
 def parse_duration(text: str) -> float:
@@ -121,35 +124,78 @@ def _nvml_handles() -> list:
         return []
 
 
-def read_conditions(t: float, gpus: list) -> ConditionSample:
-    """One reading of what moves throughput besides the engine: CPU clock and heat, GPU heat/clock/throttling."""
-    freq = psutil.cpu_freq() if hasattr(psutil, "cpu_freq") else None
-    temps = psutil.sensors_temperatures() if hasattr(psutil, "sensors_temperatures") else {}
-    hottest = max((s.current for entries in temps.values() for s in entries if s.current), default=None)
-    s = ConditionSample(t=t, cpu_mhz=freq.current if freq and freq.current else None, cpu_temp_c=hottest)
+def _numbers(paths: list[Path], scale: float) -> list[float]:
+    """The positive integers in these sysfs files, times scale (an unreadable or empty file is skipped)."""
+    out = []
+    for f in paths:
+        try:
+            v = int(f.read_text().strip()) * scale
+        except (OSError, ValueError):
+            continue
+        if v > 0:
+            out.append(v)
+    return out
+
+
+def cpu_mhz(sys_root: Path) -> float | None:
+    """The mean of the CPUs' current clocks (cpufreq's scaling_cur_freq, kHz); psutil's reading where cpufreq is
+    not exposed (it falls back on /proc/cpuinfo, a VM's nominal clock); None where neither has one."""
+    mhz = _numbers(sorted(sys_root.glob("devices/system/cpu/cpu[0-9]*/cpufreq/scaling_cur_freq")), 1e-3)
+    if mhz:
+        return sum(mhz) / len(mhz)
+    try:
+        freq = psutil.cpu_freq()
+    except Exception:  # psutil without it on this platform, or a read that failed
+        return None
+    return float(freq.current) if freq is not None and freq.current else None
+
+
+def hottest_c(sys_root: Path) -> float | None:
+    """The hottest temperature the host exposes: hwmon's temp*_input (m°C) and psutil's sensors (the same
+    hwmon on Linux; other sources elsewhere); None where there is none (most cloud VMs)."""
+    temps = _numbers(sorted(sys_root.glob("class/hwmon/hwmon*/temp*_input")), 1e-3)
+    try:
+        sensors = psutil.sensors_temperatures() if hasattr(psutil, "sensors_temperatures") else {}
+    except Exception:
+        sensors = {}
+    temps += [s.current for entries in sensors.values() for s in entries if s.current and s.current > 0]
+    return max(temps, default=None)
+
+
+def read_conditions(t: float, gpus: list, sys_root: Path = SYS) -> ConditionSample:
+    """One reading of what moves throughput besides the engine: CPU clock and heat, GPU heat/clock/throttling.
+    Each source is optional: one this host does not expose stays None."""
+    s = ConditionSample(t=t, cpu_mhz=cpu_mhz(sys_root), cpu_temp_c=hottest_c(sys_root))
     if gpus:
         import pynvml
 
-        try:
-            h = gpus[0]
-            s.gpu_temp_c = float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
-            s.gpu_sm_mhz = float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
-            s.gpu_throttle = int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h))
-        except Exception:  # a counter this GPU does not have
-            pass
+        h = gpus[0]
+        reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) \
+            or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons  # renamed in recent drivers' bindings
+        reads = {"gpu_temp_c": lambda: float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
+                 "gpu_sm_mhz": lambda: float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
+                 "gpu_throttle": lambda: int(reasons(h))}
+        for name, read in reads.items():
+            try:
+                setattr(s, name, read())
+            except Exception:  # a counter this GPU does not have: the others still count
+                pass
     return s
 
 
 class ConditionSampler:
     """Reads the machine's conditions every `every_s` seconds on a daemon thread (no torch: it never competes
-    with the torch thread for an OpenMP team) until stop()."""
+    with the torch thread for an OpenMP team) until stop(). t0: the perf_counter the samples' times count from
+    (the level's start, so they share the throughput windows' time axis); sys_root: where sysfs is."""
 
-    def __init__(self, every_s: float = 1.0) -> None:
+    def __init__(self, every_s: float = 1.0, *, t0: float | None = None, sys_root: Path = SYS,
+                 gpus: list | None = None) -> None:
         self.every_s = every_s
         self.samples: list[ConditionSample] = []
         self._stop = threading.Event()
-        self._t0 = time.perf_counter()
-        self._gpus = _nvml_handles()
+        self._t0 = time.perf_counter() if t0 is None else t0
+        self._sys_root = sys_root
+        self._gpus = _nvml_handles() if gpus is None else gpus
         self._thread = threading.Thread(target=self._run, name="specledger-conditions", daemon=True)
 
     def __enter__(self) -> "ConditionSampler":
@@ -162,6 +208,6 @@ class ConditionSampler:
 
     def _run(self) -> None:
         while True:
-            self.samples.append(read_conditions(time.perf_counter() - self._t0, self._gpus))
+            self.samples.append(read_conditions(time.perf_counter() - self._t0, self._gpus, self._sys_root))
             if self._stop.wait(self.every_s):
                 return

@@ -97,7 +97,9 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
         quant: str = typer.Option("none", help="none | int8 | int4"),
         group_size: int = typer.Option(32, help="int4 group size"),
-        param: list[str] = typer.Option([], "--param", "-p", help="strategy parameter KEY=VALUE or STRATEGY.KEY=VALUE"),
+        param: list[str] = typer.Option([], "--param", "-p", help="strategy parameter KEY=VALUE or STRATEGY.KEY=VALUE; e.g. "
+                                                   "draft_length=fixed (K drafted every step) | adaptive (planned, "
+                                                   "the default)"),
         max_new_tokens: int = typer.Option(128, help="per answer (a workload's own limit wins)"),
         temperature: float = typer.Option(0.0, help="0 = greedy"),
         seed: int = typer.Option(0),

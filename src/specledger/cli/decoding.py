@@ -51,7 +51,9 @@ def generate_cmd(
     group_size: int = typer.Option(32, help="int4 group size"),
     device: str = typer.Option("cpu", help="cpu | cuda"),
     strategy: str = typer.Option("ar", help="ar | lookup | draft | eagle | hier"),
-    param: list[str] = typer.Option([], "--param", "-p", help="strategy parameter key=value (repeatable), e.g. -p num_tokens=6"),
+    param: list[str] = typer.Option([], "--param", "-p", help="strategy parameter key=value (repeatable), e.g. -p num_tokens=6; "
+                                                  "-p draft_length=fixed drafts num_tokens (EAGLE: total_nodes) "
+                                                  "every step instead of the adaptive planner's choice"),
     draft_model: Optional[str] = typer.Option(None, help="draft strategy: the draft model (name/path; 'target' = the same file, the default when --draft-quant/--draft-dtype is given)"),
     draft_dtype: Optional[str] = typer.Option(None),
     draft_quant: str = typer.Option("none", help="quantization of the draft model"),

@@ -46,6 +46,11 @@ def register(app: typer.Typer) -> None:
                                                      help="per answer, every configuration"),
         config: Optional[Path] = typer.Option(None, "--config", "-c",
                                               help="run configuration (YAML/TOML) instead of the default matrix"),
+        arms: Optional[str] = typer.Option(None, "--arms", metavar="STRATEGY",
+                                           help="instead of the default matrix, three arms side by side: ar (no "
+                                                "speculation), STRATEGY drafting a fixed K every step "
+                                                "(draft_length=fixed) and STRATEGY with the adaptive planner, "
+                                                "each gated against ar; STRATEGY: lookup, draft, eagle or hier"),
         workload: Optional[str] = typer.Option(None, "--workload", "-w",
                                                help="your workload instead of the built-in set: PATH (format "
                                                     "detected) or FORMAT:PATH (spec-bench, sharegpt, chat, csv, "
@@ -78,7 +83,7 @@ def register(app: typer.Typer) -> None:
         from specledger.pipeline import build_config, run_compare
 
         run_config = build_config(
-            config, quick=quick, max_new_tokens=max_new_tokens,
+            config, quick=quick, max_new_tokens=max_new_tokens, arms=arms,
             workload={"spec": workload, "limit": limit, "sample": sample, "per_category": per_category,
                       "kind": kind, "prompt_column": prompt_column, "on_bad_line": on_bad_line},
             load={"replay": _floats(replay, "replay"),

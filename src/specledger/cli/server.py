@@ -42,7 +42,9 @@ def serve(
     group_size: int = typer.Option(32, "--group-size", help="int4 group size."),
     device: str = typer.Option("cpu", "--device"),
     strategy: str = typer.Option("ar", "--strategy", "-s", help="ar | lookup | draft | eagle | hier"),
-    strategy_param: list[str] = typer.Option([], "--strategy-param", "-p", help="key=value, repeatable."),
+    strategy_param: list[str] = typer.Option([], "--strategy-param", "-p", help="key=value, repeatable; e.g. -p draft_length=fixed: every "
+                                          "sequence drafts num_tokens (EAGLE: total_nodes) every step, not the "
+                                          "adaptive planner's choice."),
     draft_model: str = typer.Option(None, "--draft-model", help="Draft model for --strategy draft."),
     draft_dtype: str = typer.Option(None, "--draft-dtype"),
     draft_quant: str = typer.Option(None, "--draft-quant",
@@ -56,8 +58,8 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port"),
     max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait for a place in the batch."),
-    max_batch: int = typer.Option(8, "--max-batch", help="Requests decoded together in one pass (every strategy "
-                                  "but hier, which serves one at a time)."),
+    max_batch: int = typer.Option(8, "--max-batch", help="Requests decoded together in one pass (1: one at a "
+                                  "time, the others queued)."),
     prefill_chunk: int = typer.Option(256, "--prefill-chunk", help="Prompt tokens fed in one batched pass at most: "
                                       "smaller shortens the running requests' stalls while a prompt joins, "
                                       "at the cost of the joining request's TTFT."),

@@ -9,6 +9,7 @@ import torch
 from specledger.decoding.batch_runner import BatchItem, BatchRunner, Sequence
 from specledger.decoding.draft_budget import CostSurface, catch_up_share, cost_surface
 from specledger.decoding.drafter import DraftSeq
+from specledger.decoding.params import check_draft_length
 from specledger.decoding.sampling import probs_from_logits, sample
 from specledger.decoding.strategy import Context, Speculative
 from specledger.decoding.tree import Tree
@@ -147,8 +148,10 @@ class DraftModel(Speculative):
     name = "draft"
     level_names = ["draft"]
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel, num_tokens: int = 4) -> None:
+    def __init__(self, target: LoadedModel, draft: LoadedModel, num_tokens: int = 4,
+                 draft_length: str = "adaptive") -> None:
         super().__init__(target)
+        self.draft_length = check_draft_length(draft_length)
         check_same_tokenizer(target, draft)
         if not 1 <= num_tokens <= 64:
             raise BadInput(f"draft num_tokens must be in 1..64 (got {num_tokens})")

@@ -24,6 +24,7 @@ import torch
 from specledger.decoding.eagle_head import EagleHead, draft_lm_head, load_head, shipped_head_dir
 from specledger.decoding.draft_budget import catch_up_share
 from specledger.decoding.drafter import DraftSeq
+from specledger.decoding.params import check_draft_length
 from specledger.decoding.strategy import Context, Speculative, clock
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel, parse_dtype
@@ -579,6 +580,7 @@ class EagleTree(Speculative):
         depth: int = 3,
         total_nodes: int | str = "auto",
         head_dtype: str | None = None,
+        draft_length: str = "adaptive",
     ) -> None:
         """depth 3 by default: on the CPU targets measured (benchmarks/speculation.py, docs/benchmarks-log.md)
         depths 4-6 added drafting time (~2-3 ms per level) for under 0.1 of tau with the shipped head.
@@ -586,6 +588,7 @@ class EagleTree(Speculative):
         head_dtype: the head's compute dtype. Default: the target's, except bf16 for an fp32 target on
         a CPU with native bf16 (drafts are only proposals: still lossless, and drafting is ~2x cheaper)."""
         super().__init__(target)
+        self.draft_length = check_draft_length(draft_length)
         auto = total_nodes == "auto"
         if not auto:
             try:

@@ -29,6 +29,7 @@ from specledger.decoding.batch_runner import BatchItem, BatchRunner, Sequence
 from specledger.decoding.draft_budget import CostSurface, catch_up_share, cost_surface
 from specledger.decoding.draft_model import agreement_prior, check_same_tokenizer
 from specledger.decoding.drafter import Drafter, DraftSeq
+from specledger.decoding.params import check_draft_length
 from specledger.decoding.strategy import Context, Speculative, StepStats, clock
 from specledger.decoding.tree import Tree
 from specledger.decoding.verify import verify
@@ -277,8 +278,10 @@ class Hierarchy(Speculative):
         min_chain: int | list[int] = 6,
         max_chain: int = 10,
         lookup_tokens: int = 10,
+        draft_length: str = "adaptive",
     ) -> None:
         super().__init__(target)
+        self.draft_length = check_draft_length(draft_length)
         self.mids = _as_list(intermediate)
         for m in self.mids:
             check_same_tokenizer(target, m)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from specledger.decoding.drafter import DraftSeq
+from specledger.decoding.params import check_draft_length
 from specledger.decoding.strategy import Context, Speculative
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel
@@ -75,12 +76,14 @@ class PromptLookup(Speculative):
     level_names = ["lookup"]
 
     def __init__(
-        self, target: LoadedModel, num_tokens: int | None = None, max_ngram: int = 3, min_ngram: int = 1
+        self, target: LoadedModel, num_tokens: int | None = None, max_ngram: int = 3, min_ngram: int = 1,
+        draft_length: str = "adaptive",
     ) -> None:
         """num_tokens default: 3 on CPU, 10 elsewhere. On the CPU targets measured, verifying a 10-token
         chain cost more than its extra accepted tokens gained (fp32 1.00x, W4A16 0.68x of autoregressive
         at 10; 1.19x and 1.14x at 3; docs/benchmarks-log.md, session 2)."""
         super().__init__(target)
+        self.draft_length = check_draft_length(draft_length)
         self.batch_cap = num_tokens or 8  # batched, a cap: the planner drafts what pays of it, per step
         if num_tokens is None:
             num_tokens = 3 if target.model.device.type == "cpu" else 10

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -37,6 +37,11 @@ MODEL_PARAMS = {
                                "--intermediate-model target --intermediate-dtype bf16",
                                "intermediate: {model: smollm2-135m, dtype: bf16}"),
 }
+
+
+# how a batch sizes each step's drafts (decoding/draft_policy.py): the cost-aware planner, or K nodes every step
+DraftLength = Literal["adaptive", "fixed"]
+DRAFT_LENGTHS: tuple[str, ...] = get_args(DraftLength)
 
 
 class StrategyParams(BaseModel):
@@ -63,12 +68,14 @@ class LookupParams(StrategyParams):
     num_tokens: int | None = None  # None: 3 on a CPU, 10 on an accelerator
     max_ngram: int = 3
     min_ngram: int = 1
+    draft_length: DraftLength = "adaptive"
 
 
 class DraftParams(StrategyParams):
     strategy: Literal["draft"] = Field("draft", exclude=True)
     roles: ClassVar[tuple[str, ...]] = ("draft",)
     num_tokens: int = 4
+    draft_length: DraftLength = "adaptive"
 
 
 class EagleParams(StrategyParams):
@@ -78,6 +85,7 @@ class EagleParams(StrategyParams):
     depth: int = 3
     total_nodes: int | str = "auto"
     head_dtype: str | None = None
+    draft_length: DraftLength = "adaptive"
 
 
 class HierParams(StrategyParams):
@@ -91,6 +99,7 @@ class HierParams(StrategyParams):
     min_chain: int | list[int] = 6
     max_chain: int = 10
     lookup_tokens: int = 10
+    draft_length: DraftLength = "adaptive"
 
 
 class OtherParams(StrategyParams):
@@ -110,6 +119,13 @@ STRATEGIES = tuple(PARAMS)
 # run continuously batched (decoding/scheduler.py) in the server and, by default, in-process; the others
 # one request at a time
 BATCHED_STRATEGIES = ("ar", "lookup", "draft", "eagle", "hier")
+
+
+def check_draft_length(value: str) -> str:
+    """A strategy built in code gets the same one line as one whose parameters were validated."""
+    if value not in DRAFT_LENGTHS:
+        raise BadInput(f"draft_length must be {' or '.join(DRAFT_LENGTHS)} (got {value!r})")
+    return value
 
 
 def params_class(name: str) -> type[StrategyParams]:

@@ -144,12 +144,14 @@ class Scheduler:
 
     drafter: None (autoregressive) or a Drafter (decoding/drafter.py) made for max_batch sequences; cost: the
     verification-cost surface to plan drafts with (default: measured for this model on construction, kept
-    in the model pool); prefix_cache: reuse cached prompt prefixes across requests (module docstring).
+    in the model pool); prefix_cache: reuse cached prompt prefixes across requests (module docstring);
+    draft_length: how each step's drafts are sized, "adaptive" (the planner) or "fixed" (draft_policy.py).
     """
 
     def __init__(self, lm: LoadedModel, *, max_batch: int = 8, prefill_chunk: int = 256,
                  max_len: int | None = None, drafter: Drafter | None = None,
-                 cost: CostSurface | Callable[[int], float] | None = None, prefix_cache: bool = True) -> None:
+                 cost: CostSurface | Callable[[int], float] | None = None, prefix_cache: bool = True,
+                 draft_length: str = "adaptive") -> None:
         if max_batch < 1:
             raise BadInput(f"max_batch must be >= 1 (got {max_batch})")
         if prefill_chunk < 1:
@@ -169,7 +171,7 @@ class Scheduler:
         self.last_batch = 0  # sequences in the latest pass (a gauge for /metrics)
         self.last_rows = 0  # rows (tokens) in the latest pass
         self.drafter = drafter
-        self.spec = None if drafter is None else BatchDrafting(lm, drafter, max_batch, cost)
+        self.spec = None if drafter is None else BatchDrafting(lm, drafter, max_batch, cost, draft_length)
 
     # ---- any thread ---------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], sp: SamplingParams | None = None, *,
@@ -203,7 +205,8 @@ class Scheduler:
         batch = {"max_batch": self.max_batch, "prefill_chunk": self.prefill_chunk, "prefix_cache": self.prefix_cache}
         if self.drafter is None:
             return batch
-        return {**self.drafter.params(), **batch, "draft_length": "adaptive"}
+        assert self.spec is not None
+        return {**self.drafter.params(), **batch, "draft_length": self.spec.policy.name}
 
     @property
     def n_waiting(self) -> int:

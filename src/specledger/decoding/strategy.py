@@ -51,6 +51,7 @@ class Strategy:
     name = "base"
     level_names: list[str] = []
     lookahead = 0  # most tokens a step may put in the target's cache beyond the sequence
+    draft_length = "adaptive"  # how a batch sizes its drafter's drafts (decoding/draft_policy.py)
 
     def __init__(self, target: LoadedModel) -> None:
         self.target = target

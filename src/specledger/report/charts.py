@@ -271,16 +271,27 @@ def answer_curve(sa: ScenarioAnswer) -> str | None:
     return svg(fig)
 
 
+# NVML's clock event reasons that slow a busy GPU down (idle, application clocks and display clocks do not)
+GPU_THROTTLING = {0x4: "SW power cap", 0x8: "HW slowdown", 0x20: "SW thermal", 0x40: "HW thermal",
+                  0x80: "HW power brake"}
+
+
 def steady_state(levels: Sequence[tuple[str, SteadyState]]) -> str | None:
-    """Throughput by window through each level held for steady state (a marker where it settled), and the CPU
-    clock sampled meanwhile: a throttling machine shows as a falling line with a falling clock.
+    """Throughput by window through each level held for steady state (a marker where it settled), and below it,
+    on the same time axis, the clocks (MHz) and temperatures (°C) sampled meanwhile, each panel only where the
+    host exposed something: a throttling machine shows as a falling line above a falling clock or a rising heat.
     `levels`: (label, bench.results.SteadyState)."""
     held = [(label, ss) for label, ss in levels if ss.windows_tok_s]
     if not held:
         return None
-    fig = _figure(7.5, 3.4)
-    ax = fig.add_subplot(1, 1, 1)
-    clock = None
+    samples = [x for _, ss in held for x in ss.samples]
+    panels = [p for p, fields in (("mhz", ("cpu_mhz", "gpu_sm_mhz")), ("c", ("cpu_temp_c", "gpu_temp_c")))
+              if any(getattr(x, f) is not None for x in samples for f in fields)]
+    fig = _figure(7.5, 3.4 + 1.5 * len(panels))
+    axes = fig.subplots(1 + len(panels), 1, sharex=True, squeeze=False,
+                        gridspec_kw={"height_ratios": [2.2] + [1.0] * len(panels)})[:, 0]
+    ax, below = axes[0], dict(zip(panels, axes[1:]))
+    throttled = False
     for i, (label, ss) in enumerate(held):
         color = PALETTE[i % len(PALETTE)]
         ends = ss.window_ends_s or list(range(1, len(ss.windows_tok_s) + 1))
@@ -288,14 +299,27 @@ def steady_state(levels: Sequence[tuple[str, SteadyState]]) -> str | None:
                 label=f"{label}" + ("" if ss.reached else " (not steady)"))
         if ss.reached and ss.time_to_steady_s is not None and ss.steady_tok_s is not None:
             ax.plot([ss.time_to_steady_s], [ss.steady_tok_s], marker="*", ms=11, color=color)
-        mhz = [(x.t, x.cpu_mhz) for x in ss.samples if x.cpu_mhz]
-        if mhz and len({m for _, m in mhz}) > 1:  # a clock that moved: worth its own axis
-            clock = clock or ax.twinx()
-            clock.plot([t for t, _ in mhz], [m for _, m in mhz], ls=":", color=color, lw=1)
-    ax.set_xlabel("seconds into the level")
+        for panel, field, ls in (("mhz", "cpu_mhz", "-"), ("mhz", "gpu_sm_mhz", "--"),
+                                 ("c", "cpu_temp_c", "-"), ("c", "gpu_temp_c", "--")):
+            pts = [(x.t, getattr(x, field)) for x in ss.samples if getattr(x, field) is not None]
+            if panel in below and pts:
+                below[panel].plot([t for t, _ in pts], [v for _, v in pts], ls=ls, color=color, lw=1)
+        slow = [x for x in ss.samples if x.gpu_throttle and x.gpu_throttle & sum(GPU_THROTTLING)
+                and x.gpu_sm_mhz is not None]
+        if slow and "mhz" in below:
+            throttled = True
+            below["mhz"].plot([x.t for x in slow], [x.gpu_sm_mhz for x in slow], ls="", marker="x", ms=4,
+                              color=color)
     ax.set_ylabel("output tok/s per window\n(*: steady from here)")
-    if clock is not None:
-        clock.set_ylabel("CPU MHz (dotted)")
-    ax.spines[["top"]].set_visible(False)
+    for panel, unit, key in (("mhz", "MHz", "— CPU   -- GPU SM" + ("   x GPU throttled" if throttled else "")),
+                             ("c", "°C", "— CPU (hottest sensor)   -- GPU")):
+        if panel in below:
+            below[panel].set_ylabel(unit)
+            below[panel].text(1.0, 1.0, key, transform=below[panel].transAxes, ha="right", va="bottom",
+                              fontsize=MIN_FONT_PX)
+    for a in axes:
+        a.spines[["top", "right"]].set_visible(False)
+        a.yaxis.set_major_locator(MaxNLocator(4))
+    axes[-1].set_xlabel("seconds into the level")
     _legend_below(fig, ax, len(held))
     return svg(fig)

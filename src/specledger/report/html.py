@@ -11,6 +11,7 @@ from typing import cast
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import escape
 
+from specledger.bench.results import SteadyState
 from specledger.ledger.answer import Answer, ScenarioAnswer, Threshold
 from specledger.ledger.inputs import load_inputs
 from specledger.ledger.price import ConfigCost, LedgerResult
@@ -188,7 +189,21 @@ def _steady(run_dir: str | Path) -> dict | None:
              "after": _f(ss.time_to_steady_s, ".3g", " s"), "reached": ss.reached, "windows": len(ss.windows_tok_s),
              "window": ss.window} for label, ss in levels]
     return {"chart": charts.steady_state(levels), "rows": rows,
-            "unsettled": [r["label"] for r in rows if not r["reached"]]}
+            "unsettled": [r["label"] for r in rows if not r["reached"]],
+            "unexposed": unexposed([ss for _, ss in levels], gpu=bool(run.conditions.gpu)),
+            "throttled": sorted({why for _, ss in levels for x in ss.samples for bit, why in
+                                 charts.GPU_THROTTLING.items() if (x.gpu_throttle or 0) & bit})}
+
+
+def unexposed(held: list[SteadyState], *, gpu: bool) -> list[str]:
+    """The machine's conditions no sample of these levels could read (said once, not drawn as empty panels);
+    the GPU's only on a run that had one."""
+    samples = [x for ss in held for x in ss.samples]
+    wanted = {"CPU frequency": ("cpu_mhz",), "temperature": ("cpu_temp_c", "gpu_temp_c")}
+    if gpu:
+        wanted |= {"GPU clocks": ("gpu_sm_mhz",), "GPU throttle reasons": ("gpu_throttle",)}
+    return [what for what, fields in wanted.items()
+            if not any(getattr(x, f) is not None for x in samples for f in fields)]
 
 
 def _conditions(run_dir: str | Path) -> tuple[str, str, str]:

@@ -144,10 +144,10 @@ class ServerState:
         if strategy.name in BATCHED_STRATEGIES:
             from specledger.decoding.scheduler import Scheduler
 
-            # the strategy's drafter, batched; how much each sequence drafts is planned per step
+            # the strategy's drafter, batched; how much each sequence drafts: its draft_length policy, per step
             drafter = strategy.batch_drafter(max_batch)
             scheduler = Scheduler(lm, max_batch=max_batch, prefill_chunk=prefill_chunk, drafter=drafter,
-                                  prefix_cache=prefix_cache)
+                                  prefix_cache=prefix_cache, draft_length=strategy.draft_length)
             self.worker = BatchEngineWorker(scheduler, self.metrics, max_queue)
         else:
             self.worker = EngineWorker(strategy, self.metrics, max_queue)

@@ -79,7 +79,8 @@ class InProcessBackend(Backend):
                 raise SpecLedgerError(f"configuration {c.name!r}: {exc}") from None
             self.worker = BatchWorker(Scheduler(self.models["target"], max_batch=c.max_batch,
                                                 prefill_chunk=c.prefill_chunk, drafter=drafter,
-                                                prefix_cache=c.prefix_cache))
+                                                prefix_cache=c.prefix_cache,
+                                                draft_length=self.strategy.draft_length))
 
     async def close(self) -> None:
         if self.worker is not None:
