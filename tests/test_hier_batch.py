@@ -21,7 +21,7 @@ from specledger.decoding.eagle_head import EagleHead, HeadConfig
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.hierarchy import HierDrafter
 from specledger.decoding.params import BATCHED_STRATEGIES
-from specledger.decoding.sampling import SamplingParams
+from specledger.decoding.sampling import SamplingParams, probs_from_logits
 from specledger.decoding.scheduler import Scheduler
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -92,31 +92,41 @@ def test_batched_hierarchy_is_lossless_and_mixed(kind, concurrency):
         inner = inner.inner
 
 
-def test_a_batched_round_is_each_sequence_alone():
+@pytest.mark.parametrize("kind", ["lookup", "eagle"])
+def test_batched_rounds_are_each_sequence_alone(kind):
     """Three sequences' chains built together (one pass of the intermediate per round over those still building)
-    equal each one's chain built alone: no row, position or cache entry leaks between sequences."""
+    equal each one's chain built alone, and so do the verdicts on every proposal of the drafter below, step after
+    step as the verifier keeps part of each chain: no row, position, mask or cache entry leaks between sequences."""
     lm = varied_model()
-    st = hier("eagle", lm)
-    prompts = varied_prompts(n=3, seed=4)
-    seqs = [DraftSeq(i, p + [i + 1], SamplingParams()) for i, p in enumerate(prompts)]
+    st = hier(kind, lm)
+    seqs = [DraftSeq(i, p + [i + 1], SamplingParams()) for i, p in enumerate(varied_prompts(n=3, seed=4))]
     together = st.batch_drafter(3)
-    for s in seqs:
+    alones = [st.batch_drafter(1) for _ in seqs]
+    for s, one in zip(seqs, alones):
         together.begin(s, None)
-    budgets = [4, 2, 3]
-    chains = together.propose(seqs, budgets)
-    for s, b, chain in zip(seqs, budgets, chains):
-        one = st.batch_drafter(1)
         one.begin(DraftSeq(0, s.tokens, s.sp), None)
-        [want] = one.propose([DraftSeq(0, s.tokens, s.sp)], [b])
-        assert chain.tokens == want.tokens and chain.is_chain() and 0 < len(chain) <= b
-        # a greedy chain is the intermediate's own greedy continuation, whatever its drafter proposed
-        mine = alone(st.mids[0], s.tokens, SamplingParams(max_new_tokens=len(chain), temperature=0.0, ignore_eos=True))
-        assert chain.tokens == mine.token_ids
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        budgets = [4, 2, 3]
+        chains = together.propose(seqs, budgets)
+        for s, one, b, chain in zip(seqs, alones, budgets, chains):
+            [want] = one.propose([DraftSeq(0, s.tokens, s.sp)], [b])
+            assert chain.tokens == want.tokens and chain.is_chain() and 0 < len(chain) <= b
+            assert together.records(s.key)[0].checks == one.records(0)[0].checks  # the same verdicts below
+            # a greedy chain is the intermediate's own greedy continuation, whatever its drafter proposed
+            mine = alone(st.mids[0], s.tokens, SamplingParams(max_new_tokens=len(chain), temperature=0.0,
+                                                              ignore_eos=True))
+            assert chain.tokens == mine.token_ids
+            keep = int(torch.randint(0, len(chain) + 1, (1,), generator=g))  # the verifier keeps a prefix
+            s.tokens = s.tokens + chain.tokens[:keep] + [int(torch.randint(0, 16, (1,), generator=g))]
+    accepted = [a for s in seqs for _, a in together.records(s.key)[0].checks]
+    assert any(accepted) and not all(accepted)  # the drafter below was right sometimes and wrong sometimes
 
 
 def test_batched_hierarchy_sampling_follows_target_distribution():
     """Seeded requests, eight at a time in one batch, each verifying with its own generator at both levels: the
-    first three tokens follow the target's exact joint distribution."""
+    first three tokens follow the target's exact joint distribution. Five are generated, so that the second and
+    third come from one chain of the intermediate (with three, the budget allows one-token chains only)."""
     lm = tiny_model(vocab=4, scale=0.05)
     mid = tiny_model(seed=7, vocab=4, scale=0.1)
     prompt = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
@@ -125,16 +135,42 @@ def test_batched_hierarchy_sampling_follows_target_distribution():
     sched = Scheduler(lm, max_batch=8, drafter=st.batch_drafter(8), cost=FLAT)
     n_samples, vocab, n = 1500, 4, 3
     for seed in range(n_samples):
-        sched.submit(prompt, SamplingParams(max_new_tokens=n, temperature=TEMP, seed=seed))
+        sched.submit(prompt, SamplingParams(max_new_tokens=n + 2, temperature=TEMP, seed=seed, ignore_eos=True))
     counts = torch.zeros(vocab**n, dtype=torch.float64)
     results = sched.run()
     assert len(results) == n_samples and max(r.mean_batch for r in results) > 4
+    assert any(len(r.levels[-1].accepted_per_position) >= 2 for r in results)  # chains of 2 kept whole
     for r in results:
-        counts[sum(t * vocab ** (n - 1 - i) for i, t in enumerate(r.token_ids))] += 1
+        counts[sum(t * vocab ** (n - 1 - i) for i, t in enumerate(r.token_ids[:n]))] += 1
     for level in range(2):
         proposed = sum(r.levels[level].proposed for r in results)
         assert 0 < sum(r.levels[level].accepted for r in results) < proposed
     assert chi2_pvalue(counts, exact_joint(lm, prompt)) > 1e-3
+
+
+@torch.inference_mode()
+def test_each_chain_token_carries_the_intermediates_distribution():
+    """Sampling: every chain token's q is the intermediate's distribution at its position given the chain before
+    it (what the target's verification divides by), across rounds and as the verifier keeps part of each chain."""
+    lm = varied_model()
+    st = hier("eagle", lm)
+    mid = st.mids[0]
+    sp = SamplingParams(temperature=0.9, top_p=0.95)
+    d = st.batch_drafter(2)
+    seqs = [DraftSeq(i, p, sp, torch.Generator().manual_seed(i)) for i, p in enumerate(varied_prompts(n=2, seed=5))]
+    for s in seqs:
+        d.begin(s, None)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        for s, chain in zip(seqs, d.propose(seqs, [4, 3])):
+            assert chain.q is not None and len(chain.q) == len(chain) > 0
+            for j, q in enumerate(chain.q):
+                ctx = s.tokens + chain.tokens[:j]
+                logits = mid.model(torch.tensor([ctx]), mid.model.new_cache(len(ctx)))[0, -1]
+                torch.testing.assert_close(q, probs_from_logits(logits, sp), rtol=1e-4, atol=1e-5)
+            keep = int(torch.randint(0, len(chain) + 1, (1,), generator=g))  # the verifier keeps a prefix
+            s.tokens = s.tokens + chain.tokens[:keep] + [int(torch.randint(0, 16, (1,), generator=g))]
+            d.accept(s, None)
 
 
 def test_hierarchy_price_counts_its_rounds_and_catch_up():
