@@ -619,7 +619,8 @@ class EagleTree(Speculative):
                             max_len=ctx.target.max_len)
 
     def batch_drafter(self, n_slots: int) -> EagleDrafter:
-        """Batched, the planner sizes each sequence's tree per step (the auto sizer is for one sequence)."""
+        """Batched, the draft_length policy sizes each sequence's tree per step: the planner, or total_nodes
+        every step (auto: AUTO_MAX_NODES); the auto sizer is for one sequence."""
         return EagleDrafter(self.head, self.target, top_k=self.top_k, depth=self.depth, total_nodes=self.lookahead,
                             max_len=self.target.config.max_seq_len, n_slots=n_slots, lazy=True)
 
