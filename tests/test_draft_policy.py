@@ -82,11 +82,14 @@ def fixed_strategy(name: str, lm):
     if name == "eagle":
         return make_strategy("eagle", lm, head=random_head(lm), top_k=3, depth=3, total_nodes=6,
                              draft_length="fixed")
+    if name == "hier":  # K = max_chain: each step the intermediate builds a chain of up to K from lookup's trees
+        return make_strategy("hier", lm, intermediate=varied_model(noise=0.1), drafter="lookup", lookup_tokens=3,
+                             min_chain=2, max_chain=K, draft_length="fixed")
     return make_strategy("lookup", lm, num_tokens=K, draft_length="fixed")
 
 
 @pytest.mark.parametrize("concurrency", [1, 3])
-@pytest.mark.parametrize("name", ["lookup", "draft", "eagle"])
+@pytest.mark.parametrize("name", ["lookup", "draft", "eagle", "hier"])
 def test_greedy_output_under_fixed_k_equals_autoregressive(name, concurrency):
     """Lossless with every sequence drafting in every pass: sequences of different lengths joining and leaving,
     drafts accepted sometimes and rejected sometimes, each request's tokens those of `ar` alone."""
@@ -100,7 +103,7 @@ def test_greedy_output_under_fixed_k_equals_autoregressive(name, concurrency):
     for i, p in enumerate(ps):
         want = alone(lm, p, SamplingParams(max_new_tokens=max_new[i], temperature=0.0))
         assert results[i].token_ids == want.token_ids, i
-    levels = [r.levels[0] for r in results.values()]
+    levels = [r.levels[-1] for r in results.values()]  # (a hierarchy's: the chains the target verified)
     proposed, accepted = sum(lv.proposed for lv in levels), sum(lv.accepted for lv in levels)
     assert 0 < accepted < proposed, (accepted, proposed)
     if name != "lookup":  # (lookup drafts only where its n-gram recurs) every pass but a request's last drafts
