@@ -93,6 +93,15 @@ def test_the_shipped_pair_recipe_validates_and_every_arm_resolves(monkeypatch):
     assert _after(draft_argv, "-md") == f"/models/{DRAFT}.gguf" and _after(draft_argv, "--spec-draft-n-max") == "4"
     # the same draft length on both engines
     assert by_name["draft-w4"].params.num_tokens == int(_after(draft_argv, "--spec-draft-n-max"))
+    # the plan printed before the run names the server's draft model too
+    from rich.console import Console
+
+    from specledger.pipeline import plan_table
+
+    console = Console(width=200, record=True)
+    console.print(plan_table(run))
+    row = next(ln for ln in console.export_text().splitlines() if "llama-draft" in ln)
+    assert f"draft {DRAFT} (the server's)" in row
 
 
 def test_the_recipes_server_flags_are_this_builds(monkeypatch, require_tool):
