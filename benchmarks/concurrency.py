@@ -16,8 +16,9 @@ ratio to "ar" is the noise floor); "lookup" is prompt lookup with the draft leng
 sequence per step from the measured cost surface T(rows) (decoding/draft_budget.py); "lookup-k3"
 drafts whatever lookup finds, up to 3 tokens, every step (no planning: what speculation without
 the cost surface does under load); "draft" a chain from the W4A16 copy of the target (not on a W4A16
-target: that would be the target itself) and "eagle" the shipped EAGLE head, both batched and planned
-per sequence per step like lookup. Per concurrency: median tok/s over rounds, and each method's
+target: that would be the target itself) and "eagle" the shipped EAGLE head, "hier" prompt lookup under the
+W4A16 copy as intermediate (not on a W4A16 target either), all batched and planned per sequence per step like
+lookup. Per concurrency: median tok/s over rounds, and each method's
 ratio to "ar" paired by round (geometric mean, 95% bootstrap interval over rounds); a difference
 is real only where the interval excludes 1 and the A/A interval is tight.
 
@@ -65,7 +66,8 @@ from specledger.engine.loader import default_dtype, load_model  # noqa: E402
 
 console = Console(width=160)
 # in-process methods batched through a strategy's own drafter (the draft model: the target's W4A16 copy)
-BATCH_METHODS = {"draft": {"draft": {"model": "target", "quant": "int4", "dtype": "bf16"}}, "eagle": {}}
+BATCH_METHODS = {"draft": {"draft": {"model": "target", "quant": "int4", "dtype": "bf16"}}, "eagle": {},
+                 "hier": {"intermediate": {"model": "target", "quant": "int4", "dtype": "bf16"}, "drafter": "lookup"}}
 METHODS = ("ar", "ar-aa", "lookup", "lookup-k3", *BATCH_METHODS)
 
 
@@ -122,7 +124,7 @@ def run_batched(lm, prompts: list[list[int]], sp: SamplingParams, n: int, n_requ
     row["mean_batch"] = statistics.mean(batches)
     row["method"] = method
     row["drafted_per_seq"] = statistics.mean(drafted)
-    levels = [lv for r in results for lv in r.levels]
+    levels = [r.levels[-1] for r in results if r.levels]  # what the target verified (a hierarchy's top level)
     proposed = sum(lv.proposed for lv in levels)
     row["acceptance"] = sum(lv.accepted for lv in levels) / proposed if proposed else None
     row["tau"] = sum(r.appended for r in results) / max(1, sum(r.steps for r in results))
@@ -188,7 +190,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16, help="requests per level (at least the concurrency)")
     ap.add_argument("--prefill-chunk", type=int, default=256, help="prompt rows per pass at most")
     ap.add_argument("--methods", default=None,
-                    help="comma list of ar, ar-aa, lookup, lookup-k3, draft, eagle: side by side, interleaved "
+                    help="comma list of ar, ar-aa, lookup, lookup-k3, draft, eagle, hier: side by side, interleaved "
                          "(see the docstring)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="with --methods: interleaved rounds (default 3); with --servers: passes over the workload per level (default 1)")
@@ -225,8 +227,8 @@ def main() -> None:
             unknown = set(methods) - set(METHODS)
             if unknown or "ar" not in methods:
                 sys.exit(f"error: --methods takes {', '.join(METHODS)} and must include ar (got {a.methods!r})")
-            if quant == "int4":  # a draft from the W4A16 copy of a W4A16 target is the target itself
-                methods = [m for m in methods if m != "draft"]
+            if quant == "int4":  # a draft (intermediate) from the W4A16 copy of a W4A16 target is the target itself
+                methods = [m for m in methods if m not in ("draft", "hier")]
             surface = cost_surface(lm, max_rows=4 * max(levels), n_seqs=min(8, max(levels)))  # before timing
             console.print(f"cost surface {lm.label}: " + ", ".join(
                 f"T({r})={1e3 * t:.1f}ms" for r, t in zip(surface.rows, surface.seconds)))
