@@ -441,13 +441,14 @@ def test_inprocess_backend_batches_ar_concurrency(tmp_path):
     class Recording(scheduler.Scheduler):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
-            chunks.append(self.prefill_chunk)
+            chunks.append((self.max_batch, self.prefill_chunk))
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(scheduler, "Scheduler", Recording)
         BenchRunner(cfg, tmp_path / "run", show_progress=False,
                     backend_factory=lambda bc: InProcessBackend(bc, models={"target": lm})).run()
-    assert chunks == [5]  # the configuration's prefill chunk reaches the scheduler
+    # the configuration's prefill chunk reaches the scheduler; `batching: false` is a scheduler of one
+    assert chunks == [(4, 5), (1, 256)]
     recs = read_requests(tmp_path / "run")
     by = {(r.config, r.question_id): r for r in recs}
     assert len(by) == 10 and all(r.status == "ok" for r in recs)

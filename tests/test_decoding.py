@@ -162,3 +162,26 @@ def test_stop_conditions():
     r2 = generate(make_strategy("lookup", lm), [1, 2, 3], SamplingParams(max_new_tokens=7))
     assert r2.finish_reason == "stop" and eos not in r2.token_ids and r2.token_ids == r.token_ids[: r.token_ids.index(eos)]
     lm.config.eos_ids = []
+
+
+def test_raising_from_on_tokens_ends_generate_at_that_step():
+    """A caller's on_tokens that raises (how a caller cancels) ends the generation at once and reaches the caller;
+    the strategy's batch-of-one scheduler is empty again for the next call."""
+    from specledger.decoding.generate import solo_scheduler
+
+    class Stop(Exception):
+        pass
+
+    st = make_strategy("ar", varied_model())
+    seen: list[list[int]] = []
+
+    def on_tokens(new: list[int], _t: float) -> None:
+        seen.append(new)
+        if len(seen) == 3:
+            raise Stop
+
+    with pytest.raises(Stop):
+        generate(st, [1, 2, 3], SamplingParams(max_new_tokens=50, ignore_eos=True), on_tokens)
+    assert len(seen) == 3  # no step ran after the one whose tokens raised
+    assert not solo_scheduler(st).has_work()
+    assert len(generate(st, [1, 2, 3], SamplingParams(max_new_tokens=5, ignore_eos=True)).token_ids) == 5

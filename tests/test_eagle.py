@@ -191,8 +191,9 @@ def test_eagle_sampling_runs_and_is_seeded():
     lm = tiny_model()
     head = random_head(lm)
     sp = SamplingParams(max_new_tokens=30, temperature=0.8, seed=3, ignore_eos=True)
-    a = generate(EagleTree(lm, head=head, total_nodes=12), [1, 2, 3], sp)
-    b = generate(EagleTree(lm, head=head, total_nodes=12), [1, 2, 3], sp)
+    # a fixed draft length: adaptive drafts follow timed passes, and each draft takes its own random draws
+    a = generate(EagleTree(lm, head=head, total_nodes=12, draft_length="fixed"), [1, 2, 3], sp)
+    b = generate(EagleTree(lm, head=head, total_nodes=12, draft_length="fixed"), [1, 2, 3], sp)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 30
 
 
@@ -303,8 +304,8 @@ def test_bad_heads_and_params(tmp_path):
 @pytest.mark.slow
 def test_shipped_head_is_lossless_on_embedded_model(smollm):
     sp = SamplingParams(max_new_tokens=32)
-    # a fixed tree: "auto" sizes it from a timed verification curve, so τ would depend on the machine's load
-    st = EagleTree(smollm, total_nodes=16)
+    # a fixed tree: the adaptive planner sizes it from timed passes, so τ would depend on the machine's load
+    st = EagleTree(smollm, total_nodes=16, draft_length="fixed")
     taus = []
     for text in PROMPTS:
         ids = smollm.tokenizer.chat([{"role": "user", "content": text}])

@@ -23,7 +23,7 @@ from specledger.decoding.factory import make_strategy
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
 from specledger.server.app import ServerState, ServerThread, create_app
-from specledger.server.engine_worker import Job
+from specledger.server.batch_engine import Job
 from specledger.server.schemas import ApiError
 
 MODEL = "smollm2-135m"

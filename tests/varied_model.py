@@ -20,7 +20,8 @@ import torch
 
 from conftest import tiny_config, tiny_tensors
 from specledger.decoding.factory import make_strategy
-from specledger.decoding.generate import GenerationResult, generate
+from specledger.decoding.draft_budget import CostSurface
+from specledger.decoding.generate import GenerationResult, generate, solo_scheduler
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
 from specledger.engine.config import ModelConfig
@@ -65,22 +66,40 @@ def varied_prompts(vocab: int = 16, n: int = 3, length: int = 8, seed: int = 0) 
     return [torch.randint(0, vocab, (length,), generator=g).tolist() * 2 for _ in range(n)]
 
 
+FLAT = CostSurface((1,), (1.0,))  # every pass costs the same: a planner finds every draft worth verifying
+
+
+def drafting(strategy):
+    """The strategy, its generate() planning with FLAT costs: it drafts every step, so acceptance, rejection and
+    rollback are exercised (a measured tiny model's cost can make drafting not pay at all)."""
+    solo_scheduler(strategy, cost=FLAT)
+    return strategy
+
+
+@torch.inference_mode()
+def plain_greedy(lm: LoadedModel, prompt: list[int], n: int) -> list[int]:
+    """Greedy decoding by the definition: the whole sequence through the model for every token, no cache kept,
+    no scheduler (the reference every decoding path must equal)."""
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(lm.model(torch.tensor([seq]), lm.model.new_cache(len(seq)))[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
 def assert_lossless_and_mixed(make, target: LoadedModel, prompts: list[list[int]], max_new_tokens: int = 40) -> dict:
-    """Greedy output of make() equals autoregressive decoding on every prompt, and at every level some
+    """Greedy output of make() equals plain greedy decoding on every prompt, and at every level some
     proposals were accepted and some rejected (so both verification paths and cache rollback ran).
 
     Returns {level name: [proposed, accepted]} summed over the prompts."""
-    from specledger.decoding.autoregressive import Autoregressive
-
     sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
     totals: dict[str, list[int]] = {}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: OpenMP hand-offs would dominate
     try:
         for prompt in prompts:
-            want = generate(Autoregressive(target), prompt, sp).token_ids
+            want = plain_greedy(target, prompt, max_new_tokens)
             assert len(set(want)) >= 4, "the target's greedy output should vary"
-            r = generate(make(), prompt, sp)
+            r = generate(drafting(make()), prompt, sp)
             assert r.token_ids == want
             assert r.appended == r.steps + r.levels[-1].accepted  # each target step: its accepted tokens + 1
             for lv in r.levels:

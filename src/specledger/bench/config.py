@@ -18,7 +18,7 @@ from pydantic import (
 )
 
 from specledger.decoding.params import (
-    BATCHED_STRATEGIES, MODEL_PARAMS, PARAMS, STRATEGIES, ArParams, DraftParams, EagleParams, HierParams, LookupParams, OtherParams,
+    MODEL_PARAMS, PARAMS, STRATEGIES, ArParams, DraftParams, EagleParams, HierParams, LookupParams, OtherParams,
     StrategyParams, missing_role, parse_params, unused_role,
 )
 
@@ -194,8 +194,8 @@ class BenchConfig(_Strict):
     max_new_tokens: int = Field(128, ge=1)
     openai: OpenAISettings | None = None
     optional: bool = False  # cannot start (e.g. a strategy not in this build): skip it with a note, run the rest
-    # in-process: continuous batching (concurrency N = N sequences in one pass); None = on for the strategies
-    # in BATCHED_STRATEGIES (a drafting strategy then plans each sequence's draft per step, zero included)
+    # in-process: continuous batching (concurrency N = N sequences in one pass, up to max_batch); false = one
+    # request at a time (max_batch 1: the others queue)
     batching: bool | None = None
     max_batch: int = Field(16, ge=1)  # in-process batching: sequences in one pass at most (more wait)
     prefill_chunk: int = Field(256, ge=1)  # in-process batching: prompt rows per pass at most (ITL vs TTFT)
@@ -234,9 +234,6 @@ class BenchConfig(_Strict):
             self.openai = OpenAISettings()
         if self.backend == "inprocess" and self.openai is not None:
             raise ValueError("'openai' settings given for an inprocess backend")
-        if self.batching and self.strategy not in BATCHED_STRATEGIES:
-            raise ValueError(f"strategy {self.strategy!r} runs one request at a time (batching is available for "
-                             f"{', '.join(BATCHED_STRATEGIES)}); set batching: false")
         if self.batching and self.backend != "inprocess":
             raise ValueError("batching is an in-process setting (the server batches on its own)")
         if self.backend == "inprocess":
@@ -260,22 +257,24 @@ class BenchConfig(_Strict):
         return ModelSpec(model=self.model, dtype=self.dtype, quant=self.quant, group_size=self.group_size)
 
     @property
+    def batch_size(self) -> int:
+        """Sequences the in-process backend decodes in one pass at most (1: one request at a time)."""
+        return 1 if self.batching is False else self.max_batch
+
+    @property
     def batched(self) -> bool:
-        """Whether the in-process backend runs this configuration continuously batched."""
-        if self.backend != "inprocess":
-            return False
-        return self.strategy in BATCHED_STRATEGIES if self.batching is None else self.batching
+        """Whether the in-process backend runs more than one request at a time."""
+        return self.backend == "inprocess" and self.batch_size > 1
 
     @property
     def greedy(self) -> bool:
         return self.sampling.temperature == 0.0
 
     def target_key(self) -> tuple:
-        """Same target and precision: what the lossless gate compares against."""
-        where = self.openai.base_url if self.openai else self.device
-        if self.openai and self.openai.server:
-            where = f"managed:{self.openai.server.engine()}"
-        return (self.backend, where, self.model, self.dtype, self.quant, self.group_size)
+        """Same target and precision, run the same way: bench/pairing.py's key, sampling aside."""
+        from specledger.bench.pairing import config_arm
+
+        return config_arm(self).key[:-1]
 
 
 class WorkloadSettings(_Strict):
@@ -426,10 +425,9 @@ class RunConfig(_Strict):
         if self.quality is None:
             return None
         if bc.greedy and bc.strategy != "ar":
-            ref = next((o for o in self.configs if o.strategy == "ar" and o.greedy
-                        and o.target_key() == bc.target_key()), None)
-            if ref is not None:
-                return ref.name
+            from specledger.bench.pairing import config_baselines
+
+            return config_baselines(self.configs).get(bc.name, bc.name)
         return bc.name
 
     @model_validator(mode="after")

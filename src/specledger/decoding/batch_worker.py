@@ -13,9 +13,8 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 
-from specledger.decoding.generate import OnTokens
 from specledger.decoding.sampling import SamplingParams
-from specledger.decoding.scheduler import ScheduledResult, Scheduler
+from specledger.decoding.scheduler import OnTokens, ScheduledResult, Scheduler
 from specledger.engine import threads
 
 

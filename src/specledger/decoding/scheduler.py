@@ -9,7 +9,8 @@ requests leave at the end of the step and free their slot.
 
 Every request keeps its own sampling parameters and random generator, so its tokens are
 those it would get alone (the same verifier, the same sequence of draws); stops (eos,
-stop strings, max tokens) follow generate() exactly. Timing is per request: queue time,
+stop strings, max tokens) are the engine's only copy of them (generate() is this scheduler holding one
+request). Timing is per request: queue time,
 TTFT from arrival (queue and every prefill chunk included), and the time each token
 became available.
 
@@ -50,15 +51,67 @@ from specledger.decoding.batch_runner import BatchForward, BatchItem, BatchRunne
 from specledger.decoding.batch_drafting import BatchDrafting, DraftState
 from specledger.decoding.draft_budget import CostSurface
 from specledger.decoding.drafter import Drafter
-from specledger.decoding.generate import GenerationResult, OnTokens, _stop_cut
 from specledger.decoding.sampling import SamplingParams, probs_from_logits, sample
-from specledger.decoding.strategy import clock
 from specledger.decoding.tree import Tree
 from specledger.decoding.verify import verify
 from specledger.engine.loader import LoadedModel
+from specledger.engine.timing import clock
 from specledger.engine.tokenizer import Tokenizer
 from specledger.errors import BadInput
 from specledger.spec_stats import LevelStats
+
+
+OnTokens = Callable[[list[int], float], None]
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length" (a scheduled request also "cancelled" | "error")
+    prompt_tokens: int
+    ttft_s: float  # request start -> first token, every prefill included
+    prefill_s: float  # the target's prefill
+    draft_prefill_s: float  # drafters' and intermediates' prefill
+    total_s: float
+    token_times: list[float]  # clock() time (perf_counter) each output token became available
+    steps: int  # target verification steps after the first token
+    appended: int = 0  # tokens those steps produced (before any truncation at a stop)
+    levels: list[LevelStats] = field(default_factory=list)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    strategy: str = ""
+    params: dict = field(default_factory=dict)
+    cached_tokens: int = 0  # prompt tokens whose cache entries an earlier request left (the prefix cache)
+
+    @property
+    def tau(self) -> float | None:
+        """Mean tokens appended per target verification step, bonus included (AR = 1)."""
+        return self.appended / self.steps if self.steps else None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        n, dt = len(self.token_ids) - 1, self.total_s - self.ttft_s
+        return n / dt if n > 0 and dt > 0 else None
+
+    @property
+    def e2e_tok_s(self) -> float:
+        return len(self.token_ids) / self.total_s if self.total_s > 0 else 0.0
+
+    def stats(self) -> dict:
+        return {
+            "strategy": self.strategy,
+            "params": self.params,
+            "steps": self.steps,
+            "tau": self.tau,
+            "levels": [lv.model_dump() for lv in self.levels],
+            "ttft_s": self.ttft_s,
+            "prefill_s": self.prefill_s,
+            "draft_prefill_s": self.draft_prefill_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "total_s": self.total_s,
+        }
 
 
 @dataclass
@@ -70,6 +123,20 @@ class ScheduledResult(GenerationResult):
     queue_s: float = 0.0  # arrival -> admitted into the batch
     mean_batch: float = 0.0  # mean number of sequences in the passes this request took part in
     error: str | None = None  # finish_reason "error": this request's part of a step failed, or the shared pass
+    exception: Exception | None = field(default=None, repr=False, compare=False)  # what failed it, when one raised
+
+
+def _stop_cut(tok: Tokenizer, ids: list[int], stops: list[str]) -> tuple[list[int], str] | None:
+    """If a stop string appeared, the shortest token prefix that contains it and the text before it."""
+    text = tok.decode(ids)
+    hits = [text.find(s) for s in stops if s and s in text]
+    if not hits:
+        return None
+    cut = min(hits)
+    for i in range(1, len(ids) + 1):
+        if len(tok.decode(ids[:i])) > cut:
+            return ids[:i], text[:cut]
+    return ids, text[:cut]
 
 
 OnDone = Callable[[ScheduledResult], None]
@@ -99,6 +166,7 @@ class _Live:
     passes: int = 0
     batch_sum: int = 0
     error: str | None = None
+    exception: Exception | None = None
     draft: DraftState | None = None  # batched speculation, from the first token on
 
     @property
@@ -107,7 +175,7 @@ class _Live:
 
     def fail(self, exc: Exception) -> None:
         """This request (alone) ends with reason "error" at the end of the step."""
-        self.finish, self.error = "error", f"{type(exc).__name__}: {exc}"
+        self.finish, self.error, self.exception = "error", f"{type(exc).__name__}: {exc}", exc
 
     @property
     def running_seq(self) -> Sequence:
@@ -122,7 +190,7 @@ class _Live:
         return sample(probs_from_logits(logits, self.sp), self.gen)
 
     def emit(self, new: list[int], now: float, tok: Tokenizer | None) -> None:
-        """Append a step's tokens with generate()'s stop rules (eos after min tokens, max tokens, stop strings)."""
+        """Append a step's tokens under the stop rules (eos after min tokens, max tokens, stop strings)."""
         sp = self.sp
         stop_at = next((i for i, t in enumerate(new) if t in self.eos and len(self.out) + i >= sp.min_new_tokens), None)
         if stop_at is not None:
@@ -395,7 +463,7 @@ def _retire(sched: Scheduler, lv: _Live, now: float) -> ScheduledResult:
         res = ScheduledResult(token_ids=lv.out, text="", finish_reason="error", prompt_tokens=len(lv.prompt),
                               ttft_s=0.0, prefill_s=0.0, draft_prefill_s=0.0, total_s=now - lv.arrival,
                               token_times=lv.times, steps=lv.steps, strategy=sched.strategy_name,
-                              request_id=lv.rid, arrival=lv.arrival, error=lv.error)
+                              request_id=lv.rid, arrival=lv.arrival, error=lv.error, exception=lv.exception)
         if lv.on_done:
             try:
                 lv.on_done(res)
@@ -430,7 +498,7 @@ def _result(sched: Scheduler, lv: _Live, now: float) -> ScheduledResult:
         token_times=lv.times, steps=lv.steps, appended=lv.appended, levels=levels, draft_s=draft_s,
         verify_s=lv.verify_s, strategy=sched.strategy_name, params=sched.params(),
         request_id=lv.rid, arrival=lv.arrival, queue_s=admitted - lv.arrival,
-        mean_batch=lv.batch_sum / lv.passes if lv.passes else 0.0, error=lv.error,
+        mean_batch=lv.batch_sum / lv.passes if lv.passes else 0.0, error=lv.error, exception=lv.exception,
     )
     if lv.on_done:
         lv.on_done(res)

@@ -49,15 +49,13 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
-from specledger.decoding.generate import GenerationResult
-from specledger.decoding.params import BATCHED_STRATEGIES
+from specledger.decoding.scheduler import GenerationResult
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.strategy import Strategy
 from specledger.engine.loader import LoadedModel
 from specledger.errors import SpecLedgerError
 from specledger.server.auth import ApiKeyMiddleware
-from specledger.server.batch_engine import BatchEngineWorker
-from specledger.server.engine_worker import Delta, Done, Draining, EngineWorker, Failed, Job, QueueFull
+from specledger.server.batch_engine import BatchEngineWorker, Delta, Done, Draining, Failed, Job, QueueFull
 from specledger.server.limits import BodyLimitMiddleware
 from specledger.server.metrics import ServerMetrics
 from specledger.server.schemas import ApiError, ChatCompletionRequest, CompletionRequest, error_body
@@ -140,17 +138,13 @@ class ServerState:
         self.max_prompt_chars = max_prompt_chars
         self.open: dict[int, tuple[Job, asyncio.Queue]] = {}  # requests being answered, for shutdown to tell
         self.metrics = ServerMetrics(strategy.level_names)
-        self.worker: EngineWorker | BatchEngineWorker
-        if strategy.name in BATCHED_STRATEGIES:
-            from specledger.decoding.scheduler import Scheduler
+        from specledger.decoding.scheduler import Scheduler
 
-            # the strategy's drafter, batched; how much each sequence drafts: its draft_length policy, per step
-            drafter = strategy.batch_drafter(max_batch)
-            scheduler = Scheduler(lm, max_batch=max_batch, prefill_chunk=prefill_chunk, drafter=drafter,
-                                  prefix_cache=prefix_cache, draft_length=strategy.draft_length)
-            self.worker = BatchEngineWorker(scheduler, self.metrics, max_queue)
-        else:
-            self.worker = EngineWorker(strategy, self.metrics, max_queue)
+        # the strategy's drafter, batched; how much each sequence drafts: its draft_length policy, per step
+        scheduler = Scheduler(lm, max_batch=max_batch, prefill_chunk=prefill_chunk,
+                              drafter=strategy.batch_drafter(max_batch), prefix_cache=prefix_cache,
+                              draft_length=strategy.draft_length)
+        self.worker = BatchEngineWorker(scheduler, self.metrics, max_queue)
         from specledger.engine import qkernel
 
         on_gpu = next(lm.model.parameters()).device.type != "cpu"
@@ -386,7 +380,7 @@ def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None =
                max_prompt_chars: int = MAX_PROMPT_CHARS) -> FastAPI:
     """The FastAPI application for one loaded model and strategy (the worker starts with the app).
 
-    Strategies in BATCHED_STRATEGIES run up to max_batch requests in one continuously batched pass (at most
+    Every strategy runs up to max_batch requests in one continuously batched pass (max_batch 1: one at a time; at most
     prefill_chunk prompt rows in a pass: smaller chunks shorten the others' stalls and lengthen TTFT); max_queue
     more may wait; prefix_cache: a batched prompt reuses the cache of an earlier request's tokens it starts with.
     With api_keys, /v1/* (and /metrics with metrics_require_key) answer 401 without one. A body over
@@ -468,10 +462,9 @@ def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None =
         w = state.worker
         body = {"status": "ok" if w.accepting else "draining", "model": state.name, "strategy": strategy.name,
                 "running": w.running, "waiting": w.waiting, "max_queue": w.max_queue, "kernel": state.kernel}
-        if isinstance(w, BatchEngineWorker):
-            body["max_batch"] = w.scheduler.max_batch
-            body["prefill_chunk"] = w.scheduler.prefill_chunk
-            body["prefix_cache"] = w.scheduler.prefix_cache
+        body["max_batch"] = w.scheduler.max_batch
+        body["prefill_chunk"] = w.scheduler.prefill_chunk
+        body["prefix_cache"] = w.scheduler.prefix_cache
         return _json(body, 200 if w.accepting else 503)
 
     @app.get("/metrics")

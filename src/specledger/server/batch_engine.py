@@ -1,31 +1,87 @@
-"""Many requests at once: the server's jobs go to a continuous-batching Scheduler stepped by a BatchWorker.
+"""The server's one engine worker: its jobs go to a continuous-batching Scheduler stepped by a BatchWorker.
 
-Same interface as EngineWorker (submit, drain, stop, waiting, running), so the routes do not
-care which one serves them. Each job becomes a scheduler request: its tokens come back through
-on_tokens on the worker thread and are handed to the request's asyncio queue as text deltas;
-its end comes through the result future (finished, cancelled or failed). A client that goes
-away cancels its request in the batch (Job.cancel -> BatchWorker.cancel), freeing its slot at
-the next step. Admission: requests that find a free slot in the batch start at the next step;
-at most `max_queue` may wait beyond the free slots, more are refused (QueueFull -> 503).
+Every strategy is served this way (`--max-batch 1`: one request at a time, the others queued). Each job becomes
+a scheduler request: its tokens come back through on_tokens on the worker thread and are handed to the request's
+asyncio queue as text deltas; its end comes through the result future (finished, cancelled or failed). A client
+that goes away cancels its request in the batch (Job.cancel -> BatchWorker.cancel), freeing its slot at the next
+step. Admission: requests that find a free slot in the batch start at the next step; at most `max_queue` may wait
+beyond the free slots, more are refused (QueueFull -> 503), and a draining server refuses new jobs straight away.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable
 
 from specledger.decoding.batch_worker import BatchWorker
-from specledger.decoding.scheduler import ScheduledResult, Scheduler
-from specledger.server.engine_worker import Draining, Failed, Job, JobWorker, QueueFull
+from specledger.decoding.sampling import SamplingParams
+from specledger.decoding.scheduler import GenerationResult, ScheduledResult, Scheduler
+from specledger.errors import SpecLedgerError
 from specledger.server.metrics import ServerMetrics
+from specledger.server.textstream import TextStream
 
 log = logging.getLogger("specledger.server")
 
 
-class BatchEngineWorker(JobWorker):
+@dataclass
+class Delta:
+    text: str
+    t: float
+
+
+@dataclass
+class Done:
+    result: GenerationResult
+    tail: str  # text of the result not yet sent as deltas (streams only)
+    queue_s: float
+
+
+@dataclass
+class Failed:
+    message: str
+    status: int  # 400: the request cannot be served; 500: internal error; 499: cancelled
+    code: str | None = None
+
+
+class QueueFull(Exception):
+    pass
+
+
+class Draining(Exception):
+    pass
+
+
+@dataclass
+class Job:
+    prompt_ids: list[int]
+    sp: SamplingParams
+    emit: Callable[[object], None]  # must be thread-safe: called from the worker thread
+    text: TextStream | None = None  # set for streaming requests
+    arrival: float = field(default_factory=time.perf_counter)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    started: float | None = None
+    first_token: float | None = None
+    generated: int = 0
+    on_cancel: Callable[[], None] | None = None  # set on submission: stop the request in the batch
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        if self.on_cancel is not None:
+            self.on_cancel()
+
+
+class BatchEngineWorker:
     def __init__(self, scheduler: Scheduler, metrics: ServerMetrics, max_queue: int) -> None:
-        super().__init__(metrics, max_queue)
+        if max_queue < 0:
+            raise SpecLedgerError(f"max queue must be >= 0 (got {max_queue})")
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self._lock = threading.Lock()
+        self._accepting = True
         self.scheduler = scheduler
         self._live: dict[int, Job] = {}
         self._worker: BatchWorker | None = None
@@ -37,6 +93,10 @@ class BatchEngineWorker(JobWorker):
 
     def start(self) -> None:
         self._worker = BatchWorker(self.scheduler, name="specledger-engine")
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
 
     @property
     def waiting(self) -> int:
@@ -51,6 +111,26 @@ class BatchEngineWorker(JobWorker):
         """Waiting beyond the batch's free places (those within them start at the next step)."""
         s = self.scheduler
         return max(0, s.n_waiting - (s.max_batch - s.n_running))
+
+    def drain(self) -> None:
+        """Refuse new jobs; those admitted still run."""
+        with self._lock:
+            self._accepting = False
+
+    def stop(self, timeout: float) -> None:
+        """Refuse new jobs, cancel the admitted ones, wait (bounded) for them to leave, stop the thread."""
+        self.drain()
+        with self._lock:
+            jobs = list(self._live.values())
+        for job in jobs:
+            job.cancel()
+        deadline = time.monotonic() + timeout
+        while self._live and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self._live:
+            log.warning("the engine did not stop within %.0f s", timeout)
+        if self._worker is not None:
+            self._worker.close()
 
     def submit(self, job: Job) -> None:
         """Queue the job in the scheduler; BadInput (a prompt that cannot run) propagates."""
@@ -70,19 +150,15 @@ class BatchEngineWorker(JobWorker):
             worker.cancel(rid)
         fut.add_done_callback(lambda f: self._done(rid, job, f))
 
-    def _admitted(self) -> list[Job]:
-        return list(self._live.values())
-
-    def _wait_stopped(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self._live and time.monotonic() < deadline:
-            time.sleep(0.01)
-        left = bool(self._live)
-        if self._worker is not None:
-            self._worker.close()
-        return not left
-
     # ---- the worker thread ----
+
+    def _tokens(self, job: Job, new: list[int], t: float) -> None:
+        if job.first_token is None:
+            job.first_token = t
+            self.metrics.ttft.observe(t - job.arrival)
+        job.generated += len(new)
+        if job.text is not None and (piece := job.text.push(new)):
+            job.emit(Delta(piece, t))
 
     def _done(self, rid: int, job: Job, fut: Future[ScheduledResult]) -> None:
         with self._lock:
@@ -92,6 +168,10 @@ class BatchEngineWorker(JobWorker):
         except Exception as exc:  # noqa: BLE001 - a future's callback must not raise: it would be lost, unanswered
             log.error("answering a request failed: %s: %s", type(exc).__name__, exc)
             job.emit(Failed(f"internal error: {type(exc).__name__}: {exc}", 500, "internal_error"))
+
+    def _count_partial(self, job: Job) -> None:
+        if job.first_token is not None:  # the prompt was prefilled
+            self.metrics.tokens(len(job.prompt_ids), job.generated)
 
     def _answer(self, job: Job, fut: Future[ScheduledResult]) -> None:
         """Turn the request's end into its last event: Done, or Failed (500 for an error, 499 when cancelled)."""
@@ -112,4 +192,8 @@ class BatchEngineWorker(JobWorker):
             self._count_partial(job)
             job.emit(Failed("cancelled", 499, "cancelled"))
             return
-        self._finished(job, r, r.queue_s)
+        self.metrics.e2e.observe(time.perf_counter() - job.arrival)
+        self.metrics.tokens(len(job.prompt_ids), len(r.token_ids))
+        self.metrics.finished(r)
+        tail = job.text.finish(r.text) if job.text is not None else ""
+        job.emit(Done(r, tail, r.queue_s))

@@ -1,12 +1,9 @@
-"""The native engine in this process.
+"""The native engine in this process: the continuous-batching scheduler, stepped by a worker thread.
 
-Batched configurations (config.batched: "ar" and "lookup" by default) run on a
-continuous-batching scheduler in a worker thread: concurrency N means N sequences in one
-pass (up to max_batch; more wait in its queue); "lookup" there drafts with a length planned
-per sequence per step from the model's measured verification-cost surface. The others serve one request at a time: concurrency
-> 1 means a queue, requests wait on a lock (their queueing time is reported, and TTFT
-counts from arrival); generation runs in a worker thread so open-loop arrivals keep their
-schedule meanwhile.
+Concurrency N means N sequences in one pass (up to max_batch; more wait in its queue), so open-loop arrivals
+keep their schedule; a drafting strategy sizes each sequence's drafts by its draft_length policy. `batching:
+false` is max_batch 1: one request at a time, the others queued (their queueing time is reported, and TTFT
+counts from arrival).
 """
 
 from __future__ import annotations
@@ -33,10 +30,9 @@ class InProcessBackend(Backend):
         self.meter = meter
         self.models: dict[str, Any] = dict(models or {})
         self.strategy: Any = None
-        self._lock = asyncio.Lock()
         self._cuda = config.device.startswith("cuda")
-        self.worker: Any = None  # BatchWorker when the configuration is batched
-        self.serial = not config.batched
+        self.worker: Any = None  # the BatchWorker, once started
+        self.serial = config.batch_size == 1
 
     async def start(self) -> None:
         await asyncio.wrap_future(threads.submit(self._load))
@@ -69,18 +65,17 @@ class InProcessBackend(Backend):
         except ImportError as exc:  # a strategy whose module is not in this build
             raise SpecLedgerError(f"configuration {c.name!r}: strategy {c.strategy!r} is not available "
                                   f"in this build ({exc})") from None
-        if c.batched:
-            from specledger.decoding.batch_worker import BatchWorker
-            from specledger.decoding.scheduler import Scheduler
+        from specledger.decoding.batch_worker import BatchWorker
+        from specledger.decoding.scheduler import Scheduler
 
-            try:
-                drafter = self.strategy.batch_drafter(c.max_batch)
-            except SpecLedgerError as exc:
-                raise SpecLedgerError(f"configuration {c.name!r}: {exc}") from None
-            self.worker = BatchWorker(Scheduler(self.models["target"], max_batch=c.max_batch,
-                                                prefill_chunk=c.prefill_chunk, drafter=drafter,
-                                                prefix_cache=c.prefix_cache,
-                                                draft_length=self.strategy.draft_length))
+        try:
+            drafter = self.strategy.batch_drafter(c.batch_size)
+        except SpecLedgerError as exc:
+            raise SpecLedgerError(f"configuration {c.name!r}: {exc}") from None
+        self.worker = BatchWorker(Scheduler(self.models["target"], max_batch=c.batch_size,
+                                            prefill_chunk=c.prefill_chunk, drafter=drafter,
+                                            prefix_cache=c.prefix_cache,
+                                            draft_length=self.strategy.draft_length))
 
     async def close(self) -> None:
         if self.worker is not None:
@@ -90,8 +85,7 @@ class InProcessBackend(Backend):
     async def verify_curve(self) -> list[dict[str, float]]:
         from specledger.bench.probes import measure_verify_curve
 
-        async with self._lock:
-            return await asyncio.wrap_future(threads.submit(measure_verify_curve, self.models["target"]))
+        return await asyncio.wrap_future(threads.submit(measure_verify_curve, self.models["target"]))
 
     def template_tokens(self) -> int | None:
         from specledger.bench.synthetic import template_overhead
@@ -109,13 +103,6 @@ class InProcessBackend(Backend):
         label = getattr(lm, "label", self.config.model)
         return f"inprocess specledger {specledger.__version__} torch {torch.__version__} {label}"
 
-    async def complete(self, messages: list[dict[str, str]], *, max_new_tokens: int,
-                       min_new_tokens: int | None = None) -> Completion:
-        if self.worker is not None:
-            return await self._run_batched(messages, max_new_tokens, min_new_tokens)
-        async with self._lock:
-            return await asyncio.wrap_future(threads.submit(self._run, messages, max_new_tokens, min_new_tokens))
-
     def _sampling(self, max_new_tokens: int, min_new_tokens: int | None) -> Any:
         from specledger.decoding.sampling import SamplingParams
 
@@ -123,79 +110,43 @@ class InProcessBackend(Backend):
         return SamplingParams(max_new_tokens=max_new_tokens, temperature=sp.temperature, top_p=sp.top_p,
                               top_k=sp.top_k, seed=sp.seed, stop=list(sp.stop), min_new_tokens=min_new_tokens or 0)
 
-    def _run(self, messages: list[dict[str, str]], max_new_tokens: int, min_new_tokens: int | None) -> Completion:
-        from specledger.decoding.generate import generate
-
+    async def complete(self, messages: list[dict[str, str]], *, max_new_tokens: int,
+                       min_new_tokens: int | None = None) -> Completion:
+        """Submit to the scheduler and await the result; times come from the scheduler (arrival = submit)."""
         lm = self.models["target"]
         prompt_ids = lm.tokenizer.chat(messages)  # a model without a chat template is a setup error: raise
         params = self._sampling(max_new_tokens, min_new_tokens)
-        callback_chunks: list[tuple[float, int]] = []
-
-        def on_tokens(ids: list[int], t: float) -> None:
-            callback_chunks.append((t, len(ids)))
-
-        reset_peak_rss()
-        if self._cuda:
-            reset_cuda_peak()
+        if not self.worker.scheduler.has_work():  # peaks are per request where requests do not overlap
+            reset_peak_rss()
+            if self._cuda:
+                reset_cuda_peak()
         e0 = self.meter.read() if self.meter else None
-        start = time.perf_counter()
-        try:
-            result = generate(self.strategy, prompt_ids, params, on_tokens=on_tokens)
-        except SpecLedgerError as exc:  # e.g. the prompt does not fit the context: this request fails
-            return Completion(ok=False, start=start, end=time.perf_counter(), error=str(exc),
-                              error_kind="rejected", prompt_tokens=len(prompt_ids))
-        except Exception as exc:  # noqa: BLE001 - recorded per request, the run continues
-            return Completion(ok=False, start=start, end=time.perf_counter(),
-                              error=f"{type(exc).__name__}: {exc}", error_kind="exception",
-                              prompt_tokens=len(prompt_ids))
-        end = time.perf_counter()
-        e1 = self.meter.read() if self.meter else None
-        times = list(getattr(result, "token_times", None) or [])
-        chunks = chunks_from_token_times(times) if times else callback_chunks
-        ids = list(result.token_ids)
-        first = chunks[0][0] if chunks else None
-        return Completion(
-            ok=True, start=start, end=end, text=result.text, chunks=chunks, first_token=first,
-            prompt_tokens=len(prompt_ids), output_tokens=len(ids), token_ids=ids,
-            finish_reason=result.finish_reason, steps=result.steps, tau=result.tau,
-            levels=[lv.model_copy(deep=True) for lv in result.levels],
-            draft_s=result.draft_s, verify_s=result.verify_s, prefill_s=result.prefill_s,
-            draft_prefill_s=result.draft_prefill_s,
-            peak_rss_bytes=peak_rss_bytes(),
-            cuda_max_allocated_bytes=cuda_max_allocated() if self._cuda else None,
-            energy_j=(e1 - e0) if e0 is not None and e1 is not None else None,
-        )
-
-    async def _run_batched(self, messages: list[dict[str, str]], max_new_tokens: int,
-                           min_new_tokens: int | None) -> Completion:
-        """Submit to the scheduler and await the result; times come from the scheduler (arrival = submit)."""
-        lm = self.models["target"]
-        prompt_ids = lm.tokenizer.chat(messages)
-        params = self._sampling(max_new_tokens, min_new_tokens)
         arrival = time.perf_counter()
         try:
             rid, fut = self.worker.submit(prompt_ids, params)
         except SpecLedgerError as exc:  # e.g. the prompt does not fit the context: this request fails
             return Completion(ok=False, start=arrival, end=time.perf_counter(), error=str(exc),
-                              prompt_tokens=len(prompt_ids))
+                              error_kind="rejected", prompt_tokens=len(prompt_ids))
         try:
             result = await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
             self.worker.cancel(rid)
             raise
+        e1 = self.meter.read() if self.meter else None
         start = result.arrival + result.queue_s
         end = result.arrival + result.total_s
         if result.error is not None:
-            return Completion(ok=False, start=start, end=end, error=result.error, prompt_tokens=len(prompt_ids))
+            return Completion(ok=False, start=start, end=end, error=result.error, error_kind="exception",
+                              prompt_tokens=len(prompt_ids))
         times = list(result.token_times)
-        chunks = chunks_from_token_times(times)
         return Completion(
-            ok=True, start=start, end=end, text=result.text, chunks=chunks,
+            ok=True, start=start, end=end, text=result.text, chunks=chunks_from_token_times(times),
             first_token=times[0] if times else None, prompt_tokens=len(prompt_ids),
             output_tokens=len(result.token_ids), token_ids=list(result.token_ids),
             finish_reason=result.finish_reason, steps=result.steps, tau=result.tau,
             levels=[lv.model_copy(deep=True) for lv in result.levels],
-            draft_s=result.draft_s, verify_s=result.verify_s, prefill_s=result.prefill_s, draft_prefill_s=0.0,
-            cached_prompt_tokens=result.cached_tokens, peak_rss_bytes=peak_rss_bytes(),
-            cuda_max_allocated_bytes=cuda_max_allocated() if self._cuda else None,
+            draft_s=result.draft_s, verify_s=result.verify_s, prefill_s=result.prefill_s,
+            draft_prefill_s=result.draft_prefill_s, cached_prompt_tokens=result.cached_tokens,
+            peak_rss_bytes=peak_rss_bytes(), cuda_max_allocated_bytes=cuda_max_allocated() if self._cuda else None,
+            energy_j=(e1 - e0) if e0 is not None and e1 is not None else None,
         )
