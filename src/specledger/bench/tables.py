@@ -6,7 +6,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from specledger.bench.results import Aggregate, ConfigResult, RunResult, error_kinds
+from specledger.bench.pairing import result_baselines
+from specledger.bench.results import Aggregate, RunResult, error_kinds
 
 
 def _ms(x: float | None) -> str:
@@ -92,12 +93,6 @@ def _run_table_stacked(run: RunResult) -> Table:
     return t
 
 
-def _reference(run: RunResult, c: ConfigResult) -> ConfigResult | None:
-    key = (c.backend, c.model, c.dtype, c.quant)
-    return next((o for o in run.configs if o.strategy == "ar" and (o.backend, o.model, o.dtype, o.quant) == key),
-                None)
-
-
 def category_table(run: RunResult, width: int = WIDE) -> Table:
     """tau and speed-up (tok/s vs the `ar` configuration of the same target) per category; narrower than WIDE,
     each configuration and load heads its block of categories instead of filling two columns of every row."""
@@ -108,8 +103,9 @@ def category_table(run: RunResult, width: int = WIDE) -> Table:
         ("config", "load", "category", "requests", "tok/s", "tau", "speed-up", "pass")
     for col in cols:
         t.add_column(col, justify="left" if col in ("config", "load", "category") else "right", no_wrap=stacked)
+    pairs, by_name = result_baselines(run.configs), {c.name: c for c in run.configs}
     for c in run.configs:
-        ref = _reference(run, c)
+        ref = by_name.get(pairs.get(c.name, ""))
         for lr in c.loads:
             ref_lr = next((x for x in ref.loads if x.load == lr.load), None) if ref else None
             if stacked and lr.by_category:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from specledger.bench.config import QUALITY_LEVEL
 from specledger.bench.energy import METHOD_SPREAD
+from specledger.bench.pairing import Arm, baselines, result_arm
+from specledger.bench.pairing import precision_label as precision_label  # where callers have always found it
 from specledger.errors import BadInput
 from specledger.ledger.cost_model import TRAINED_DRAFTERS, OperatingPoint
 
@@ -52,6 +55,8 @@ class ConfigMeasurement(BaseModel):
     model: str = ""
     backend: str = ""
     precision: str = ""
+    where: str = ""  # the device, the server's URL, or "managed:<engine>" (bench/pairing.py)
+    sampling: str = ""  # "greedy", or the distribution sampled from (bench/pairing.py)
     load: str = "c=1"
     concurrency: int | None = None
     rate: float | None = None
@@ -107,6 +112,10 @@ class ConfigMeasurement(BaseModel):
     def label(self) -> str:
         return f"{self.name} @{self.load}"
 
+    @property
+    def arm(self) -> Arm:
+        return Arm(self.name, self.strategy, self.backend, self.where, self.model, self.precision, self.sampling)
+
     def operating_point(self, device_count: int | None = None) -> OperatingPoint:
         """The numbers the cost model prices; device_count overrides what the run recorded."""
         if self.requests_completed <= 0 or self.wall_s <= 0:
@@ -133,14 +142,9 @@ class ConfigMeasurement(BaseModel):
         )
 
 
-def precision_label(dtype: str | None, quant: str | None, group_size: int | None) -> str:
-    """fp32 / bf16 for plain weights; W8A16, W4A16-g32 (activation bits from dtype) when quantized."""
-    if quant in (None, "", "none"):
-        return dtype or "as served"
-    act = {"fp32": 32, "bf16": 16, "fp16": 16}.get(dtype or "", 16)
-    bits = {"int8": 8, "int4": 4}.get(quant)
-    label = f"W{bits}A{act}" if bits else quant
-    return f"{label}-g{group_size}" if bits == 4 and group_size else label
+def measurement_baselines(ms: Iterable[ConfigMeasurement]) -> dict[str, str]:
+    """Configuration name -> its autoregressive baseline's (bench/pairing.py), over measurements of any levels."""
+    return baselines(m.arm for m in ms)
 
 
 def _attempts_judged(graded: int, failed: int) -> int:
@@ -166,6 +170,7 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
         curve = [CurvePoint(**p) for p in (extra.get("verify_curve") or c.spec.get("verify_curve") or [])]
         device_count = int(extra.get("device_count") or c.spec.get("device_count") or 1)
         graded = quality.get(c.quality_source or "")  # the graded quality level stands for its pass rate
+        arm = result_arm(c)
         for li, lr in enumerate(c.loads):
             if lr.load == QUALITY_LEVEL:
                 continue
@@ -193,7 +198,9 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
                     strategy=c.strategy,
                     model=c.model,
                     backend=c.backend,
-                    precision=precision_label(c.dtype, c.quant, c.group_size),
+                    precision=arm.precision,
+                    where=arm.where,
+                    sampling=arm.sampling,
                     load=lr.load,
                     concurrency=lr.concurrency,
                     rate=lr.rate,

@@ -17,7 +17,7 @@ from specledger.ledger.concurrency import ConcurrencyBreakEven, break_even_concu
 from specledger.ledger.inputs import (
     DEFAULT_COSTS, CostInputs, Range, Resolved, _is_range, _map_leaves, load_inputs,
 )
-from specledger.ledger.measurements import ConfigMeasurement, measurements_from_run
+from specledger.ledger.measurements import ConfigMeasurement, measurement_baselines, measurements_from_run
 from specledger.ledger.cost_model import Breakdown, Case, objective_misses, replicas_needed
 from specledger.ledger.montecarlo import simulate
 from specledger.ledger.paired import mcnemar, paired_speedup
@@ -181,11 +181,12 @@ def _reference(ms: list[ConfigMeasurement]) -> str | None:
 
 
 def speedups(ms: list[ConfigMeasurement]) -> dict[tuple[str, str], float]:
-    """(config, load) -> tok/s over the autoregressive configuration of the same model and precision at that load."""
-    base = {(m.model, m.precision, m.load): m.tok_s for m in ms if m.strategy == "ar" and m.tok_s}
+    """(config, load) -> tok/s over its autoregressive baseline (bench/pairing.py) at that load."""
+    pairs = measurement_baselines(ms)
+    tok_s = {(m.name, m.load): m.tok_s for m in ms}
     out = {}
     for m in ms:
-        b = base.get((m.model, m.precision, m.load))
+        b = tok_s.get((pairs.get(m.name, ""), m.load))
         if b and m.tok_s:
             out[(m.name, m.load)] = m.tok_s / b
     return out
@@ -352,13 +353,13 @@ def _paired_speedups(rows: list[ConfigCost], ms: list[ConfigMeasurement], *, see
     occupancy so that the point is the ratio of aggregate throughputs at any concurrency (a batched request's
     service time is shared with the batch; a queued one's is not)."""
     by_level = {(m.name, m.load): m for m in ms}
+    pairs = measurement_baselines(ms)
     for r in rows:
         m = by_level.get((r.name, r.load))
-        if m is None or r.speedup is None:
+        if m is None or r.speedup is None or pairs.get(m.name, m.name) == m.name:
             continue
-        base = next((b for b in ms if b.strategy == "ar" and b.model == m.model and b.precision == m.precision
-                     and b.load == m.load and b.tok_s and b.name != m.name), None)
-        if base is None:
+        base = by_level.get((pairs[m.name], m.load))
+        if base is None or not base.tok_s:
             continue
         pr = paired_speedup({q.key: (q.service_s, q.output_tokens) for q in m.requests if q.key and q.service_s},
                             {q.key: (q.service_s, q.output_tokens) for q in base.requests if q.key and q.service_s},

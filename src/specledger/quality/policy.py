@@ -12,6 +12,7 @@ from typing import Any
 
 from specledger.bench.config import QUALITY_LEVEL, BenchConfig, RunConfig
 from specledger.bench.metrics import group_by
+from specledger.bench.pairing import config_baselines
 from specledger.bench.results import GateOutcome, RequestRecord, RunResult
 from specledger.quality.gates import GateResult, comparable, lossless_gate, pass_rate_gate, quantization_gate
 
@@ -34,13 +35,13 @@ def apply_gates(run: RunResult, records: list[RequestRecord], cfg: RunConfig) ->
     with the fp32 model, when measured) and pass rate."""
     by_config = group_by(records, "config")
     specs = {c.name: c for c in cfg.configs}
+    pairs = config_baselines(cfg.configs)
     for cr in run.configs:
         bc = specs.get(cr.name)
         recs = by_config.get(cr.name, [])
         gates: list[GateOutcome] = []
         if bc is not None and bc.strategy != "ar":
-            ref = next((o for o in cfg.configs if o.strategy == "ar" and o.name != bc.name
-                        and o.target_key() == bc.target_key() and o.greedy), None)
+            ref = specs.get(pairs.get(bc.name, ""))
             if not bc.greedy:
                 gates.append(GateOutcome(name="lossless", passed=None,
                                          reason="not checked: sampling (temperature > 0); checked on greedy runs"))

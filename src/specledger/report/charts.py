@@ -14,7 +14,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
 from specledger.bench.results import SteadyState
 from specledger.ledger.answer import ScenarioAnswer
-from specledger.ledger.measurements import ConfigMeasurement
+from specledger.ledger.measurements import ConfigMeasurement, measurement_baselines
 from specledger.ledger.price import LedgerResult
 
 rcParams["svg.fonttype"] = "none"
@@ -80,12 +80,13 @@ def first_level(ms: list[ConfigMeasurement]) -> list[ConfigMeasurement]:
 def speedup_by_kind(ledger: LedgerResult) -> str | None:
     """Speed-up over autoregressive on the same model and precision, per task kind."""
     ms = first_level(ledger.measurements)
-    base = {(m.model, m.precision): m for m in ms if m.strategy == "ar"}
+    pairs = measurement_baselines(ms)
+    base = {m.name: m for m in ms}
     kinds = sorted({k for m in ms for k in m.by_kind})
     series = {}
     for m in ms:
-        b = base.get((m.model, m.precision))
-        if m.strategy == "ar" or b is None:
+        b = base.get(pairs.get(m.name, ""))
+        if m.strategy == "ar" or b is None or b.load != m.load:
             continue
         vals = []
         for k in kinds:

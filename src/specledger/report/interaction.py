@@ -3,7 +3,7 @@ precision, read by both the terminal table and the HTML report (so neither impor
 
 from __future__ import annotations
 
-from specledger.ledger.measurements import ConfigMeasurement
+from specledger.ledger.measurements import ConfigMeasurement, measurement_baselines
 from specledger.ledger.price import LedgerResult
 
 
@@ -15,12 +15,12 @@ def interaction_rows(ledger: LedgerResult) -> list[dict]:
         if cur is None or (m.concurrency or 0) < (cur.concurrency or 0):
             first[m.name] = m
     ms = list(first.values())
-    ar = {(m.model, m.precision, m.load): m for m in ms if m.strategy == "ar" and m.tok_s}
+    pairs = measurement_baselines(ms)
     ref = first.get(ledger.reference) if ledger.reference else None
     out = []
     for m in ms:
-        base = ar.get((m.model, m.precision, m.load))
-        if base is None or not m.tok_s or not base.tok_s:  # (base.tok_s is set: ar holds only those)
+        base = first.get(pairs.get(m.name, ""))
+        if base is None or base.load != m.load or not m.tok_s or not base.tok_s:
             continue
         vs_ref = None
         if ref is not None and ref.tok_s and ref.model == m.model and ref.load == m.load:

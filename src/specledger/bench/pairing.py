@@ -1,0 +1,98 @@
+"""Which autoregressive configuration each configuration is measured against: one rule for the lossless gate, the
+quality source, the speed-ups (ledger, report, terminal tables).
+
+A configuration's baseline is the first `ar` configuration of the run with the same target, run the same way
+(backend; the device, the server's URL, or the engine of a server the run starts; model; precision) and the same
+sampling. The same target at another precision is not a baseline (that difference is quantization's, which the
+method-by-precision table shows), nor the in-process `ar` for a server's arms (another engine). An `ar`
+configuration's baseline is the first such, itself when it is first: an A/A twin is measured against its elder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from specledger.bench.config import BenchConfig, OpenAISettings, Sampling
+    from specledger.bench.results import ConfigResult
+
+
+@dataclass(frozen=True)
+class Arm:
+    """What pairing reads of a configuration (a BenchConfig, a ConfigResult, a ConfigMeasurement)."""
+
+    name: str
+    strategy: str
+    backend: str = ""
+    where: str = ""  # the device, the server's URL, or "managed:<engine>" (a server the run starts)
+    model: str = ""
+    precision: str = ""  # precision_label's
+    sampling: str = ""  # sampling_label's
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        return self.backend, self.where, self.model, self.precision, self.sampling
+
+
+def baselines(arms: Iterable[Arm]) -> dict[str, str]:
+    """Configuration name -> its baseline's name; a configuration without one in the run is absent."""
+    arms = list(arms)
+    first: dict[tuple[str, ...], str] = {}
+    for a in arms:
+        if a.strategy == "ar":
+            first.setdefault(a.key, a.name)
+    return {a.name: first[a.key] for a in arms if a.key in first}
+
+
+def precision_label(dtype: str | None, quant: str | None, group_size: int | None) -> str:
+    """fp32 / bf16 for plain weights; W8A16, W4A16-g32 (activation bits from dtype) when quantized."""
+    if quant in (None, "", "none"):
+        return dtype or "as served"
+    act = {"fp32": 32, "bf16": 16, "fp16": 16}.get(dtype or "", 16)
+    bits = {"int8": 8, "int4": 4}.get(quant)
+    label = f"W{bits}A{act}" if bits else quant
+    return f"{label}-g{group_size}" if bits == 4 and group_size else label
+
+
+def sampling_label(s: Sampling) -> str:
+    """'greedy' (top_p and top_k do not matter then), else the distribution sampled from; stop strings either way."""
+    label = "greedy" if s.temperature == 0.0 else f"T={s.temperature:g} top_p={s.top_p:g} top_k={s.top_k}"
+    return label + (f" stop={s.stop}" if s.stop else "")
+
+
+def _where(backend: str, device: str, openai: OpenAISettings | None) -> str:
+    if openai is None:
+        return device if backend == "inprocess" else ""
+    return f"managed:{openai.server.engine()}" if openai.server else openai.base_url
+
+
+def config_arm(bc: BenchConfig) -> Arm:
+    return Arm(bc.name, bc.strategy, bc.backend, _where(bc.backend, bc.device, bc.openai), bc.model,
+               precision_label(bc.dtype, bc.quant, bc.group_size), sampling_label(bc.sampling))
+
+
+def config_baselines(configs: Iterable[BenchConfig]) -> dict[str, str]:
+    return baselines(config_arm(bc) for bc in configs)
+
+
+def result_arm(cr: ConfigResult) -> Arm:
+    """From the configuration run.json recorded (its spec); where that does not parse (an import, a spec from
+    another version), where and sampling stay unknown ("")."""
+    from pydantic import ValidationError
+
+    from specledger.bench.config import OpenAISettings, Sampling
+
+    spec: dict[str, Any] = cr.spec or {}
+    try:
+        openai = OpenAISettings.model_validate(spec["openai"]) if spec.get("openai") else None
+        where = _where(cr.backend, str(spec.get("device", "")), openai)
+        sampling = sampling_label(Sampling.model_validate(spec.get("sampling") or {})) if spec else ""
+    except (ValidationError, TypeError, ValueError):
+        where, sampling = "", ""
+    return Arm(cr.name, cr.strategy, cr.backend, where, cr.model, precision_label(cr.dtype, cr.quant, cr.group_size),
+               sampling)
+
+
+def result_baselines(configs: Iterable[ConfigResult]) -> dict[str, str]:
+    return baselines(result_arm(cr) for cr in configs)
