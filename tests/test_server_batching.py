@@ -147,10 +147,10 @@ def test_speculative_strategies_are_served_batched(smollm, strategy, monkeypatch
     greedy requests share passes and each gets autoregressive decoding's text (fp32: lossless in a batch).
     The planner is given a flat cost (drafting always pays): whether it pays on the measured surfaces depends
     on the host (on an AMX host the fp32 target's passes grow from 2 rows on, and the server drafted nothing)."""
-    from specledger.decoding import batch_drafting, draft_model
+    from specledger.decoding import draft_model, draft_policy
     from specledger.decoding.draft_budget import CostSurface
 
-    monkeypatch.setattr(batch_drafting, "cost_surface", lambda *a, **k: CostSurface((1,), (1.0,)))
+    monkeypatch.setattr(draft_policy, "cost_surface", lambda *a, **k: CostSurface((1,), (1.0,)))
     monkeypatch.setattr(draft_model, "cost_surface", lambda *a, **k: CostSurface((1,), (0.0,)))
     params = {"draft": {"model": "target", "quant": "int4", "dtype": "bf16"}} if strategy == "draft" else {}
     st = make_strategy(strategy, target=smollm, **params)
