@@ -198,3 +198,15 @@ def test_the_report_plots_the_conditions_or_says_they_are_not_exposed(tmp_path, 
     assert ('id="conditions-unexposed"' in page) != exposed
     if not exposed:
         assert "CPU frequency, temperature: not exposed on this host." in page
+
+
+def test_what_is_not_exposed_names_the_gpu_only_on_a_gpu_run():
+    from specledger.bench.results import ConditionSample, SteadyState
+    from specledger.report.html import unexposed
+
+    ss = SteadyState(window=1, tolerance=0.1, reached=False, windows_tok_s=[1.0],
+                     samples=[ConditionSample(t=0.0, cpu_mhz=2000.0)])
+    assert unexposed([ss], gpu=False) == ["temperature"]
+    assert unexposed([ss], gpu=True) == ["temperature", "GPU clocks", "GPU throttle reasons"]
+    ss.samples.append(ConditionSample(t=1.0, gpu_temp_c=60.0, gpu_sm_mhz=1400.0, gpu_throttle=0))  # 0: none
+    assert unexposed([ss], gpu=True) == []
