@@ -13,9 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import TEMP, chi2_pvalue, exact_joint, tiny_model
-from varied_model import alone, run_joining, varied_model, varied_prompts
+from varied_model import alone, prompt_features, run_joining, varied_model, varied_prompts
 
-from specledger.decoding.cached_model import CachedModel
 from specledger.decoding.draft_budget import CostSurface
 from specledger.decoding.drafter import DraftSeq
 from specledger.decoding.eagle_head import EagleHead, HeadConfig
@@ -82,9 +81,8 @@ def test_batched_eagle_proposal_equals_each_sequence_alone():
     seqs = []
     together = st.batch_drafter(3)
     for i, p in enumerate(prompts):
-        r = CachedModel(lm, 64)  # the target's features of the prompt, as the verifier has them
-        r.prefill(p)
-        seqs.append((DraftSeq(i, p + [i + 1], SamplingParams()), r.last_hidden))
+        # the target's features of the prompt, as the verifier has them
+        seqs.append((DraftSeq(i, p + [i + 1], SamplingParams()), prompt_features(lm, p)))
         together.begin(*seqs[-1])
     budgets = [12, 5, 9]
     trees = together.propose([s for s, _ in seqs], budgets)
@@ -121,10 +119,9 @@ def test_batched_eagle_keeps_the_prefix_cache_with_the_whole_prompts_features():
     (r2,) = sched.run()
     assert sched.prefix_cache and r2.cached_tokens == len(p1) + len(r1.token_ids) - 1
     assert r2.token_ids == alone(lm, p2, sp).token_ids
-    fresh = CachedModel(lm, 128)
-    fresh.prefill(p2)
-    assert began[1].shape == fresh.last_hidden.shape
-    torch.testing.assert_close(began[1], fresh.last_hidden, rtol=1e-4, atol=1e-4)
+    fresh = prompt_features(lm, p2)
+    assert began[1].shape == fresh.shape
+    torch.testing.assert_close(began[1], fresh, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["draft", "eagle"])
@@ -199,10 +196,8 @@ def test_lazy_eagle_head_prices_the_prompt_it_has_not_fed_yet():
     assert drafter.draft_cost([3, 0]) == 2.5 and drafter.draft_cost([3, 5]) == 3.0  # grows with those drafting
     drafter.price.per_seq_s = 0.0
     p = prompts_of_lengths()[0]  # 18 tokens: features for the 17 cached
-    r = CachedModel(lm, 64)
-    r.prefill(p[:-1])
     seq = DraftSeq(0, p, SamplingParams())
-    drafter.begin(seq, r.last_hidden)
+    drafter.begin(seq, prompt_features(lm, p[:-1]))
     assert drafter.cache.lengths[drafter.state(0).slot] == 0  # nothing fed yet
     drafter.candidates([seq], [4])
     assert drafter.draft_cost([4]) == 2 + (17 - 4)  # 4 tokens left: the 13 extra rows on this draft

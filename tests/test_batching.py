@@ -15,7 +15,6 @@ import torch
 from varied_model import BATCHING_VOCAB, CharTokenizer, alone, batching_model
 
 from specledger.decoding.batch_runner import BatchItem, BatchRunner
-from specledger.decoding.cached_model import CachedModel
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
 from specledger.decoding.tree import Tree
@@ -170,15 +169,22 @@ def test_batch_runner_verifies_every_sequence_draft_like_runner(lm):
         br.accept(q, f, [], [int(f.logits[0].argmax())])
     fwds = br.forward([BatchItem(q, t) for q, t in zip(opened, drafts)])
     paths = [[0, 1], [1], []]
-    for seq, q, t, f, path in zip(seqs, opened, drafts, fwds, paths):
-        r = CachedModel(lm, 128)
-        r.prefill(seq)
-        r.tokens.append(q.tokens[-1])
-        ref = r.forward(t)
-        torch.testing.assert_close(f.logits, ref.logits, atol=1e-4, rtol=1e-4)
+    m = lm.model
+
+    def tokens_to(t: Tree, i: int) -> list[int]:
+        out = []
+        while i >= 0:
+            out.append(t.tokens[i])
+            i = t.parents[i]
+        return out[::-1]
+
+    for q, t, f, path in zip(opened, drafts, fwds, paths):
+        # at the root and at every node: the logits of the sequence followed by that node's path, run alone
+        ends = [[]] + [tokens_to(t, i) for i in range(len(t))]
+        ref = torch.stack([m(torch.tensor([q.tokens + e]), m.new_cache(128))[0, -1] for e in ends])
+        torch.testing.assert_close(f.logits, ref, atol=1e-4, rtol=1e-4)
         new = [t.tokens[i] for i in path] + [7]
         br.accept(q, f, path, new)
-        r.accept(ref, path, new)
     nxt = br.forward([BatchItem(q) for q in opened])
     for q, f in zip(opened, nxt):
         ref = lm.model(torch.tensor([q.tokens]), lm.model.new_cache(128))[0, -1]

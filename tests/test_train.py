@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import tiny_model
+from varied_model import prompt_features
 from specledger.decoding.autoregressive import Autoregressive
 from specledger.decoding.generate import generate
-from specledger.decoding.cached_model import CachedModel
 from specledger.decoding.sampling import SamplingParams
 from specledger.errors import BadInput
 from specledger.train.data import generate_batch, load_samples, read_prompts, save_shard
@@ -27,9 +27,7 @@ def test_batched_generation_matches_single_streams(batch):
         got = s.tokens[len(p):]
         assert got[: len(want)] == want and (len(got) == 20 or got[-1] == 7)
         assert s.prompt_len == len(p) and s.features.shape == (len(s.tokens) - 1, 64)
-        r = CachedModel(lm, 100)
-        r.prefill(s.tokens[:-1])
-        torch.testing.assert_close(s.features, r.last_hidden, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(s.features, prompt_features(lm, s.tokens[:-1]), rtol=1e-4, atol=1e-4)
 
 
 class _CharTokenizer:
@@ -142,9 +140,7 @@ def test_unrolled_steps_see_what_tree_nodes_see():
     torch.manual_seed(0)
     head = EagleHead(HeadConfig.for_target(lm)).eval()
     toks = [3, 9, 1, 4, 4, 8, 2, 7, 5, 6, 11, 12]
-    r = CachedModel(lm, 50)
-    r.prefill(toks)
-    feats = r.last_hidden
+    feats = prompt_features(lm, toks)
     with torch.no_grad():
         hs = unrolled(head, lm, torch.tensor([toks]), feats[None, :10], 3)
         part = unrolled(head, lm, torch.tensor([toks]), feats[None, :10], 3, start=4)  # steps >= 2 from entry 4

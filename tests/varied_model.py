@@ -86,6 +86,12 @@ def plain_greedy(lm: LoadedModel, prompt: list[int], n: int) -> list[int]:
     return seq[len(prompt):]
 
 
+@torch.inference_mode()
+def prompt_features(lm: LoadedModel, tokens: list[int]) -> torch.Tensor:
+    """The model's final-normed features of every token, one plain pass (what a verifier hands a drafter)."""
+    return lm.model.hidden(torch.tensor([tokens]), lm.model.new_cache(len(tokens)))[0]
+
+
 def assert_lossless_and_mixed(make, target: LoadedModel, prompts: list[list[int]], max_new_tokens: int = 40) -> dict:
     """Greedy output of make() equals plain greedy decoding on every prompt, and at every level some
     proposals were accepted and some rejected (so both verification paths and cache rollback ran).

@@ -1,9 +1,8 @@
-"""The baseline: one target forward per token."""
+"""The baseline: one target forward per token (no drafter)."""
 
 from __future__ import annotations
 
-from specledger.decoding.strategy import Context, StepStats, Strategy, clock
-from specledger.decoding.tree import Tree
+from specledger.decoding.strategy import Strategy
 
 
 class Autoregressive(Strategy):
@@ -11,8 +10,3 @@ class Autoregressive(Strategy):
 
     def batch_drafter(self, n_slots: int) -> None:
         return None
-
-    def step(self, ctx: Context) -> StepStats:
-        t = clock(ctx.target.device)
-        self.verify_and_accept(ctx, Tree())
-        return StepStats(appended=1, verify_s=clock(ctx.target.device) - t)

@@ -1,7 +1,8 @@
-"""Many sequences following their tokens in one slot cache: CachedModel, for a batch.
+"""Many sequences following their tokens in one slot cache: a model as the scheduler and its drafters run it.
 
-Same invariant as CachedModel, per sequence: its slot caches the first `cached` tokens of
-`tokens`; the rest is fed with the next pass.
+Invariant, per sequence: its slot caches the first `cached` tokens of `tokens`; the rest (at least the last,
+"pending" token) is fed with the next pass. Adopting a new sequence (`sync`) keeps the common cached prefix, which
+is how a level resynchronises after a verification (O(1) rollback, no recomputation of what is still valid).
 
 Prefix cache (optional, like llama-server's cache_prompt and vLLM's prefix caching): a closed
 sequence's slot keeps its entries, and a new sequence takes the free slot whose kept tokens share
@@ -11,7 +12,7 @@ freed first, so the freshest conversations stay cached longest. One `forward` ca
 in it, its uncached run (one pending token when decoding, a chunk of the prompt when
 prefilling) and optionally a draft tree (a chain is a tree; an empty tree is a plain
 decode step), so a verification pass holds every sequence's drafted rows at once and each
-sequence is verified and accepted on its own afterwards (`accept`, like CachedModel.accept).
+sequence is verified and accepted on its own afterwards (`accept`).
 
 Features (optional, for a drafter that reads the target's features: EAGLE): each slot also keeps the
 final-normed hidden state of every token it caches, so a prompt whose prefix came from the prefix
@@ -65,9 +66,9 @@ class BatchItem:
 
 @dataclass
 class BatchForward:
-    """One item's share of a pass: runner.Forward, except that logits may be None."""
+    """One item's share of a pass."""
 
-    logits: torch.Tensor | None  # as Forward's; None when the item fed only part of its run
+    logits: torch.Tensor | None  # (1 + len(tree), V): at the run's last token and every node; None: part of a run
     hidden: torch.Tensor  # (n_run + len(tree), H): final-normed features of every token fed
     n_run: int  # sequence tokens fed before the tree
 
@@ -165,7 +166,7 @@ class BatchRunner:
         buf[start:end] = rows
 
     def sync(self, seq: Sequence, tokens: list[int]) -> None:
-        """Adopt a new token sequence, keeping the cached prefix it shares with the old one (CachedModel.sync)."""
+        """Adopt a new token sequence, keeping the cached prefix it shares with the old one."""
         self.cache.rollback(seq.slot, common_prefix(seq.tokens, tokens, min(self.cached(seq), len(tokens) - 1)))
         seq.tokens = list(tokens)
 

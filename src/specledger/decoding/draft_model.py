@@ -11,7 +11,7 @@ from specledger.decoding.draft_budget import CostSurface, catch_up_share, cost_s
 from specledger.decoding.drafter import DraftSeq
 from specledger.decoding.params import check_draft_length
 from specledger.decoding.sampling import probs_from_logits, sample
-from specledger.decoding.strategy import Context, Speculative
+from specledger.decoding.strategy import Strategy
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel
 from specledger.engine.pool import POOL, key_of
@@ -144,7 +144,7 @@ class ModelDrafter:
             self._surface(sum(1 for b in budgets if b > d)) for d in range(1, max(budgets)))
 
 
-class DraftModel(Speculative):
+class DraftModel(Strategy):
     name = "draft"
     level_names = ["draft"]
 
@@ -156,13 +156,9 @@ class DraftModel(Speculative):
         if not 1 <= num_tokens <= 64:
             raise BadInput(f"draft num_tokens must be in 1..64 (got {num_tokens})")
         self.draft_lm, self.k = draft, num_tokens
-        self.lookahead = num_tokens
 
     def params(self) -> dict:
         return {"num_tokens": self.k, "draft": self.draft_lm.label}
-
-    def make_drafter(self, ctx: Context) -> ModelDrafter:
-        return ModelDrafter(self.draft_lm, self.k, max_len=ctx.target.max_len)
 
     def batch_drafter(self, n_slots: int) -> ModelDrafter:
         return ModelDrafter(self.draft_lm, self.k, n_slots=n_slots, max_len=self.target.config.max_seq_len, lazy=True,

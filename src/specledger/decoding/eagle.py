@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,16 +24,16 @@ from specledger.decoding.eagle_head import EagleHead, draft_lm_head, load_head, 
 from specledger.decoding.draft_budget import catch_up_share
 from specledger.decoding.drafter import DraftSeq
 from specledger.decoding.params import check_draft_length
-from specledger.decoding.strategy import Context, Speculative, clock
+from specledger.decoding.strategy import Strategy
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel, parse_dtype
 from specledger.engine.pool import POOL, key_of
 from specledger.engine.ragged import Segment
-from specledger.engine.timing import CURVE_SIZES, forward_time_curve
+from specledger.engine.timing import clock
 from specledger.errors import BadInput
 
 MAX_NODES = 256
-AUTO_MAX_NODES = 63  # the verification-cost curve is measured up to 64 tokens (the tree + the pending token)
+AUTO_MAX_NODES = 63  # "auto" trees: at most this many nodes (64 rows with the pending token)
 
 
 def check_tree_params(top_k: int, depth: int, total_nodes: int) -> None:
@@ -56,12 +55,12 @@ class _HeadSeq:
     tokens: list[int] = field(default_factory=list)
     root: torch.Tensor | None = None  # predicted feature of the pending token
     todo: int = 0  # head entries [todo, n_feats) are still to be fed (the slot holds [0, todo))
-    # the last draft's candidates (creation order) and their ranking, for acceptance statistics
+    # the last draft's candidates, in creation order, with the head's log-probability of each given its parent,
+    # and their ranking (best first, closed under parents)
     cand_tokens: list[int] = field(default_factory=list)
     cand_parents: list[int] = field(default_factory=list)
     cand_logp: list[float] = field(default_factory=list)
     cand_order: list[int] = field(default_factory=list)
-    full: bool = False  # whether the last draft expanded all `depth` levels
 
     def store(self, start: int, features: torch.Tensor) -> None:
         """The base's features of tokens start.. (the newest it cached); what came after them is gone."""
@@ -89,36 +88,6 @@ class _HeadSeq:
         index = {c: i for i, c in enumerate(chosen)}
         parents = [index[self.cand_parents[c]] if self.cand_parents[c] >= 0 else -1 for c in chosen]
         return Tree([self.cand_tokens[c] for c in chosen], parents)
-
-    def expected_hits(self, new_tokens: list[int]) -> torch.Tensor:
-        """For the last draft: hits[r] = 1 if the r-th ranked candidate lies on the emitted path.
-
-        A candidate at depth d is on the path iff its tokens equal new_tokens[:d]; deeper than the
-        emitted tokens it is unknown and counted with the head's own probability.
-        """
-        toks, parents = self.cand_tokens, self.cand_parents
-        hit = [0.0] * len(toks)
-        depth = [0] * len(toks)
-        for c in range(len(toks)):
-            p = parents[c]
-            depth[c] = 1 if p < 0 else depth[p] + 1
-            up = 1.0 if p < 0 else hit[p]
-            if up == 0.0:
-                continue
-            d = depth[c]
-            if d <= len(new_tokens):
-                hit[c] = up if toks[c] == new_tokens[d - 1] else 0.0
-            else:
-                hit[c] = up * math.exp(self.cand_logp[c])
-        return torch.tensor([hit[c] for c in self.cand_order])
-
-    def confidence(self) -> torch.Tensor:
-        """The head's own estimate (product of its probabilities) for the last draft's ranked candidates."""
-        cum = [0.0] * len(self.cand_tokens)
-        for c, p in enumerate(self.cand_parents):
-            cum[c] = self.cand_logp[c] + (cum[p] if p >= 0 else 0.0)
-        return torch.tensor([math.exp(cum[c]) for c in self.cand_order])
-
 
 @dataclass
 class _DraftPrice:
@@ -326,7 +295,6 @@ class EagleDrafter:
             g.front, g.front_score = torch.arange(k), v[j]
             g.front_feat = roots[j][None].expand(k, -1)
             g.anc = torch.zeros(k * self.depth, k * self.depth, dtype=torch.bool)
-            st.full = True
         for d in range(1, self.depth):
             live = []
             for g in grow:
@@ -336,7 +304,6 @@ class EagleDrafter:
                 if not self.explore and len(st.cand_tokens) >= g.n_keep:  # descendants score no higher than
                     kth = float(torch.cat(g.scores).topk(g.n_keep).values[-1])  # their parent: none could
                     if float(g.front_score.max()) <= kth:  # displace the kept nodes
-                        st.full = False
                         g.front = g.front[:0]
                         continue
                 live.append(g)
@@ -394,13 +361,6 @@ class EagleDrafter:
             _probe(self)
         return self.price.cost(budgets)
 
-    def expected_hits(self, key: Hashable, new_tokens: list[int]) -> torch.Tensor:
-        return self.seqs[key].expected_hits(new_tokens)
-
-    def confidence(self, key: Hashable) -> torch.Tensor:
-        return self.seqs[key].confidence()
-
-
 @torch.inference_mode()
 def _probe(d: EagleDrafter) -> None:
     """Time a 64-row head pass, and full drafts from its end for one sequence and for several, on spare
@@ -442,23 +402,6 @@ def _probe(d: EagleDrafter) -> None:
     d.price.probed(row_s, sorted(one)[1], sorted(many)[1], m, row_s * (1 + (d.depth - 1) * d.top_k))
 
 
-# --- the target's verification-cost curve --------------------------------------------------------
-
-def verify_cost_curve(lm: LoadedModel, context: int = 256, reps: int = 3) -> dict[int, float]:
-    """Seconds of one target forward of n tokens on top of `context` cached tokens.
-
-    Measured once per model (file and precision) and device while the model pool keeps it: the fastest of
-    `reps` rounds (other load only ever adds time), made non-decreasing in n.
-    """
-    def measure() -> dict[int, float]:
-        curve, prev = {}, 0.0
-        for n, t in forward_time_curve(lm, context=context, sizes=CURVE_SIZES, reps=reps, stat="min").items():
-            prev = curve[n] = max(prev, t)
-        return curve
-
-    return POOL.derived(key_of(lm), ("eagle_verify_cost_curve", lm.name, context, reps), measure)
-
-
 def pooled_lm_head(head: EagleHead, base: LoadedModel) -> Callable[[torch.Tensor], torch.Tensor]:
     """draft_lm_head kept in the model pool with the target: it depends on the target's weights and the head's
     draft vocabulary and dtype only, so heads loaded again from the same directory share it."""
@@ -466,74 +409,6 @@ def pooled_lm_head(head: EagleHead, base: LoadedModel) -> Callable[[torch.Tensor
     vocab = None if ids is None else hashlib.sha1(ids.cpu().numpy().tobytes()).hexdigest()
     return POOL.derived(key_of(base), ("draft_lm_head", str(head.dtype), vocab),
                         lambda: draft_lm_head(head, base.model), owner=base.model)
-
-
-def interpolate(curve: dict[int, float], n: int) -> float:
-    xs = sorted(curve)
-    if n <= xs[0]:
-        return curve[xs[0]]
-    for a, b in zip(xs, xs[1:]):
-        if n <= b:
-            return curve[a] + (curve[b] - curve[a]) * (n - a) / (b - a)
-    a, b = xs[-2], xs[-1]
-    return curve[b] + (curve[b] - curve[a]) * (n - b) / (b - a)
-
-
-class TreeSizer:
-    """Chooses the tree size that maximises expected tokens per second.
-
-    tokens/step(N) = 1 + expected accepted among the N best-ranked candidates (the head's own
-    confidence as a prior, replaced by what verification actually accepted as steps accumulate);
-    seconds/step(N) = fixed per-step time (drafting, bookkeeping) + the target's forward of N + 1.
-    """
-
-    def __init__(self, curve: dict[int, float], max_nodes: int = AUTO_MAX_NODES, prior_steps: float = 4.0) -> None:
-        self.curve, self.max_nodes, self.prior_steps = curve, max_nodes, prior_steps
-        self.hits = torch.zeros(0, dtype=torch.float64)
-        self.steps = 0
-        self.fixed_s: float | None = None
-        self.choice = min(max_nodes, 32)
-        self.history: list[int] = []
-        self.calls, self.explore_every = 0, 8
-
-    def choose(self, confidence: torch.Tensor | None, budget: int) -> int:
-        n_max = max(1, min(self.max_nodes, budget))
-        m = min(n_max, max(self.hits.numel(), confidence.numel() if confidence is not None else 0))
-        if m == 0 or self.fixed_s is None:
-            return max(1, min(self.choice, n_max))
-        acc = torch.zeros(m, dtype=torch.float64)
-        w = 0.0
-        if confidence is not None and confidence.numel():
-            c = torch.zeros(m, dtype=torch.float64)
-            c[: min(m, confidence.numel())] = confidence[:m].double()
-            acc += self.prior_steps * c
-            w += self.prior_steps
-        if self.steps:
-            h = torch.zeros(m, dtype=torch.float64)
-            h[: min(m, self.hits.numel())] = self.hits[:m]
-            acc += h
-            w += self.steps
-        tokens = 1 + (acc / w).cumsum(0)
-        secs = torch.tensor([self.fixed_s + interpolate(self.curve, n + 1) for n in range(1, m + 1)], dtype=torch.float64)
-        self.choice = int((tokens / secs).argmax()) + 1
-        self.history.append(self.choice)
-        return self.choice
-
-    def wants_full_draft(self) -> bool:
-        """Every few steps (and at first) draft all levels, so that the statistics cover every tree size."""
-        self.calls += 1
-        return self.steps < 8 or self.calls % self.explore_every == 0
-
-    def update(self, hits: torch.Tensor | None, step_s: float, used: int) -> None:
-        """hits: the last full draft's per-rank hits (None for a draft cut short); step_s: the step's time."""
-        if hits is not None:
-            h = hits.double()
-            if h.numel() > self.hits.numel():
-                self.hits = torch.cat([self.hits, torch.zeros(h.numel() - self.hits.numel(), dtype=torch.float64)])
-            self.hits[: h.numel()] += h
-            self.steps += 1
-        fixed = max(0.0, step_s - interpolate(self.curve, used + 1))
-        self.fixed_s = fixed if self.fixed_s is None else 0.9 * self.fixed_s + 0.1 * fixed
 
 
 # --- the strategy ---------------------------------------------------------------------------------------
@@ -568,7 +443,7 @@ def default_head_dtype(target: LoadedModel) -> torch.dtype:
     return m.dtype
 
 
-class EagleTree(Speculative):
+class EagleTree(Strategy):
     name = "eagle"
     level_names = ["eagle"]
 
@@ -585,59 +460,28 @@ class EagleTree(Speculative):
         """depth 3 by default: on the CPU targets measured (benchmarks/speculation.py, docs/benchmarks-log.md)
         depths 4-6 added drafting time (~2-3 ms per level) for under 0.1 of tau with the shipped head.
 
+        total_nodes: the most nodes a tree holds ("auto": AUTO_MAX_NODES, the draft_length policy choosing).
         head_dtype: the head's compute dtype. Default: the target's, except bf16 for an fp32 target on
         a CPU with native bf16 (drafts are only proposals: still lossless, and drafting is ~2x cheaper)."""
         super().__init__(target)
         self.draft_length = check_draft_length(draft_length)
-        auto = total_nodes == "auto"
-        if not auto:
+        if total_nodes != "auto":
             try:
                 total_nodes = int(total_nodes)
             except (TypeError, ValueError):
                 raise BadInput(f"EAGLE total_nodes must be an integer or 'auto' (got {total_nodes!r})") from None
-        lookahead = AUTO_MAX_NODES if auto else int(total_nodes)
-        check_tree_params(top_k, depth, lookahead)
+        self.max_nodes = AUTO_MAX_NODES if total_nodes == "auto" else int(total_nodes)
+        check_tree_params(top_k, depth, self.max_nodes)
         dtype = parse_dtype(head_dtype) if head_dtype else default_head_dtype(target)
         self.head, self.head_source = resolve_head(target, head, dtype)
         self.top_k, self.depth = top_k, depth
         self.total_nodes = total_nodes
-        self.lookahead = lookahead
-        self.sizer = TreeSizer(verify_cost_curve(target)) if auto else None
 
     def params(self) -> dict:
-        p = {"head": self.head_source, "head_dtype": str(self.head.dtype).removeprefix("torch."), "top_k": self.top_k,
-             "depth": self.depth, "total_nodes": self.total_nodes}
-        if self.sizer is not None:
-            hist = self.sizer.history
-            p["auto_nodes"] = self.sizer.choice
-            p["auto_nodes_mean"] = round(sum(hist) / len(hist), 1) if hist else None
-            p["verify_curve_ms"] = {n: round(1000 * s, 2) for n, s in self.sizer.curve.items()}
-        return p
-
-    def make_drafter(self, ctx: Context) -> EagleDrafter:
-        return EagleDrafter(self.head, self.target, top_k=self.top_k, depth=self.depth, total_nodes=self.lookahead,
-                            max_len=ctx.target.max_len)
+        return {"head": self.head_source, "head_dtype": str(self.head.dtype).removeprefix("torch."), "top_k": self.top_k,
+                "depth": self.depth, "total_nodes": self.total_nodes}
 
     def batch_drafter(self, n_slots: int) -> EagleDrafter:
-        """Batched, the draft_length policy sizes each sequence's tree per step: the planner, or total_nodes
-        every step (auto: AUTO_MAX_NODES); the auto sizer is for one sequence."""
-        return EagleDrafter(self.head, self.target, top_k=self.top_k, depth=self.depth, total_nodes=self.lookahead,
+        """The draft_length policy sizes each sequence's tree per step: the planner, or max_nodes every step."""
+        return EagleDrafter(self.head, self.target, top_k=self.top_k, depth=self.depth, total_nodes=self.max_nodes,
                             max_len=self.target.config.max_seq_len, n_slots=n_slots, lazy=True)
-
-    def draft_size(self, ctx: Context, budget: int) -> int:
-        """Auto: the tree size the sizer expects to pay best; and every few steps a full draft for its statistics."""
-        drafter = self.drafter
-        assert isinstance(drafter, EagleDrafter)
-        if self.sizer is None:
-            return budget
-        st = drafter.state(self.seq.key)
-        drafter.explore = self.sizer.wants_full_draft()
-        return min(budget, self.sizer.choose(drafter.confidence(self.seq.key) if st.cand_order else None, budget))
-
-    def after_step(self, ctx: Context, tree: Tree, new: list[int], step_s: float) -> None:
-        drafter = self.drafter
-        assert isinstance(drafter, EagleDrafter)
-        if self.sizer is not None:
-            st = drafter.state(self.seq.key)
-            hits = drafter.expected_hits(self.seq.key, new) if st.full and st.cand_order else None
-            self.sizer.update(hits, step_s, len(tree))

@@ -30,10 +30,11 @@ from specledger.decoding.draft_budget import CostSurface, catch_up_share, cost_s
 from specledger.decoding.draft_model import agreement_prior, check_same_tokenizer
 from specledger.decoding.drafter import Drafter, DraftSeq
 from specledger.decoding.params import check_draft_length
-from specledger.decoding.strategy import Context, Speculative, StepStats, clock
+from specledger.decoding.strategy import Strategy
 from specledger.decoding.tree import Tree
 from specledger.decoding.verify import verify
 from specledger.engine.loader import LoadedModel
+from specledger.engine.timing import clock
 from specledger.errors import BadInput
 from specledger.spec_stats import LevelStats
 
@@ -263,7 +264,7 @@ class HierDrafter:
         return total
 
 
-class Hierarchy(Speculative):
+class Hierarchy(Strategy):
     name = "hier"
 
     def __init__(
@@ -305,7 +306,6 @@ class Hierarchy(Speculative):
             check_lookup(lookup_tokens, 3, 1)
             self.lookup_tokens = lookup_tokens
         self.level_names = [drafter] + [f"mid{i}:{m.label}" for i, m in enumerate(self.mids)]
-        self.lookahead = max_chain
 
     def params(self) -> dict:
         p = {"drafter": self.drafter_kind, "intermediates": [m.label for m in self.mids], "min_chain": self.min_chain,
@@ -339,22 +339,5 @@ class Hierarchy(Speculative):
         assert isinstance(inner, HierDrafter)
         return inner
 
-    def make_drafter(self, ctx: Context) -> HierDrafter:
-        self._seen = [0] * len(self.mids)  # inner verifications already reported, per level
-        self._seen_s = [0.0] * len(self.mids)
-        return self._stack(1, ctx.target.max_len, lazy=False)
-
     def batch_drafter(self, n_slots: int) -> HierDrafter:
         return self._stack(n_slots, self.target.config.max_seq_len, lazy=True)
-
-    def step(self, ctx: Context) -> StepStats:
-        """Speculative's step, with every level below the target's reported: each one's verifications and
-        seconds since the last step (the drafting seconds left over are the top intermediate's)."""
-        st = super().step(ctx)
-        assert isinstance(self.drafter, HierDrafter)
-        records = self.drafter.records(self.seq.key)
-        checks = [r.checks[n:] for r, n in zip(records, self._seen)]
-        spent = [r.time_s - t for r, t in zip(records, self._seen_s)]
-        self._seen = [len(r.checks) for r in records]
-        self._seen_s = [r.time_s for r in records]
-        return StepStats(st.appended, checks + st.verifications, spent + [st.level_s[0] - sum(spent)], st.verify_s)

@@ -6,7 +6,7 @@ import torch
 
 from specledger.decoding.drafter import DraftSeq
 from specledger.decoding.params import check_draft_length
-from specledger.decoding.strategy import Context, Speculative
+from specledger.decoding.strategy import Strategy
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel
 from specledger.errors import BadInput
@@ -71,7 +71,7 @@ class LookupDrafter:
         return 0.0  # a search in the sequence: nothing next to a forward pass
 
 
-class PromptLookup(Speculative):
+class PromptLookup(Strategy):
     name = "lookup"
     level_names = ["lookup"]
 
@@ -89,13 +89,9 @@ class PromptLookup(Speculative):
             num_tokens = 3 if target.model.device.type == "cpu" else 10
         check_lookup(num_tokens, max_ngram, min_ngram)
         self.k, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
-        self.lookahead = num_tokens
 
     def params(self) -> dict:
         return {"num_tokens": self.k, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
-
-    def make_drafter(self, ctx: Context) -> LookupDrafter:
-        return LookupDrafter(self.k, self.max_ngram, self.min_ngram)
 
     def batch_drafter(self, n_slots: int) -> LookupDrafter:
         return LookupDrafter(self.batch_cap, self.max_ngram, self.min_ngram)

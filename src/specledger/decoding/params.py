@@ -116,9 +116,7 @@ PARAMS: dict[str, type[StrategyParams]] = {
     "ar": ArParams, "lookup": LookupParams, "draft": DraftParams, "eagle": EagleParams, "hier": HierParams,
 }
 STRATEGIES = tuple(PARAMS)
-# run continuously batched (decoding/scheduler.py) in the server and, by default, in-process; the others
-# one request at a time
-BATCHED_STRATEGIES = ("ar", "lookup", "draft", "eagle", "hier")
+BATCHED_STRATEGIES = STRATEGIES  # every strategy runs on the continuous-batching scheduler (decoding/scheduler.py)
 
 
 def check_draft_length(value: str) -> str:

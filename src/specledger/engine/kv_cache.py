@@ -1,8 +1,7 @@
-"""Preallocated KV cache whose length can be rolled back in O(1).
+"""Preallocated KV cache of one sequence (or a batch of equal ones) whose length can be rolled back in O(1).
 
-Storage slots are separate from RoPE positions: a tree's nodes sit in consecutive slots
-but share positions by depth. After verification the accepted path is compacted into
-consecutive slots, so the cache again holds one sequence.
+The engine's plain forward runs on it: teacher-forced passes (training data, probes, conformance) and the
+EAGLE head's training. Decoding runs on the slot cache (slot_cache.py), one sequence per slot.
 """
 
 from __future__ import annotations
@@ -56,16 +55,3 @@ class KVCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back to {length}: cache holds {self.length}")
         self.length = length
-
-    def keep(self, start: int, slots: torch.Tensor | list[int]) -> None:
-        """Keep the entries at `slots` (all >= start, increasing) as slots start, start+1, ...
-
-        Everything before `start` is untouched; everything else after it is dropped.
-        """
-        idx = torch.as_tensor(slots, dtype=torch.long, device=self.k.device)
-        n = idx.numel()
-        if n and not (idx.numel() == int(idx[-1]) - start + 1 and int(idx[0]) == start):
-            # not already contiguous in place: gather, then write back
-            self.k[:, :, :, start : start + n] = self.k.index_select(3, idx)
-            self.v[:, :, :, start : start + n] = self.v.index_select(3, idx)
-        self.length = start + n
