@@ -41,7 +41,7 @@ DATA = Path(__file__).parent / "data"
 STREAM = DATA / "llama_server_draft_simple_stream.txt"  # a streamed /v1/chat/completions, as received
 METRICS = DATA / "llama_server_draft_simple_metrics.txt"  # /metrics after that one request
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
-IN_PROCESS = {"ar-fp32", "ar-bf16", "ar-w4", "draft-w4", "hier-w4", "lookup-w4"}
+IN_PROCESS = {"ar-fp32", "ar-bf16", "ar-w4", "draft-w4", "draft-w4-fixed", "hier-w4", "lookup-w4"}
 SERVERS = {"llama-ar", "llama-ngram", "llama-draft"}
 
 
