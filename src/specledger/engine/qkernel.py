@@ -32,8 +32,12 @@ from typing import Any
 
 import torch
 
-SOURCES = [Path(__file__).with_name("csrc") / name for name in ("qmm.cpp", "fused.cpp", "bf16mm.cpp")]
-HEADER = Path(__file__).with_name("csrc") / "simd.h"  # included by both: part of the cache key
+CSRC = Path(__file__).with_name("csrc")
+# the quantized products: one file per instruction-set path (qmm_avx2, qmm_vnni, qmm_amx) and qmm.cpp choosing
+# among them; one library with the fused ops and the bf16 products (AVX2 only)
+SOURCES = [CSRC / name for name in ("qmm.cpp", "qmm_avx2.cpp", "qmm_vnni.cpp", "qmm_amx.cpp", "fused.cpp",
+                                    "bf16mm.cpp")]
+HEADERS = [CSRC / "simd.h", CSRC / "qmm_common.h"]  # included by the sources: part of the cache key
 ISAS = {0: "none", 1: "avx2", 2: "avx512-vnni", 3: "avx512-vnni+amx"}
 FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno", "-Wno-unused-function"]
 
@@ -65,7 +69,7 @@ def _command(cxx: str, out: Path) -> list[str]:
 
 
 def library_path() -> Path:
-    text = b"".join(p.read_bytes() for p in (*SOURCES, HEADER))
+    text = b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
     key = hashlib.sha256(text + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
     return cache_dir() / f"qmm-{key}.so"
 

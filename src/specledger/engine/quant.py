@@ -1,7 +1,7 @@
 """Weight-only quantization (W8A16, W4A16): packed weights and the products that use them.
 
 Weights are stored packed (the bytes really shrink) and never dequantized to full size on CPU. On an x86
-CPU the products run in the engine's own kernel (engine/qkernel.py, csrc/qmm.cpp: AVX2 or AVX-512 VNNI,
+CPU the products run in the engine's own kernel (engine/qkernel.py, csrc/qmm*.cpp: AVX2 or AVX-512 VNNI,
 activations quantized per block of 32 inside the product as llama.cpp does); without it, and on CUDA,
 PyTorch's own packed kernels (int4) or dequantized weights (int8 on CUDA) serve, so nothing requires the
 kernel. Both grids are the GGUF's: Int4Grid holds Q4_1 codes exactly, Int8Grid Q8_0's.
@@ -81,7 +81,7 @@ def check_group_size(in_features: int, group_size: int, name: str = "weight") ->
         )
 
 
-# --- the kernel's layout (csrc/qmm.cpp's header says why) ---------------------------------------------
+# --- the kernel's layout (csrc/qmm_common.h's header says why) ----------------------------------------
 
 
 def _tiles(t: torch.Tensor) -> torch.Tensor:
