@@ -208,3 +208,22 @@ def test_hier_is_batched_with_its_levels_named():
     assert d.name == "mid1:varied0~0.1:fp32" and d.level_names == ["lookup", "mid0:varied0~0.05:fp32"]
     assert d.prior is None  # no tokenizer: the agreement is not measured
     assert [x.name for x in d.inner_levels(None)] == d.level_names
+
+
+@pytest.mark.slow
+def test_embedded_hierarchy_batched_equals_alone(smollm, smollm_int4):
+    """On the embedded model (its W4A16 copy as intermediate, prompt lookup below), three requests in one batch
+    each get autoregressive decoding's tokens, and the intermediate's chains are accepted by the target."""
+    texts = ["Explain why the sky is blue in two sentences.", "Write a Python function that checks for primes.",
+             "Translate into French: The library opens at eight in the morning."]
+    ps = [smollm.tokenizer.chat([{"role": "user", "content": t}]) for t in texts]
+    sps = [SamplingParams(max_new_tokens=k) for k in (16, 10, 20)]
+    st = make_strategy("hier", smollm, intermediate=smollm_int4, drafter="lookup", min_chain=3, max_chain=6)
+    sched = Scheduler(smollm, max_batch=3, prefill_chunk=64, drafter=st.batch_drafter(3), cost=FLAT)
+    rids = [sched.submit(p, sp) for p, sp in zip(ps, sps)]
+    got = {r.request_id: r for r in sched.run()}
+    for rid, p, sp in zip(rids, ps, sps):
+        assert got[rid].token_ids == alone(smollm, p, sp).token_ids
+    top = [got[rid].levels[-1] for rid in rids]
+    assert [x.name for x in got[rids[0]].levels] == st.level_names
+    assert sum(x.accepted for x in top) > 0 and max(r.mean_batch for r in got.values()) > 1.5
