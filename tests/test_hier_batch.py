@@ -47,7 +47,7 @@ def hier(kind: str, lm):
                          min_chain=[2, 3], max_chain=4)
 
 
-def check_levels(results, names: list[str]) -> None:
+def check_levels(results, names: list[str], concurrency: int) -> None:
     """Every request reports every level, lowest first; each level's counts are consistent, the last is what the
     target verified, and a level below produced (accepted path + bonus per verification) every token it passed up."""
     for r in results:
@@ -61,7 +61,9 @@ def check_levels(results, names: list[str]) -> None:
         for below, above in zip(lv, lv[1:]):  # the chains below fed every token proposed above
             assert below.accepted + below.steps >= above.proposed
             assert below.steps >= above.drafts  # every chain took at least one verification below
-        assert sum(x.time_s or 0.0 for x in lv) == pytest.approx(r.draft_s)
+        assert all(x.time_s is not None and x.time_s >= 0 for x in lv)
+        if concurrency == 1:  # the levels' seconds are the request's drafting time (batched, each plan is shared)
+            assert sum(x.time_s or 0.0 for x in lv) == pytest.approx(r.draft_s)
     for i, name in enumerate(names):  # over the requests, each level was right sometimes and wrong sometimes
         proposed = sum(r.levels[i].proposed for r in results)
         accepted = sum(r.levels[i].accepted for r in results)
@@ -84,12 +86,17 @@ def test_batched_hierarchy_is_lossless_and_mixed(kind, concurrency):
         assert results[i].finish_reason == want.finish_reason
     if concurrency > 1:
         assert max(r.mean_batch for r in results.values()) > 1.5  # sequences did share passes
-    check_levels(list(results.values()), st.level_names)
+    check_levels(list(results.values()), st.level_names, concurrency)
     assert sched.runner.cache.free_slots == concurrency and drafter.seqs == {}  # every slot given back, each level's
     inner = drafter.inner
     while isinstance(inner, HierDrafter):
         assert inner.seqs == {} and inner.runner.cache.free_slots == concurrency
         inner = inner.inner
+
+
+def same_counts(a, b) -> bool:
+    return (a.steps, a.drafts, a.proposed, a.accepted, a.accepted_per_position) == (
+        b.steps, b.drafts, b.proposed, b.accepted, b.accepted_per_position)
 
 
 @pytest.mark.parametrize("kind", ["lookup", "eagle"])
@@ -112,15 +119,15 @@ def test_batched_rounds_are_each_sequence_alone(kind):
         for s, one, b, chain in zip(seqs, alones, budgets, chains):
             [want] = one.propose([DraftSeq(0, s.tokens, s.sp)], [b])
             assert chain.tokens == want.tokens and chain.is_chain() and 0 < len(chain) <= b
-            assert together.records(s.key)[0].checks == one.records(0)[0].checks  # the same verdicts below
+            assert same_counts(together.inner_levels(s.key)[0], one.inner_levels(0)[0])  # the same verdicts below
             # a greedy chain is the intermediate's own greedy continuation, whatever its drafter proposed
             mine = alone(st.mids[0], s.tokens, SamplingParams(max_new_tokens=len(chain), temperature=0.0,
                                                               ignore_eos=True))
             assert chain.tokens == mine.token_ids
             keep = int(torch.randint(0, len(chain) + 1, (1,), generator=g))  # the verifier keeps a prefix
             s.tokens = s.tokens + chain.tokens[:keep] + [int(torch.randint(0, 16, (1,), generator=g))]
-    accepted = [a for s in seqs for _, a in together.records(s.key)[0].checks]
-    assert any(accepted) and not all(accepted)  # the drafter below was right sometimes and wrong sometimes
+    below = [together.inner_levels(s.key)[0] for s in seqs]
+    assert 0 < sum(x.accepted for x in below) < sum(x.proposed for x in below)  # right sometimes, wrong sometimes
 
 
 def test_batched_hierarchy_sampling_follows_target_distribution():

@@ -90,11 +90,12 @@ class BatchDrafting:
 
     def end(self, st: DraftState) -> list[LevelStats]:
         """The request's levels, lowest first: a hierarchy's inner levels (what each intermediate verified), then
-        the drafter's own as the target verified it; their seconds add up to the request's drafting time."""
+        the drafter's own as the target verified it, with what is left of the request's drafting time (its share
+        of each plan; the inner levels' seconds are the drafting sequences' own, so a share can fall short)."""
         inner = self.inner_levels(st.seq.key)
         self.drafter.end(st.seq)
         self.policy.end(st.seq.key)
-        st.level.time_s = st.draft_s - sum(lv.time_s or 0.0 for lv in inner)
+        st.level.time_s = max(0.0, st.draft_s - sum(lv.time_s or 0.0 for lv in inner))
         return [*inner, st.level]
 
     def inner_levels(self, key: Hashable | None) -> list[LevelStats]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypedDict
 
 import torch
@@ -50,29 +50,14 @@ def _as_list(x) -> list:
 
 
 @dataclass
-class LevelRecord:
-    """A level's verifications for one sequence: (tokens proposed, tokens accepted) each time the level above
-    checked its proposal, and the seconds spent making its proposals."""
-
-    name: str
-    checks: list[tuple[int, int]] = field(default_factory=list)
-    time_s: float = 0.0
-
-    def stats(self) -> LevelStats:
-        lv = LevelStats(name=self.name, steps=0, drafts=0, time_s=self.time_s)
-        for p, a in self.checks:
-            lv.observe(p, a)
-        return lv
-
-
-@dataclass
 class _Follow:
     """One sequence at one level: its slot in the intermediate's cache, the sequence its inner drafter follows
-    (the intermediate's own), the inner level's record, and the intermediate's own seconds."""
+    (the intermediate's own), the inner level's statistics (each verification by the intermediate; the seconds
+    its drafter spent proposing) and the intermediate's own seconds."""
 
     mseq: Sequence
     inner: DraftSeq
-    record: LevelRecord
+    level: LevelStats
     own_s: float = 0.0
 
 
@@ -87,22 +72,23 @@ class HierDrafter:
     path and its bonus token to the chain, until the chain holds min_chain tokens (or the budget). Sampling:
     each chain token carries the intermediate's distribution as q, so the level above verifies losslessly.
 
-    lazy (the batched drafter): a sequence's prompt is fed with its first proposal (and priced then, as
-    ModelDrafter's), not when it begins; an inner drafter that reads features (EAGLE) begins from what the
-    intermediate has cached and follows it from there."""
+    Lazy, as the batched draft model: a sequence's prompt is fed with its first proposal (and priced then), not
+    when it begins, so at a batch where drafting does not pay the intermediate never reads it; its slots keep a
+    prefix cache. An inner drafter that reads features (EAGLE) begins from what the intermediate has cached and
+    follows it from there."""
 
     wants_features = False
     tree = False
 
     def __init__(self, mid: LoadedModel, inner: Drafter, name: str, *, min_chain: int, max_chain: int,
-                 n_slots: int = 1, max_len: int | None = None, lazy: bool = False, prior: float | None = None,
+                 n_slots: int = 1, max_len: int | None = None, prior: float | None = None,
                  params: dict | None = None) -> None:
         if not 1 <= min_chain <= max_chain:
             raise BadInput(f"hier chains need 1 <= min_chain <= max_chain (got {min_chain}, {max_chain})")
         self.lm, self.inner, self.name = mid, inner, name
-        self.min_chain, self.max_tokens, self.lazy, self.prior = min_chain, max_chain, lazy, prior
+        self.min_chain, self.max_tokens, self.prior = min_chain, max_chain, prior
         self._params = params
-        self.runner = BatchRunner(mid, n_slots, max_len, prefix_cache=lazy, keep_features=inner.wants_features)
+        self.runner = BatchRunner(mid, n_slots, max_len, prefix_cache=True, keep_features=inner.wants_features)
         self.seqs: dict[Hashable, _Follow] = {}
         self.per_round = PER_ROUND  # measured: an EMA of the tokens a round adds
         self._surface: CostSurface | None = None
@@ -123,16 +109,14 @@ class HierDrafter:
 
     @torch.inference_mode()
     def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
-        """Take a slot (eager: and prefill every token but the pending one); the inner drafter begins from what
-        the intermediate has cached when it reads features, else from the whole sequence."""
+        """Take a slot (its first proposal feeds the prompt); the inner drafter begins from what the intermediate
+        has cached (a reused prefix) when it reads features, else from the whole sequence."""
         runner = self.runner
         m = runner.open(seq.tokens)
-        if not self.lazy and (n := len(seq.tokens) - 1 - runner.cached(m)) > 0:
-            runner.forward([BatchItem(m, max_run=n)])
         k = runner.cached(m)
         wants = self.inner.wants_features
         inner = DraftSeq(seq.key, m.tokens[: k + 1] if wants else m.tokens, seq.sp, seq.gen)
-        self.seqs[seq.key] = st = _Follow(m, inner, LevelRecord(self.inner.name))
+        self.seqs[seq.key] = st = _Follow(m, inner, LevelStats(name=self.inner.name, steps=0, drafts=0, time_s=0.0))
         self.inner.begin(st.inner, runner.features(m) if wants else None)
         st.inner.tokens = m.tokens
 
@@ -199,11 +183,11 @@ class HierDrafter:
                         raise RuntimeError("sampling verification returned no distribution")
                     qs[i].extend(verdict.probs[r] for r in verdict.rows())
                 chains[i].extend(new)
-                st.record.checks.append((len(tree), len(verdict.path)))
+                st.level.observe(len(tree), len(verdict.path))
                 self.per_round += 0.05 * (len(new) - self.per_round)
             t2 = clock(dev)
             for st in sts:
-                st.record.time_s += (t1 - t0) / len(sts)
+                st.level.time_s = (st.level.time_s or 0.0) + (t1 - t0) / len(sts)
                 st.own_s += (t2 - t1) / len(sts)
             building = [i for i in building if len(chains[i]) < min(self.min_chain, budgets[i])
                         and runner.room(states[i].mseq) >= 0]
@@ -212,21 +196,17 @@ class HierDrafter:
 
     # --- statistics -------------------------------------------------------------------------------------------
 
-    def records(self, key: Hashable) -> list[LevelRecord]:
-        """Every level below this one for the sequence, lowest first: what the level above verified of its
-        proposals and the seconds it spent making them (an intermediate's: its own passes)."""
-        st = self.seqs[key]
-        if not isinstance(self.inner, HierDrafter):
-            return [st.record]
-        below = self.inner.records(key)
-        return [*below, LevelRecord(st.record.name, st.record.checks, self.inner.seqs[key].own_s)]
-
     def inner_levels(self, key: Hashable | None) -> list[LevelStats]:
-        """The levels below this one for a sequence (key None: the names alone, for a request that never
-        drafted), lowest first: the scheduler reports them before the level the target verifies."""
+        """The levels below this one for a sequence, lowest first (key None: the names alone, for a request that
+        never drafted): what the level above verified of each one's proposals, and the seconds it spent making
+        them (an intermediate's: its own passes). The scheduler reports them before the level the target verifies."""
         if key is None:
             return [LevelStats(name=n, steps=0, drafts=0) for n in self.level_names]
-        return [r.stats() for r in self.records(key)]
+        st = self.seqs[key]
+        if not isinstance(self.inner, HierDrafter):
+            return [st.level.model_copy(deep=True)]
+        own = st.level.model_copy(deep=True, update={"time_s": self.inner.seqs[key].own_s})
+        return [*self.inner.inner_levels(key), own]
 
     # --- the planner's price ----------------------------------------------------------------------------------
 
@@ -316,13 +296,14 @@ class Hierarchy(Strategy):
             p["lookup_tokens"] = self.lookup_tokens
         return p
 
-    def _stack(self, n_slots: int, max_len: int, lazy: bool) -> HierDrafter:
+    def batch_drafter(self, n_slots: int) -> HierDrafter:
         """The drafter at the bottom, then one HierDrafter per intermediate, lowest first."""
+        max_len = self.target.config.max_seq_len
         inner: Drafter
         if self.drafter_kind == "eagle":
             from specledger.decoding.eagle import EagleDrafter
 
-            inner = EagleDrafter(self.head, self.mids[0], max_len=max_len, n_slots=n_slots, lazy=lazy,
+            inner = EagleDrafter(self.head, self.mids[0], max_len=max_len, n_slots=n_slots, lazy=True,
                                  **self.tree_params)
         else:
             from specledger.decoding.lookup import LookupDrafter
@@ -331,13 +312,10 @@ class Hierarchy(Strategy):
         top = len(self.mids) - 1
         for i, m in enumerate(self.mids):
             # the top's per-token acceptance: its greedy chains are its own continuations, so its agreement with
-            # the target (measured once per pair, batched only: a single request does not plan its drafts)
-            prior = agreement_prior(self.target, m) if lazy and i == top else None
+            # the target (measured once per pair of models)
+            prior = agreement_prior(self.target, m) if i == top else None
             inner = HierDrafter(m, inner, self.level_names[i + 1], min_chain=self.min_chain[i],
-                                max_chain=self.max_chain, n_slots=n_slots, max_len=max_len, lazy=lazy, prior=prior,
+                                max_chain=self.max_chain, n_slots=n_slots, max_len=max_len, prior=prior,
                                 params=self.params() if i == top else None)
         assert isinstance(inner, HierDrafter)
         return inner
-
-    def batch_drafter(self, n_slots: int) -> HierDrafter:
-        return self._stack(n_slots, self.target.config.max_seq_len, lazy=True)
