@@ -1,8 +1,8 @@
 """Autoregressive decoding under concurrency on the continuous-batching scheduler: aggregate output
 tok/s, ITL p50/p95 and TTFT p50 at concurrency 1, 2, 4, 8 (closed loop: N requests in flight, a
 new one submitted as each finishes), for the engine in fp32 / bf16 / W4A16. The first row of each
-precision is the one-request-at-a-time path (generate()), so the scheduler's batch-1 overhead and
-the batching gain are both read off one table.
+precision is generate() one request at a time (the scheduler holding one sequence, no prefix cache), so
+the batching gain is read off one table.
 
     python benchmarks/concurrency.py [--precisions fp32,bf16,int4] [--concurrency 1,2,4,8]
         [--new-tokens 64] [--requests 16] [--prefill-chunk 256] [--threads N] [--json out.json]

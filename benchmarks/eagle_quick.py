@@ -103,9 +103,6 @@ def main() -> None:
                     first = next((i for i, (x, y) in enumerate(zip(a.token_ids, e.token_ids)) if x != y),
                                  min(len(a.token_ids), len(e.token_ids)))
                     print(f"{'':29}{k}: first divergence from AR at output token {first}")
-        p = runs[n]["eagle auto"].params()
-        print(f"{'':29}auto tree: mean size {p['auto_nodes_mean']}, last {p['auto_nodes']}; verify ms "
-              + " ".join(f"{k}:{v:.0f}" for k, v in p["verify_curve_ms"].items()))
     print(f"wall {wall:.0f} s")
 
 

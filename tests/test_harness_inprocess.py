@@ -109,3 +109,56 @@ def test_embedded_model_builtin_quick(tmp_path):
     # fp32 greedy: prompt lookup reproduces autoregressive decoding token for token
     assert gate.passed is True and gate.figures["compared"] == len(recs) // 2
     assert gate.figures["identical"] == gate.figures["compared"]
+
+
+def test_inprocess_reports_energy_draft_prefill_and_why_a_request_failed(tmp_path):
+    """The one path (the scheduler) reports what the one-at-a-time path did: the meter's joules over the request,
+    the drafter's prefill as measured, and why a request failed: "rejected" (it cannot run) or "exception"."""
+    import asyncio
+    import time
+
+    lm = tiny_model(seed=3)
+    lm.tokenizer = CharTokenizer(lm.config.vocab_size)
+    wl = workload(tmp_path, [{"question_id": 1, "category": "qa", "turns": ["a"]}])
+    cfg = parse_run_config({"configs": [{"name": "lk", "strategy": "lookup", "batching": False}],
+                            "workload": {"spec": wl}}).configs[0]
+
+    class Meter:
+        j = 0.0
+
+        def read(self) -> float:
+            self.j += 1.5
+            return self.j
+
+    backend = InProcessBackend(cfg, meter=Meter(), models={"target": lm})  # type: ignore[arg-type]
+    msg = [{"role": "user", "content": "abc abc abc"}]
+
+    async def go():
+        await backend.start()
+        try:
+            assert backend.serial and backend.worker.scheduler.max_batch == 1  # batching: false
+            drafter = backend.worker.scheduler.spec.drafter
+            begin = drafter.begin
+
+            def slow_begin(seq, features):
+                time.sleep(0.05)
+                begin(seq, features)
+
+            drafter.begin = slow_begin
+            ok = await backend.complete(msg, max_new_tokens=6)
+            too_long = await backend.complete([{"role": "user", "content": "x" * 400}], max_new_tokens=6)
+
+            def failing_begin(seq, features):
+                raise RuntimeError("the drafter broke")
+
+            drafter.begin = failing_begin
+            broken = await backend.complete(msg, max_new_tokens=6)
+            return ok, too_long, broken
+        finally:
+            await backend.close()
+
+    ok, too_long, broken = asyncio.run(go())
+    assert ok.ok and ok.output_tokens == 6 and ok.energy_j == pytest.approx(1.5)  # one read before, one after
+    assert ok.draft_prefill_s is not None and ok.draft_prefill_s >= 0.05
+    assert not too_long.ok and too_long.error_kind == "rejected" and "context" in (too_long.error or "")
+    assert not broken.ok and broken.error_kind == "exception" and "the drafter broke" in (broken.error or "")

@@ -176,3 +176,28 @@ def test_speculative_strategies_are_served_batched(smollm, strategy, monkeypatch
         assert lv["name"] == strategy and b["specledger"]["params"]["draft_length"] == "adaptive"
         accepted += lv["accepted"]
     assert accepted > 0
+
+
+@pytest.mark.slow
+def test_max_batch_one_serves_one_request_at_a_time(smollm):
+    """`--max-batch 1`: the one worker serves any strategy one request at a time: each request that waits is
+    admitted only once the one before it has finished, and each gets the text it gets alone."""
+    prompts = ["The capital of France is", "Name three colours:", "def add(a, b):\n    return"]
+
+    async def go(url: str) -> tuple[dict, list[dict]]:
+        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            health = (await client.get("/health")).json()
+            rs = await asyncio.gather(*(client.post("/v1/completions", json={
+                "model": MODEL, "prompt": p, "max_tokens": 10, "temperature": 0, "ignore_eos": True}) for p in prompts))
+            return health, [r.json() for r in rs]
+
+    with ServerThread(create_app(smollm, make_strategy("lookup", target=smollm), max_batch=1)) as srv:
+        health, bodies = asyncio.run(go(srv.url))
+    assert health["max_batch"] == 1
+    ext = sorted((b["specledger"] for b in bodies), key=lambda e: e["queue_s"])
+    for before, after in zip(ext, ext[1:]):  # arrivals are ~simultaneous: a wait covers the service before it
+        assert after["queue_s"] + 0.1 >= before["total_s"] - before["queue_s"] > 0.1
+    sp = SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)
+    for p, b in zip(prompts, bodies):
+        want = generate(make_strategy("ar", target=smollm), smollm.tokenizer.encode(p), sp)
+        assert b["choices"][0]["text"] == want.text

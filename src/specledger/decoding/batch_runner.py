@@ -99,10 +99,7 @@ class BatchRunner:
         self._closes = 0
         self.keep_features = keep_features
         self._feats: dict[int, torch.Tensor] = {}  # slot -> (capacity, H) features of its cached entries
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
+        self.device = lm.model.device  # (read several times a step: the module's property costs ~3 us a read)
 
     def open(self, tokens: list[int]) -> Sequence:
         """A new sequence in a free slot, nothing cached yet (its first pass is its prefill)."""
