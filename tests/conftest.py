@@ -11,6 +11,19 @@ import torch
 from specledger.engine.config import ModelConfig
 from specledger.engine.loader import LoadedModel, build_model, weight_bytes
 
+# which of the quantized-product kernel's instruction-set paths this session ran (test_qkernel.py's `path` fixture
+# records each: "ran" or "skipped: why"), said in one line at the end of the session
+KERNEL_PATHS = pytest.StashKey[dict[str, str]]()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    seen = config.stash.get(KERNEL_PATHS, {})
+    if seen:
+        ran = [p for p, what in seen.items() if what == "ran"]
+        rest = [f"{p} ({what})" for p, what in seen.items() if what != "ran"]
+        terminalreporter.write_line(f"kernel paths: ran {', '.join(ran) or 'none'}"
+                                    + (f"; {', '.join(rest)}" if rest else ""))
+
 
 def tiny_config(vocab: int = 64, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2) -> ModelConfig:
     return ModelConfig(

@@ -1,12 +1,14 @@
-"""The engine's own CPU kernels (engine/qkernel.py: csrc/qmm.cpp, csrc/fused.cpp) against plain references.
+"""The engine's own CPU kernels (engine/qkernel.py: csrc/qmm*.cpp, csrc/fused.cpp) against plain references.
 
-Quantized products: exact emulation of what the kernel computes (activations quantized per block of 32 into one
-or two int8 digits, fp16 scales), to float32 rounding, for rows 1..33, widths that are not multiples of the
-16-row tile, group sizes 32..256, every instruction-set path the host has (AVX2 and VNNI are forced so they are
-tested on AVX-512 / AMX hosts too; AMX's products equal VNNI's bit for bit); and the dequantized fp32 product,
-within what the activation quantization costs. Fused ops: against the
-PyTorch expressions they replace. The fallback: modules built with the kernel disabled use PyTorch's kernels
-and agree; a failed build says so in one line and the engine still runs.
+Quantized products: every instruction-set path (csrc/qmm_avx2.cpp, qmm_vnni.cpp, qmm_amx.cpp) that this host can
+run, each forced through the op's isa argument (AVX2 and VNNI on AVX-512 / AMX hosts too), against one PyTorch
+reference (reference_product: the weights dequantized from the kernel's fp16 scales and mins, the activations
+quantized per block of 32 into one or two int8 digits as the kernel does, the product in float64): equal to float32
+rounding, and within what the activation quantization costs of the product of the unquantized activations. A path
+the host lacks is skipped with the reason, and the run's summary says which paths ran (conftest.py). AMX's products
+also equal VNNI's bit for bit. Fused ops: against the PyTorch expressions they replace. The fallback: modules
+built with the kernel disabled use PyTorch's kernels and agree; a failed build says so in one line and the engine
+still runs.
 """
 
 from __future__ import annotations
@@ -14,17 +16,43 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import KERNEL_PATHS, tiny_model
 from varied_model import untied_tiny_model
 from specledger.engine import cpu_ops, qkernel
 from specledger.engine.model import rope_at, rope_tables
-from specledger.engine.quant import Int4Linear, Int8Grid, Int8Linear, int4_grid, int8_grid, pack_int8, unpack_int8
+from specledger.engine.quant import (Int4Grid, Int4Linear, Int8Grid, Int8Linear, int4_grid, int8_grid, pack_int8,
+                                     unpack_int8)
 
 pytestmark = pytest.mark.skipif(qkernel.op() is None, reason="the engine's kernel is unavailable on this host")
 
 HOST = qkernel.host_isa() if qkernel.op() is not None else "none"
-ISAS = [1] + ([2] if HOST in ("avx512-vnni", "avx512-vnni+amx") else []) + ([3] if HOST == "avx512-vnni+amx" else [])
 CPU = torch.device("cpu")
+
+# the op's isa argument per path, the hosts (qkernel.host_isa()) that run it, and why a host cannot: the op itself
+# quietly takes a lesser path for an isa the host lacks, so a path is only tested where the host has it
+PATHS = {"avx2": 1, "vnni": 2, "amx": 3}
+RUNS_ON = {"avx2": ("avx2", "avx512-vnni", "avx512-vnni+amx"), "vnni": ("avx512-vnni", "avx512-vnni+amx"),
+           "amx": ("avx512-vnni+amx",)}
+LACKS = {"avx2": "host has no AVX2/FMA/F16C", "vnni": "host has no AVX-512 VNNI",
+         "amx": "host has no AMX, or Linux did not grant its tile state"}
+
+# the product against the unquantized activations' (relative to its largest value): the activations' rounding
+# per block of 32 is half a step of amax / 127 (one int8 digit) or of amax / (127 * 254) (two)
+DIGITS_TOL = {1: 3e-2, 2: 2e-4}
+EXACT_TOL = 2e-5  # against the reference with the kernel's own activation codes: float32 sums, nothing more
+
+
+@pytest.fixture
+def path(request) -> int:
+    """The op's isa argument for the path named by the parameter; skipped (with the reason) where the host lacks
+    it. What ran and what did not is kept for the line conftest.py prints at the end of the session."""
+    name = request.param
+    seen = request.config.stash.setdefault(KERNEL_PATHS, {})
+    if HOST not in RUNS_ON[name]:
+        seen.setdefault(name, f"skipped: {LACKS[name]}")
+        pytest.skip(f"{LACKS[name]} (it has {HOST})")
+    seen[name] = "ran"
+    return PATHS[name]
 
 
 def avx2_fp(rows: int) -> bool:
@@ -32,66 +60,78 @@ def avx2_fp(rows: int) -> bool:
     return rows >= 8 and -(-rows // 8) * 8 * 4 <= rows * 5
 
 
-def quantized_activations(x: torch.Tensor, digits: int) -> torch.Tensor:
-    """What the kernel multiplies: x per block of 32 as d * Q (csrc/qmm.cpp, quantize_row)."""
+def activation_codes(x: torch.Tensor, digits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the kernel multiplies (csrc/qmm_common.h, quantize_row): per block of 32, v = x * 127 / amax in float32,
+    q = round(v) and with two digits r = round((v - q) * 254); integer codes Q (q, or 254 q + r) and the blocks'
+    float32 scales d (amax / 127, or amax / (127 * 254)), x ~ d * Q."""
     m, k = x.shape
     b = x.float().reshape(m, k // 32, 32)
     amax = b.abs().amax(-1, keepdim=True)
     v = b * torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))  # IEEE division
     q = v.round()
     if digits == 1:
-        return (q * (amax / 127)).reshape(m, k)
-    r = ((v - q) * 254).round()
-    return ((254 * q + r) * (amax / (127 * 254))).reshape(m, k)
+        return q, amax / 127
+    return 254 * q + ((v - q) * 254).round(), amax / (127 * 254)
 
 
-def int4_reference(grid) -> torch.Tensor:
-    """The dequantized weight with the kernel's fp16 scale and min (w = d u + m)."""
+def dequantized(grid: Int4Grid | Int8Grid) -> torch.Tensor:
+    """The weight as the kernel stores it, in float64: fp16 scales d and (4-bit) mins m = zero - 8 d, w = d u + m per
+    group (u the unsigned 4-bit code), or w = d q per block of 32 (q the signed 8-bit code)."""
     n, k = grid.codes.shape
+    if isinstance(grid, Int8Grid):
+        d = grid.scale.half().double()
+        return (grid.codes.double().reshape(n, k // 32, 32) * d[..., None]).reshape(n, k)
     g = grid.group_size
-    d, m = grid.scale.half().float(), (grid.zero - 8 * grid.scale).half().float()
-    return (grid.codes.float().reshape(n, k // g, g) * d[..., None] + m[..., None]).reshape(n, k)
+    d, m = grid.scale.half().double(), (grid.zero.float() - 8 * grid.scale.float()).half().double()
+    return (grid.codes.double().reshape(n, k // g, g) * d[..., None] + m[..., None]).reshape(n, k)
+
+
+def reference_product(x: torch.Tensor, grid: Int4Grid | Int8Grid, digits: int | None) -> torch.Tensor:
+    """The one reference every path of the kernel is checked against: x [M, K] times the dequantized weight [N, K]
+    transposed, in float64. digits 1 or 2: x as the kernel quantizes it; None: x itself (the AVX2 path's 4-bit
+    products of many rows multiply the activations unquantized, and every path is held to DIGITS_TOL of it)."""
+    if digits is None:
+        xr = x.double()
+    else:
+        codes, d = activation_codes(x, digits)
+        xr = (codes.double() * d.double()).reshape(x.shape)
+    return xr @ dequantized(grid).t()
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((y.float() - ref).abs().max() / ref.abs().max())
+    return float((y.double() - ref.double()).abs().max() / ref.double().abs().max())
 
 
-@pytest.mark.parametrize("isa", ISAS)
+SHAPES = {4: [(37, 96, 32), (50, 256, 64), (33, 512, 128), (70, 512, 256), (16, 64, 32)],
+          8: [(45, 160, 32), (16, 64, 32)]}
+ROWS = (1, 2, 3, 4, 5, 8, 9, 15, 16, 17, 33)  # remainders of 1-3 rows, AVX2's fp groups (8, 16) and a padded one (15)
+
+
+@pytest.mark.parametrize("path", list(PATHS), indirect=True)
 @pytest.mark.parametrize("digits", [1, 2])
-@pytest.mark.parametrize("n,k,group", [(37, 96, 32), (50, 256, 64), (33, 512, 128), (70, 512, 256), (16, 64, 32)])
-def test_int4_product_equals_its_reference(isa, digits, n, k, group):
-    torch.manual_seed(n + k)
-    grid = int4_grid(torch.randn(n, k), group)
-    lin = Int4Linear(grid, torch.float32, CPU)
+@pytest.mark.parametrize("bits,n,k,group", [(b, *s) for b in (4, 8) for s in SHAPES[b]])
+def test_every_path_equals_the_reference(path, digits, bits, n, k, group):
+    """Widths that are not multiples of the 16-row tile, group sizes 32..256, the row counts at which the paths
+    change their grouping; float32 out, and the fused residual add."""
+    torch.manual_seed(n + k + bits)
+    w = torch.randn(n, k)
+    grid: Int4Grid | Int8Grid = int4_grid(w, group) if bits == 4 else int8_grid(w)
+    lin = Int4Linear(grid, torch.float32, CPU) if isinstance(grid, Int4Grid) else Int8Linear(grid, torch.float32)
     assert lin.backend == "kernel"
-    lin.isa, lin.digits = isa, digits
-    w = int4_reference(grid)
-    for rows in range(1, 34):
+    lin.isa, lin.digits = path, digits
+    for rows in ROWS:
         x = torch.randn(rows, k) * (1 + 10 * (torch.arange(k) % 7 == 0))  # some outlier inputs
         y = lin(x)
         assert y.shape == (rows, n) and y.dtype == torch.float32
-        fp = isa == 1 and avx2_fp(rows)  # dequantized weights times the fp32 activations (zero-padded groups of 8)
-        assert rel_err(y, (x if fp else quantized_activations(x, digits)) @ w.t()) < 2e-5, rows
-        assert rel_err(y, x @ w.t()) < (2e-4 if digits == 2 else 3e-2), rows
+        fp = path == PATHS["avx2"] and bits == 4 and avx2_fp(rows)  # fp32 activations (zero-padded groups of 8)
+        ref = reference_product(x, grid, None if fp else digits)
+        assert rel_err(y, ref) < EXACT_TOL, rows
+        assert rel_err(y, reference_product(x, grid, None)) < DIGITS_TOL[digits], rows
+        r = torch.randn(rows, n)
+        assert rel_err(lin.add_to(x, r) - r, ref) < EXACT_TOL, rows
 
 
-@pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("digits", [1, 2])
-def test_int8_product_equals_its_reference(isa, digits):
-    torch.manual_seed(1)
-    n, k = 45, 160
-    grid = int8_grid(torch.randn(n, k))
-    lin = Int8Linear(grid, torch.float32)
-    assert lin.backend == "kernel"
-    lin.isa, lin.digits = isa, digits
-    w = grid.dequantize()
-    for rows in range(1, 34):
-        x = torch.randn(rows, k)
-        assert rel_err(lin(x), quantized_activations(x, digits) @ w.t()) < 2e-5, rows
-
-
-@pytest.mark.skipif(3 not in ISAS, reason="no AMX on this host")
+@pytest.mark.skipif(HOST != "avx512-vnni+amx", reason=LACKS["amx"])
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("digits", [1, 2])
 @pytest.mark.parametrize("n,k,group", [(37, 96, 32), (50, 256, 64), (70, 512, 256), (16, 1536, 32)])
@@ -103,7 +143,7 @@ def test_amx_products_equal_vnni_bit_for_bit(bits, digits, n, k, group):
     lin = (Int4Linear(int4_grid(w, group), torch.float32, CPU) if bits == 4
            else Int8Linear(int8_grid(w), torch.float32))
     lin.digits = digits
-    ref_w = int4_reference(int4_grid(w, group)) if bits == 4 else int8_grid(w).dequantize()
+    grid = int4_grid(w, group) if bits == 4 else int8_grid(w)
     for rows in (1, 4, 6, 10, 16, 17, 22, 26, 40):
         x = torch.randn(rows, k) * (1 + 10 * (torch.arange(k) % 7 == 0))
         ys = {}
@@ -111,7 +151,7 @@ def test_amx_products_equal_vnni_bit_for_bit(bits, digits, n, k, group):
             lin.isa = isa
             ys[isa] = lin(x)
         assert torch.equal(ys[3], ys[2]) and torch.equal(ys[0], ys[2]), rows
-        assert rel_err(ys[3], quantized_activations(x, digits) @ ref_w.t()) < 2e-5, rows
+        assert rel_err(ys[3], reference_product(x, grid, digits)) < EXACT_TOL, rows
     xb = torch.randn(9, k).bfloat16()  # 16-bit out, and the residual add
     r = torch.randn(9, n)
     lin.isa = 2
@@ -129,7 +169,7 @@ def test_16_bit_activations_in_and_out(dtype):
     x = torch.randn(2, 5, 128).to(dtype)  # leading dimensions are kept
     y = lin(x)
     assert y.shape == (2, 5, 40) and y.dtype == dtype
-    ref = quantized_activations(x.reshape(10, 128).float(), 2) @ int4_reference(grid).t()
+    ref = reference_product(x.reshape(10, 128).float(), grid, 2)
     assert rel_err(y.reshape(10, 40), ref) < 8e-3  # the output's own 16-bit rounding
 
 
