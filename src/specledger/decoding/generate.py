@@ -11,6 +11,7 @@ passes, and each draft takes its own random draws).
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable
 
@@ -20,15 +21,19 @@ from specledger.decoding.scheduler import GenerationResult, OnTokens, ScheduledR
 from specledger.decoding.strategy import Strategy
 
 _SOLO: weakref.WeakKeyDictionary[Strategy, Scheduler] = weakref.WeakKeyDictionary()
+_LOCKS: weakref.WeakKeyDictionary[Scheduler, threading.Lock] = weakref.WeakKeyDictionary()
+_MAKING = threading.Lock()
 
 
 def solo_scheduler(strategy: Strategy, cost: CostSurface | Callable[[int], float] | None = None) -> Scheduler:
     """The strategy's batch-of-one scheduler, made on first use (or again with `cost`: the verification-cost
     model its planner drafts by; default measured)."""
-    sched = _SOLO.get(strategy)
-    if sched is None or cost is not None:
-        sched = _SOLO[strategy] = Scheduler(strategy.target, max_batch=1, drafter=strategy.batch_drafter(1),
-                                            cost=cost, prefix_cache=False, draft_length=strategy.draft_length)
+    with _MAKING:
+        sched = _SOLO.get(strategy)
+        if sched is None or cost is not None:
+            sched = _SOLO[strategy] = Scheduler(strategy.target, max_batch=1, drafter=strategy.batch_drafter(1),
+                                                cost=cost, prefix_cache=False, draft_length=strategy.draft_length)
+            _LOCKS[sched] = threading.Lock()
     return sched
 
 
@@ -40,13 +45,14 @@ def generate(
 ) -> GenerationResult:
     sched = solo_scheduler(strategy)
     done: list[ScheduledResult] = []
-    sched.submit(prompt_ids, sp, on_tokens=on_tokens, on_done=done.append)
-    try:
-        while not done:
-            sched.step()
-    except BaseException:
-        sched.abort("generate() was interrupted")  # the scheduler is left empty for the next call
-        raise
+    with _LOCKS[sched]:  # one caller at a time steps it (threads sharing a strategy take turns)
+        sched.submit(prompt_ids, sp, on_tokens=on_tokens, on_done=done.append)
+        try:
+            while not done:
+                sched.step()
+        except BaseException:
+            sched.abort("generate() was interrupted")  # the scheduler is left empty for the next call
+            raise
     r = done[0]
     if r.exception is not None:
         raise r.exception
