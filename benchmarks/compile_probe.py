@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import cast
 
 import torch
 
@@ -26,29 +27,31 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from specledger.engine.loader import load_model
-    from specledger.engine.model import rope_at
+    from specledger.engine.model import Block, rope_at
+    from specledger.engine.ragged import Segment, plan_pass, ragged_block
 
     quant, dtype = CONFIGS[a.config]
     m = load_model("smollm2-135m", quant=quant, dtype=dtype).model
     cache = m.new_cache(1024)
 
     def core(tok: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int) -> torch.Tensor:
+        plan = plan_pass([Segment(0, 1)], cache, tok.device)
         x = m.tok_embeddings(tok).float()
         for i, layer in enumerate(m.layers):
-            x = layer(x, cos, sin, cache, i, start, None)
+            x = ragged_block(cast(Block, layer), i, x, cos, sin, plan, cache)
         return m.logits(m.norm(x))
 
     def decode(fn, n: int) -> tuple[float, list[int]]:
         with torch.inference_mode():
-            cache.length = 0
+            cache.rollback(0, 0)
             m.hidden(torch.arange(200)[None] % 1000, cache)
             tok, out = torch.tensor([[1]]), []
             t0 = time.perf_counter()
             for _ in range(n):
-                start = cache.length
+                start = cache.lengths[0]
                 cos, sin = rope_at(m.rope_cos, m.rope_sin, slice(start, start + 1), m.dtype)
                 logits = fn(tok, cos, sin, start)
-                cache.length = start + 1
+                cache.lengths[0] = start + 1
                 tok = logits[:, -1].argmax(-1).view(1, 1)
                 out.append(int(tok))
             return n / (time.perf_counter() - t0), out

@@ -55,7 +55,7 @@ def measure(config: str, context: int, reps: int = 5, inner: int = 20) -> dict:
     tok = torch.tensor([[1]])
 
     def step() -> None:
-        cache.length = context
+        cache.rollback(0, context)
         m.logits(m.hidden(tok, cache))
 
     def products() -> None:

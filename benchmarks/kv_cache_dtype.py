@@ -44,7 +44,7 @@ def pass_cases(lm: LoadedModel) -> dict[str, Callable[[], float]]:
     def step() -> float:
         t = time.perf_counter()
         m(torch.tensor([[17]]), cache)
-        cache.length -= 1
+        cache.lengths[0] -= 1
         return time.perf_counter() - t
 
     out = {"decode step, 256 cached": step}

@@ -27,7 +27,7 @@ def step_ms(model, context: int = 300, steps: int = 50) -> float:
     tok = torch.tensor([[1]])
     t0 = time.perf_counter()
     for _ in range(steps):
-        cache.length = context
+        cache.rollback(0, context)
         model.logits(model.hidden(tok, cache))
     return (time.perf_counter() - t0) / steps * 1000
 

@@ -60,7 +60,7 @@ def cases(lm: LoadedModel) -> dict[str, Callable[[], float]]:
 
     def step() -> None:
         m(torch.tensor([[17]]), cache)
-        cache.length -= 1
+        cache.lengths[0] -= 1
 
     out["decode step, 256 cached"] = timed(step)
     br = BatchRunner(lm, 8, 1024)

@@ -43,7 +43,7 @@ def test_rows_attention_reads_a_bf16_cache_as_the_fp32_one(bf16_host):
 
 def _decode(lm, steps: int = 8):
     """Prefill, decode steps one token at a time (the fused one-token path), then a chain verified under a mask,
-    on the single-sequence cache; and a ragged pass of decode rows on three slots."""
+    on a one-slot cache (Transformer.forward); and a ragged pass of decode rows on three slots."""
     m = lm.model
     ids = torch.tensor([[(5 * j + 1) % 64 for j in range(20)]])
     out = []
@@ -56,7 +56,7 @@ def _decode(lm, steps: int = 8):
             logits = m(t, cache)
             out.append(logits[0, -1])
             t = logits.argmax(-1)
-        n = cache.length
+        n = cache.lengths[0]
         mask = torch.zeros(4, n + 4, dtype=torch.bool)
         mask[:, :n] = True
         mask[:, n:] = torch.ones(4, 4, dtype=torch.bool).tril()

@@ -22,10 +22,10 @@ def test_chunked_forward_matches_full_and_rollback():
     a = m(ids[:, :12], cache)
     b = m(ids[:, 12:], cache)
     torch.testing.assert_close(torch.cat([a, b], 1), full, atol=1e-4, rtol=1e-4)
-    cache.rollback(12)  # O(1) rollback, then recompute the same tail
+    cache.rollback(0, 12)  # O(1) rollback, then recompute the same tail
     torch.testing.assert_close(m(ids[:, 12:], cache), b, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError):
-        cache.rollback(40)
+        cache.rollback(0, 40)
 
 
 @pytest.mark.parametrize("start", [0, 7])
@@ -47,16 +47,16 @@ def test_causal_attention_sees_the_cache_and_the_run_up_to_itself(start, bf16_pa
     torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=2e-2)
 
 
-def test_cache_writes_land_in_the_cache_after_dropping_rows():
-    """Writes go through per-layer views; dropping batch rows must rebuild them (not write to a stale copy)."""
-    from specledger.engine.kv_cache import KVCache
+def test_cache_writes_land_in_the_cache_after_growing():
+    """Writes go through per-layer, per-slot views; growing the cache must rebuild them (not write to a stale copy)."""
+    from specledger.engine.slot_cache import SlotCache
 
-    c = KVCache(2, 1, 4, 8, batch=3)
-    c.write(1, 0, torch.ones(3, 1, 2, 4), torch.full((3, 1, 2, 4), 2.0))
-    c.keep_rows(torch.tensor([0, 2]))
-    k, v = c.write(1, 2, torch.full((2, 1, 1, 4), 5.0), torch.full((2, 1, 1, 4), 6.0))
-    assert c.k.shape[1] == 2 and k.shape == (2, 1, 3, 4)
-    assert c.k[1, :, 0, 2].eq(5).all() and c.v[1, :, 0, :2].eq(2).all() and c.k[0].eq(0).all()
+    c = SlotCache(2, 1, 4, 3, 16, initial_len=2)
+    c.write(1, 0, 0, torch.ones(1, 2, 4), torch.full((1, 2, 4), 2.0))
+    c.reserve(3)
+    k, v = c.write(1, 2, 2, torch.full((1, 1, 4), 5.0), torch.full((1, 1, 4), 6.0))
+    assert c.capacity >= 3 and k.shape == (1, 3, 4)
+    assert c.k[1, 2, 0, 2].eq(5).all() and c.v[1, 0, 0, :2].eq(2).all() and c.k[0].eq(0).all()
 
 
 def test_tree_forward_equals_each_path_run_alone():

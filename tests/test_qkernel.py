@@ -227,7 +227,7 @@ def test_model_with_and_without_the_kernels_agrees():
 @pytest.mark.parametrize("quant,dtype", [("int4", "bf16"), ("int8", "bf16"), ("int4", "fp32")])
 def test_fused_layer_equals_the_layer_op_by_op(quant, dtype, monkeypatch):
     """Block.decode_one (one call a layer for a single new token) against the same layer op by op: the same ops
-    in the same order, so the same bits, alone (KVCache) and in a batch runner's slot."""
+    in the same order, so the same bits, alone (Transformer.forward on a one-slot cache) and in a batch runner's slot."""
     from specledger.decoding.batch_runner import BatchItem, BatchRunner
     from specledger.engine.model import Block
 

@@ -160,7 +160,7 @@ def test_qwen3_takes_the_op_by_op_path(tmp_path):
     x = torch.zeros(1, 1, 128)
     cache = lm.model.new_cache(8)
     cos, sin = lm.model.rope_cos[:1], lm.model.rope_sin[:1]
-    assert lm.model.layers[0].decode_one(x, cos, sin, cache.layer_k[0], cache.layer_v[0], 0) is None
+    assert lm.model.layers[0].decode_one(x, cos, sin, cache.slot_k[0][0][None], cache.slot_v[0][0][None], 0) is None
 
 
 # ---- GGUF -------------------------------------------------------------------------------------------------

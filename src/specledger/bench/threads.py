@@ -86,7 +86,7 @@ def _forward(m: Any, cache: Any, x: Any, context: int) -> float:
     """Seconds of one forward of x's tokens after `context` cached ones (logits at every new position)."""
     from specledger.engine.timing import clock
 
-    cache.rollback(context)
+    cache.rollback(0, context)
     t0 = clock(m.device)
     m.logits(m.hidden(x, cache))
     return clock(m.device) - t0

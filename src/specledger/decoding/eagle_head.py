@@ -16,18 +16,16 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Protocol
 
 import torch
 from torch import nn
 
 from specledger.engine.config import ModelConfig
-from specledger.engine.kv_cache import KVCache
 from specledger.engine.loader import LoadedModel
 from specledger.engine.model import Block, RMSNorm, Transformer, kv_dtype, rope_at
 from specledger.engine.packed_linear import PackedLinear, pack
 from specledger.engine.quant import Int8Linear
-from specledger.engine.ragged import Segment, finish_pass, plan_pass, ragged_block
+from specledger.engine.ragged import Segment, finish_pass, plan_pass, ragged_block, row_segments
 from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
 
@@ -60,17 +58,6 @@ class HeadConfig:
     def block_config(self) -> ModelConfig:
         return ModelConfig(self.target_vocab, self.hidden_size, self.intermediate_size, 1, self.n_heads,
                            self.n_kv_heads, self.head_dim, 0, self.rope_theta, self.rms_eps)
-
-
-class HeadCache(Protocol):
-    """What `EagleHead.hidden` appends to: the engine's KVCache, or a training cache that concatenates
-    (train/trainer.py: GrowingCache, so autograd reaches every unroll step)."""
-
-    length: int
-    max_len: int
-
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ...
 
 
 class _Cast(nn.Module):
@@ -122,39 +109,35 @@ class EagleHead(nn.Module):
                 f"does not fit target {lm.label} (hidden {lm.config.hidden_size}, vocab {lm.config.vocab_size})"
             )
 
-    def new_cache(self, max_len: int, batch: int = 1, device: torch.device | str = "cpu") -> KVCache:
-        c = self.cfg
-        dev = torch.device(device)
-        return KVCache(1, c.n_kv_heads, c.head_dim, max_len, batch=batch, dtype=kv_dtype(self.dtype, dev), device=dev)
+    def new_cache(self, max_len: int, batch: int = 1, device: torch.device | str = "cpu") -> SlotCache:
+        """A cache for `hidden` over `batch` rows: one slot per row, every slot taken."""
+        cache = self.new_slot_cache(batch, max_len, device)
+        for _ in range(batch):
+            cache.alloc()
+        return cache
+
+    def inputs(self, base: Transformer, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """The layer's input, fc(embedding of tokens (B, n), features (B, n, H)): the fp32 residual, as in the base."""
+        emb = base.tok_embeddings(tokens).to(self.dtype)
+        return self.fc(torch.cat([emb, features.to(self.dtype)], dim=-1)).float()
 
     def hidden(
         self,
         base: Transformer,
         tokens: torch.Tensor,
         features: torch.Tensor,
-        cache: HeadCache,
+        cache: SlotCache,
         *,
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Feed n entries (B, n) tokens + (B, n, H) features on top of the cache; return predicted features.
+        """Feed n entries (B, n) tokens + (B, n, H) features, row b on slot b; return predicted features (B, n, H).
 
-        positions/mask as in Transformer.hidden (default: consecutive after the cache, causal).
+        positions/mask as in Transformer.hidden (default: consecutive after each slot, causal).
         """
         b, n = tokens.shape
-        start = cache.length
-        if start + n > cache.max_len:
-            raise BadInput(f"draft head context of {cache.max_len} entries exceeded ({start + n})")
-        pos = torch.arange(start, start + n, device=tokens.device) if positions is None else positions
-        cos, sin = rope_at(base.rope_cos, base.rope_sin, pos, self.dtype)
-        if mask is None and n > 1:
-            mask = torch.ones(n, start + n, dtype=torch.bool, device=tokens.device).tril(diagonal=start)
-        emb = base.tok_embeddings(tokens).to(self.dtype)
-        x = self.fc(torch.cat([emb, features.to(self.dtype)], dim=-1)).float()  # fp32 residual, as in the base
-        x = self.block(x, cos, sin, cache, 0, start, mask)
-        cache.length = start + n
-        return x.to(self.dtype)
-
+        segments, pos = row_segments(cache, b, n, positions, mask, tokens.device)
+        return self.ragged(base, tokens.reshape(-1), features.reshape(b * n, -1), pos, segments, cache).view(b, n, -1)
 
     def new_slot_cache(self, n_slots: int, max_len: int, device: torch.device | str = "cpu") -> SlotCache:
         """The head's cache for many sequences (one slot each), as the batched drafter keeps it."""
@@ -165,13 +148,11 @@ class EagleHead(nn.Module):
 
     def ragged(self, base: Transformer, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                segments: list[Segment], cache: SlotCache) -> torch.Tensor:
-        """`hidden` for many sequences in one pass: rows (N,) of tokens with their (N, H) features at RoPE
+        """The head over many sequences in one pass: rows (N,) of tokens with their (N, H) features at RoPE
         positions (N,), grouped into segments, each appended to its slot under its mask (engine/ragged.py)."""
         plan = plan_pass(segments, cache, tokens.device)
         cos, sin = rope_at(base.rope_cos, base.rope_sin, positions, self.dtype)
-        emb = base.tok_embeddings(tokens[None]).to(self.dtype)
-        x = self.fc(torch.cat([emb, features[None].to(self.dtype)], dim=-1)).float()
-        x = ragged_block(self.block, 0, x, cos, sin, plan, cache)
+        x = ragged_block(self.block, 0, self.inputs(base, tokens[None], features[None]), cos, sin, plan, cache)
         finish_pass(plan, cache)
         return x[0].to(self.dtype)
 

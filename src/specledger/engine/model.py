@@ -1,7 +1,7 @@
 """A Llama-family decoder in plain PyTorch: RMSNorm, RoPE, grouped-query attention, SwiGLU.
 
-One forward pass takes n new tokens at explicit positions under an explicit attention
-mask over the cache, which is all that chains, trees and plain decoding need.
+The modules here hold the parameters; the layer itself runs in engine/ragged.py (ragged_block), one pass over
+one or many sequences of a SlotCache: a plain forward of a batch is that pass with one slot per row.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import torch
 from torch import nn
 
 from specledger.engine.config import ModelConfig
-from specledger.engine.cpu_ops import (apply_rope, attend_new_token, bf16_cache, causal_attention, decode_attention,
-                                       decode_layer, masked_attention, rms_norm, swiglu)
-from specledger.engine.kv_cache import KVCache
+from specledger.engine.cpu_ops import bf16_cache, decode_layer, rms_norm, swiglu
+from specledger.engine.slot_cache import SlotCache
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -113,7 +112,6 @@ def kv_dtype(compute: torch.dtype, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if compute == torch.bfloat16 and bf16_cache() else torch.float32
 
 
-@direct_call
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -143,29 +141,6 @@ class Attention(nn.Module):
         k = self.k_norm(heads[:, :, self.n_heads :].contiguous())
         return torch.cat([q.reshape(b, n, -1), k.reshape(b, n, -1), qkv[..., qk_out:]], dim=-1).to(qkv.dtype)
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int, mask, residual: torch.Tensor):
-        """residual + attention(x): the residual stream's add is the output projection's (see Linear.add_to)."""
-        b, n, _ = x.shape
-        qkv = self.project(x)
-        if n == 1 and mask is None:  # one call for RoPE, the cache write and attention where it can
-            y = attend_new_token(qkv, cos, sin, cache.layer_k[layer], cache.layer_v[layer], start, self.n_heads, x.dtype)
-            if y is not None:
-                return self.wo.add_to(y, residual)
-        qk_out = self.split[0] + self.split[1]
-        # q and k are adjacent in the fused projection: rotate them in one go
-        qk = apply_rope(qkv[..., :qk_out].view(b, n, self.n_heads + self.n_kv, self.hd), cos, sin)
-        q = qk[:, :, : self.n_heads].transpose(1, 2)
-        k = qk[:, :, self.n_heads :].transpose(1, 2)
-        v = qkv[..., qk_out:].view(b, n, self.n_kv, self.hd).transpose(1, 2)
-        keys, values = cache.write(layer, start, k, v)  # the cache may hold a wider dtype (see kv_dtype)
-        if mask is None and n > 1:
-            y = causal_attention(q, keys, values, start, x.dtype)
-        elif mask is None:
-            y = decode_attention(q.to(keys.dtype), keys, values, x.dtype)
-        else:
-            y = masked_attention(q, keys, values, mask)
-        return self.wo.add_to(y.transpose(1, 2).reshape(b, n, -1).to(x.dtype), residual)
-
 
 @direct_call
 class FeedForward(nn.Module):
@@ -186,7 +161,6 @@ def _layout(m: nn.Module):
     return f() if f is not None else None
 
 
-@direct_call
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -198,7 +172,7 @@ class Block(nn.Module):
     def decode_one(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                    v_cache: torch.Tensor, start: int) -> torch.Tensor | None:
         """The layer for one new token (x (1, 1, hidden)) in one fused call, k / v into the caches (1, KV, S, D) at
-        `start`; None where it does not apply (weights off the engine's kernel, not on CPU): run forward."""
+        `start`; None where it does not apply (weights off the engine's kernel, not on CPU): the layer runs op by op."""
         a, f, n1, n2 = self.attention, self.feed_forward, self.attention_norm, self.ffn_norm
         if not (isinstance(n1, RMSNorm) and isinstance(n2, RMSNorm) and n1.eps == n2.eps):  # (an EAGLE head's layer may have no input norm)
             return None
@@ -207,17 +181,6 @@ class Block(nn.Module):
         products = [_layout(m) for m in (a.wqkv, a.wo, f.w13, f.w2)]
         return decode_layer(x, (n1.weight, n2.weight), n1.eps, products, cos, sin, k_cache, v_cache, start, a.n_heads,
                             n1.out_dtype, a.bias)
-
-    def forward(self, x, cos, sin, cache, layer, start, mask):
-        # The residual stream stays fp32 whatever the compute dtype: 30 layers of bf16
-        # additions cost measurable agreement with the fp32 model, the casts cost ~nothing.
-        # (x + y promotes y to x's fp32 without a separate cast)
-        if x.shape[1] == 1 and mask is None and x.shape[0] == 1:
-            y = self.decode_one(x, cos, sin, cache.layer_k[layer], cache.layer_v[layer], start)
-            if y is not None:
-                return y
-        x = self.attention(self.attention_norm(x), cos, sin, cache, layer, start, mask, x)
-        return self.feed_forward(self.ffn_norm(x), x)
 
 
 class Transformer(nn.Module):
@@ -256,40 +219,34 @@ class Transformer(nn.Module):
     def kv_dtype(self) -> torch.dtype:
         return kv_dtype(self.dtype, self.device)
 
-    def new_cache(self, max_len: int | None = None, batch: int = 1) -> KVCache:
+    def new_cache(self, max_len: int | None = None, batch: int = 1) -> SlotCache:
+        """A cache for `forward` over `batch` rows: one slot per row, every slot taken."""
         c = self.cfg
-        return KVCache(
-            c.n_layers, c.n_kv_heads, c.head_dim, max_len or c.max_seq_len, batch=batch, dtype=self.kv_dtype,
-            device=self.device,
-        )
+        cache = SlotCache(c.n_layers, c.n_kv_heads, c.head_dim, batch, max_len or c.max_seq_len, dtype=self.kv_dtype,
+                          device=self.device)
+        for _ in range(batch):
+            cache.alloc()
+        return cache
 
     def hidden(
         self,
         tokens: torch.Tensor,
-        cache: KVCache,
+        cache: SlotCache,
         *,
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Run n new tokens (B, n) on top of the cache's valid slots; return final-normed hidden states.
+        """Run n new tokens (B, n), row b on slot b of the cache; return final-normed hidden states (B, n, hidden).
 
-        positions: RoPE positions (n,) or (B, n); default: consecutive after the cache.
-        mask: (n, cached + n) or (B, 1, n, cached + n) bool, True = may attend; default causal.
-        The new entries are appended to the cache (cache.length grows by n).
+        The ragged pass (engine/ragged.py) with one segment per row. positions: RoPE positions (n,) or (B, n);
+        default: consecutive after each slot. mask: (n, cached + n) or (B, 1, n, cached + n) bool, True = may
+        attend; default causal. Each slot's length grows by n.
         """
-        b, n = tokens.shape
-        start = cache.length
-        if start + n > cache.max_len:
-            from specledger.errors import BadInput
+        from specledger.engine.ragged import ragged_hidden, row_segments  # (ragged.py builds on this module)
 
-            raise BadInput(f"sequence of {start + n} tokens exceeds the context of {cache.max_len}")
-        pos = slice(start, start + n) if positions is None else positions
-        cos, sin = rope_at(self.rope_cos, self.rope_sin, pos, self.dtype)
-        x = self.tok_embeddings(tokens).float()
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, start, mask)
-        cache.length = start + n
-        return self.norm(x)
+        b, n = tokens.shape
+        segments, pos = row_segments(cache, b, n, positions, mask, tokens.device)
+        return ragged_hidden(self, tokens.reshape(-1), pos, segments, cache).view(b, n, -1)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.output(h).float()

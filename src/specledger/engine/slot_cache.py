@@ -1,9 +1,9 @@
 """A KV cache of slots: one sequence per slot, each with its own length.
 
-Continuous batching keeps many sequences in one cache: a sequence takes a free slot when it
-is admitted and gives it back when it finishes, and every per-sequence operation of the
-single-sequence KVCache works on one slot alone: O(1) rollback (a length) and compaction
-of an accepted tree path. The time axis grows on demand (doubling, up to max_len), so a
+The engine's one cache. Continuous batching keeps many sequences in it: a sequence takes a free
+slot when it is admitted and gives it back when it finishes; a plain forward of a batch holds one
+slot per row (Transformer.new_cache). Every per-sequence operation works on one slot alone: O(1)
+rollback (a length) and compaction of an accepted tree path. The time axis grows on demand (doubling, up to max_len), so a
 batch of short requests does not hold max_batch full contexts of memory.
 """
 

@@ -50,7 +50,7 @@ def forward_time_curve(
     m.hidden(torch.randint(0, m.cfg.vocab_size, (1, context), generator=gen).to(dev), cache)
     for rep in range(reps + 1):
         for n in sizes:
-            cache.rollback(context)
+            cache.rollback(0, context)
             t0 = clock(dev)
             m.logits(m.hidden(xs[n], cache))
             t1 = clock(dev)

@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 import torch
 
 from specledger.engine.loader import LoadedModel
+from specledger.engine.ragged import Segment, ragged_hidden
 from specledger.errors import BadInput
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "train_prompts.jsonl"
@@ -67,19 +68,17 @@ def answer_stream(
     which gives further, different answers to the same prompt (more data for the head).
 
     Continuous batching: a row whose answer ends takes the next prompt at once, so the batch
-    stays full (answers range from a few tokens to the limit). Each row's tokens sit
-    right-aligned at the cache's end; when the slots run out, rows are moved back left.
+    stays full (answers range from a few tokens to the limit). Row r holds slot r of one cache;
+    each step is one ragged pass over the rows still answering.
     """
     m = lm.model
     dev = m.device
     eos = set(lm.config.eos_ids)
-    slots = max(len(p) for p in prompts) + max_new_tokens + 128
     B = max(1, min(batch_size, len(prompts)))
-    cache = m.new_cache(slots, batch=B)
+    cache = m.new_cache(max(len(p) for p in prompts) + max_new_tokens, batch=B)
     queue = list(range(len(prompts)))[::-1]
     rows: list[dict | None] = [None] * B
-    length = torch.zeros(B, dtype=torch.long, device=dev)  # tokens cached per row
-    nxt = torch.zeros(B, dtype=torch.long, device=dev)  # each live row's last token: emitted, not yet fed
+    nxt = [0] * B  # each live row's last token: emitted, not yet fed
     temps = temperatures or [0.0] * len(prompts)
     row_t = torch.zeros(B, device=dev)  # each row's temperature
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -93,15 +92,6 @@ def answer_stream(
         drawn = torch.multinomial(probs, 1, generator=gen)[:, 0]
         return torch.where(t > 0, drawn, best)
 
-    def relayout(new_end: int) -> None:
-        end = cache.length
-        for r, row in enumerate(rows):
-            n = int(length[r])
-            if row is not None and n and end != new_end:
-                for t in (cache.k, cache.v):
-                    t[:, r, :, new_end - n : new_end] = t[:, r, :, end - n : end].clone()
-        cache.length = new_end
-
     def finish_or_keep(r: int) -> Iterator[tuple[int, Sample]]:
         row = rows[r]
         if row is None:  # callers pass a row that holds a sequence
@@ -111,54 +101,39 @@ def answer_stream(
             toks = list(p) + row["out"]
             yield row["i"], Sample(toks, len(p), torch.cat(row["feats"])[: len(toks) - 1].clone())
             rows[r] = None
-            length[r] = 0
 
     def fill(r: int) -> Iterator[tuple[int, Sample]]:
         while rows[r] is None and queue:
             i = queue.pop()
             p = prompts[i]
-            if cache.length < len(p):
-                relayout(len(p))
-            tmp = m.new_cache(len(p))
-            h = m.hidden(torch.tensor([p], device=dev), tmp)
-            end = cache.length
-            cache.k[:, r, :, end - len(p) : end] = tmp.k[:, 0, :, : len(p)]
-            cache.v[:, r, :, end - len(p) : end] = tmp.v[:, 0, :, : len(p)]
-            length[r] = len(p)
+            cache.rollback(r, 0)
+            h = ragged_hidden(m, torch.tensor(p, device=dev), torch.arange(len(p), device=dev), [Segment(r, len(p))],
+                              cache)
             row_t[r] = temps[i]
-            first = int(pick(m.logits(h[:, -1]), row_t[r : r + 1])[0])
+            first = int(pick(m.logits(h[-1:]), row_t[r : r + 1])[0])
             nxt[r] = first
-            rows[r] = {"i": i, "out": [first], "feats": [h[0]]}
+            rows[r] = {"i": i, "out": [first], "feats": [h]}
             yield from finish_or_keep(r)
 
     for r in range(B):
         yield from fill(r)
     while any(row is not None for row in rows):
-        dead = [r for r, row in enumerate(rows) if row is None]
-        if dead and not queue and len(dead) * 4 >= len(rows):  # the tail: drop empty rows
-            keep = [r for r, row in enumerate(rows) if row is not None]
-            idx = torch.tensor(keep, device=dev)
-            cache.keep_rows(idx)
-            rows, length, nxt, row_t = [rows[r] for r in keep], length[idx], nxt[idx], row_t[idx]
-        if cache.length + 1 > slots:
-            relayout(int(length.max()))
-        end = cache.length
-        valid = torch.arange(end + 1, device=dev)[None, :] >= (end - length)[:, None]
-        h = m.hidden(nxt[:, None], cache, positions=length[:, None], mask=valid[:, None, None, :])
-        nxt = pick(m.logits(h[:, 0]), row_t)
-        live = torch.tensor([row is not None for row in rows], device=dev)
-        length += live.long()
-        toks = nxt.tolist()
-        for r, row in enumerate(rows):
-            if row is None:
+        live = [r for r, row in enumerate(rows) if row is not None]
+        pos = torch.tensor([cache.lengths[r] for r in live], device=dev)
+        h = ragged_hidden(m, torch.tensor([nxt[r] for r in live], device=dev), pos, [Segment(r, 1) for r in live],
+                          cache)
+        toks = pick(m.logits(h), row_t[live]).tolist()
+        for j, r in enumerate(live):
+            row = rows[r]
+            if row is None:  # (live rows hold a sequence)
                 continue
-            row["feats"].append(h[r].clone())
-            row["out"].append(toks[r])
-            if rows[r] is not None:
-                done = list(finish_or_keep(r))
-                yield from done
-                if done:
-                    yield from fill(r)
+            row["feats"].append(h[j : j + 1].clone())
+            row["out"].append(toks[j])
+            nxt[r] = toks[j]
+            done = list(finish_or_keep(r))
+            yield from done
+            if done:
+                yield from fill(r)
 
 
 def generate_batch(lm: LoadedModel, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 64) -> list[Sample]:

@@ -20,7 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from specledger.decoding.eagle_head import EagleHead, HeadConfig, draft_lm_head
+from specledger.engine.cpu_ops import apply_rope, causal_mask, masked_attention
 from specledger.engine.loader import LoadedModel
+from specledger.engine.model import Block, rope_at
 from specledger.errors import BadInput
 from specledger.train.data import Sample
 
@@ -124,19 +126,49 @@ def unroll_mask(n: int, step: int, start: int = 0) -> torch.Tensor:
 
 
 class GrowingCache:
-    """A KV cache for training: entries are concatenated, never written in place, so autograd can
-    go back through every unroll step (the engine's KVCache overwrites a preallocated buffer)."""
+    """The head's KV entries in training: concatenated, never written in place, so autograd can go back through
+    every unroll step (the engine's SlotCache overwrites a preallocated buffer)."""
 
     def __init__(self) -> None:
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
         self.length = 0
-        self.max_len = 1 << 30
 
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
         return self.k, self.v
+
+
+def train_layer(block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: GrowingCache,
+                mask: torch.Tensor) -> torch.Tensor:
+    """The head's decoder layer for training only, x (B, n, hidden) under mask (n, cached + n): the ops of the
+    engine's layer (engine/ragged.py: ragged_block, which drafting runs) on a cache that grows by concatenation,
+    so gradients reach every unroll step; ragged_block writes its cache in place, which autograd refuses."""
+    a = block.attention
+    b, n, _ = x.shape
+    h = block.attention_norm(x)
+    qkv = a.project(h)
+    qk_out = a.split[0] + a.split[1]
+    qk = apply_rope(qkv[..., :qk_out].view(b, n, a.n_heads + a.n_kv, a.hd), cos, sin)
+    v = qkv[..., qk_out:].view(b, n, a.n_kv, a.hd).transpose(1, 2)
+    keys, values = cache.append(qk[:, :, a.n_heads :].transpose(1, 2), v)
+    y = masked_attention(qk[:, :, : a.n_heads].transpose(1, 2), keys, values, mask)
+    x = a.wo.add_to(y.transpose(1, 2).reshape(b, n, -1).to(h.dtype), x)
+    return block.feed_forward(block.ffn_norm(x), x)
+
+
+def train_hidden(head: EagleHead, base: LoadedModel, tokens: torch.Tensor, features: torch.Tensor,
+                 cache: GrowingCache, positions: torch.Tensor | None = None,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+    """EagleHead.hidden through train_layer: n entries (B, n) on top of the cache, default consecutive and causal."""
+    n, start = tokens.shape[1], cache.length
+    pos = torch.arange(start, start + n, device=tokens.device) if positions is None else positions
+    cos, sin = rope_at(base.model.rope_cos, base.model.rope_sin, pos, head.dtype)
+    mask = causal_mask(start, n, tokens.device) if mask is None else mask
+    x = train_layer(head.block, head.inputs(base.model, tokens, features), cos, sin, cache, mask)
+    cache.length = start + n
+    return x.to(head.dtype)
 
 
 def unrolled(
@@ -154,11 +186,11 @@ def unrolled(
     for step in range(1, steps + 1):
         toks = _shift(tokens[:, 1 : n + 1], step - 1)
         if step == 1:
-            h = head.hidden(base.model, toks, h, cache)
+            h = train_hidden(head, base, toks, h, cache)
         else:
             h = h[:, start:] if step == 2 else h
             pos = torch.arange(start, n) + step - 1
-            h = head.hidden(base.model, toks[:, start:], h, cache, positions=pos, mask=unroll_mask(n, step, start))
+            h = train_hidden(head, base, toks[:, start:], h, cache, pos, unroll_mask(n, step, start))
         out.append(h)
     return out
 
