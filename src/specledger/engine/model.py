@@ -239,8 +239,8 @@ class Transformer(nn.Module):
         """Run n new tokens (B, n), row b on slot b of the cache; return final-normed hidden states (B, n, hidden).
 
         The ragged pass (engine/ragged.py) with one segment per row. positions: RoPE positions (n,) or (B, n);
-        default: consecutive after each slot. mask: (n, cached + n) or (B, 1, n, cached + n) bool, True = may
-        attend; default causal. Each slot's length grows by n.
+        default: consecutive after each slot. mask: (n, cached + n) bool for every row, True = may attend;
+        default causal. Each slot's length grows by n.
         """
         from specledger.engine.ragged import ragged_hidden, row_segments  # (ragged.py builds on this module)
 

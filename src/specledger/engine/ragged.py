@@ -213,13 +213,12 @@ def row_segments(cache: SlotCache, b: int, n: int, positions: torch.Tensor | Non
                  device: torch.device) -> tuple[list[Segment], torch.Tensor]:
     """A batch of b rows of n new tokens as a pass's segments, row r on slot r, and the rows' RoPE positions (b * n,).
 
-    positions: (n,) or (b, n), default consecutive after each slot; mask: (n, cached + n) for every row or
-    (b, 1, n, cached + n), default causal."""
+    positions: (n,) or (b, n), default consecutive after each slot; mask: (n, cached + n) for every row, default
+    causal."""
     if positions is None:
         positions = torch.stack([torch.arange(cache.lengths[r], cache.lengths[r] + n, device=device) for r in range(b)])
     pos = positions.expand(b, n).reshape(-1)
-    masks = [None if mask is None else mask if mask.dim() == 2 else mask[r, 0] for r in range(b)]
-    return [Segment(r, n, m) for r, m in enumerate(masks)], pos
+    return [Segment(r, n, mask) for r in range(b)], pos
 
 
 def new_slot_cache(model: Transformer, n_slots: int, max_len: int | None = None) -> SlotCache:
