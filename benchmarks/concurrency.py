@@ -108,7 +108,7 @@ def run_batched(lm, prompts: list[list[int]], sp: SamplingParams, n: int, n_requ
     results = []
     t0 = time.perf_counter()
     while submitted < min(n, n_requests):
-        s.submit(prompts[submitted % len(prompts)], sp)
+        s.add(prompts[submitted % len(prompts)], sp)
         submitted += 1
     batches, drafted = [], []
     while s.has_work():
@@ -118,7 +118,7 @@ def run_batched(lm, prompts: list[list[int]], sp: SamplingParams, n: int, n_requ
         results.extend(done)
         for _ in done:  # closed loop: a new request as each finishes
             if submitted < n_requests:
-                s.submit(prompts[submitted % len(prompts)], sp)
+                s.add(prompts[submitted % len(prompts)], sp)
                 submitted += 1
     row = summarize(f"scheduler c={n}", n, results, time.perf_counter() - t0)
     row["mean_batch"] = statistics.mean(batches)

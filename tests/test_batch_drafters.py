@@ -111,11 +111,11 @@ def test_batched_eagle_keeps_the_prefix_cache_with_the_whole_prompts_features():
     drafter.begin = spy  # type: ignore[method-assign]
     sp = SamplingParams(max_new_tokens=30, temperature=0.0)
     p1 = prompts_of_lengths()[2]  # one the untrained head drafts well for
-    sched.submit(p1, sp)
+    sched.add(p1, sp)
     (r1,) = sched.run()
     assert r1.cached_tokens == 0 and 0 < r1.levels[0].accepted  # some of the answer came from accepted drafts
     p2 = p1 + r1.token_ids + [3, 1, 4]
-    sched.submit(p2, sp)
+    sched.add(p2, sp)
     (r2,) = sched.run()
     assert sched.prefix_cache and r2.cached_tokens == len(p1) + len(r1.token_ids) - 1
     assert r2.token_ids == alone(lm, p2, sp).token_ids
@@ -139,7 +139,7 @@ def test_batched_drafter_never_drafts_when_every_row_costs_its_share(name):
         head_pass = drafter.head.ragged
         drafter.head.ragged = lambda *a, **kw: passes.append(len(a[4])) or head_pass(*a, **kw)
     for p in prompts_of_lengths()[:3]:
-        sched.submit(p, SamplingParams(max_new_tokens=10, temperature=0.0))
+        sched.add(p, SamplingParams(max_new_tokens=10, temperature=0.0))
     assert all(r.levels[0].proposed == 0 and r.tau == 1.0 for r in sched.run())
     assert passes == []
 
@@ -157,7 +157,7 @@ def test_batched_sampling_follows_target_distribution(name):
     sched = Scheduler(lm, max_batch=8, drafter=st.batch_drafter(8), cost=FLAT)
     n_samples, vocab, n = 1500, 4, 3
     for seed in range(n_samples):
-        sched.submit(prompt, SamplingParams(max_new_tokens=n, temperature=TEMP, seed=seed))
+        sched.add(prompt, SamplingParams(max_new_tokens=n, temperature=TEMP, seed=seed))
     counts = torch.zeros(vocab**n, dtype=torch.float64)
     results = sched.run()
     assert len(results) == n_samples and max(r.mean_batch for r in results) > 4
@@ -264,7 +264,7 @@ def test_sampled_drafting_in_a_batch_is_reproducible_per_seed(name):
         sched = Scheduler(lm, max_batch=3, drafter=strategy(name, lm).batch_drafter(3), cost=FLAT)
         assert sched.spec is not None
         sched.spec.policy.evidence = 1e9
-        ids = [sched.submit(p, sp) for p in ps]
+        ids = [sched.add(p, sp) for p in ps]
         got = {r.request_id: r for r in sched.run()}
         return [got[i] for i in ids]
 

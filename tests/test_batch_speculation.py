@@ -76,7 +76,7 @@ def test_lookup_batch_never_drafts_when_every_row_costs_its_share(lm):
     prompts = repetitive_prompts()[:3]
     sched = Scheduler(lm, max_batch=3, drafter=LookupDrafter(8), cost=lambda n: float(n))
     for p in prompts:
-        sched.submit(p, SamplingParams(max_new_tokens=15, temperature=0.0))
+        sched.add(p, SamplingParams(max_new_tokens=15, temperature=0.0))
     results = sched.run()
     assert all(r.levels[0].proposed == 0 and r.tau == 1.0 for r in results)
 
@@ -181,7 +181,7 @@ def test_one_sequence_tries_the_drafter_until_its_acceptance_is_known(lm):
 
     spec.plan = plan
     for p in repetitive_prompts()[:5]:  # prompts over several 8-row chunks; the last two join mid-run
-        sched.submit(p, SamplingParams(max_new_tokens=20, temperature=0.0))
+        sched.add(p, SamplingParams(max_new_tokens=20, temperature=0.0))
     sched.run()
     early = [(n, chunk) for n, evidence, chunk in drafting if evidence < EVIDENCE]
     assert all(n <= (0 if chunk else 1) for n, chunk in early) and any(chunk for _, chunk in early)
@@ -228,7 +228,7 @@ def test_the_scheduler_measures_the_step_overhead_of_drafting_passes(lm):
     assert sched.spec is not None
     sched.spec.policy.overhead = Recorder()
     for p in repetitive_prompts()[:5]:  # the last two join while the first decode
-        sched.submit(p, SamplingParams(max_new_tokens=12, temperature=0.0))
+        sched.add(p, SamplingParams(max_new_tokens=12, temperature=0.0))
     sched.run()
     assert seen and any(d for _, _, d, *_ in seen) and any(not d for _, _, d, *_ in seen)
     for seconds, n, d, batch, drafted, rows in seen:
@@ -263,7 +263,7 @@ def test_the_scheduler_fits_its_measured_surface_to_decode_passes(lm):
     observe = sched.spec.policy.fit.observe
     sched.spec.policy.fit.observe = lambda rows, s: seen.append((rows, sched.last_batch, sched.last_drafted)) or observe(rows, s)
     for p in repetitive_prompts()[:5]:
-        sched.submit(p, SamplingParams(max_new_tokens=12, temperature=0.0))
+        sched.add(p, SamplingParams(max_new_tokens=12, temperature=0.0))
     sched.run()
     assert seen and all(rows == batch + drafted for rows, batch, drafted in seen)
     assert any(q is not None for q in sched.spec.policy.fit.ratio)
@@ -297,7 +297,7 @@ def test_a_sequence_whose_drafts_fail_stops_drafting(lm):
     """Drafting pays here only while a > 0.3; from a = 0.6, rejections bring it below within a few steps."""
     surface = CostSurface((1, 2, 3, 9), (1.0, 1.3, 1.6, 3.4))
     sched = Scheduler(lm, max_batch=1, drafter=WrongDrafter(4), cost=surface)
-    sched.submit(repetitive_prompts()[0], SamplingParams(max_new_tokens=40, temperature=0.0))
+    sched.add(repetitive_prompts()[0], SamplingParams(max_new_tokens=40, temperature=0.0))
     [r] = sched.run()
     lv = r.levels[0]
     assert 0 < lv.proposed <= 10 and lv.steps >= 30
@@ -310,13 +310,13 @@ def test_a_new_request_starts_from_what_the_drafters_recent_requests_accepted(lm
     surface = CostSurface((1, 2, 3, 9), (1.0, 1.3, 1.6, 3.4))
     sched = Scheduler(lm, max_batch=1, drafter=WrongDrafter(4), cost=surface)
     sp = SamplingParams(max_new_tokens=40, temperature=0.0)
-    sched.submit(repetitive_prompts()[0], sp)
+    sched.add(repetitive_prompts()[0], sp)
     [r] = sched.run()
     first = r.levels[0].proposed
     assert sched.spec is not None and first > 0
     learnt = sched.spec.policy.population.a
     assert learnt < PRIOR
-    sched.submit(repetitive_prompts()[0], sp)
+    sched.add(repetitive_prompts()[0], sp)
     sched.step()  # the prompt's pass: its first token, and its drafting state begun
     [live] = sched._running
     assert live.draft is not None and sched.spec.policy.acc[live.rid].a == pytest.approx(learnt)
@@ -325,7 +325,7 @@ def test_a_new_request_starts_from_what_the_drafters_recent_requests_accepted(lm
     # passes that draft nothing (here every row costs its share) teach nothing: the estimate drifts back up
     low = sched.spec.policy.population.a
     sched.spec.policy.cost = lambda n: float(n)
-    sched.submit(repetitive_prompts()[1], sp)
+    sched.add(repetitive_prompts()[1], sp)
     [r] = sched.run()
     assert r.levels[0].proposed == 0 and low < sched.spec.policy.population.a < PRIOR
 
@@ -395,7 +395,7 @@ def test_sampled_lookup_in_a_batch_is_reproducible_per_seed(lm):
         sched = Scheduler(lm, max_batch=3, drafter=LookupDrafter(4), cost=FLAT)
         assert sched.spec is not None
         sched.spec.policy.evidence = 1e9
-        ids = [sched.submit(p, sp) for p in ps]
+        ids = [sched.add(p, sp) for p in ps]
         got = {r.request_id: r for r in sched.run()}
         return [got[i] for i in ids]
 
@@ -454,7 +454,7 @@ def proposed_fresh_and_burnt(lm, burn) -> tuple[int, int]:
         assert sched.spec is not None
         if burnt:
             burn(sched.spec)
-        sched.submit(repetitive_prompts()[4], sp)
+        sched.add(repetitive_prompts()[4], sp)
         [r] = sched.run()
         proposed.append(r.levels[0].proposed)
     return proposed[0], proposed[1]
@@ -496,7 +496,7 @@ def test_the_scheduler_prices_drafting_at_what_its_drafting_passes_took(lm):
     observe = sched.spec.policy.pass_price.observe
     sched.spec.policy.pass_price.observe = lambda pred, meas: seen.append((pred, meas, sched.last_drafted)) or observe(pred, meas)
     for p in repetitive_prompts()[:3]:
-        sched.submit(p, sp)
+        sched.add(p, sp)
     sched.run()
     assert seen and all(pred > 0 and drafted > 0 for pred, _, drafted in seen)
 
@@ -529,7 +529,7 @@ def test_a_drafter_with_a_measured_prior_is_tried_where_the_default_prior_is_not
         assert isinstance(pop, AcceptanceEMA) and pop.a == pytest.approx(prior or PRIOR)
         pop.relax(0.5)
         assert pop.a == pytest.approx(prior or PRIOR)
-        sched.submit(repetitive_prompts()[4], sp)
+        sched.add(repetitive_prompts()[4], sp)
         [r] = sched.run()
         proposed.append(r.levels[0].proposed)
     assert proposed[0] == 0 and proposed[1] > 0

@@ -205,11 +205,11 @@ def test_greedy_batch_equals_each_request_alone_with_joins_and_leaves(lm):
     refs = [alone(lm, p, sp).token_ids for p, sp in zip(ps, sps)]
     assert sum(_distinct(r) for r in refs) > 40  # the model's greedy outputs vary
     s = Scheduler(lm, max_batch=4, prefill_chunk=7)
-    ids = [s.submit(p, sp) for p, sp in zip(ps[:5], sps[:5])]
+    ids = [s.add(p, sp) for p, sp in zip(ps[:5], sps[:5])]
     got = {}
     for _ in range(6):  # the first requests run, some finish ...
         got |= {r.request_id: r for r in s.step()}
-    ids += [s.submit(p, sp) for p, sp in zip(ps[5:], sps[5:])]  # ... and others join mid-run
+    ids += [s.add(p, sp) for p, sp in zip(ps[5:], sps[5:])]  # ... and others join mid-run
     batches, rows = set(), set()
     while s.has_work():
         got |= {r.request_id: r for r in s.step()}
@@ -233,7 +233,7 @@ def test_prefix_cache_reuses_earlier_requests_and_stays_lossless(lm):
     s = Scheduler(lm, max_batch=2, prefill_chunk=64)
 
     def run(prompt: list[int]):
-        s.submit(prompt, sp)
+        s.add(prompt, sp)
         (r,) = s.run()
         assert r.token_ids == alone(lm, prompt, sp).token_ids
         return r
@@ -250,7 +250,7 @@ def test_prefix_cache_reuses_earlier_requests_and_stays_lossless(lm):
     # without the prefix cache nothing is reused
     s = Scheduler(lm, max_batch=2, prefill_chunk=64, prefix_cache=False)
     for p in (p1, p1):
-        s.submit(p, sp)
+        s.add(p, sp)
         assert s.run()[0].cached_tokens == 0
 
 
@@ -264,7 +264,7 @@ def test_prompts_sharing_only_a_template_keep_each_others_entries(lm):
     s = Scheduler(lm, max_batch=3, prefill_chunk=64)
     cached = []
     for p in prompts + prompts:
-        s.submit(p, sp)
+        s.add(p, sp)
         (r,) = s.run()
         assert r.token_ids == alone(lm, p, sp).token_ids
         cached.append(r.cached_tokens)
@@ -331,11 +331,11 @@ def test_seeded_sampling_in_a_batch_equals_alone(lm):
                                      (8, 0.0, 0, 1.0, 0), (13, 1.0, 0, 1.0, 1)]]
     refs = [alone(lm, p, sp).token_ids for p, sp in zip(ps, sps)]
     s = Scheduler(lm, max_batch=3, prefill_chunk=16)
-    ids = [s.submit(p, sp) for p, sp in zip(ps, sps)]
+    ids = [s.add(p, sp) for p, sp in zip(ps, sps)]
     got = {r.request_id: r.token_ids for r in s.run()}
     assert [got[i] for i in ids] == refs
     # a different seed gives a different sequence (the seed is really per request)
-    s.submit(ps[0], SamplingParams(max_new_tokens=15, temperature=0.9, seed=99))
+    s.add(ps[0], SamplingParams(max_new_tokens=15, temperature=0.9, seed=99))
     assert s.run()[0].token_ids != refs[0]
 
 
@@ -356,7 +356,7 @@ def test_stops_in_a_batch_follow_generate():
     assert refs[1].finish_reason == "stop" and len(refs[1].token_ids) == 5
     assert refs[2].finish_reason == "stop" and refs[2].text == text[:6]
     s = Scheduler(lm_eos, max_batch=4, prefill_chunk=8)
-    ids = [s.submit(p, sp) for p, sp in zip(ps, sps)]
+    ids = [s.add(p, sp) for p, sp in zip(ps, sps)]
     got = {r.request_id: r for r in s.run()}
     for rid, ref in zip(ids, refs):
         assert (got[rid].token_ids, got[rid].text, got[rid].finish_reason) == (ref.token_ids, ref.text,
@@ -372,9 +372,9 @@ def test_cancel_frees_the_slot_and_leaves_the_others_untouched(lm):
     refs = [alone(lm, p, sp).token_ids for p, sp in zip(ps, sps)]
     streamed: list[int] = []
     s = Scheduler(lm, max_batch=2, prefill_chunk=64)
-    a = s.submit(ps[0], sps[0], on_tokens=lambda ids, t: streamed.extend(ids))
-    b = s.submit(ps[1], sps[1])
-    c = s.submit(ps[2], sps[2])  # waits: the batch is full
+    a = s.add(ps[0], sps[0], on_tokens=lambda ids, t: streamed.extend(ids))
+    b = s.add(ps[1], sps[1])
+    c = s.add(ps[2], sps[2])  # waits: the batch is full
     done = {}
     for _ in range(4):
         done |= {r.request_id: r for r in s.step()}
@@ -392,9 +392,9 @@ def test_cancel_frees_the_slot_and_leaves_the_others_untouched(lm):
 def test_scheduler_rejects_bad_requests(lm):
     s = Scheduler(lm, max_batch=2)
     with pytest.raises(BadInput, match="empty prompt"):
-        s.submit([], SamplingParams())
+        s.add([], SamplingParams())
     with pytest.raises(BadInput, match="does not fit the context"):
-        s.submit([1] * 256, SamplingParams())
+        s.add([1] * 256, SamplingParams())
     with pytest.raises(BadInput, match="max_batch"):
         Scheduler(lm, max_batch=0)
 
@@ -480,6 +480,6 @@ def test_embedded_model_batch_equals_alone(smollm):
     sps = [SamplingParams(max_new_tokens=k) for k in (8, 5, 10)]
     refs = [alone(smollm, p, sp).token_ids for p, sp in zip(ps, sps)]
     s = Scheduler(smollm, max_batch=3, prefill_chunk=24)
-    ids = [s.submit(p, sp) for p, sp in zip(ps, sps)]
+    ids = [s.add(p, sp) for p, sp in zip(ps, sps)]
     got = {r.request_id: r.token_ids for r in s.run()}
     assert [got[i] for i in ids] == refs

@@ -99,7 +99,7 @@ def test_a_batch_on_cuda_equals_each_request_alone(drafter):
     d = (None if drafter is None else LookupDrafter(4) if drafter == "lookup"
          else make_strategy("eagle", lm, head=_head(lm), top_k=4, depth=3, total_nodes=10).batch_drafter(3))
     s = Scheduler(lm, max_batch=3, prefill_chunk=8, drafter=d)
-    ids = [s.submit(p, sp) for p, sp in zip(ps, sps)]
+    ids = [s.add(p, sp) for p, sp in zip(ps, sps)]
     got = {r.request_id: r.token_ids for r in s.run()}
     assert [got[i] for i in ids] == refs
 

@@ -28,7 +28,7 @@ class Rejected(LookupDrafter):
     """Proposes all it is asked for, tokens the target almost never picks: the planner soon stops drafting them."""
 
     def _chain(self, seq, budget: int) -> list[int]:
-        return [(seq.tokens[-1] + 1) % BATCHING_VOCAB] * min(self.max_tokens, budget)
+        return [(seq.tokens[-1] + 1) % BATCHING_VOCAB] * min(self.max_nodes, budget)
 
 
 def prompts() -> list[list[int]]:
@@ -54,7 +54,7 @@ def test_fixed_k_drafts_k_every_step_whatever_is_accepted(lm, max_batch):
 
         sched.spec.plan = record  # type: ignore[method-assign]
         for p in prompts():
-            sched.submit(p, SamplingParams(max_new_tokens=30, temperature=0.0))
+            sched.add(p, SamplingParams(max_new_tokens=30, temperature=0.0))
         results = sched.run()
         levels = [r.levels[0] for r in results]
         proposed[policy] = sum(lv.proposed for lv in levels)

@@ -175,7 +175,7 @@ def test_greedy_eagle_equals_autoregressive_on_tiny(total):
         return made[-1]
 
     assert_lossless_and_mixed(make, lm, varied_prompts())
-    assert made[-1].batch_drafter(1).max_tokens == (63 if total == "auto" else total)
+    assert made[-1].batch_drafter(1).max_nodes == (63 if total == "auto" else total)
 
 
 def test_eagle_sampling_runs_and_is_seeded():

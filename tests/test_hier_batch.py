@@ -142,7 +142,7 @@ def test_batched_hierarchy_sampling_follows_target_distribution():
     sched = Scheduler(lm, max_batch=8, drafter=st.batch_drafter(8), cost=FLAT)
     n_samples, vocab, n = 1500, 4, 3
     for seed in range(n_samples):
-        sched.submit(prompt, SamplingParams(max_new_tokens=n + 2, temperature=TEMP, seed=seed, ignore_eos=True))
+        sched.add(prompt, SamplingParams(max_new_tokens=n + 2, temperature=TEMP, seed=seed, ignore_eos=True))
     counts = torch.zeros(vocab**n, dtype=torch.float64)
     results = sched.run()
     assert len(results) == n_samples and max(r.mean_batch for r in results) > 4
@@ -227,7 +227,7 @@ def test_embedded_hierarchy_batched_equals_alone(smollm, smollm_int4):
     sps = [SamplingParams(max_new_tokens=k) for k in (16, 10, 20)]
     st = make_strategy("hier", smollm, intermediate=smollm_int4, drafter="lookup", min_chain=3, max_chain=6)
     sched = Scheduler(smollm, max_batch=3, prefill_chunk=64, drafter=st.batch_drafter(3), cost=FLAT)
-    rids = [sched.submit(p, sp) for p, sp in zip(ps, sps)]
+    rids = [sched.add(p, sp) for p, sp in zip(ps, sps)]
     got = {r.request_id: r for r in sched.run()}
     for rid, p, sp in zip(rids, ps, sps):
         assert got[rid].token_ids == alone(smollm, p, sp).token_ids

@@ -106,7 +106,7 @@ def test_the_engine_ops_run_on_one_torch_thread_with_the_count():
     assert threads.run(threads.run, threading.current_thread) in seen  # from the torch thread itself: no deadlock
     with pytest.raises(ZeroDivisionError):
         threads.run(lambda: 1 / 0)
-    assert threads.submit(lambda: 7).result() == 7
+    assert threads.future(lambda: 7).result() == 7
 
 
 def test_a_batch_workers_passes_run_on_the_torch_thread():

@@ -183,7 +183,7 @@ def run_joining(sched: Scheduler, prompts: list[list[int]], max_new: list[int]) 
     while pending or sched.has_work():
         if pending and (step % 2 == 0 or len(rids) < 2):
             i = pending.pop(0)
-            rids[sched.submit(prompts[i], SamplingParams(max_new_tokens=max_new[i], temperature=0.0))] = i
+            rids[sched.add(prompts[i], SamplingParams(max_new_tokens=max_new[i], temperature=0.0))] = i
         for r in sched.step():
             results[rids[r.request_id]] = r
         step += 1

@@ -105,8 +105,8 @@ class SharedModels:
             if "verification-cost curve" in todo:
                 self.curves[key] = await backend.verify_curve() or []
             if "agreement with fp32" in todo:
-                ref = await asyncio.wrap_future(threads.submit(self.reference, bc))
-                self.agreements[key] = await asyncio.wrap_future(threads.submit(measure_agreement, ref, lm))
+                ref = await asyncio.wrap_future(threads.future(self.reference, bc))
+                self.agreements[key] = await asyncio.wrap_future(threads.future(measure_agreement, ref, lm))
         finally:
             if task is not None and progress is not None:
                 progress.remove_task(task)

@@ -1,6 +1,7 @@
 """A Scheduler stepped by its own thread, so async callers (a server, the bench backend) await futures.
 
-submit() hands back a concurrent.futures.Future of the request's ScheduledResult (wrap it
+submit() -- the one hand-off from a caller's thread (a server's event loop, the bench backend's) to the
+worker -- hands back a concurrent.futures.Future of the request's ScheduledResult (wrap it
 with asyncio.wrap_future); the thread steps while anything is waiting or running and sleeps
 otherwise. A request whose own part of a step raises (admission, sampling, its callbacks) fails alone
 (the scheduler sees to it); a shared pass that raises fails the requests running in it (finish_reason
@@ -33,7 +34,7 @@ class BatchWorker:
         on_tokens runs on the worker thread (an asyncio caller hands it on with call_soon_threadsafe).
         """
         fut: Future[ScheduledResult] = Future()
-        rid = self.scheduler.submit(prompt_ids, sp, on_tokens=on_tokens, on_done=fut.set_result)
+        rid = self.scheduler.add(prompt_ids, sp, on_tokens=on_tokens, on_done=fut.set_result)
         self._wake.set()
         return rid, fut
 

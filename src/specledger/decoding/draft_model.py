@@ -70,14 +70,14 @@ class ModelDrafter:
                  lazy: bool = False, prior: float | None = None) -> None:
         if not 1 <= num_tokens <= 64:
             raise BadInput(f"draft num_tokens must be in 1..64 (got {num_tokens})")
-        self.lm, self.max_tokens, self.lazy, self.prior = draft, num_tokens, lazy, prior
+        self.lm, self.max_nodes, self.lazy, self.prior = draft, num_tokens, lazy, prior
         self.runner = BatchRunner(draft, n_slots, max_len, prefix_cache=lazy)  # (lazy: the batched drafter)
         self.seqs: dict[Hashable, Sequence] = {}
         self._surface: CostSurface | None = None
         self._catchup: list[float] = []  # per sequence of the latest candidates(): extra rows its first pass prices
 
     def params(self) -> dict:
-        return {"num_tokens": self.max_tokens, "draft": self.lm.label}
+        return {"num_tokens": self.max_nodes, "draft": self.lm.label}
 
     @torch.inference_mode()
     def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
@@ -95,7 +95,7 @@ class ModelDrafter:
     @torch.inference_mode()
     def propose(self, seqs: list[DraftSeq], budgets: list[int]) -> list[Tree]:
         runner = self.runner
-        budgets = [min(b, self.max_tokens) for b in budgets]
+        budgets = [min(b, self.max_nodes) for b in budgets]
         mine = [self.seqs[s.key] for s in seqs]
         toks: list[list[int]] = [[] for _ in seqs]
         qs: list[list[torch.Tensor]] = [[] for _ in seqs]
@@ -123,12 +123,12 @@ class ModelDrafter:
 
     def candidates(self, seqs: list[DraftSeq], caps: list[int]) -> list[int]:
         """caps: also the tokens each sequence has left, over which a long catch-up is spread."""
-        chain = self.max_tokens + 1  # what a drafting step feeds again at most: its accepted tokens and the next
+        chain = self.max_nodes + 1  # what a drafting step feeds again at most: its accepted tokens and the next
         self._catchup = []
         for s, c in zip(seqs, caps):
             behind = max(0, len(s.tokens) - 1 - self.runner.cached(self.seqs[s.key]))
             self._catchup.append(min(behind, chain) + catch_up_share(behind, chain, c))
-        return [min(c, self.max_tokens) for c in caps]
+        return [min(c, self.max_nodes) for c in caps]
 
     def draft_cost(self, budgets: list[int]) -> float:
         """Pass d carries one row per sequence drafting at least d tokens, the first pass also what each fell

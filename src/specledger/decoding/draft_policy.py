@@ -1,6 +1,6 @@
 """How many nodes each decoding sequence of a batch drafts a step: one interface, two policies.
 
-`fixed`: every decoding sequence drafts min(K, room) nodes every step, K the drafter's max_tokens (num_tokens,
+`fixed`: every decoding sequence drafts min(K, room) nodes every step, K the drafter's max_nodes (num_tokens,
 an EAGLE tree's total_nodes): reproducible, nothing measured, what vLLM, SGLang and llama.cpp run.
 `adaptive` (the default): the cost-aware planner (draft_budget.plan_drafts) sizes each draft, zero included,
 from the verification-cost surface, the drafter's own cost and each sequence's running acceptance; every
@@ -90,7 +90,7 @@ class Adaptive:
         # rows priced its 45 extra rows at 2 ms, measured 30 ms).
         self.fit: FittedSurface | None = None
         if cost is None:
-            reach = max(4 * max_batch, max_batch + drafter.max_tokens)
+            reach = max(4 * max_batch, max_batch + drafter.max_nodes)
             cost = self.fit = FittedSurface(cost_surface(lm, max_rows=reach, n_seqs=min(8, max_batch)))
         self.cost: Callable[[int], float] = cost
         drafter.draft_cost([1])  # whatever the drafter measures of its own cost, now rather than in a request
@@ -115,7 +115,7 @@ class Adaptive:
 
     def plan(self, seqs: list[DraftSeq], caps: list[int], prefill_rows: int) -> list[int]:
         d = self.drafter
-        avail = d.candidates(seqs, caps)  # (each drafter caps at its max_tokens; caps: the tokens left)
+        avail = d.candidates(seqs, caps)  # (each drafter caps at its max_nodes; caps: the tokens left)
         gains = [self.calibration.scaled(self.acc[s.key].gains(n)) for s, n in zip(seqs, avail)]
         n = len(seqs)
         ks = plan_drafts(gains, n, n, self.cost, d.draft_cost, self.overhead.extra, beside=prefill_rows,
@@ -153,5 +153,5 @@ def make_policy(name: str, lm: LoadedModel, drafter: Drafter, max_batch: int,
                 cost: CostSurface | Callable[[int], float] | None = None) -> DraftPolicy:
     """The policy called `name` for this drafter (cost: the adaptive planner's; the fixed policy measures nothing)."""
     if check_draft_length(name) == "fixed":
-        return FixedK(drafter.max_tokens)
+        return FixedK(drafter.max_nodes)
     return Adaptive(lm, drafter, max_batch, cost)

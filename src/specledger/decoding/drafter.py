@@ -51,7 +51,7 @@ class Drafter(Protocol):
     prior: float | None  # its measured per-token acceptance before any draft is verified (None: not measured)
 
     @property
-    def max_tokens(self) -> int:  # read-only: a plain attribute or a property satisfies it
+    def max_nodes(self) -> int:  # read-only: a plain attribute or a property satisfies it
         """The most nodes one proposal may hold."""
         ...
 

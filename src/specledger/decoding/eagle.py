@@ -179,7 +179,7 @@ class EagleDrafter:
         self.price = _DraftPrice()  # the planner's (draft_cost)
 
     @property
-    def max_tokens(self) -> int:
+    def max_nodes(self) -> int:
         return self.total_nodes
 
     def params(self) -> dict:

@@ -1,6 +1,6 @@
 """generate(): one request decoded alone, which is the continuous-batching Scheduler holding one sequence.
 
-There is one decoding loop (scheduler.py): generate() submits the request to a Scheduler with max_batch=1 made
+There is one decoding loop (scheduler.py): generate() adds the request to a Scheduler with max_batch=1 made
 for the strategy (its batched drafter, its draft_length policy; no prefix cache, so a call never depends on an
 earlier one's prompt) and steps it in the calling thread until the request ends. The scheduler is kept with the
 strategy: its drafter's probes and the planner's measurements are paid once, not per call. An exception in
@@ -46,7 +46,7 @@ def generate(
     sched = solo_scheduler(strategy)
     done: list[ScheduledResult] = []
     with _LOCKS[sched]:  # one caller at a time steps it (threads sharing a strategy take turns)
-        sched.submit(prompt_ids, sp, on_tokens=on_tokens, on_done=done.append)
+        sched.add(prompt_ids, sp, on_tokens=on_tokens, on_done=done.append)
         try:
             while not done:
                 sched.step()

@@ -86,7 +86,7 @@ class HierDrafter:
         if not 1 <= min_chain <= max_chain:
             raise BadInput(f"hier chains need 1 <= min_chain <= max_chain (got {min_chain}, {max_chain})")
         self.lm, self.inner, self.name = mid, inner, name
-        self.min_chain, self.max_tokens, self.prior = min_chain, max_chain, prior
+        self.min_chain, self.max_nodes, self.prior = min_chain, max_chain, prior
         self._params = params
         self.runner = BatchRunner(mid, n_slots, max_len, prefix_cache=True, keep_features=inner.wants_features)
         self.seqs: dict[Hashable, _Follow] = {}
@@ -97,7 +97,7 @@ class HierDrafter:
 
     def params(self) -> dict:
         return self._params or {"intermediate": self.lm.label, "min_chain": self.min_chain,
-                                "max_chain": self.max_tokens}
+                                "max_chain": self.max_nodes}
 
     @property
     def level_names(self) -> list[str]:
@@ -157,7 +157,7 @@ class HierDrafter:
     def propose(self, seqs: list[DraftSeq], budgets: list[int]) -> list[Tree]:
         runner = self.runner
         states = [self.seqs[s.key] for s in seqs]
-        budgets = [min(b, self.max_tokens) if len(s.tokens) <= runner.max_len else 0 for s, b in zip(seqs, budgets)]
+        budgets = [min(b, self.max_nodes) if len(s.tokens) <= runner.max_len else 0 for s, b in zip(seqs, budgets)]
         live = [i for i, b in enumerate(budgets) if b > 0]
         self._follow([states[i] for i in live], [seqs[i] for i in live])
         chains: list[list[int]] = [[] for _ in seqs]
@@ -213,13 +213,13 @@ class HierDrafter:
     def candidates(self, seqs: list[DraftSeq], caps: list[int]) -> list[int]:
         """caps: also the tokens each sequence has left, over which a long catch-up is spread. The intermediate
         makes a chain whatever its inner drafter finds."""
-        chain = self.max_tokens + 1  # what a round feeds again at most: the accepted chain and the next token
+        chain = self.max_nodes + 1  # what a round feeds again at most: the accepted chain and the next token
         sts = [self.seqs[s.key] for s in seqs]
         self._catchup = []
         for s, st, c in zip(seqs, sts, caps):
             behind = max(0, len(s.tokens) - 1 - self.runner.cached(st.mseq))
             self._catchup.append(min(behind, chain) + catch_up_share(behind, chain, c))
-        caps = [min(c, self.max_tokens) for c in caps]
+        caps = [min(c, self.max_nodes) for c in caps]
         self._inner_k = self.inner.candidates([st.inner for st in sts], caps)
         return caps
 
@@ -230,11 +230,11 @@ class HierDrafter:
         if not any(budgets):
             return 0.0
         if self._surface is None:
-            n, k = self.runner.cache.n_slots, self.inner.max_tokens + 1
+            n, k = self.runner.cache.n_slots, self.inner.max_nodes + 1
             self._surface = cost_surface(self.lm, max_rows=n * k, n_seqs=min(8, n), rows_per_seq=k)
         n = len(budgets)
         behind = self._catchup if len(self._catchup) == n else [0.0] * n
-        inner_k = self._inner_k if len(self._inner_k) == n else [self.inner.max_tokens] * n
+        inner_k = self._inner_k if len(self._inner_k) == n else [self.inner.max_nodes] * n
         rounds = [math.ceil(min(b, self.min_chain) / max(1.0, self.per_round)) if b > 0 else 0 for b in budgets]
         total = 0.0
         for d in range(max(rounds)):

@@ -44,10 +44,10 @@ class LookupDrafter:
 
     def __init__(self, num_tokens: int = 8, max_ngram: int = 3, min_ngram: int = 1) -> None:
         check_lookup(num_tokens, max_ngram, min_ngram)
-        self.max_tokens, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
+        self.max_nodes, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
 
     def params(self) -> dict:
-        return {"num_tokens": self.max_tokens, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
+        return {"num_tokens": self.max_nodes, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
 
     def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
         pass
@@ -59,7 +59,7 @@ class LookupDrafter:
         pass
 
     def _chain(self, seq: DraftSeq, budget: int) -> list[int]:
-        return find_continuation(seq.tokens, self.max_ngram, self.min_ngram, min(self.max_tokens, budget))
+        return find_continuation(seq.tokens, self.max_ngram, self.min_ngram, min(self.max_nodes, budget))
 
     def propose(self, seqs: list[DraftSeq], budgets: list[int]) -> list[Tree]:
         return [Tree.chain(self._chain(s, b)) if b > 0 else Tree() for s, b in zip(seqs, budgets)]

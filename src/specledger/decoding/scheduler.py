@@ -33,7 +33,7 @@ generator; its first token, its verification, its drafter's bookkeeping, its cal
 ends that request alone with finish_reason "error"; the others go on. Only an exception in the shared
 pass itself, which cannot be told apart, reaches step()'s caller (BatchWorker fails that pass's requests).
 
-Thread safety: submit() and cancel() may be called from any thread; step() from one.
+Thread safety: add() and cancel() may be called from any thread; step() from one.
 Callbacks (on_tokens, on_done) run on the stepping thread.
 """
 
@@ -119,7 +119,7 @@ class ScheduledResult(GenerationResult):
     """A GenerationResult with the queue: ttft_s and total_s count from arrival."""
 
     request_id: int = 0
-    arrival: float = 0.0  # perf_counter time of submit()
+    arrival: float = 0.0  # perf_counter time of add()
     queue_s: float = 0.0  # arrival -> admitted into the batch
     mean_batch: float = 0.0  # mean number of sequences in the passes this request took part in
     error: str | None = None  # finish_reason "error": this request's part of a step failed, or the shared pass
@@ -242,7 +242,7 @@ class Scheduler:
         self.spec = None if drafter is None else BatchDrafting(lm, drafter, max_batch, cost, draft_length)
 
     # ---- any thread ---------------------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], sp: SamplingParams | None = None, *,
+    def add(self, prompt_ids: list[int], sp: SamplingParams | None = None, *,
                on_tokens: OnTokens | None = None, on_done: OnDone | None = None) -> int:
         """Queue a request; returns its id. A prompt that cannot run raises BadInput here."""
         sp = sp or SamplingParams()

@@ -5,7 +5,7 @@ entered a parallel region, for as long as that thread lives. Once a process hold
 has cores, libgomp stops spinning between regions (its throttled spin count) and every region of a decode step
 waits for a futex wake-up. A server whose main thread had loaded the model and whose engine thread decoded ran
 at half speed on 2 cores: 18.2 against 9.6 ms a token (docs/benchmarks-log.md, session 17). So every op of a
-serving or benchmarking process goes through `run`/`submit` to one long-lived thread with the process's thread
+serving or benchmarking process goes through `run`/`future` to one long-lived thread with the process's thread
 count, and the thread that first asks gives that count up (it runs whatever it still computes on one core, which
 never starts a team).
 """
@@ -50,7 +50,7 @@ def on_torch_thread() -> bool:
     return _thread is not None and threading.current_thread() is _thread
 
 
-def submit(fn: Callable[..., T], *args: object) -> Future[T]:
+def future(fn: Callable[..., T], *args: object) -> Future[T]:
     """fn(*args) on the torch thread, as a future (asyncio callers: asyncio.wrap_future)."""
     if on_torch_thread():
         f: Future[T] = Future()
@@ -64,7 +64,7 @@ def submit(fn: Callable[..., T], *args: object) -> Future[T]:
 
 def run(fn: Callable[..., T], *args: object) -> T:
     """fn(*args) on the torch thread, waiting for it (directly where the caller is that thread)."""
-    return submit(fn, *args).result()
+    return future(fn, *args).result()
 
 
 def count() -> int:

@@ -202,9 +202,10 @@ class ServerState:
         except SpecLedgerError as exc:
             raise ApiError(400, str(exc), code="invalid_value") from None
 
-    def submit(self, job: Job) -> None:
+    def admit(self, job: Job) -> None:
+        """Enqueue the job in the engine, its refusals as API errors (503 busy or draining, 400 a bad prompt)."""
         try:
-            self.worker.submit(job)
+            self.worker.enqueue(job)
         except QueueFull:
             w = self.worker
             queued, running = w.queued, w.running + w.waiting - w.queued  # (starting: admitted at the next step)
@@ -250,7 +251,7 @@ class ServerState:
                 pass
 
         job = Job(ids, sp, emit, text=TextStream(self.lm.tokenizer, sp.stop) if req.stream else None)
-        self.submit(job)
+        self.admit(job)
         rid = ("chatcmpl-" if endpoint == CHAT else "cmpl-") + uuid.uuid4().hex
         self.open[id(job)] = (job, events)
         if req.stream:

@@ -132,8 +132,9 @@ class BatchEngineWorker:
         if self._worker is not None:
             self._worker.close()
 
-    def submit(self, job: Job) -> None:
-        """Queue the job in the scheduler; BadInput (a prompt that cannot run) propagates."""
+    def enqueue(self, job: Job) -> None:
+        """Admit the job (Draining, QueueFull) and hand it to the BatchWorker (submit: the one hand-off to the
+        engine's thread); BadInput (a prompt that cannot run) propagates."""
         assert self._worker is not None, "start() the worker first"
         s = self.scheduler
         with self._lock:

@@ -35,7 +35,7 @@ class InProcessBackend(Backend):
         self.serial = config.batch_size == 1
 
     async def start(self) -> None:
-        await asyncio.wrap_future(threads.submit(self._load))
+        await asyncio.wrap_future(threads.future(self._load))
 
     def _load(self) -> None:
         from specledger.decoding.factory import make_strategy
@@ -85,7 +85,7 @@ class InProcessBackend(Backend):
     async def verify_curve(self) -> list[dict[str, float]]:
         from specledger.bench.probes import measure_verify_curve
 
-        return await asyncio.wrap_future(threads.submit(measure_verify_curve, self.models["target"]))
+        return await asyncio.wrap_future(threads.future(measure_verify_curve, self.models["target"]))
 
     def template_tokens(self) -> int | None:
         from specledger.bench.synthetic import template_overhead
@@ -112,7 +112,7 @@ class InProcessBackend(Backend):
 
     async def complete(self, messages: list[dict[str, str]], *, max_new_tokens: int,
                        min_new_tokens: int | None = None) -> Completion:
-        """Submit to the scheduler and await the result; times come from the scheduler (arrival = submit)."""
+        """Hand the request to the batch worker and await the result; times come from the scheduler (arrival = add)."""
         lm = self.models["target"]
         prompt_ids = lm.tokenizer.chat(messages)  # a model without a chat template is a setup error: raise
         params = self._sampling(max_new_tokens, min_new_tokens)
