@@ -4,7 +4,7 @@ source, the ledger's speed-ups and the tables all read it."""
 from __future__ import annotations
 
 from specledger.bench.config import parse_run_config
-from specledger.bench.pairing import config_baselines, result_baselines
+from specledger.bench.config import config_baselines, result_baselines
 from specledger.bench.results import ConfigResult
 from specledger.ledger.measurements import ConfigMeasurement
 from specledger.ledger.price import speedups

@@ -9,7 +9,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Iterable, Literal, Union
 
 import yaml
 from pydantic import (
@@ -22,8 +22,12 @@ from specledger.decoding.params import (
     StrategyParams, missing_role, parse_params, unused_role,
 )
 
+from specledger.bench.pairing import Arm, baselines, precision_label, sampling_label
 from specledger.engine.registry import TARGET_ALIASES
 from specledger.errors import BadInput
+
+if TYPE_CHECKING:
+    from specledger.bench.results import ConfigResult
 
 
 
@@ -191,7 +195,7 @@ class BenchConfig(_Strict):
     draft: ModelSpec | None = None
     intermediate: ModelSpec | None = None
     sampling: Sampling = Field(default_factory=Sampling)
-    max_new_tokens: int = Field(128, ge=1)
+    max_tokens: int = Field(128, ge=1)
     openai: OpenAISettings | None = None
     optional: bool = False  # cannot start (e.g. a strategy not in this build): skip it with a note, run the rest
     # in-process: continuous batching (concurrency N = N sequences in one pass, up to max_batch); false = one
@@ -272,7 +276,6 @@ class BenchConfig(_Strict):
 
     def target_key(self) -> tuple:
         """Same target and precision, run the same way: bench/pairing.py's key, sampling aside."""
-        from specledger.bench.pairing import config_arm
 
         return config_arm(self).key[:-1]
 
@@ -316,7 +319,7 @@ class LoadSettings(_Strict):
     replay: list[float] | None = None  # a timed trace at its own arrival times, sped up by each factor
     num_requests: int | None = Field(None, ge=1)  # conversations per level; default: the whole workload
     warmup: int = Field(1, ge=0)  # conversations run first and not counted
-    warmup_max_new_tokens: int | None = Field(None, ge=1)  # shorter warm-up answers (they only prime the caches)
+    warmup_max_tokens: int | None = Field(None, ge=1)  # shorter warm-up answers (they only prime the caches)
     max_in_flight: int = Field(1024, ge=1)  # open loop safety bound
     steady_state: SteadyStateSettings | None = None
 
@@ -425,7 +428,6 @@ class RunConfig(_Strict):
         if self.quality is None:
             return None
         if bc.greedy and bc.strategy != "ar":
-            from specledger.bench.pairing import config_baselines
 
             return config_baselines(self.configs).get(bc.name, bc.name)
         return bc.name
@@ -477,3 +479,38 @@ def _describe(exc: ValidationError) -> str:
         return f"{loc}: {err['msg'].lower()} (got {err['input']!r})"
     msg = err["msg"].removeprefix("Value error, ")
     return f"{loc}: {msg}" if loc else msg
+
+
+# ---- pairing (bench/pairing.py's rule) over configurations and recorded results ----
+
+def _where(backend: str, device: str, openai: OpenAISettings | None) -> str:
+    if openai is None:
+        return device if backend == "inprocess" else ""
+    return f"managed:{openai.server.engine()}" if openai.server else openai.base_url
+
+
+def config_arm(bc: BenchConfig) -> Arm:
+    return Arm(bc.name, bc.strategy, bc.backend, _where(bc.backend, bc.device, bc.openai), bc.model,
+               precision_label(bc.dtype, bc.quant, bc.group_size), sampling_label(bc.sampling))
+
+
+def config_baselines(configs: Iterable[BenchConfig]) -> dict[str, str]:
+    return baselines(config_arm(bc) for bc in configs)
+
+
+def result_arm(cr: ConfigResult) -> Arm:
+    """From the configuration run.json recorded (its spec); where that does not parse (an import, a spec from
+    another version), where and sampling stay unknown ("")."""
+    spec: dict[str, Any] = cr.spec or {}
+    try:
+        openai = OpenAISettings.model_validate(spec["openai"]) if spec.get("openai") else None
+        where = _where(cr.backend, str(spec.get("device", "")), openai)
+        sampling = sampling_label(Sampling.model_validate(spec.get("sampling") or {})) if spec else ""
+    except (ValidationError, TypeError, ValueError):
+        where, sampling = "", ""
+    return Arm(cr.name, cr.strategy, cr.backend, where, cr.model, precision_label(cr.dtype, cr.quant, cr.group_size),
+               sampling)
+
+
+def result_baselines(configs: Iterable[ConfigResult]) -> dict[str, str]:
+    return baselines(result_arm(cr) for cr in configs)

@@ -6,16 +6,20 @@ A configuration's baseline is the first `ar` configuration of the run with the s
 sampling. The same target at another precision is not a baseline (that difference is quantization's, which the
 method-by-precision table shows), nor the in-process `ar` for a server's arms (another engine). An `ar`
 configuration's baseline is the first such, itself when it is first: an A/A twin is measured against its elder.
+What a configuration or a recorded result is as an Arm: bench/config.py (config_arm, result_arm).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Iterable, Protocol
 
-if TYPE_CHECKING:
-    from specledger.bench.config import BenchConfig, OpenAISettings, Sampling
-    from specledger.bench.results import ConfigResult
+
+class _Sampling(Protocol):
+    temperature: float
+    top_p: float
+    top_k: int
+    stop: list[str]
 
 
 @dataclass(frozen=True)
@@ -55,44 +59,7 @@ def precision_label(dtype: str | None, quant: str | None, group_size: int | None
     return f"{label}-g{group_size}" if bits == 4 and group_size else label
 
 
-def sampling_label(s: Sampling) -> str:
+def sampling_label(s: _Sampling) -> str:
     """'greedy' (top_p and top_k do not matter then), else the distribution sampled from; stop strings either way."""
     label = "greedy" if s.temperature == 0.0 else f"T={s.temperature:g} top_p={s.top_p:g} top_k={s.top_k}"
     return label + (f" stop={s.stop}" if s.stop else "")
-
-
-def _where(backend: str, device: str, openai: OpenAISettings | None) -> str:
-    if openai is None:
-        return device if backend == "inprocess" else ""
-    return f"managed:{openai.server.engine()}" if openai.server else openai.base_url
-
-
-def config_arm(bc: BenchConfig) -> Arm:
-    return Arm(bc.name, bc.strategy, bc.backend, _where(bc.backend, bc.device, bc.openai), bc.model,
-               precision_label(bc.dtype, bc.quant, bc.group_size), sampling_label(bc.sampling))
-
-
-def config_baselines(configs: Iterable[BenchConfig]) -> dict[str, str]:
-    return baselines(config_arm(bc) for bc in configs)
-
-
-def result_arm(cr: ConfigResult) -> Arm:
-    """From the configuration run.json recorded (its spec); where that does not parse (an import, a spec from
-    another version), where and sampling stay unknown ("")."""
-    from pydantic import ValidationError
-
-    from specledger.bench.config import OpenAISettings, Sampling
-
-    spec: dict[str, Any] = cr.spec or {}
-    try:
-        openai = OpenAISettings.model_validate(spec["openai"]) if spec.get("openai") else None
-        where = _where(cr.backend, str(spec.get("device", "")), openai)
-        sampling = sampling_label(Sampling.model_validate(spec.get("sampling") or {})) if spec else ""
-    except (ValidationError, TypeError, ValueError):
-        where, sampling = "", ""
-    return Arm(cr.name, cr.strategy, cr.backend, where, cr.model, precision_label(cr.dtype, cr.quant, cr.group_size),
-               sampling)
-
-
-def result_baselines(configs: Iterable[ConfigResult]) -> dict[str, str]:
-    return baselines(result_arm(cr) for cr in configs)

@@ -6,7 +6,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from specledger.bench.pairing import result_baselines
+from specledger.bench.config import result_baselines
 from specledger.bench.results import Aggregate, RunResult, error_kinds
 
 

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specledger.bench.config import QUALITY_LEVEL
 from specledger.bench.energy import METHOD_SPREAD
-from specledger.bench.pairing import Arm, baselines, result_arm
+from specledger.bench.config import result_arm
+from specledger.bench.pairing import Arm, baselines
 from specledger.bench.pairing import precision_label as precision_label  # where callers have always found it
 from specledger.errors import BadInput
 from specledger.ledger.cost_model import TRAINED_DRAFTERS, OperatingPoint

@@ -12,7 +12,7 @@ from typing import Any
 
 from specledger.bench.config import QUALITY_LEVEL, BenchConfig, RunConfig
 from specledger.bench.metrics import group_by
-from specledger.bench.pairing import config_baselines
+from specledger.bench.config import config_baselines
 from specledger.bench.results import GateOutcome, RequestRecord, RunResult
 from specledger.quality.gates import GateResult, comparable, lossless_gate, pass_rate_gate, quantization_gate
 
