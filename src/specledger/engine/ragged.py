@@ -136,7 +136,8 @@ def _batched_attention(b: Batched, cache: SlotCache, i: int, q: torch.Tensor, k:
 
 def ragged_block(layer: Block, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: RaggedPass,
                  cache: SlotCache) -> torch.Tensor:
-    """One decoder layer over the pass's rows x (1, N, hidden), attending per segment in cache layer i."""
+    """One decoder layer over the pass's rows x (1, N, hidden), attending per segment in cache layer i: the engine's
+    only layer at inference (a plain forward, decoding, drafting, the EAGLE head), so every path computes alike."""
     a = layer.attention
     n_rows = plan.n_rows
     if plan.one_token:  # one sequence decoding: the whole layer in one call where it can
