@@ -13,6 +13,8 @@ from torch import nn
 
 from specledger.engine.config import ModelConfig
 from specledger.engine.cpu_ops import bf16_cache, decode_layer, rms_norm, swiglu
+from specledger.engine.ragged import ragged_hidden, row_segments
+from specledger.engine.ragged import rope_at as rope_at  # re-exported: where the layer's callers have found it
 from specledger.engine.slot_cache import SlotCache
 
 
@@ -52,16 +54,6 @@ def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
     sin = emb.sin()
     sin[:, : freqs.shape[1]].neg_()
     return emb.cos(), sin
-
-
-def rope_at(
-    cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor | slice, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin for positions (n,) or (B, n), shaped to broadcast over (B, n, heads, head_dim)."""
-    cos, sin = cos_table[positions].to(dtype), sin_table[positions].to(dtype)
-    if cos.dim() == 2:
-        return cos[None, :, None], sin[None, :, None]
-    return cos[:, :, None], sin[:, :, None]
 
 
 def direct_call(cls: type[nn.Module]) -> type[nn.Module]:
@@ -242,8 +234,6 @@ class Transformer(nn.Module):
         default: consecutive after each slot. mask: (n, cached + n) bool for every row, True = may attend;
         default causal. Each slot's length grows by n.
         """
-        from specledger.engine.ragged import ragged_hidden, row_segments  # (ragged.py builds on this module)
-
         b, n = tokens.shape
         segments, pos = row_segments(cache, b, n, positions, mask, tokens.device)
         return ragged_hidden(self, tokens.reshape(-1), pos, segments, cache).view(b, n, -1)

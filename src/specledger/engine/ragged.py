@@ -13,15 +13,57 @@ one. So a sequence that drafts costs its rows, not every sequence of the batch a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, Protocol
 
 import torch
 
 from specledger.engine.cpu_ops import (apply_rope, attend_new_token, causal_attention, causal_mask, decode_attention,
                                        masked_attention, rows_attention)
-from specledger.engine.model import Block, Transformer, rope_at
 from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
+
+
+
+class Layer(Protocol):
+    """What the pass reads of a decoder layer (engine/model.py's Block: its parameters; this module runs it)."""
+
+    attention: Any
+    feed_forward: Any
+    attention_norm: Any
+    ffn_norm: Any
+
+    def decode_one(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, start: int) -> torch.Tensor | None: ...
+
+
+class Model(Protocol):
+    """What the pass reads of a model (engine/model.py's Transformer)."""
+
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+    tok_embeddings: Any
+    layers: Any
+    norm: Any
+    cfg: Any
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def kv_dtype(self) -> torch.dtype: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+
+def rope_at(
+    cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor | slice, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin for positions (n,) or (B, n), shaped to broadcast over (B, n, heads, head_dim)."""
+    cos, sin = cos_table[positions].to(dtype), sin_table[positions].to(dtype)
+    if cos.dim() == 2:
+        return cos[None, :, None], sin[None, :, None]
+    return cos[:, :, None], sin[:, :, None]
 
 
 @dataclass
@@ -134,7 +176,7 @@ def _batched_attention(b: Batched, cache: SlotCache, i: int, q: torch.Tensor, k:
     return rows_attention(q.transpose(0, 1).to(keys.dtype), keys, values, b.slots, b.lengths, b.allow)
 
 
-def ragged_block(layer: Block, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: RaggedPass,
+def ragged_block(layer: Layer, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: RaggedPass,
                  cache: SlotCache) -> torch.Tensor:
     """One decoder layer over the pass's rows x (1, N, hidden), attending per segment in cache layer i: the engine's
     only layer at inference (a plain forward, decoding, drafting, the EAGLE head), so every path computes alike."""
@@ -188,7 +230,7 @@ def finish_pass(plan: RaggedPass, cache: SlotCache) -> None:
 
 
 def ragged_hidden(
-    model: Transformer,
+    model: Model,
     tokens: torch.Tensor,
     positions: torch.Tensor,
     segments: list[Segment],
@@ -205,7 +247,7 @@ def ragged_hidden(
     cos, sin = rope_at(model.rope_cos, model.rope_sin, positions, model.dtype)
     x = model.tok_embeddings(tokens[None]).float()  # (1, N, hidden): the residual stream stays fp32
     for i, module in enumerate(model.layers):
-        x = ragged_block(cast(Block, module), i, x, cos, sin, plan, cache)  # every entry of layers is a Block
+        x = ragged_block(module, i, x, cos, sin, plan, cache)
     finish_pass(plan, cache)
     return model.norm(x)[0]
 
@@ -222,7 +264,7 @@ def row_segments(cache: SlotCache, b: int, n: int, positions: torch.Tensor | Non
     return [Segment(r, n, mask) for r in range(b)], pos
 
 
-def new_slot_cache(model: Transformer, n_slots: int, max_len: int | None = None) -> SlotCache:
+def new_slot_cache(model: Model, n_slots: int, max_len: int | None = None) -> SlotCache:
     """A slot cache shaped for this model, in its KV dtype and on its device."""
     c = model.cfg
     return SlotCache(c.n_layers, c.n_kv_heads, c.head_dim, n_slots, max_len or c.max_seq_len,
