@@ -39,7 +39,7 @@ class Engine:
         self.strategy = make_strategy("ar", self.lm)
 
     def run(self, ids: list[int], n: int) -> dict:
-        r = generate(self.strategy, ids, SamplingParams(max_new_tokens=n, ignore_eos=True))
+        r = generate(self.strategy, ids, SamplingParams(max_tokens=n, ignore_eos=True))
         return {"ttft": r.ttft_s, "total": r.total_s, "tokens": len(r.token_ids), "ids": r.token_ids}
 
 

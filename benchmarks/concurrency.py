@@ -214,14 +214,14 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     levels = [int(x) for x in a.concurrency.split(",")]
     console.print(f"{now()}  {machine()}")
-    sp = SamplingParams(max_new_tokens=a.new_tokens, ignore_eos=True)
+    sp = SamplingParams(max_tokens=a.new_tokens, ignore_eos=True)
     out = {"machine": machine(), "date": now(), "new_tokens": a.new_tokens, "precisions": {}}
     for prec in a.precisions.split(","):
         quant = "int4" if prec == "int4" else "none"
         lm = load_model("smollm2-135m", quant=quant, dtype=default_dtype(quant) if quant != "none" else prec,
                         device=a.device)
         prompts = [lm.tokenizer.chat([{"role": "user", "content": p}]) for p in long_prompts(8)]
-        run_batched(lm, prompts, SamplingParams(max_new_tokens=4, ignore_eos=True), 2, 2)  # warm-up
+        run_batched(lm, prompts, SamplingParams(max_tokens=4, ignore_eos=True), 2, 2)  # warm-up
         if a.methods:
             methods = a.methods.split(",")
             unknown = set(methods) - set(METHODS)

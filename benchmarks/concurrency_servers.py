@@ -39,7 +39,7 @@ def serve_config(precision: str, method: str, *, max_c: int, threads: int, new_t
                f"{PRECISION_FLAGS[precision]} --strategy {strategy}{extra} --max-batch {max_c} "
                f"--max-queue {4 * max_c} --max-seq-len {ctx} --log-level warning")
     return {"name": f"serve-{precision}-{method}", "backend": "openai", "model": "smollm2-135m",
-            "strategy": strategy, "max_new_tokens": new_tokens,
+            "strategy": strategy, "max_tokens": new_tokens,
             "openai": {"server": {"command": command, "startup_timeout_s": 900,
                                   "env": {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT / "src")}},
                        "extra_body": {"ignore_eos": True}, "timeout_s": 1200}}
@@ -49,7 +49,7 @@ def llama_config(method: str, *, max_c: int, threads: int, new_tokens: int, ctx:
     command = ("{llama_server} -m {model_path} --host {host} --port {port} "
                f"-t {threads} --parallel {max_c} -c {ctx * max_c} --metrics --no-webui --seed 0" + LLAMA_METHODS[method])
     return {"name": f"llama-{method}", "backend": "openai", "model": "smollm2-135m",
-            "strategy": "ngram-simple" if method == "ngram" else "ar", "max_new_tokens": new_tokens,
+            "strategy": "ngram-simple" if method == "ngram" else "ar", "max_tokens": new_tokens,
             "openai": {"server": {"command": command, "startup_timeout_s": 300},
                        "extra_body": {"ignore_eos": True}, "timeout_s": 1200, "transport_retries": 3}}
 
@@ -72,7 +72,7 @@ def run_config(precision: str, methods: list[str], llama: list[str], levels: lis
     configs += [llama_config(m, max_c=max_c, threads=threads, new_tokens=new_tokens, ctx=ctx) for m in llama]
     return {"configs": configs, "workload": {"spec": f"chat:{wl}"},
             "load": {"concurrency": levels, "num_requests": max(requests, max_c), "warmup": 1,
-                     "warmup_max_new_tokens": 4},
+                     "warmup_max_tokens": 4},
             "interleave": True, "repeats": repeats, "seed": seed, "bootstrap": 0, "verify_curve": False}
 
 

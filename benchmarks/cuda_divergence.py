@@ -43,7 +43,7 @@ def main() -> None:
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("error: no CUDA device")
     console.print(f"{now()}  {machine()}")
-    sp = SamplingParams(max_new_tokens=a.new_tokens, ignore_eos=True)
+    sp = SamplingParams(max_tokens=a.new_tokens, ignore_eos=True)
     cpu = load_model("smollm2-135m", dtype="fp32")
     prompts = [cpu.tokenizer.chat([{"role": "user", "content": p}]) for p in long_prompts(a.prompts)]
     ref = answers(make_strategy("ar", target=cpu), prompts, sp)

@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    sp = SamplingParams(max_new_tokens=args.new_tokens)
+    sp = SamplingParams(max_tokens=args.new_tokens)
     work = prompts()
     names = args.targets.split(",")
     lms = {n: load_model("smollm2-135m", **TARGETS[n]) for n in names}
@@ -67,7 +67,7 @@ def main() -> None:
         if lm.dtype == "fp32":
             runs[n]["eagle auto, fp32 head"] = EagleTree(lm, total_nodes="auto", head_dtype="fp32", **tree)
         for s in runs[n].values():  # warm-up (first calls allocate; EAGLE auto measures the verification curve)
-            generate(s, ids[0][1], SamplingParams(max_new_tokens=8))
+            generate(s, ids[0][1], SamplingParams(max_tokens=8))
     res = {n: {v: [] for v in runs[n]} for n in names}
     t0 = time.perf_counter()
     for _, p in ids:

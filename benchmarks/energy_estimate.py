@@ -62,7 +62,7 @@ def main() -> int:
         strategies[c] = make_strategy("ar", lm)
     tok = next(iter(strategies.values())).target.tokenizer
     prompts = [tok.chat([{"role": "user", "content": p}]) for p in long_prompts(a.requests)]
-    sp = SamplingParams(max_new_tokens=a.new_tokens, ignore_eos=True)
+    sp = SamplingParams(max_tokens=a.new_tokens, ignore_eos=True)
     rows: dict[str, list[tuple[float, float, float]]] = {c: [] for c in contenders}  # (counter J, estimate J, CPU s)
     proc = psutil.Process()
     print(f"{machine()}; counters: {counter.source}; {now()}")

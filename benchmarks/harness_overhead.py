@@ -39,7 +39,7 @@ def main() -> None:
             raise SystemExit(f"fake server did not start: {line!r}")
         port = int(line.split()[1])
         cfg = parse_run_config({
-            "configs": [{"name": "http", "backend": "openai", "model": "fake-model", "max_new_tokens": args.tokens,
+            "configs": [{"name": "http", "backend": "openai", "model": "fake-model", "max_tokens": args.tokens,
                          "openai": {"base_url": f"http://127.0.0.1:{port}", "scrape_metrics": False}}],
             "workload": {"spec": f"synthetic:in=16,out={args.tokens},n=64"},
             "load": {"concurrency": [args.concurrency], "num_requests": args.requests, "warmup": 0},

@@ -100,8 +100,8 @@ def main() -> None:
     lm = load_model("smollm2-135m", dtype=a.precision)
     console.print(f"{now()}  {machine()}")
     prompts = [lm.tokenizer.chat([{"role": "user", "content": p}]) for p in long_prompts(8)]
-    run_batched(lm, prompts, SamplingParams(max_new_tokens=4, ignore_eos=True), 2, 2, method="hier")  # warm-up
-    sp = SamplingParams(max_new_tokens=a.new_tokens, ignore_eos=True)
+    run_batched(lm, prompts, SamplingParams(max_tokens=4, ignore_eos=True), 2, 2, method="hier")  # warm-up
+    sp = SamplingParams(max_tokens=a.new_tokens, ignore_eos=True)
     rows = run_rounds(lm, prompts, sp, levels, a.rounds, a.requests, a.prefill_chunk)
     scaling = report(f"{lm.label}, intermediate W4A16, drafter lookup, {a.new_tokens} tokens", rows, levels)
     if a.json:

@@ -8,7 +8,7 @@ background process spins on one core for part of the run (starting --hog-delay s
 twins, its paired 95% interval (same prompts under both, bootstrap), the ledger's verdicts for the pair
 (indistinguishable expected) and the calibration probe's drift.
 
-    python benchmarks/interleaving.py [--workload builtin] [--max-new-tokens 24] [--repeats 1]
+    python benchmarks/interleaving.py [--workload builtin] [--max-tokens 24] [--repeats 1]
                                       [--hog] [--hog-delay 20] [--hog-seconds 60]
                                       [--runs N] [--modes sequential,interleaved]
 Goal (issue 12): interleaved ratio within 1.00 +- 0.05 with the hog; sequential typically is not. With
@@ -47,7 +47,7 @@ def measure(interleave: bool, args, out: Path) -> dict:
     from specledger.ledger.paired import paired_speedup
     from specledger.ledger.price import price_run
 
-    twin = {"strategy": "ar", "model": "smollm2-135m", "dtype": "fp32", "max_new_tokens": args.max_new_tokens}
+    twin = {"strategy": "ar", "model": "smollm2-135m", "dtype": "fp32", "max_tokens": args.max_tokens}
     cfg = parse_run_config({
         "configs": [{"name": "ar-a", **twin}, {"name": "ar-b", **twin}],
         "workload": {"spec": args.workload}, "load": {"concurrency": [1], "warmup": 1},
@@ -83,7 +83,7 @@ def measure(interleave: bool, args, out: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="builtin")
-    ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--max-tokens", "--max-new-tokens", type=int, default=24)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hog", action="store_true", help="a background process takes a core for part of each run")
@@ -96,7 +96,7 @@ def main() -> None:
     from common import machine, now
 
     print(f"# A/A interleaving — {now()} — {machine()}")
-    print(f"workload {args.workload}, {args.max_new_tokens} new tokens, repeats {args.repeats}, "
+    print(f"workload {args.workload}, {args.max_tokens} new tokens, repeats {args.repeats}, "
           f"hog {'on: +%gs for %gs' % (args.hog_delay, args.hog_seconds) if args.hog else 'off'}")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     tally = {m: {"runs": 0, "indistinguishable": 0, "holds_1": 0} for m in modes}

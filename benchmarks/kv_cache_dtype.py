@@ -94,7 +94,7 @@ def main() -> None:
             cpu_ops._BF16_CACHE = on
             cases[path] = pass_cases(lm)
         prompts = [lm.tokenizer.chat([{"role": "user", "content": p}]) for p in long_prompts(8)]
-        sp = SamplingParams(max_new_tokens=a.new_tokens, ignore_eos=True)
+        sp = SamplingParams(max_tokens=a.new_tokens, ignore_eos=True)
         times: dict[tuple[str, str], list[float]] = {}
         with torch.inference_mode():
             for rnd in range(a.rounds + 1):

@@ -41,7 +41,7 @@ async def _drive(urls: list[str], concurrency: int, start_at: float, duration: f
     from specledger.bench.backends.openai_http import OpenAIBackend
     from specledger.bench.config import BenchConfig, OpenAISettings
 
-    cfg = BenchConfig(name="loadgen", backend="openai", model="fake-model", max_new_tokens=tokens,
+    cfg = BenchConfig(name="loadgen", backend="openai", model="fake-model", max_tokens=tokens,
                       openai=OpenAISettings(base_urls=urls, scrape_metrics=False, timeout_s=60))
     backend = OpenAIBackend(cfg)
     await backend.start()
@@ -53,7 +53,7 @@ async def _drive(urls: list[str], concurrency: int, start_at: float, duration: f
 
         async def slot() -> None:
             while time.perf_counter() < stop:
-                c = await backend.complete(messages, max_new_tokens=tokens)
+                c = await backend.complete(messages, max_tokens=tokens)
                 if c.ok:
                     counts["ok"] += 1
                 else:

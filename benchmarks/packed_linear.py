@@ -113,7 +113,7 @@ def main() -> None:
     timers["F.linear A/A"] = timers["F.linear"]
     levels = [int(x) for x in a.concurrency.split(",") if x]
     prompts = [dense.tokenizer.chat([{"role": "user", "content": p}]) for p in long_prompts(8)]
-    sp = SamplingParams(max_new_tokens=a.new_tokens, ignore_eos=True)
+    sp = SamplingParams(max_tokens=a.new_tokens, ignore_eos=True)
     times: dict[tuple[str, str], list[float]] = {}
     with torch.inference_mode():
         for rnd in range(a.rounds + 1):

@@ -91,7 +91,7 @@ def main() -> None:
         lm = load_model("smollm2-135m", quant="int4" if name == "int4" else "none", dtype="bf16")
         cases = pass_cases(lm)
         prompts = [lm.tokenizer.chat([{"role": "user", "content": p}]) for p in long_prompts(8)]
-        sp = SamplingParams(max_new_tokens=a.new_tokens, ignore_eos=True)
+        sp = SamplingParams(max_tokens=a.new_tokens, ignore_eos=True)
         times: dict[tuple[str, str], list[float]] = {}
         for rnd in range(a.rounds + 1):
             for path, on in PATHS.items():

@@ -95,7 +95,7 @@ async def run_level(backend: OpenAIBackend, prompts: list[str], concurrency: int
 
     async def job(i: int, _arrival: float) -> None:
         messages = [{"role": "user", "content": prompts[i % len(prompts)]}]
-        done.append((i, await backend.complete(messages, max_new_tokens=max_tokens)))
+        done.append((i, await backend.complete(messages, max_tokens=max_tokens)))
 
     before = await backend.scrape_metrics()
     t0 = time.perf_counter()
@@ -133,12 +133,12 @@ async def run_level(backend: OpenAIBackend, prompts: list[str], concurrency: int
 
 
 async def drive(args: argparse.Namespace, url: str, prompts: list[str], pid: int) -> tuple[list[dict], dict]:
-    cfg = BenchConfig(name="server-load", backend="openai", model=args.model, max_new_tokens=args.max_tokens,
+    cfg = BenchConfig(name="server-load", backend="openai", model=args.model, max_tokens=args.max_tokens,
                       openai=OpenAISettings(base_url=url, retries=0, timeout_s=300, connect_timeout_s=30))
     backend = OpenAIBackend(cfg)
     await backend.start()
     try:
-        await backend.complete([{"role": "user", "content": "Hello"}], max_new_tokens=2)  # warm-up
+        await backend.complete([{"role": "user", "content": "Hello"}], max_tokens=2)  # warm-up
         rows = []
         for c, n in zip(args.levels, args.requests):
             row = await run_level(backend, prompts, c, n, args.max_tokens)
@@ -170,7 +170,7 @@ def in_process_engine(args: argparse.Namespace):
 
     lm = load_model(args.model)
     strategy = make_strategy(args.strategy, target=lm, **parse_params(args.param))
-    sp = SamplingParams(max_new_tokens=args.max_tokens, temperature=0.0)
+    sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
 
     def run(prompt: str) -> tuple[str, float]:
         r = generate(strategy, lm.tokenizer.chat([{"role": "user", "content": prompt}]), sp)
@@ -188,8 +188,8 @@ async def compare_ttft(args: argparse.Namespace, backend: OpenAIBackend, prompts
         messages = [{"role": "user", "content": p}]
         await asyncio.to_thread(run, p)
         text, local = await asyncio.to_thread(run, p)
-        await backend.complete(messages, max_new_tokens=args.max_tokens)
-        c = await backend.complete(messages, max_new_tokens=args.max_tokens)
+        await backend.complete(messages, max_tokens=args.max_tokens)
+        c = await backend.complete(messages, max_tokens=args.max_tokens)
         ext = c.extra.get("specledger", {})
         rows.append({"local_ttft": local, "http_ttft": c.first_token - c.start,
                      "server_ttft": ext["ttft_s"] + ext["queue_s"], "same": c.text == text})

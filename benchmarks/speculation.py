@@ -94,7 +94,7 @@ def main() -> None:
     tok = models["fp32"].tokenizer
     prompts = [(k, tok.chat([{"role": "user", "content": q.turns[0]}])) for k in KINDS for q in by_kind[k]]
     console.print(f"{len(prompts)} prompts ({a.per_kind} per kind), {a.new_tokens} new tokens, greedy, {len(strategies)} configurations")
-    sp = SamplingParams(max_new_tokens=a.new_tokens)
+    sp = SamplingParams(max_tokens=a.new_tokens)
     rows: list[dict] = []
     names = list(strategies) + ([LLAMA] if llama else [])
     from rich.progress import Progress

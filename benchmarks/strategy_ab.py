@@ -46,12 +46,12 @@ quant, dtype = args["target"]
 lm = load_model("smollm2-135m", quant=quant, dtype=dtype)
 qs = load_workload("builtin")[: args["prompts"]]
 prompts = [lm.tokenizer.chat([{"role": "user", "content": q.turns[0]}]) for q in qs]
-sp = SamplingParams(max_new_tokens=args["new_tokens"], temperature=0.0, ignore_eos=True)
+sp = SamplingParams(max_tokens=args["new_tokens"], temperature=0.0, ignore_eos=True)
 out = {}
 with torch.inference_mode():
     for name, params in args["strategies"].items():
         st = make_strategy(name, target=lm, **params)
-        generate(st, prompts[0], SamplingParams(max_new_tokens=4, temperature=0.0))  # warm-up
+        generate(st, prompts[0], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
         toks, secs, ids = 0, 0.0, []
         for p in prompts:
             t0 = time.perf_counter()

@@ -25,13 +25,13 @@ class SleepBackend(Backend):
     async def start(self) -> None:
         return None
 
-    async def complete(self, messages, *, max_new_tokens, min_new_tokens=None) -> Completion:
+    async def complete(self, messages, *, max_tokens, min_tokens=None) -> Completion:
         n = len(self.calls)
         self.calls.append(self.config.name)
         start = time.perf_counter()
         await asyncio.sleep(self.seconds(n, self.config))
         end = time.perf_counter()
-        k = min(self.tokens, max_new_tokens)
+        k = min(self.tokens, max_tokens)
         text = messages[-1]["content"].split()[0] if messages[-1]["content"].split() else "x"
         ids = [ord(ch) % 50 for ch in (text * k)[:k]]
         step = (end - start) / k

@@ -327,6 +327,11 @@ MUTANTS = [
     Mutant("fused-rope-second-half", "the fused RoPE uses the first half's (negated) sin for the second half",
            "src/specledger/engine/csrc/fused.cpp", "_mm256_fmadd_ps(lo, load8<T>(sr + half + j)",
            "_mm256_fmadd_ps(lo, load8<T>(sr + j)", ["tests/test_qkernel.py"]),
+    Mutant("config-forgets-max-new-tokens", "a config file or run.json written before the rename to max_tokens no "
+           "longer loads (max_new_tokens: the old spelling)",
+           "src/specledger/bench/config.py",
+           'Field(128, ge=1, validation_alias=AliasChoices("max_tokens", "max_new_tokens"))', "Field(128, ge=1)",
+           ["tests/test_harness_config.py::test_old_spelling_max_new_tokens_still_reads_and_means_the_same"]),
 ]
 
 

@@ -53,7 +53,7 @@ def test_batched_drafter_is_lossless_and_mixed(name):
     sched = Scheduler(lm, max_batch=3, prefill_chunk=8, drafter=strategy(name, lm).batch_drafter(3), cost=FLAT)
     results = run_joining(sched, prompts, max_new)
     for i, p in enumerate(prompts):
-        want = alone(lm, p, SamplingParams(max_new_tokens=max_new[i], temperature=0.0))
+        want = alone(lm, p, SamplingParams(max_tokens=max_new[i], temperature=0.0))
         assert results[i].token_ids == want.token_ids, i
         assert results[i].finish_reason == want.finish_reason
     levels = [r.levels[0] for r in results.values()]
@@ -109,7 +109,7 @@ def test_batched_eagle_keeps_the_prefix_cache_with_the_whole_prompts_features():
         begin(seq, features)
 
     drafter.begin = spy  # type: ignore[method-assign]
-    sp = SamplingParams(max_new_tokens=30, temperature=0.0)
+    sp = SamplingParams(max_tokens=30, temperature=0.0)
     p1 = prompts_of_lengths()[2]  # one the untrained head drafts well for
     sched.add(p1, sp)
     (r1,) = sched.run()
@@ -139,7 +139,7 @@ def test_batched_drafter_never_drafts_when_every_row_costs_its_share(name):
         head_pass = drafter.head.ragged
         drafter.head.ragged = lambda *a, **kw: passes.append(len(a[4])) or head_pass(*a, **kw)
     for p in prompts_of_lengths()[:3]:
-        sched.add(p, SamplingParams(max_new_tokens=10, temperature=0.0))
+        sched.add(p, SamplingParams(max_tokens=10, temperature=0.0))
     assert all(r.levels[0].proposed == 0 and r.tau == 1.0 for r in sched.run())
     assert passes == []
 
@@ -157,7 +157,7 @@ def test_batched_sampling_follows_target_distribution(name):
     sched = Scheduler(lm, max_batch=8, drafter=st.batch_drafter(8), cost=FLAT)
     n_samples, vocab, n = 1500, 4, 3
     for seed in range(n_samples):
-        sched.add(prompt, SamplingParams(max_new_tokens=n, temperature=TEMP, seed=seed))
+        sched.add(prompt, SamplingParams(max_tokens=n, temperature=TEMP, seed=seed))
     counts = torch.zeros(vocab**n, dtype=torch.float64)
     results = sched.run()
     assert len(results) == n_samples and max(r.mean_batch for r in results) > 4
@@ -224,7 +224,7 @@ def test_model_drafter_follows_the_verifier_through_rejections():
     for step in range(6):
         chains = drafter.propose(seqs, [4, 3])
         for s, chain in zip(seqs, chains):
-            want = alone(draft, s.tokens, SamplingParams(max_new_tokens=len(chain), temperature=0.0, ignore_eos=True))
+            want = alone(draft, s.tokens, SamplingParams(max_tokens=len(chain), temperature=0.0, ignore_eos=True))
             assert chain.tokens == want.token_ids, step
             keep = int(torch.randint(0, len(chain) + 1, (1,), generator=g))  # the verifier keeps a prefix
             s.tokens = s.tokens + chain.tokens[:keep] + [int(torch.randint(0, 16, (1,), generator=g))]
@@ -258,7 +258,7 @@ def test_sampled_drafting_in_a_batch_is_reproducible_per_seed(name):
     """Each request drafts and verifies with its own generator: with the drafts' sizes fixed (a flat cost, the
     drafter's acceptance known), a seed gives the same tokens alone as beside two other requests."""
     lm = varied_model()
-    sp = SamplingParams(max_new_tokens=20, temperature=0.8, top_p=0.95, seed=7)
+    sp = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=7)
 
     def run(ps):
         sched = Scheduler(lm, max_batch=3, drafter=strategy(name, lm).batch_drafter(3), cost=FLAT)

@@ -57,7 +57,7 @@ def test_lookup_in_a_batch_is_lossless_and_drafts_are_accepted_and_rejected(lm, 
     sched = Scheduler(lm, max_batch=3, prefill_chunk=16, drafter=LookupDrafter(8), cost=surface)
     results = run_joining(sched, prompts, max_new)
     for i, p in enumerate(prompts):
-        want = alone(lm, p, SamplingParams(max_new_tokens=max_new[i], temperature=0.0))
+        want = alone(lm, p, SamplingParams(max_tokens=max_new[i], temperature=0.0))
         assert results[i].token_ids == want.token_ids, i
         assert results[i].finish_reason == want.finish_reason
     if cost == "flat":
@@ -76,7 +76,7 @@ def test_lookup_batch_never_drafts_when_every_row_costs_its_share(lm):
     prompts = repetitive_prompts()[:3]
     sched = Scheduler(lm, max_batch=3, drafter=LookupDrafter(8), cost=lambda n: float(n))
     for p in prompts:
-        sched.add(p, SamplingParams(max_new_tokens=15, temperature=0.0))
+        sched.add(p, SamplingParams(max_tokens=15, temperature=0.0))
     results = sched.run()
     assert all(r.levels[0].proposed == 0 and r.tau == 1.0 for r in results)
 
@@ -181,7 +181,7 @@ def test_one_sequence_tries_the_drafter_until_its_acceptance_is_known(lm):
 
     spec.plan = plan
     for p in repetitive_prompts()[:5]:  # prompts over several 8-row chunks; the last two join mid-run
-        sched.add(p, SamplingParams(max_new_tokens=20, temperature=0.0))
+        sched.add(p, SamplingParams(max_tokens=20, temperature=0.0))
     sched.run()
     early = [(n, chunk) for n, evidence, chunk in drafting if evidence < EVIDENCE]
     assert all(n <= (0 if chunk else 1) for n, chunk in early) and any(chunk for _, chunk in early)
@@ -228,7 +228,7 @@ def test_the_scheduler_measures_the_step_overhead_of_drafting_passes(lm):
     assert sched.spec is not None
     sched.spec.policy.overhead = Recorder()
     for p in repetitive_prompts()[:5]:  # the last two join while the first decode
-        sched.add(p, SamplingParams(max_new_tokens=12, temperature=0.0))
+        sched.add(p, SamplingParams(max_tokens=12, temperature=0.0))
     sched.run()
     assert seen and any(d for _, _, d, *_ in seen) and any(not d for _, _, d, *_ in seen)
     for seconds, n, d, batch, drafted, rows in seen:
@@ -263,7 +263,7 @@ def test_the_scheduler_fits_its_measured_surface_to_decode_passes(lm):
     observe = sched.spec.policy.fit.observe
     sched.spec.policy.fit.observe = lambda rows, s: seen.append((rows, sched.last_batch, sched.last_drafted)) or observe(rows, s)
     for p in repetitive_prompts()[:5]:
-        sched.add(p, SamplingParams(max_new_tokens=12, temperature=0.0))
+        sched.add(p, SamplingParams(max_tokens=12, temperature=0.0))
     sched.run()
     assert seen and all(rows == batch + drafted for rows, batch, drafted in seen)
     assert any(q is not None for q in sched.spec.policy.fit.ratio)
@@ -297,11 +297,11 @@ def test_a_sequence_whose_drafts_fail_stops_drafting(lm):
     """Drafting pays here only while a > 0.3; from a = 0.6, rejections bring it below within a few steps."""
     surface = CostSurface((1, 2, 3, 9), (1.0, 1.3, 1.6, 3.4))
     sched = Scheduler(lm, max_batch=1, drafter=WrongDrafter(4), cost=surface)
-    sched.add(repetitive_prompts()[0], SamplingParams(max_new_tokens=40, temperature=0.0))
+    sched.add(repetitive_prompts()[0], SamplingParams(max_tokens=40, temperature=0.0))
     [r] = sched.run()
     lv = r.levels[0]
     assert 0 < lv.proposed <= 10 and lv.steps >= 30
-    assert r.token_ids == alone(lm, repetitive_prompts()[0], SamplingParams(max_new_tokens=40, temperature=0.0)).token_ids
+    assert r.token_ids == alone(lm, repetitive_prompts()[0], SamplingParams(max_tokens=40, temperature=0.0)).token_ids
 
 
 def test_a_new_request_starts_from_what_the_drafters_recent_requests_accepted(lm):
@@ -309,7 +309,7 @@ def test_a_new_request_starts_from_what_the_drafters_recent_requests_accepted(lm
     acceptance the first one's failed drafts left, and so drafts no more than the first did."""
     surface = CostSurface((1, 2, 3, 9), (1.0, 1.3, 1.6, 3.4))
     sched = Scheduler(lm, max_batch=1, drafter=WrongDrafter(4), cost=surface)
-    sp = SamplingParams(max_new_tokens=40, temperature=0.0)
+    sp = SamplingParams(max_tokens=40, temperature=0.0)
     sched.add(repetitive_prompts()[0], sp)
     [r] = sched.run()
     first = r.levels[0].proposed
@@ -358,8 +358,8 @@ def test_inprocess_backend_batches_lookup_with_the_same_tokens_and_reports_accep
     wl.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]}) + "\n"
                           for i, t in enumerate(turns)))
     cfg = parse_run_config({
-        "configs": [{"name": "batched", "strategy": "lookup", "max_new_tokens": 16, "max_batch": 3},
-                    {"name": "serial", "strategy": "lookup", "max_new_tokens": 16, "batching": False}],
+        "configs": [{"name": "batched", "strategy": "lookup", "max_tokens": 16, "max_batch": 3},
+                    {"name": "serial", "strategy": "lookup", "max_tokens": 16, "batching": False}],
         "workload": {"spec": str(wl)}, "load": {"concurrency": [3], "warmup": 0}, "bootstrap": 20,
     })
     assert cfg.configs[0].batched and not cfg.configs[1].batched
@@ -389,7 +389,7 @@ def test_sampled_lookup_in_a_batch_is_reproducible_per_seed(lm):
     else is in the batch (here: alone vs with two others, same fixed cost surface, the drafter's acceptance
     known: while it is not, only one sequence a pass drafts, and which one depends on the batch)."""
     prompts = repetitive_prompts()[:3]
-    sp = SamplingParams(max_new_tokens=20, temperature=0.8, top_p=0.95, seed=7)
+    sp = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=7)
 
     def run(ps):
         sched = Scheduler(lm, max_batch=3, drafter=LookupDrafter(4), cost=FLAT)
@@ -447,7 +447,7 @@ def proposed_fresh_and_burnt(lm, burn) -> tuple[int, int]:
     """Draft tokens proposed for one repetitive request by a fresh batch and by one whose planner state burn()
     has spoilt, on a fixed cost surface."""
     surface = CostSurface((1, 2, 3, 9), (1.0, 1.3, 1.6, 3.4))
-    sp = SamplingParams(max_new_tokens=30, temperature=0.0)
+    sp = SamplingParams(max_tokens=30, temperature=0.0)
     proposed = []
     for burnt in (False, True):
         sched = Scheduler(lm, max_batch=1, drafter=LookupDrafter(4), cost=surface)
@@ -489,7 +489,7 @@ def test_the_planner_pays_drafting_at_its_measured_price():
 def test_the_scheduler_prices_drafting_at_what_its_drafting_passes_took(lm):
     """Each drafting pass without prefill compares what its plan predicted drafting adds with the step's time over
     a plain pass of its sequences; a batch whose drafts cost 4x their price drafts less than a fresh one."""
-    sp = SamplingParams(max_new_tokens=30, temperature=0.0)
+    sp = SamplingParams(max_tokens=30, temperature=0.0)
     sched = Scheduler(lm, max_batch=2, prefill_chunk=64, drafter=LookupDrafter(4))
     assert sched.spec is not None
     seen = []
@@ -518,7 +518,7 @@ def test_a_drafter_with_a_measured_prior_is_tried_where_the_default_prior_is_not
     """The population (and every new request) starts from drafter.prior and drifts back to it, not to PRIOR: on a
     surface where a 0.6 chain never pays, a drafter that measured 0.95 drafts at batch 1."""
     surface = CostSurface((1, 2, 5, 9), (1.0, 1.7, 2.6, 3.5))
-    sp = SamplingParams(max_new_tokens=30, temperature=0.0)
+    sp = SamplingParams(max_tokens=30, temperature=0.0)
     proposed = []
     for prior in (None, 0.95):
         d = LookupDrafter(4)

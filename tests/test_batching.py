@@ -201,7 +201,7 @@ def _distinct(ids):
 def test_greedy_batch_equals_each_request_alone_with_joins_and_leaves(lm):
     ps = prompts(8)
     maxes = [24, 9, 30, 3, 17, 12, 20, 1]
-    sps = [SamplingParams(max_new_tokens=k) for k in maxes]
+    sps = [SamplingParams(max_tokens=k) for k in maxes]
     refs = [alone(lm, p, sp).token_ids for p, sp in zip(ps, sps)]
     assert sum(_distinct(r) for r in refs) > 40  # the model's greedy outputs vary
     s = Scheduler(lm, max_batch=4, prefill_chunk=7)
@@ -229,7 +229,7 @@ def test_prefix_cache_reuses_earlier_requests_and_stays_lossless(lm):
     g = torch.Generator().manual_seed(11)
     p1 = torch.randint(0, BATCHING_VOCAB, (30,), generator=g).tolist()
     other = torch.randint(0, BATCHING_VOCAB, (25,), generator=g).tolist()
-    sp = SamplingParams(max_new_tokens=12)
+    sp = SamplingParams(max_tokens=12)
     s = Scheduler(lm, max_batch=2, prefill_chunk=64)
 
     def run(prompt: list[int]):
@@ -260,7 +260,7 @@ def test_prompts_sharing_only_a_template_keep_each_others_entries(lm):
     g = torch.Generator().manual_seed(12)
     head = torch.randint(0, BATCHING_VOCAB, (5,), generator=g).tolist()
     prompts = [head + torch.randint(0, BATCHING_VOCAB, (25,), generator=g).tolist() for _ in range(3)]
-    sp = SamplingParams(max_new_tokens=4)
+    sp = SamplingParams(max_tokens=4)
     s = Scheduler(lm, max_batch=3, prefill_chunk=64)
     cached = []
     for p in prompts + prompts:
@@ -326,7 +326,7 @@ def test_prefix_cache_forgets_a_slot_a_failed_pass_may_have_spoilt(lm):
 
 def test_seeded_sampling_in_a_batch_equals_alone(lm):
     ps = prompts(5, seed=4)
-    sps = [SamplingParams(max_new_tokens=n, temperature=t, top_k=k, top_p=tp, seed=seed)
+    sps = [SamplingParams(max_tokens=n, temperature=t, top_k=k, top_p=tp, seed=seed)
            for n, t, k, tp, seed in [(15, 0.9, 0, 1.0, 1), (11, 1.3, 20, 1.0, 2), (19, 0.7, 0, 0.9, 3),
                                      (8, 0.0, 0, 1.0, 0), (13, 1.0, 0, 1.0, 1)]]
     refs = [alone(lm, p, sp).token_ids for p, sp in zip(ps, sps)]
@@ -335,7 +335,7 @@ def test_seeded_sampling_in_a_batch_equals_alone(lm):
     got = {r.request_id: r.token_ids for r in s.run()}
     assert [got[i] for i in ids] == refs
     # a different seed gives a different sequence (the seed is really per request)
-    s.add(ps[0], SamplingParams(max_new_tokens=15, temperature=0.9, seed=99))
+    s.add(ps[0], SamplingParams(max_tokens=15, temperature=0.9, seed=99))
     assert s.run()[0].token_ids != refs[0]
 
 
@@ -343,14 +343,14 @@ def test_stops_in_a_batch_follow_generate():
     """eos after min tokens, and stop strings, cut each request exactly where generate() does."""
     lm = batching_model(tokenizer=CharTokenizer())
     ps = prompts(4, seed=5)
-    base = [alone(lm, p, SamplingParams(max_new_tokens=30)).token_ids for p in ps]
+    base = [alone(lm, p, SamplingParams(max_tokens=30)).token_ids for p in ps]
     eos = base[0][5]
     lm_eos = batching_model(eos=[eos], tokenizer=CharTokenizer())
     text = CharTokenizer().decode(base[2])
-    ps[1] = ps[0]  # eos first allowed exactly where it appears: min_new_tokens=5
-    sps = [SamplingParams(max_new_tokens=30), SamplingParams(max_new_tokens=30, min_new_tokens=5),
-           SamplingParams(max_new_tokens=30, stop=[text[6:8]], ignore_eos=True),  # the stop string, not eos, ends it
-           SamplingParams(max_new_tokens=30, ignore_eos=True)]
+    ps[1] = ps[0]  # eos first allowed exactly where it appears: min_tokens=5
+    sps = [SamplingParams(max_tokens=30), SamplingParams(max_tokens=30, min_tokens=5),
+           SamplingParams(max_tokens=30, stop=[text[6:8]], ignore_eos=True),  # the stop string, not eos, ends it
+           SamplingParams(max_tokens=30, ignore_eos=True)]
     refs = [alone(lm_eos, p, sp) for p, sp in zip(ps, sps)]
     assert refs[0].finish_reason == "stop" and len(refs[0].token_ids) <= 5
     assert refs[1].finish_reason == "stop" and len(refs[1].token_ids) == 5
@@ -368,7 +368,7 @@ def test_stops_in_a_batch_follow_generate():
 
 def test_cancel_frees_the_slot_and_leaves_the_others_untouched(lm):
     ps = prompts(3, seed=6)
-    sps = [SamplingParams(max_new_tokens=20)] * 3
+    sps = [SamplingParams(max_tokens=20)] * 3
     refs = [alone(lm, p, sp).token_ids for p, sp in zip(ps, sps)]
     streamed: list[int] = []
     s = Scheduler(lm, max_batch=2, prefill_chunk=64)
@@ -403,7 +403,7 @@ def test_worker_thread_serves_futures_and_survives_a_failed_pass(lm):
     from specledger.decoding.batch_worker import BatchWorker
 
     ps = prompts(3, seed=7)
-    sp = SamplingParams(max_new_tokens=6)
+    sp = SamplingParams(max_tokens=6)
     refs = [alone(lm, p, sp).token_ids for p in ps]
     sched = Scheduler(lm, max_batch=2)
     worker = BatchWorker(sched)
@@ -436,8 +436,8 @@ def test_inprocess_backend_batches_ar_concurrency(tmp_path):
     wl.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]}) + "\n" for i, t in
                           enumerate(["abc", "a longer question here", "xyz xyz", "q", "what now?"])))
     cfg = parse_run_config({
-        "configs": [{"name": "batched", "strategy": "ar", "max_new_tokens": 10, "max_batch": 4, "prefill_chunk": 5},
-                    {"name": "serial", "strategy": "ar", "max_new_tokens": 10, "batching": False}],
+        "configs": [{"name": "batched", "strategy": "ar", "max_tokens": 10, "max_batch": 4, "prefill_chunk": 5},
+                    {"name": "serial", "strategy": "ar", "max_tokens": 10, "batching": False}],
         "workload": {"spec": str(wl)}, "load": {"concurrency": [4], "warmup": 0}, "bootstrap": 20,
     })
     from specledger.decoding import scheduler
@@ -477,7 +477,7 @@ def test_embedded_model_batch_equals_alone(smollm):
     texts = ["Explain why the sky is blue in two sentences.", "Write a Python function that checks for primes.",
              "Translate into French: The library opens at eight in the morning."]
     ps = [smollm.tokenizer.chat([{"role": "user", "content": t}]) for t in texts]
-    sps = [SamplingParams(max_new_tokens=k) for k in (8, 5, 10)]
+    sps = [SamplingParams(max_tokens=k) for k in (8, 5, 10)]
     refs = [alone(smollm, p, sp).token_ids for p, sp in zip(ps, sps)]
     s = Scheduler(smollm, max_batch=3, prefill_chunk=24)
     ids = [s.add(p, sp) for p, sp in zip(ps, sps)]

@@ -50,21 +50,21 @@ def test_default_matrix_measures_every_combination():
     assert all(c.sampling.temperature == 0.0 for c in cfg.configs)  # greedy: the lossless gate applies
 
 
-def test_quick_matrix_and_max_new_tokens():
+def test_quick_matrix_and_max_tokens():
     quick = default_matrix(quick=True)
     assert [c.name for c in quick.configs] == ["ar-fp32", "lookup-fp32", "ar-w4", "lookup-w4"]
     assert quick.workload.spec == "builtin-quick" and not any(c.optional for c in quick.configs)
-    assert {c.max_new_tokens for c in quick.configs} == {32} and quick.load.warmup_max_new_tokens == 16
-    assert {c.max_new_tokens for c in build_config(None, quick=False, max_new_tokens=7).configs} == {7}
+    assert {c.max_tokens for c in quick.configs} == {32} and quick.load.warmup_max_tokens == 16
+    assert {c.max_tokens for c in build_config(None, quick=False, max_tokens=7).configs} == {7}
 
 
 def test_custom_config_file(tmp_path):
     p = tmp_path / "run.yaml"
-    p.write_text("configs:\n  - {name: a, strategy: ar, max_new_tokens: 50}\n  - {name: b, strategy: lookup}\n")
-    cfg = build_config(p, quick=True, max_new_tokens=9)  # the file's matrix, not the quick one
-    assert [(c.name, c.max_new_tokens) for c in cfg.configs] == [("a", 9), ("b", 9)]
+    p.write_text("configs:\n  - {name: a, strategy: ar, max_tokens: 50}\n  - {name: b, strategy: lookup}\n")
+    cfg = build_config(p, quick=True, max_tokens=9)  # the file's matrix, not the quick one
+    assert [(c.name, c.max_tokens) for c in cfg.configs] == [("a", 9), ("b", 9)]
     with pytest.raises(BadInput, match="does not exist"):
-        build_config(tmp_path / "nope.yaml", quick=False, max_new_tokens=None)
+        build_config(tmp_path / "nope.yaml", quick=False, max_tokens=None)
 
 
 QUESTIONS = [
@@ -111,11 +111,11 @@ def test_unavailable_optional_strategy_is_skipped_with_a_note(tmp_path, monkeypa
         return real(name, target, **params)
 
     monkeypatch.setattr(factory, "make_strategy", make_strategy)
-    configs = [{"name": "ar", "strategy": "ar", "max_new_tokens": 6},
-               {"name": "eagle", "strategy": "eagle", "max_new_tokens": 6, "optional": True},
-               {"name": "hier", "strategy": "hier", "intermediate": {"model": "target"}, "max_new_tokens": 6,
+    configs = [{"name": "ar", "strategy": "ar", "max_tokens": 6},
+               {"name": "eagle", "strategy": "eagle", "max_tokens": 6, "optional": True},
+               {"name": "hier", "strategy": "hier", "intermediate": {"model": "target"}, "max_tokens": 6,
                 "optional": True},
-               {"name": "lookup", "strategy": "lookup", "max_new_tokens": 6}]
+               {"name": "lookup", "strategy": "lookup", "max_tokens": 6}]
     run = _run(tmp_path, configs, tiny_model(seed=3))
     assert run.status == "complete" and [c.name for c in run.configs] == ["ar", "lookup"]
     assert "skipped eagle: no EAGLE head is shipped for tiny3" in run.notes
@@ -129,8 +129,8 @@ def test_unavailable_optional_strategy_is_skipped_with_a_note(tmp_path, monkeypa
 
 def test_quantization_gate_and_verify_curve_are_in_the_run(tmp_path):
     fp32, w4 = _untied(5), _untied(5, dtype="bf16", quant="int4")
-    configs = [{"name": "ar-w4", "strategy": "ar", "dtype": "bf16", "quant": "int4", "max_new_tokens": 6},
-               {"name": "lookup-w4", "strategy": "lookup", "dtype": "bf16", "quant": "int4", "max_new_tokens": 6}]
+    configs = [{"name": "ar-w4", "strategy": "ar", "dtype": "bf16", "quant": "int4", "max_tokens": 6},
+               {"name": "lookup-w4", "strategy": "lookup", "dtype": "bf16", "quant": "int4", "max_tokens": 6}]
     run = _run(tmp_path, configs, w4, reference=fp32, gates={"min_agreement": 0.8})
     # the figure the gate judges, computed here: argmax agreement over the quality text, teacher-forced
     import torch
@@ -158,7 +158,7 @@ def test_quantization_gate_and_verify_curve_are_in_the_run(tmp_path):
 
 def test_quantization_gate_failure_marks_not_comparable(tmp_path):
     other = _untied(6)  # a different model: agreement near chance
-    configs = [{"name": "ar-w8", "strategy": "ar", "dtype": "bf16", "quant": "int8", "max_new_tokens": 4}]
+    configs = [{"name": "ar-w8", "strategy": "ar", "dtype": "bf16", "quant": "int8", "max_tokens": 4}]
     run = _run(tmp_path, configs, _untied(5, dtype="bf16", quant="int8"), reference=other)
     c = run.configs[0]
     gate = next(g for g in c.gates if g.name == "quantization")
@@ -171,22 +171,22 @@ def test_warmup_answers_are_capped(tmp_path):
     seen: list[int] = []
 
     class Recording(InProcessBackend):
-        async def complete(self, messages, *, max_new_tokens, min_new_tokens=None):
-            seen.append(max_new_tokens)
-            return await super().complete(messages, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens)
+        async def complete(self, messages, *, max_tokens, min_tokens=None):
+            seen.append(max_tokens)
+            return await super().complete(messages, max_tokens=max_tokens, min_tokens=min_tokens)
 
     lm = tiny_model(seed=1)
     lm.tokenizer = CharTokenizer(lm.config.vocab_size)
-    cfg = parse_run_config({"configs": [{"name": "ar", "strategy": "ar", "max_new_tokens": 9}],
+    cfg = parse_run_config({"configs": [{"name": "ar", "strategy": "ar", "max_tokens": 9}],
                             "workload": {"spec": workload(tmp_path, QUESTIONS)}, "bootstrap": 0,
-                            "load": {"warmup": 1, "warmup_max_new_tokens": 3}})
+                            "load": {"warmup": 1, "warmup_max_tokens": 3}})
     Runner(cfg, tmp_path / "run", show_progress=False,
            backend_factory=lambda bc: Recording(bc, models={"target": lm})).run()
     assert seen == [3, 9, 9]
 
 
 def test_fp32_target_has_no_quantization_gate(tmp_path):
-    run = _run(tmp_path, [{"name": "ar", "strategy": "ar", "max_new_tokens": 4}], tiny_model(seed=1),
+    run = _run(tmp_path, [{"name": "ar", "strategy": "ar", "max_tokens": 4}], tiny_model(seed=1),
                reference=tiny_model(seed=2))
     assert run.configs[0].agreement is None and [g.name for g in run.configs[0].gates] == ["pass_rate"]
 

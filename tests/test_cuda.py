@@ -35,7 +35,7 @@ def _head(lm, seed: int = 0) -> EagleHead:
 def test_fp32_logits_and_greedy_tokens_equal_the_cpu():
     cpu, gpu = varied_model(), varied_model(device=CUDA)
     assert gpu.model.device.type == torch.device(CUDA).type
-    sp = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    sp = SamplingParams(max_tokens=32, ignore_eos=True)
     for p in varied_prompts():
         want = cpu.model(torch.tensor([p]), cpu.model.new_cache(128))[0]
         got = gpu.model(torch.tensor([p], device=CUDA), gpu.model.new_cache(128))[0]
@@ -94,7 +94,7 @@ def test_a_batch_on_cuda_equals_each_request_alone(drafter):
     lm = batching_model(device=CUDA)
     g = torch.Generator().manual_seed(5)
     ps = [torch.randint(0, 97, (int(n),), generator=g).tolist() * 2 for n in (5, 9, 14, 7, 11)]
-    sps = [SamplingParams(max_new_tokens=k) for k in (20, 7, 16, 12, 25)]
+    sps = [SamplingParams(max_tokens=k) for k in (20, 7, 16, 12, 25)]
     refs = [alone(lm, p, sp).token_ids for p, sp in zip(ps, sps)]
     d = (None if drafter is None else LookupDrafter(4) if drafter == "lookup"
          else make_strategy("eagle", lm, head=_head(lm), top_k=4, depth=3, total_nodes=10).batch_drafter(3))
@@ -107,6 +107,6 @@ def test_a_batch_on_cuda_equals_each_request_alone(drafter):
 def test_seeded_sampling_on_cuda_is_reproducible():
     lm = varied_model(device=CUDA)
     p = varied_prompts()[0]
-    sp = SamplingParams(max_new_tokens=16, temperature=0.9, seed=3)
+    sp = SamplingParams(max_tokens=16, temperature=0.9, seed=3)
     a, b = (generate(make_strategy("lookup", lm, num_tokens=3), p, sp).token_ids for _ in range(2))
     assert a == b and len(a) == 16

@@ -45,7 +45,7 @@ def _sample_counts(lm, prompt, strategy, params, n_samples, vocab=4, n=3):
     counts = torch.zeros(vocab**n, dtype=torch.float64)
     strat = make_strategy(strategy, lm, **params)
     for seed in range(n_samples):
-        sp = SamplingParams(max_new_tokens=n, temperature=TEMP, seed=seed)
+        sp = SamplingParams(max_tokens=n, temperature=TEMP, seed=seed)
         ids = generate(strat, prompt, sp).token_ids
         counts[sum(t * vocab ** (n - 1 - i) for i, t in enumerate(ids))] += 1
     return counts
@@ -155,11 +155,11 @@ def test_strategy_parameter_errors():
 def test_stop_conditions():
     lm = tiny_model()
     lm.config.eos_ids = []
-    r = generate(make_strategy("ar", lm), [1, 2, 3], SamplingParams(max_new_tokens=7))
+    r = generate(make_strategy("ar", lm), [1, 2, 3], SamplingParams(max_tokens=7))
     assert len(r.token_ids) == 7 and r.finish_reason == "length" and len(r.token_times) == 7
     eos = r.token_ids[3]
     lm.config.eos_ids = [eos]
-    r2 = generate(make_strategy("lookup", lm), [1, 2, 3], SamplingParams(max_new_tokens=7))
+    r2 = generate(make_strategy("lookup", lm), [1, 2, 3], SamplingParams(max_tokens=7))
     assert r2.finish_reason == "stop" and eos not in r2.token_ids and r2.token_ids == r.token_ids[: r.token_ids.index(eos)]
     lm.config.eos_ids = []
 
@@ -181,7 +181,7 @@ def test_raising_from_on_tokens_ends_generate_at_that_step():
             raise Stop
 
     with pytest.raises(Stop):
-        generate(st, [1, 2, 3], SamplingParams(max_new_tokens=50, ignore_eos=True), on_tokens)
+        generate(st, [1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True), on_tokens)
     assert len(seen) == 3  # no step ran after the one whose tokens raised
     assert not solo_scheduler(st).has_work()
-    assert len(generate(st, [1, 2, 3], SamplingParams(max_new_tokens=5, ignore_eos=True)).token_ids) == 5
+    assert len(generate(st, [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True)).token_ids) == 5

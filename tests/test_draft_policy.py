@@ -54,7 +54,7 @@ def test_fixed_k_drafts_k_every_step_whatever_is_accepted(lm, max_batch):
 
         sched.spec.plan = record  # type: ignore[method-assign]
         for p in prompts():
-            sched.add(p, SamplingParams(max_new_tokens=30, temperature=0.0))
+            sched.add(p, SamplingParams(max_tokens=30, temperature=0.0))
         results = sched.run()
         levels = [r.levels[0] for r in results]
         proposed[policy] = sum(lv.proposed for lv in levels)
@@ -101,7 +101,7 @@ def test_greedy_output_under_fixed_k_equals_autoregressive(name, concurrency):
     max_new = [30, 12, 25, 20]
     results = run_joining(sched, ps, max_new)
     for i, p in enumerate(ps):
-        want = alone(lm, p, SamplingParams(max_new_tokens=max_new[i], temperature=0.0))
+        want = alone(lm, p, SamplingParams(max_tokens=max_new[i], temperature=0.0))
         assert results[i].token_ids == want.token_ids, i
     levels = [r.levels[-1] for r in results.values()]  # (a hierarchy's: the chains the target verified)
     proposed, accepted = sum(lv.proposed for lv in levels), sum(lv.accepted for lv in levels)
@@ -147,7 +147,7 @@ def test_draft_length_round_trips_through_a_run_configuration_and_the_flags(tmp_
     with pytest.raises(BadInput, match=r"configs\.0\.params: strategy 'eagle' parameter draft_length='often'"):
         parse_run_config({"configs": [{"name": "e", "strategy": "eagle", "params": {"draft_length": "often"}}]})
     flags = build_config(None, strategies=["ar", "lookup"], backend="inprocess", model=None, dtype="fp32",
-                         quant="none", group_size=32, params=["lookup.draft_length=fixed"], max_new_tokens=8,
+                         quant="none", group_size=32, params=["lookup.draft_length=fixed"], max_tokens=8,
                          temperature=0.0, seed=0, base_url=None, api="chat", tokenizer=None, retries=None,
                          timeout=None, connect_timeout=None, overrides={})
     assert [c.params.given() for c in flags.configs] == [{}, {"draft_length": "fixed"}]
@@ -168,14 +168,14 @@ def test_the_inprocess_backend_and_the_server_run_the_configured_policy(monkeypa
     monkeypatch.setattr(draft_policy, "cost_surface", lambda *a, **k: CostSurface((1,), (1.0,)))
     lm = tiny_model(seed=3)
     lm.tokenizer = CharTokenizer(lm.config.vocab_size)
-    bc = BenchConfig(name="lk", strategy="lookup", params={"draft_length": policy}, max_new_tokens=6)
+    bc = BenchConfig(name="lk", strategy="lookup", params={"draft_length": policy}, max_tokens=6)
     backend = InProcessBackend(bc, models={"target": lm})
 
     async def one():
         await backend.start()
         try:
             ran = backend.worker.scheduler.spec.policy.name
-            return ran, await backend.complete([{"role": "user", "content": "abc abc abc"}], max_new_tokens=6)
+            return ran, await backend.complete([{"role": "user", "content": "abc abc abc"}], max_tokens=6)
         finally:
             await backend.close()
 
@@ -210,7 +210,7 @@ def test_arms_recipe_is_no_speculation_fixed_and_adaptive_each_gated_against_ar(
         assert fixed.draft == adaptive.draft and fixed.draft is not None
     if strategy == "hier":
         assert fixed.intermediate == adaptive.intermediate and fixed.intermediate is not None
-    assert [c.max_new_tokens for c in arms_matrix(strategy, quick=True).configs] == [32] * 3
+    assert [c.max_tokens for c in arms_matrix(strategy, quick=True).configs] == [32] * 3
 
 
 def test_compare_arms_flag_expands_into_the_three_configurations(monkeypatch):
@@ -219,11 +219,11 @@ def test_compare_arms_flag_expands_into_the_three_configurations(monkeypatch):
 
     seen = []
     monkeypatch.setattr(pipeline, "run_compare", lambda config, **kw: seen.append(config))
-    r = CliRunner().invoke(app, ["compare", "--arms", "lookup", "--concurrency", "1,4,16", "--max-new-tokens", "8"])
+    r = CliRunner().invoke(app, ["compare", "--arms", "lookup", "--concurrency", "1,4,16", "--max-tokens", "8"])
     assert r.exit_code == 0, r.output
     [cfg] = seen
     assert [c.name for c in cfg.configs] == ["ar", "lookup-fixed", "lookup-adaptive"]
-    assert cfg.load.concurrency == [1, 4, 16] and {c.max_new_tokens for c in cfg.configs} == {8}
+    assert cfg.load.concurrency == [1, 4, 16] and {c.max_tokens for c in cfg.configs} == {8}
     for args, needle in ((["--arms", "medusa"], "--arms takes a strategy that drafts in a batch (lookup, draft, "
                                                 "eagle, hier), got 'medusa'"),
                          (["--arms", "ar"], "got 'ar'"),

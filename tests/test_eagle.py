@@ -181,7 +181,7 @@ def test_greedy_eagle_equals_autoregressive_on_tiny(total):
 def test_eagle_sampling_runs_and_is_seeded():
     lm = tiny_model()
     head = random_head(lm)
-    sp = SamplingParams(max_new_tokens=30, temperature=0.8, seed=3, ignore_eos=True)
+    sp = SamplingParams(max_tokens=30, temperature=0.8, seed=3, ignore_eos=True)
     # a fixed draft length: adaptive drafts follow timed passes, and each draft takes its own random draws
     a = generate(EagleTree(lm, head=head, total_nodes=12, draft_length="fixed"), [1, 2, 3], sp)
     b = generate(EagleTree(lm, head=head, total_nodes=12, draft_length="fixed"), [1, 2, 3], sp)
@@ -250,8 +250,8 @@ def test_public_eagle_layout(tmp_path, fmt, with_embed, attn_norm):
     torch.testing.assert_close(head.hidden(lm.model, x, f, head.new_cache(8)),
                                loaded.hidden(lm.model, x, f, loaded.new_cache(8)))
     r = generate(EagleTree(lm, head=str(tmp_path / "pub"), total_nodes=10), [1, 2, 3],
-                 SamplingParams(max_new_tokens=12, ignore_eos=True))
-    assert r.token_ids == generate(Autoregressive(lm), [1, 2, 3], SamplingParams(max_new_tokens=12, ignore_eos=True)).token_ids
+                 SamplingParams(max_tokens=12, ignore_eos=True))
+    assert r.token_ids == generate(Autoregressive(lm), [1, 2, 3], SamplingParams(max_tokens=12, ignore_eos=True)).token_ids
 
 
 def test_bad_heads_and_params(tmp_path):
@@ -280,7 +280,7 @@ def test_bad_heads_and_params(tmp_path):
 
 @pytest.mark.slow
 def test_shipped_head_is_lossless_on_embedded_model(smollm):
-    sp = SamplingParams(max_new_tokens=32)
+    sp = SamplingParams(max_tokens=32)
     # a fixed tree: the adaptive planner sizes it from timed passes, so τ would depend on the machine's load
     st = EagleTree(smollm, total_nodes=16, draft_length="fixed")
     taus = []
@@ -311,7 +311,7 @@ def test_draft_vocabulary_head(tmp_path, quant):
     d = One(loaded, lm, top_k=4, depth=3, total_nodes=30, max_len=100)
     d.start([1, 2, 3, 4], feats)
     assert set(d.draft(30).tokens) <= set(vocab.tolist())
-    sp = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    sp = SamplingParams(max_tokens=24, ignore_eos=True)
     assert generate(EagleTree(lm, head=loaded, total_nodes=20), [5, 6], sp).token_ids == \
         generate(Autoregressive(lm), [5, 6], sp).token_ids
 
@@ -323,7 +323,7 @@ def test_bf16_head_drafting_for_fp32_target_is_lossless(vocab):
     head = EagleHead(HeadConfig.for_target(lm), draft_vocab=vocab).eval().requires_grad_(False)
     st = EagleTree(lm, head=head, total_nodes=16, head_dtype="bf16")
     assert st.head.dtype == torch.bfloat16 and head.dtype == torch.float32 and st.params()["head_dtype"] == "bfloat16"
-    sp = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    sp = SamplingParams(max_tokens=24, ignore_eos=True)
     assert generate(st, [5, 6, 7], sp).token_ids == generate(Autoregressive(lm), [5, 6, 7], sp).token_ids
     with pytest.raises(BadInput):
         EagleTree(lm, head=head, head_dtype="fp8")

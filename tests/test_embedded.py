@@ -35,7 +35,7 @@ def test_logits_and_greedy_match_transformers(smollm):
         assert (ref - ours).abs().max().item() < 1e-3
         with torch.no_grad():
             hf_out = hf.generate(x, max_new_tokens=64, do_sample=False)[0, len(ids):].tolist()
-        res = generate(make_strategy("ar", smollm), ids, SamplingParams(max_new_tokens=64))
+        res = generate(make_strategy("ar", smollm), ids, SamplingParams(max_tokens=64))
         eos = set(smollm.config.eos_ids)
         hf_out = hf_out[: next((i for i, t in enumerate(hf_out) if t in eos), len(hf_out))]
         assert res.token_ids == hf_out
@@ -49,7 +49,7 @@ def test_greedy_speculation_is_token_identical_in_fp32(smollm, smollm_int4, stra
         "hier": {"intermediate": smollm_int4, "drafter": "lookup"},
         "hier-eagle": {"intermediate": smollm_int4, "drafter": "eagle"},
     }[strategy] | {"draft_length": "fixed"}  # drafts every step (the adaptive planner may find none pays here)
-    sp = SamplingParams(max_new_tokens=48)
+    sp = SamplingParams(max_tokens=48)
     for prompt in PROMPTS:
         ids = _ids(smollm, prompt)
         ref = generate(make_strategy("ar", smollm), ids, sp)
@@ -74,7 +74,7 @@ def test_quantization_quality_bounds(smollm, smollm_int4):
 
 def test_sampling_is_reproducible_with_a_seed(smollm):
     ids = _ids(smollm, PROMPTS[0])
-    sp = SamplingParams(max_new_tokens=16, temperature=0.8, top_p=0.9, seed=123)
+    sp = SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=123)
     a = generate(make_strategy("ar", smollm), ids, sp).token_ids
     b = generate(make_strategy("ar", smollm), ids, sp).token_ids
     assert a == b

@@ -17,7 +17,7 @@ def test_seeded_large_and_covers_every_kind():
     assert [q.turns for q in graded_questions(40, seed=1)] != [q.turns for q in graded_questions(40, seed=0)]
     assert set(Counter(q.kind for q in qs)) == set(KINDS)
     assert set(Counter(q.kind for q in qs[:8])) == set(KINDS)  # any prefix covers every kind
-    assert all(q.max_new_tokens and q.max_new_tokens <= 24 for q in qs)  # short answers
+    assert all(q.max_tokens and q.max_tokens <= 24 for q in qs)  # short answers
     assert all(q.system == "Answer with the answer only." for q in qs)  # ... asked for as such
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -63,7 +64,7 @@ def test_toml(tmp_path):
     ("configs: [{name: a}]\nload: {concurrency: [0]}", r"concurrency must be >= 1"),
     ("configs: []", r"configs: List should have at least 1 item"),
     ("configs: [{name: a, backend: openai, openai: {base_url: localhost:8000}}]", r"base_url must start with http"),
-    ("configs: [{name: a, max_new_tokens: 0}]", r"configs\.0\.max_new_tokens"),
+    ("configs: [{name: a, max_tokens: 0}]", r"configs\.0\.max_tokens"),
     ("- just\n- a list", r"expected a mapping at the top level"),
     ("configs: [{name: a\n", r"not valid YAML"),
 ])
@@ -87,7 +88,7 @@ def test_openai_settings_on_inprocess_rejected():
 
 def _flags(**kw):
     base = dict(strategies=[], backend="inprocess", model=None, dtype="fp32", quant="none", group_size=32,
-                params=[], max_new_tokens=64, temperature=0.0, seed=1, base_url=None, api="chat",
+                params=[], max_tokens=64, temperature=0.0, seed=1, base_url=None, api="chat",
                 tokenizer=None, retries=None, timeout=None, connect_timeout=None, overrides={})
     base.update(kw)
     return build_config(None, **base)
@@ -109,7 +110,7 @@ def test_flags_override_a_file(tmp_path):
     p = write(tmp_path, GOOD)
     cfg = build_config(p, **{k: v for k, v in dict(
         strategies=[], backend="inprocess", model=None, dtype="fp32", quant="none", group_size=32, params=[],
-        max_new_tokens=64, temperature=0.0, seed=0, base_url=None, api="chat", tokenizer=None, retries=None,
+        max_tokens=64, temperature=0.0, seed=0, base_url=None, api="chat", tokenizer=None, retries=None,
         timeout=None, connect_timeout=None).items()}, overrides={"load.rate": [2.0], "output_dir": "/tmp/x"})
     assert cfg.load.rate == [2.0] and cfg.load.concurrency is None
     assert cfg.output_dir == "/tmp/x" and len(cfg.configs) == 3
@@ -128,3 +129,43 @@ def test_cli_prints_one_line_error(tmp_path):
     assert out.stderr.strip().startswith("error: ")
     assert "backend" in out.stderr and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+OLD_SPELLING = """
+configs:
+  - {name: old, strategy: ar, max_new_tokens: 7}
+  - {name: new, strategy: ar, max_tokens: 7}
+load: {concurrency: [1], warmup_max_new_tokens: 3}
+"""
+
+
+def test_old_spelling_max_new_tokens_still_reads_and_means_the_same(tmp_path, monkeypatch):
+    """Config files, recorded runs and flags from before the rename to max_tokens (issue 44 item 4) still work."""
+    p = tmp_path / "old.yaml"
+    p.write_text(OLD_SPELLING)
+    cfg = load_run_config(p)
+    old, new = cfg.configs
+    assert old.max_tokens == new.max_tokens == 7 and cfg.load.warmup_max_tokens == 3
+    assert old.model_dump(exclude={"name"}) == new.model_dump(exclude={"name"})  # written with the new name
+    assert "max_new_tokens" not in old.model_dump()
+    with pytest.raises(BadInput, match="max_new_tokens"):  # both spellings at once: refused, not one silently won
+        parse_run_config({"configs": [{"name": "a", "max_tokens": 3, "max_new_tokens": 4}]})
+    # a run recorded before the rename resumes with the limit it ran with (its run.json's conditions.config, from
+    # benchmarks/results/builtin-quick-ar-lookup-eagle)
+    recorded = json.loads((Path(__file__).parent / "data/run_config_before_max_tokens.json").read_text())
+    assert [c.max_tokens for c in parse_run_config(recorded).configs] == [48, 48, 48]
+    # the old flag spelling
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    from specledger import pipeline
+    from specledger.cli import app
+
+    commands = get_command(app).commands  # type: ignore[attr-defined]
+    for name in ("generate", "bench", "compare"):
+        assert any({"--max-tokens", "--max-new-tokens"} <= set(o.opts) for o in commands[name].params), name
+    seen = []
+    monkeypatch.setattr(pipeline, "run_compare", lambda config, **kw: seen.append(config))
+    r = CliRunner().invoke(app, ["compare", "--arms", "lookup", "--concurrency", "1", "--max-new-tokens", "5"])
+    assert r.exit_code == 0, r.output
+    assert {c.max_tokens for c in seen[0].configs} == {5}

@@ -40,7 +40,7 @@ def _workload(tmp_path: Path) -> str:
 
 def _config(tmp_path: Path) -> RunConfig:
     return parse_run_config({
-        "configs": [{"name": n, "max_new_tokens": TOKENS} for n in CONFIGS],
+        "configs": [{"name": n, "max_tokens": TOKENS} for n in CONFIGS],
         "workload": {"spec": _workload(tmp_path)}, "load": {"concurrency": LEVELS, "warmup": 0},
         "bootstrap": 0, "interleave": False, "verify_curve": False,
     })
@@ -189,7 +189,7 @@ def _http_config(tmp_path: Path, base_url: str) -> Path:
     wl = tmp_path / "w.jsonl"
     wl.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [f"q{i}"]}) + "\n"
                           for i in range(HTTP_ITEMS)))
-    cfg = {"configs": [{"name": "srv", "backend": "openai", "model": "fake-model", "max_new_tokens": HTTP_TOKENS,
+    cfg = {"configs": [{"name": "srv", "backend": "openai", "model": "fake-model", "max_tokens": HTTP_TOKENS,
                         "openai": {"base_url": base_url, "connect_timeout_s": 5, "timeout_s": 30,
                                    "extra_body": {"fake": {"tokens_per_chunk": 50}}}}],
            "workload": {"spec": str(wl)}, "load": {"concurrency": HTTP_LEVELS, "warmup": 0}, "bootstrap": 0}

@@ -38,7 +38,7 @@ def config(server, tmp_path, workload: str, *, fake: dict | None = None, openai:
     o = {"base_url": server.base_url, "connect_timeout_s": 2, "timeout_s": 10,
          "extra_body": {"fake": fake or {}}, **(openai or {})}
     cfg = {
-        "configs": configs or [{"name": "srv", "backend": "openai", "model": "fake-model", "max_new_tokens": 6,
+        "configs": configs or [{"name": "srv", "backend": "openai", "model": "fake-model", "max_tokens": 6,
                                 "openai": o}],
         "workload": {"spec": workload},
         "load": {"concurrency": [1], "warmup": 0},
@@ -186,8 +186,8 @@ def test_vllm_per_request_spec_decode_metrics(server, tmp_path):
 def test_concurrency_sweep_and_lossless_gate_on_text(server, tmp_path):
     wl = write_workload(tmp_path / "w.jsonl", [f"q{i}" for i in range(6)])
     o = {"base_url": server.base_url, "connect_timeout_s": 2, "extra_body": {"fake": {"ttft_s": 0.02}}}
-    configs = [{"name": "base", "backend": "openai", "strategy": "ar", "max_new_tokens": 4, "openai": o},
-               {"name": "spec", "backend": "openai", "strategy": "eagle", "max_new_tokens": 4, "openai": o}]
+    configs = [{"name": "base", "backend": "openai", "strategy": "ar", "max_tokens": 4, "openai": o},
+               {"name": "spec", "backend": "openai", "strategy": "eagle", "max_tokens": 4, "openai": o}]
     cfg = config(server, tmp_path, wl, configs=configs)
     cfg["load"] = {"concurrency": [1, 3], "warmup": 1}
     result, recs, path = run(cfg, tmp_path)

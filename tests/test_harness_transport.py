@@ -43,7 +43,7 @@ def server():
 
 
 def backend(srv: FakeOpenAIServer, **openai) -> OpenAIBackend:
-    bc = BenchConfig(name="x", backend="openai", model="fake-model", max_new_tokens=4,
+    bc = BenchConfig(name="x", backend="openai", model="fake-model", max_tokens=4,
                      openai={"base_url": srv.base_url, "connect_timeout_s": 2, "timeout_s": 10,
                              "scrape_metrics": False, **openai})
     return OpenAIBackend(bc)
@@ -53,9 +53,9 @@ def twice_with_a_pause(b: OpenAIBackend, pause: float):
     async def go():
         await b.start()
         try:
-            first = await b.complete([{"role": "user", "content": "a"}], max_new_tokens=3)
+            first = await b.complete([{"role": "user", "content": "a"}], max_tokens=3)
             await asyncio.sleep(pause)
-            second = await b.complete([{"role": "user", "content": "b"}], max_new_tokens=3)
+            second = await b.complete([{"role": "user", "content": "b"}], max_tokens=3)
             return first, second
         finally:
             await b.close()
@@ -103,7 +103,7 @@ def test_refused_connection_is_retried_then_a_failure(server):
         b.replicas = [f"http://127.0.0.1:{port}"]  # the server went away after the run started
         b._pools.free = [[]]
         try:
-            return await b.complete([{"role": "user", "content": "x"}], max_new_tokens=2)
+            return await b.complete([{"role": "user", "content": "x"}], max_tokens=2)
         finally:
             await b.close()
 
@@ -142,7 +142,7 @@ def sweep(srv, tmp_path: Path, name: str, **openai):
     wl = write_workload(tmp_path / f"{name}.jsonl", 4)
     o = {"base_url": srv.base_url, "connect_timeout_s": 2, "timeout_s": 10, "keepalive_expiry_s": 30, **openai}
     cfg = parse_run_config({
-        "configs": [{"name": "srv", "backend": "openai", "model": "fake-model", "max_new_tokens": 4, "openai": o}],
+        "configs": [{"name": "srv", "backend": "openai", "model": "fake-model", "max_tokens": 4, "openai": o}],
         "workload": {"spec": wl}, "load": {"concurrency": [1, 4], "warmup": 0}, "bootstrap": 0,
     })
     run = Runner(cfg, tmp_path / name, show_progress=False,
@@ -181,9 +181,9 @@ def test_mid_stream_drops_are_counted_and_priced_as_failed_attempts(server, tmp_
     wl = write_workload(tmp_path / "w.jsonl", 6)
     o = {"base_url": server.base_url, "connect_timeout_s": 2, "timeout_s": 10}
     configs = [
-        {"name": "clean", "backend": "openai", "strategy": "ar", "model": "fake-model", "max_new_tokens": 4,
+        {"name": "clean", "backend": "openai", "strategy": "ar", "model": "fake-model", "max_tokens": 4,
          "openai": o},
-        {"name": "droppy", "backend": "openai", "strategy": "lookup", "model": "fake-model", "max_new_tokens": 4,
+        {"name": "droppy", "backend": "openai", "strategy": "lookup", "model": "fake-model", "max_tokens": 4,
          "openai": {**o, "extra_body": {"fake": {"drop_if": ["q3"], "drop_after_chunks": 1}}}},
     ]
 
@@ -239,7 +239,7 @@ def test_a_drop_after_the_response_started_is_a_failure_not_a_transport_retry(se
     o = {"base_url": server.base_url, "connect_timeout_s": 2,
          "extra_body": {"fake": {"drop_if": ["two"], "drop_after_chunks": 0}}}
     cfg = parse_run_config({"configs": [{"name": "s", "backend": "openai", "model": "fake-model",
-                                         "max_new_tokens": 4, "openai": o}],
+                                         "max_tokens": 4, "openai": o}],
                             "workload": {"spec": str(path)}, "load": {"warmup": 0}, "bootstrap": 0})
     run = Runner(cfg, tmp_path / "r", show_progress=False).run()
     failed = [r for r in read_requests(tmp_path / "r") if r.status == "failed"]
@@ -293,7 +293,7 @@ def test_uvicorn_closing_idle_connections_at_the_moment_requests_go_out(tmp_path
             out = []
             try:
                 for _ in range(30):
-                    out.append(await b.complete([{"role": "user", "content": "x"}], max_new_tokens=2))
+                    out.append(await b.complete([{"role": "user", "content": "x"}], max_tokens=2))
                     await asyncio.sleep(0.299)
             finally:
                 await b.close()
@@ -314,7 +314,7 @@ def test_connections_that_failed_before_a_response_are_not_kept(stale_server):
         await b.start()
         try:
             for _ in range(3):
-                c = await b.complete([{"role": "user", "content": "a"}], max_new_tokens=2)
+                c = await b.complete([{"role": "user", "content": "a"}], max_tokens=2)
                 assert c.ok
                 await asyncio.sleep(IDLE + 0.1)
             return len(b._pools.all), c.transport_retries

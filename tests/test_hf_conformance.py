@@ -83,7 +83,7 @@ def assert_conforms(d: Path, ids: list[int] | None = None, steps: int = 16) -> N
         assert ref.std() > 0.5  # not a near-uniform model that any reading would match
         assert (ref - ours).abs().max().item() < 1e-4
         hf_out = hf.generate(x, max_new_tokens=steps, do_sample=False, eos_token_id=None, pad_token_id=0)
-    res = generate(make_strategy("ar", lm), ids, SamplingParams(max_new_tokens=steps, ignore_eos=True))
+    res = generate(make_strategy("ar", lm), ids, SamplingParams(max_tokens=steps, ignore_eos=True))
     assert res.token_ids == hf_out[0, len(ids):].tolist()
 
 

@@ -81,7 +81,7 @@ def test_batched_hierarchy_is_lossless_and_mixed(kind, concurrency):
     sched = Scheduler(lm, max_batch=concurrency, prefill_chunk=8, drafter=drafter, cost=FLAT)
     results = run_joining(sched, prompts, max_new)
     for i, p in enumerate(prompts):
-        want = alone(lm, p, SamplingParams(max_new_tokens=max_new[i], temperature=0.0))
+        want = alone(lm, p, SamplingParams(max_tokens=max_new[i], temperature=0.0))
         assert results[i].token_ids == want.token_ids, i
         assert results[i].finish_reason == want.finish_reason
     if concurrency > 1:
@@ -121,7 +121,7 @@ def test_batched_rounds_are_each_sequence_alone(kind):
             assert chain.tokens == want.tokens and chain.is_chain() and 0 < len(chain) <= b
             assert same_counts(together.inner_levels(s.key)[0], one.inner_levels(0)[0])  # the same verdicts below
             # a greedy chain is the intermediate's own greedy continuation, whatever its drafter proposed
-            mine = alone(st.mids[0], s.tokens, SamplingParams(max_new_tokens=len(chain), temperature=0.0,
+            mine = alone(st.mids[0], s.tokens, SamplingParams(max_tokens=len(chain), temperature=0.0,
                                                               ignore_eos=True))
             assert chain.tokens == mine.token_ids
             keep = int(torch.randint(0, len(chain) + 1, (1,), generator=g))  # the verifier keeps a prefix
@@ -142,7 +142,7 @@ def test_batched_hierarchy_sampling_follows_target_distribution():
     sched = Scheduler(lm, max_batch=8, drafter=st.batch_drafter(8), cost=FLAT)
     n_samples, vocab, n = 1500, 4, 3
     for seed in range(n_samples):
-        sched.add(prompt, SamplingParams(max_new_tokens=n + 2, temperature=TEMP, seed=seed, ignore_eos=True))
+        sched.add(prompt, SamplingParams(max_tokens=n + 2, temperature=TEMP, seed=seed, ignore_eos=True))
     counts = torch.zeros(vocab**n, dtype=torch.float64)
     results = sched.run()
     assert len(results) == n_samples and max(r.mean_batch for r in results) > 4
@@ -224,7 +224,7 @@ def test_embedded_hierarchy_batched_equals_alone(smollm, smollm_int4):
     texts = ["Explain why the sky is blue in two sentences.", "Write a Python function that checks for primes.",
              "Translate into French: The library opens at eight in the morning."]
     ps = [smollm.tokenizer.chat([{"role": "user", "content": t}]) for t in texts]
-    sps = [SamplingParams(max_new_tokens=k) for k in (16, 10, 20)]
+    sps = [SamplingParams(max_tokens=k) for k in (16, 10, 20)]
     st = make_strategy("hier", smollm, intermediate=smollm_int4, drafter="lookup", min_chain=3, max_chain=6)
     sched = Scheduler(smollm, max_batch=3, prefill_chunk=64, drafter=st.batch_drafter(3), cost=FLAT)
     rids = [sched.add(p, sp) for p, sp in zip(ps, sps)]

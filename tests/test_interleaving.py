@@ -19,7 +19,7 @@ def _workload(tmp_path, n):
 
 def _run(tmp_path, name, *, n, interleave, seconds, repeats=1, seed=0):
     cfg = parse_run_config({
-        "configs": [{"name": "twin-a", "max_new_tokens": 8}, {"name": "twin-b", "max_new_tokens": 8}],
+        "configs": [{"name": "twin-a", "max_tokens": 8}, {"name": "twin-b", "max_tokens": 8}],
         "workload": {"spec": _workload(tmp_path, n)}, "load": {"concurrency": [1], "warmup": 1},
         "bootstrap": 0, "interleave": interleave, "repeats": repeats, "seed": seed, "verify_curve": False,
     })
@@ -70,8 +70,8 @@ def test_quality_level_runs_once_per_target_and_stands_for_lossless_configuratio
     from specledger.ledger.measurements import measurements_from_run
 
     cfg = parse_run_config({
-        "configs": [{"name": "ar", "max_new_tokens": 8}, {"name": "lookup", "strategy": "lookup", "max_new_tokens": 8},
-                    {"name": "ar-w4", "dtype": "bf16", "quant": "int4", "max_new_tokens": 8}],
+        "configs": [{"name": "ar", "max_tokens": 8}, {"name": "lookup", "strategy": "lookup", "max_tokens": 8},
+                    {"name": "ar-w4", "dtype": "bf16", "quant": "int4", "max_tokens": 8}],
         "workload": {"spec": _workload(tmp_path, 4)}, "load": {"concurrency": [1], "warmup": 0},
         "quality": {"spec": "builtin-graded", "limit": 24}, "bootstrap": 0, "verify_curve": False,
         "calibration": False, "gates": {"quantization": False},

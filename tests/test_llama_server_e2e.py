@@ -38,7 +38,7 @@ def _bench(tmp_path: Path) -> Path:
     wl = tmp_path / "copy.jsonl"
     wl.write_text("".join(json.dumps({"question_id": f"q{i}", "category": "copy", "turns": [p]}) + "\n"
                           for i, p in enumerate(PROMPTS)))
-    common = {"backend": "openai", "model": "smollm2-135m", "max_new_tokens": 32}
+    common = {"backend": "openai", "model": "smollm2-135m", "max_tokens": 32}
     # llama-server sometimes drops a reused keep-alive connection before answering ("Server disconnected without
     # sending a response"; the request never reaches a slot, so its counters do not see it): retry those.
     transport = {"retries": 2}
@@ -50,7 +50,7 @@ def _bench(tmp_path: Path) -> Path:
              "openai": {"server": {"command": SERVER + NGRAM, "startup_timeout_s": 300}, **transport}},
         ],
         "workload": {"spec": str(wl)},
-        "load": {"concurrency": [1, 4], "num_requests": 8, "warmup": 1, "warmup_max_new_tokens": 4},
+        "load": {"concurrency": [1, 4], "num_requests": 8, "warmup": 1, "warmup_max_tokens": 4},
         "bootstrap": 0, "verify_curve": False,
     }
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))

@@ -166,7 +166,7 @@ def test_bench_run_starts_the_configured_server_and_keeps_its_log(tmp_path):
                           for i in range(3)))
     server = {"command": "{python} " + FAKE + " --port {port}", "startup_timeout_s": 30}
     cfg = parse_run_config({
-        "configs": [{"name": "fake srv", "backend": "openai", "model": "fake-model", "max_new_tokens": 4,
+        "configs": [{"name": "fake srv", "backend": "openai", "model": "fake-model", "max_tokens": 4,
                      "openai": {"server": server, "connect_timeout_s": 5}}],
         "workload": {"spec": str(wl)}, "load": {"concurrency": [1, 2], "warmup": 0}, "bootstrap": 0,
         "verify_curve": False,
@@ -187,7 +187,7 @@ def test_interleaved_managed_servers_each_keep_their_own_counters(tmp_path):
     wl = tmp_path / "w.jsonl"
     wl.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [f"q{i}"]}) + "\n"
                           for i in range(3)))
-    configs = [{"name": f"fake{acc}", "backend": "openai", "model": "fake-model", "max_new_tokens": 4,
+    configs = [{"name": f"fake{acc}", "backend": "openai", "model": "fake-model", "max_tokens": 4,
                 "openai": {"server": {"command": "{python} " + FAKE + f" --port {{port}} --spec-steps 2 "
                                       f"--accepted-per-step {acc}", "startup_timeout_s": 30}}} for acc in (1, 2)]
     cfg = parse_run_config({"configs": configs, "workload": {"spec": str(wl)}, "interleave": True,
@@ -210,7 +210,7 @@ def test_bench_on_a_managed_specledger_serve(tmp_path):
                          "--strategy lookup --max-seq-len 512 --log-level warning", "startup_timeout_s": 400}
     cfg = parse_run_config({
         "configs": [{"name": "serve-lookup", "backend": "openai", "model": "smollm2-135m", "strategy": "lookup",
-                     "max_new_tokens": 16, "openai": {"server": server}}],
+                     "max_tokens": 16, "openai": {"server": server}}],
         "workload": {"spec": str(wl)}, "load": {"concurrency": [1], "num_requests": 2, "warmup": 0},
         "bootstrap": 0, "verify_curve": False,
     })

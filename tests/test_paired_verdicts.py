@@ -83,7 +83,7 @@ def _workload(tmp_path, n):
 
 def test_a_a_pair_is_indistinguishable_and_never_cheapest_or_dominated(tmp_path):
     cfg = parse_run_config({
-        "configs": [{"name": "ar-twin-a", "max_new_tokens": 8}, {"name": "ar-twin-b", "max_new_tokens": 8}],
+        "configs": [{"name": "ar-twin-a", "max_tokens": 8}, {"name": "ar-twin-b", "max_tokens": 8}],
         "workload": {"spec": _workload(tmp_path, 30)}, "load": {"concurrency": [1], "warmup": 1},
         "bootstrap": 0, "verify_curve": False, "calibration": False,
     })
@@ -110,7 +110,7 @@ def test_repeats_count_each_graded_item_once(tmp_path):
     """Greedy repeats are copies of one answer: 3 repeats of 10 items are 10 graded items, not 30 (the
     interval would otherwise be sqrt(3) too narrow)."""
     cfg = parse_run_config({
-        "configs": [{"name": "ar", "max_new_tokens": 8}],
+        "configs": [{"name": "ar", "max_tokens": 8}],
         "workload": {"spec": _workload(tmp_path, 10)}, "load": {"concurrency": [1], "warmup": 0},
         "repeats": 3, "bootstrap": 0, "verify_curve": False, "calibration": False,
     })

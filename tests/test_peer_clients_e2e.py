@@ -137,7 +137,7 @@ def _guidellm(url: str, d: Path, out: Path) -> Path:
 
 
 def _ours(url: str, d: Path, out: Path) -> Path:
-    cfg = {"configs": [{"name": "specledger", "backend": "openai", "model": "smollm2-135m", "max_new_tokens": TOKENS,
+    cfg = {"configs": [{"name": "specledger", "backend": "openai", "model": "smollm2-135m", "max_tokens": TOKENS,
                         "openai": {"base_url": url}}],
            "workload": {"spec": f"chat:{d / 'chat.jsonl'}"},
            "load": {"concurrency": [CONCURRENCY], "num_requests": N, "warmup": 0}, "bootstrap": 0,

@@ -78,7 +78,7 @@ def test_batched_greedy_equals_each_request_alone(tmp_path, kind, quant):
     prompts, max_new = _prompts(), [12, 20, 9, 16]
     results = run_joining(Scheduler(lm, max_batch=3, prefill_chunk=4), prompts, max_new)
     for i, p in enumerate(prompts):
-        want = alone(lm, p, SamplingParams(max_new_tokens=max_new[i], temperature=0.0, ignore_eos=True))
+        want = alone(lm, p, SamplingParams(max_tokens=max_new[i], temperature=0.0, ignore_eos=True))
         got = results[i].token_ids
         assert got == want.token_ids[: len(got)] and len(got) > 0, i
 

@@ -68,7 +68,7 @@ def test_the_shipped_pair_recipe_validates_and_every_arm_resolves(monkeypatch):
     # one workload, one answer length, greedy, at concurrency 1 and 4, quality on the graded set, 2 threads
     assert run.load.concurrency == [1, 4] and run.workload.spec == "builtin" and run.threads == 2
     assert run.quality is not None and run.quality.spec == "builtin-graded"
-    assert {c.max_new_tokens for c in run.configs} == {32} and all(c.greedy for c in run.configs)
+    assert {c.max_tokens for c in run.configs} == {32} and all(c.greedy for c in run.configs)
     assert all(c.model == TARGET for c in run.configs)
     # the in-process arms: the precisions and strategies the issue asks for, on registry models
     assert {(c.strategy, c.dtype, c.quant) for c in run.configs if c.backend == "inprocess"} == {
@@ -212,7 +212,7 @@ def test_llama_servers_draft_counts_land_in_records_aggregate_and_report(tmp_pat
     with ReplayServer() as srv:
         cfg = parse_run_config({
             "configs": [{"name": "llama-draft", "backend": "openai", "model": TARGET, "strategy": "draft-simple",
-                         "max_new_tokens": 48, "openai": {"base_url": srv.base_url, "connect_timeout_s": 5}}],
+                         "max_tokens": 48, "openai": {"base_url": srv.base_url, "connect_timeout_s": 5}}],
             "workload": {"spec": str(wl)}, "load": {"concurrency": [1], "warmup": 0}, "bootstrap": 0,
             "verify_curve": False, "calibration": False})
         _, path = run_benchmark(cfg, run_dir=tmp_path / "run", show_progress=False)

@@ -35,7 +35,7 @@ RUN_EXTRA = {
     "show": [],
     "diff": [],
     "report": ["--samples", "50"],
-    "bench": ["--workload", "builtin-quick", "--limit", "1", "--max-new-tokens", "4", "--warmup", "0",
+    "bench": ["--workload", "builtin-quick", "--limit", "1", "--max-tokens", "4", "--warmup", "0",
               "--no-progress"],  # a later --workload wins: one question of the quick workload
 }
 PARSE_ONLY = {

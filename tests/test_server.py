@@ -83,7 +83,7 @@ def test_models_and_health(server):
 
 
 def test_chat_greedy_equals_in_process_and_metrics_move(server, client, smollm):
-    expected = in_process(smollm, smollm.tokenizer.chat(CHAT), max_new_tokens=12)
+    expected = in_process(smollm, smollm.tokenizer.chat(CHAT), max_tokens=12)
     before = scrape(server.url)
     before_text = httpx.get(server.url + "/metrics").text
     r = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12, temperature=0)
@@ -123,7 +123,7 @@ def test_chat_greedy_equals_in_process_and_metrics_move(server, client, smollm):
 
 
 def test_completion_stream_with_usage_adds_up(server, client, smollm):
-    expected = in_process(smollm, smollm.tokenizer.encode(PROMPT), max_new_tokens=10)
+    expected = in_process(smollm, smollm.tokenizer.encode(PROMPT), max_tokens=10)
     chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0, stream=True,
                                             stream_options={"include_usage": True}))
     text = "".join(c.choices[0].text for c in chunks if c.choices)
@@ -138,7 +138,7 @@ def test_completion_stream_with_usage_adds_up(server, client, smollm):
 
 
 def test_chat_stream_without_usage_carries_extension_on_finish_chunk(server, client, smollm):
-    expected = in_process(smollm, smollm.tokenizer.chat(CHAT), max_new_tokens=8)
+    expected = in_process(smollm, smollm.tokenizer.chat(CHAT), max_tokens=8)
     chunks = list(client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8, temperature=0,
                                                  stream=True))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -148,7 +148,7 @@ def test_chat_stream_without_usage_carries_extension_on_finish_chunk(server, cli
 
 
 def test_stop_strings_end_the_text_and_never_leak(server, client, smollm):
-    full = in_process(smollm, smollm.tokenizer.chat(CHAT), max_new_tokens=16).text
+    full = in_process(smollm, smollm.tokenizer.chat(CHAT), max_tokens=16).text
     stop = full[len(full) // 2: len(full) // 2 + 3]  # three characters in the middle, likely spanning tokens
     assert len(stop) == 3 and stop.strip()
     want = full[: full.find(stop)]

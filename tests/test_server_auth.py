@@ -116,7 +116,7 @@ def bench_config(url: str, wl: Path, env: str | None, **openai_extra) -> dict:
     o = {"base_url": url, "connect_timeout_s": 2, "timeout_s": 60, **openai_extra}
     if env:
         o["api_key_env"] = env
-    return {"configs": [{"name": "srv", "backend": "openai", "model": "smollm2-135m", "max_new_tokens": 3,
+    return {"configs": [{"name": "srv", "backend": "openai", "model": "smollm2-135m", "max_tokens": 3,
                          "openai": o}],
             "workload": {"spec": str(wl)}, "load": {"warmup": 0}, "bootstrap": 0}
 
@@ -274,7 +274,7 @@ def test_bench_api_key_env_flag_reaches_the_configuration():
     from specledger.cli.bench import build_config
 
     cfg = build_config(None, strategies=["ar"], backend="openai", model="m", dtype="fp32", quant="none",
-                       group_size=32, params=[], max_new_tokens=4, temperature=0.0, seed=0,
+                       group_size=32, params=[], max_tokens=4, temperature=0.0, seed=0,
                        base_url="http://127.0.0.1:9", api="chat", tokenizer=None, retries=None, timeout=None,
                        connect_timeout=None, overrides={}, api_key_env="MY_SERVER_KEY")
     assert cfg.configs[0].openai.api_key_env == "MY_SERVER_KEY"

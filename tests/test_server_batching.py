@@ -93,7 +93,7 @@ def test_64_concurrent_streams_none_lost_metrics_add_up(batch_server, smollm):
     reused = next(r for r, n in zip(results, cached) if n)
     for r in [*results[:3], reused]:
         alone = generate(make_strategy("ar", target=smollm), smollm.tokenizer.encode(r["prompt"]),
-                         SamplingParams(max_new_tokens=r["max"], temperature=0.0, ignore_eos=True))
+                         SamplingParams(max_tokens=r["max"], temperature=0.0, ignore_eos=True))
         assert r["text"] == alone.text
 
 
@@ -170,7 +170,7 @@ def test_speculative_strategies_are_served_batched(smollm, strategy, monkeypatch
     accepted = 0
     for p, b in zip(prompts, bodies):
         want = generate(make_strategy("ar", target=smollm), smollm.tokenizer.encode(p),
-                        SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True))
+                        SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
         assert b["choices"][0]["text"] == want.text
         [lv] = b["specledger"]["levels"]
         assert lv["name"] == strategy and b["specledger"]["params"]["draft_length"] == "adaptive"
@@ -197,7 +197,7 @@ def test_max_batch_one_serves_one_request_at_a_time(smollm):
     ext = sorted((b["specledger"] for b in bodies), key=lambda e: e["queue_s"])
     for before, after in zip(ext, ext[1:]):  # arrivals are ~simultaneous: a wait covers the service before it
         assert after["queue_s"] + 0.1 >= before["total_s"] - before["queue_s"] > 0.1
-    sp = SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)
+    sp = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     for p, b in zip(prompts, bodies):
         want = generate(make_strategy("ar", target=smollm), smollm.tokenizer.encode(p), sp)
         assert b["choices"][0]["text"] == want.text

@@ -125,12 +125,12 @@ def test_scheduler_fails_one_request_alone_at_admission_and_in_its_callbacks(tin
     def boom(new: list[int], t: float) -> None:
         raise RuntimeError("the caller's hook broke")
 
-    sp = SamplingParams(max_new_tokens=5, temperature=1.0, ignore_eos=True)
-    good = [sched.add([1, 2, 3], SamplingParams(max_new_tokens=5, ignore_eos=True)) for _ in range(2)]
-    bad_seed = sched.add([1, 2, 3], SamplingParams(max_new_tokens=5, temperature=1.0, seed=BAD_SEED,
+    sp = SamplingParams(max_tokens=5, temperature=1.0, ignore_eos=True)
+    good = [sched.add([1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True)) for _ in range(2)]
+    bad_seed = sched.add([1, 2, 3], SamplingParams(max_tokens=5, temperature=1.0, seed=BAD_SEED,
                                                       ignore_eos=True))
     bad_hook = sched.add([4, 5], sp, on_tokens=boom)
-    broken = SamplingParams(max_new_tokens=5, temperature=1.0, ignore_eos=True)
+    broken = SamplingParams(max_tokens=5, temperature=1.0, ignore_eos=True)
     broken.top_k = -5  # torch.topk raises on the first token
     bad_sampling = sched.add([6, 7], broken)
     told: list[str | None] = []
@@ -139,7 +139,7 @@ def test_scheduler_fails_one_request_alone_at_admission_and_in_its_callbacks(tin
         told.append(r.finish_reason)
         raise RuntimeError("the caller's on_done broke")
 
-    sched.add([8, 9], SamplingParams(max_new_tokens=2, ignore_eos=True), on_done=bad_done)
+    sched.add([8, 9], SamplingParams(max_tokens=2, ignore_eos=True), on_done=bad_done)
     done = {r.request_id: r for r in sched.run()}
     assert {rid: done[rid].finish_reason for rid in good} == {rid: "length" for rid in good}
     assert all(len(done[rid].token_ids) == 5 for rid in good)
@@ -149,7 +149,7 @@ def test_scheduler_fails_one_request_alone_at_admission_and_in_its_callbacks(tin
     assert told == ["length", "error"]
     assert sched.n_running == sched.n_waiting == 0
     # the slots came back: the next batch runs whole
-    again = [sched.add([1, 2, 3], SamplingParams(max_new_tokens=3, ignore_eos=True)) for _ in range(4)]
+    again = [sched.add([1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True)) for _ in range(4)]
     assert {r.request_id: r.finish_reason for r in sched.run()} == {rid: "length" for rid in again}
 
 
@@ -169,7 +169,7 @@ def test_a_failed_pass_fails_its_requests_not_the_waiting_ones(tiny):
     sched.runner.forward = first_fails  # type: ignore[method-assign]
     worker = BatchWorker(sched)
     try:
-        futs = [worker.submit([1, 2, 3], SamplingParams(max_new_tokens=2, ignore_eos=True))[1] for _ in range(3)]
+        futs = [worker.submit([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))[1] for _ in range(3)]
         results = [f.result(timeout=60) for f in futs]
     finally:
         worker.close()
@@ -378,9 +378,9 @@ def test_503_counts_what_runs_or_starts_apart_from_what_queues(tiny):
 
     worker._worker = Unstepped()  # type: ignore[union-attr,assignment]
     for _ in range(2):
-        state.admit(Job([1, 2], SamplingParams(max_new_tokens=2), lambda ev: None))
+        state.admit(Job([1, 2], SamplingParams(max_tokens=2), lambda ev: None))
     with pytest.raises(ApiError) as exc:
-        state.admit(Job([1, 2], SamplingParams(max_new_tokens=2), lambda ev: None))
+        state.admit(Job([1, 2], SamplingParams(max_tokens=2), lambda ev: None))
     assert exc.value.status == 503
     assert "2 requests running or starting, 0 queued, at most 0 may queue" in exc.value.message
 

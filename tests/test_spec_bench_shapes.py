@@ -150,7 +150,7 @@ def test_six_kinds_end_to_end_on_the_embedded_model(tmp_path):
         pytest.skip("the embedded model is not installed")
     path = write(tmp_path, LINES)
     cfg = parse_run_config({
-        "configs": [{"name": "ar", "strategy": "ar", "max_new_tokens": 4}],
+        "configs": [{"name": "ar", "strategy": "ar", "max_tokens": 4}],
         "workload": {"spec": str(path), "categories": ["writing", "translation", "summarization", "qa",
                                                        "math_reasoning", "rag"], "per_category": 1},
         "load": {"warmup": 0}, "bootstrap": 20, "verify_curve": False,

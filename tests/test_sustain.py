@@ -54,7 +54,7 @@ def _workload(tmp_path, n=4):
 
 def _run(tmp_path, seconds, steady):
     cfg = parse_run_config({
-        "configs": [{"name": "engine", "max_new_tokens": 8}],
+        "configs": [{"name": "engine", "max_tokens": 8}],
         "workload": {"spec": _workload(tmp_path)},
         "load": {"concurrency": [1], "warmup": 0, "num_requests": 4, "steady_state": steady},
         "bootstrap": 0, "verify_curve": False, "calibration": False, "cpu_watts": 2.0,

@@ -125,7 +125,7 @@ def test_a_batch_workers_passes_run_on_the_torch_thread():
     s.step = recorded  # type: ignore[method-assign]
     w = BatchWorker(s)
     try:
-        _, fut = w.submit([1, 2, 3], SamplingParams(max_new_tokens=4, ignore_eos=True))
+        _, fut = w.submit([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
         assert len(fut.result(timeout=60).token_ids) == 4
     finally:
         w.close()

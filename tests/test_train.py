@@ -21,7 +21,7 @@ def test_batched_generation_matches_single_streams(batch):
     lm.config.eos_ids = [7]
     prompts = [[1, 2, 3], [5, 9, 14, 2, 2, 2, 7, 8], [42], [3, 3, 60, 61], [8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 9], [30, 31]]
     samples = generate_batch(lm, prompts, 20, batch_size=batch)
-    sp = SamplingParams(max_new_tokens=20)
+    sp = SamplingParams(max_tokens=20)
     for p, s in zip(prompts, samples):
         want = generate(Autoregressive(lm), p, sp).token_ids
         got = s.tokens[len(p):]

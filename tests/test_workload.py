@@ -163,7 +163,7 @@ def test_limit_takes_the_first_questions_in_file_order():
 def test_synthetic_spec_and_lengths():
     qs = load_workload("synthetic:in=256,out=128,n=3")
     assert len(qs) == 3 and len({q.turns for q in qs}) == 3
-    assert all(q.max_new_tokens == 128 == q.min_new_tokens and q.category == "synthetic" for q in qs)
+    assert all(q.max_tokens == 128 == q.min_tokens and q.category == "synthetic" for q in qs)
     assert qs == load_workload("synthetic:in=256,out=128,n=3,seed=0")
     assert qs != load_workload("synthetic:in=256,out=128,n=3,seed=1")
     for n in (1, 3, 4, 17, 23, 64, 257, 1000, 4096):

@@ -103,10 +103,10 @@ def test_chat_jsonl_messages_max_tokens_references(tmp_path):
     w = open_workload(str(path), on_bad_line="skip")
     assert w.info.format == "chat"
     a, b, c = w.questions
-    assert (a.question_id, a.kind, a.turns, a.reference, a.max_new_tokens, a.system) == (
+    assert (a.question_id, a.kind, a.turns, a.reference, a.max_tokens, a.system) == (
         "L1", "qa", ("Capital of France?",), ("Paris",), 8, "You are terse.")
-    assert (b.question_id, b.turns, b.max_new_tokens, b.min_new_tokens) == ("r2", ("Say 4.",), 4, 4)
-    assert a.min_new_tokens is None
+    assert (b.question_id, b.turns, b.max_tokens, b.min_tokens) == ("r2", ("Say 4.",), 4, 4)
+    assert a.min_tokens is None
     assert c.turns == ("Hi", "Bye") and c.reference == ("Hello", "")  # the recorded reply is turn 1's reference
     assert w.info.skipped == {"unreadable": 1, "multi_turn": 3}
     with pytest.raises(BadInput, match=rf"{path}:4: bad JSON"):
@@ -226,7 +226,7 @@ def test_trace_records_lengths_arrivals_and_shared_prefixes(tmp_path):
     assert w.info.format == "trace" and w.info.timed and w.info.skipped == {"summarization": 2}
     a, b, c, d = w.questions
     assert [q.arrival_s for q in w.questions] == [0.0, 0.6, 0.2, 0.9]
-    assert [q.max_new_tokens for q in w.questions] == [3, 5, 2, 1] == [q.min_new_tokens for q in w.questions]
+    assert [q.max_tokens for q in w.questions] == [3, 5, 2, 1] == [q.min_tokens for q in w.questions]
     assert [estimate_tokens(q.turns[0]) for q in (a, b, c)] == [40, BLOCK_TOKENS + 30, 20]
     assert b.turns[0].startswith(a.turns[0])  # hash id 7 shared: the same first block
     assert d.turns == ("Say hello.",)
@@ -242,12 +242,12 @@ class Instant(Backend):
     async def start(self) -> None:
         return None
 
-    async def complete(self, messages, *, max_new_tokens, min_new_tokens=None) -> Completion:
+    async def complete(self, messages, *, max_tokens, min_tokens=None) -> Completion:
         t = time.perf_counter()
-        Instant.started.append((t, messages[-1]["content"], max_new_tokens))
+        Instant.started.append((t, messages[-1]["content"], max_tokens))
         await asyncio.sleep(0)
-        return Completion(ok=True, start=t, end=t, first_token=t, text="ok", output_tokens=max_new_tokens,
-                          chunks=[(t, max_new_tokens)])
+        return Completion(ok=True, start=t, end=t, first_token=t, text="ok", output_tokens=max_tokens,
+                          chunks=[(t, max_tokens)])
 
 
 def test_replay_follows_the_trace_order_and_spacing(tmp_path):
@@ -321,7 +321,7 @@ def test_bench_and_compare_read_each_format_unchanged(tmp_path):
     trace = jsonl(tmp_path, TRACE, "trace.jsonl")
     runner = CliRunner()
     with FakeOpenAIServer(FakeSettings()) as srv:
-        common = ["--backend", "openai", "--base-url", srv.base_url, "--model", "fake-model", "--max-new-tokens", "3",
+        common = ["--backend", "openai", "--base-url", srv.base_url, "--model", "fake-model", "--max-tokens", "3",
                   "--warmup", "0", "--bootstrap", "0", "--no-progress", "--output-dir", str(tmp_path / "runs")]
         for name, path, extra, fmt in [("sg", sharegpt, [], "sharegpt"), ("chat", chat, [], "chat"),
                                        ("csv", csv_path, ["--kind", "qa"], "csv"),
@@ -336,7 +336,7 @@ def test_bench_and_compare_read_each_format_unchanged(tmp_path):
         assert load_run(tmp_path / "runs" / "trace").configs[0].loads[0].load == "replay=4x"
         assert srv.stats.completed == 4 + 4 + 2 + 4  # every turn of every question (multi-turn kept)
         cfg = tmp_path / "server.yaml"
-        cfg.write_text(f"configs:\n  - {{name: srv, backend: openai, model: fake-model, max_new_tokens: 3,\n"
+        cfg.write_text(f"configs:\n  - {{name: srv, backend: openai, model: fake-model, max_tokens: 3,\n"
                        f"      openai: {{base_url: '{srv.base_url}'}}}}\nload: {{warmup: 0}}\nverify_curve: false\n")
         costs = tmp_path / "costs.yaml"  # these workloads carry nothing gradeable: the pass rate is the user's
         from importlib import resources
@@ -444,7 +444,7 @@ def test_trace_prompts_are_trimmed_by_the_backends_template_tokens(tmp_path):
                 sent.append(messages[-1]["content"])
                 return await super().complete(messages, **kw)
 
-        cfg = parse_run_config({"configs": [{"name": "a", "max_new_tokens": 4}], "workload": {"spec": f"trace:{path}"},
+        cfg = parse_run_config({"configs": [{"name": "a", "max_tokens": 4}], "workload": {"spec": f"trace:{path}"},
                                 "load": {"concurrency": [1], "warmup": 0}, "bootstrap": 0, "verify_curve": False})
         run = Runner(cfg, tmp_path / f"r{overhead}", show_progress=False,
                      backend_factory=lambda bc: Templated(bc, [], lambda n, bc: 0.0)).run()

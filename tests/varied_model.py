@@ -92,18 +92,18 @@ def prompt_features(lm: LoadedModel, tokens: list[int]) -> torch.Tensor:
     return lm.model.hidden(torch.tensor([tokens]), lm.model.new_cache(len(tokens)))[0]
 
 
-def assert_lossless_and_mixed(make, target: LoadedModel, prompts: list[list[int]], max_new_tokens: int = 40) -> dict:
+def assert_lossless_and_mixed(make, target: LoadedModel, prompts: list[list[int]], max_tokens: int = 40) -> dict:
     """Greedy output of make() equals plain greedy decoding on every prompt, and at every level some
     proposals were accepted and some rejected (so both verification paths and cache rollback ran).
 
     Returns {level name: [proposed, accepted]} summed over the prompts."""
-    sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     totals: dict[str, list[int]] = {}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: OpenMP hand-offs would dominate
     try:
         for prompt in prompts:
-            want = plain_greedy(target, prompt, max_new_tokens)
+            want = plain_greedy(target, prompt, max_tokens)
             assert len(set(want)) >= 4, "the target's greedy output should vary"
             r = generate(drafting(make()), prompt, sp)
             assert r.token_ids == want
@@ -183,7 +183,7 @@ def run_joining(sched: Scheduler, prompts: list[list[int]], max_new: list[int]) 
     while pending or sched.has_work():
         if pending and (step % 2 == 0 or len(rids) < 2):
             i = pending.pop(0)
-            rids[sched.add(prompts[i], SamplingParams(max_new_tokens=max_new[i], temperature=0.0))] = i
+            rids[sched.add(prompts[i], SamplingParams(max_tokens=max_new[i], temperature=0.0))] = i
         for r in sched.step():
             results[rids[r.request_id]] = r
         step += 1

@@ -37,7 +37,7 @@ class Size:
     """How much to measure: sized so the default run takes ~10 minutes on 2 CPU cores, --quick ~3."""
 
     workload: dict[str, Any]
-    max_new_tokens: int
+    max_tokens: int
     quick: bool
     quality_items: int  # graded items (bench/graded.py) per target precision: the pass rate's power
     concurrency: tuple[int, ...] = (1, 4)  # closed-loop levels swept: where each speculation method stops paying
@@ -49,9 +49,9 @@ class Size:
 # speculation is lossless, so it shares its target's pass rate): a 95% interval of at most +-6 points (1.96 x
 # sqrt(0.25 / 272) = 5.9), at <= 16 tokens per answer, 16 items in flight (batched).
 FULL = Size({"spec": "builtin", "categories": ["writing", "translation", "summarization", "qa", "math_reasoning",
-                                               "rag"], "per_category": 1}, max_new_tokens=48, quick=False,
+                                               "rag"], "per_category": 1}, max_tokens=48, quick=False,
             quality_items=272)
-QUICK = Size({"spec": "builtin-quick"}, max_new_tokens=32, quick=True, quality_items=40)
+QUICK = Size({"spec": "builtin-quick"}, max_tokens=32, quick=True, quality_items=40)
 
 
 def default_configs(size: Size, model: str = EMBEDDED) -> list[dict[str, Any]]:
@@ -62,7 +62,7 @@ def default_configs(size: Size, model: str = EMBEDDED) -> list[dict[str, Any]]:
     """
     def cfg(name: str, strategy: str, precision: dict[str, Any], **extra: Any) -> dict[str, Any]:
         return {"name": name, "model": model, "strategy": strategy, **precision,
-                "max_new_tokens": size.max_new_tokens, **extra}
+                "max_tokens": size.max_tokens, **extra}
 
     if size.quick:
         return [cfg("ar-fp32", "ar", FP32), cfg("lookup-fp32", "lookup", FP32),
@@ -83,13 +83,13 @@ def default_configs(size: Size, model: str = EMBEDDED) -> list[dict[str, Any]]:
     ]
 
 
-def default_matrix(*, quick: bool = False, max_new_tokens: int | None = None, model: str = EMBEDDED) -> RunConfig:
+def default_matrix(*, quick: bool = False, max_tokens: int | None = None, model: str = EMBEDDED) -> RunConfig:
     size = QUICK if quick else FULL
     data = {"configs": default_configs(size, model), "workload": size.workload, "output_dir": "runs",
-            "load": {"concurrency": list(size.concurrency), "warmup_max_new_tokens": 16},
+            "load": {"concurrency": list(size.concurrency), "warmup_max_tokens": 16},
             "quality": {"spec": "builtin-graded", "limit": size.quality_items}}
     config = parse_run_config(data, source="default matrix")
-    return with_max_new_tokens(config, max_new_tokens)
+    return with_max_tokens(config, max_tokens)
 
 
 def arm_strategies() -> list[str]:
@@ -118,30 +118,31 @@ def arms_matrix(strategy: str, *, quick: bool = False, model: str = EMBEDDED) ->
 
     def arm(name: str, strategy: str, **extra: Any) -> dict[str, Any]:
         return {"name": name, "model": model, "strategy": strategy, **precision,
-                "max_new_tokens": size.max_new_tokens, **extra}
+                "max_tokens": size.max_tokens, **extra}
 
     configs = [arm("ar", "ar")] + [arm(f"{strategy}-{policy}", strategy, params={"draft_length": policy}, **roles)
                                    for policy in ("fixed", "adaptive")]
     data = {"configs": configs, "workload": size.workload, "output_dir": "runs",
-            "load": {"concurrency": list(size.concurrency), "warmup_max_new_tokens": 16},
+            "load": {"concurrency": list(size.concurrency), "warmup_max_tokens": 16},
             "quality": {"spec": "builtin-graded", "limit": size.quality_items}}
     return parse_run_config(data, source=f"--arms {strategy}")
 
 
-def with_max_new_tokens(config: RunConfig, max_new_tokens: int | None) -> RunConfig:
+def with_max_tokens(config: RunConfig, max_tokens: int | None) -> RunConfig:
     """Every configuration's answer length capped the same (a workload's own limit still wins)."""
-    if max_new_tokens is None:
+    if max_tokens is None:
         return config
     data = config.model_dump(mode="json")
     for c in data["configs"]:
-        c["max_new_tokens"] = max_new_tokens
-    return parse_run_config(data, source="--max-new-tokens")
+        c.pop("max_new_tokens", None)  # (the old spelling: both at once would be refused)
+        c["max_tokens"] = max_tokens
+    return parse_run_config(data, source="--max-tokens")
 
 
-def build_config(config_file: Path | None, *, quick: bool, max_new_tokens: int | None,
+def build_config(config_file: Path | None, *, quick: bool, max_tokens: int | None,
                  workload: dict[str, Any] | None = None, load: dict[str, Any] | None = None,
                  arms: str | None = None) -> RunConfig:
-    """The default matrix, the file's or a strategy's three arms, with --max-new-tokens and any workload / load
+    """The default matrix, the file's or a strategy's three arms, with --max-tokens and any workload / load
     settings given."""
     if arms is not None and config_file is not None:
         raise BadInput("--arms and --config each give the configurations: give one of them")
@@ -160,7 +161,7 @@ def build_config(config_file: Path | None, *, quick: bool, max_new_tokens: int |
             data["load"] = {k: v for k, v in data.get("load", {}).items()
                             if k not in ("concurrency", "rate", "replay")} | load
         config = parse_run_config(data, source="command line")
-    return with_max_new_tokens(config, max_new_tokens)
+    return with_max_tokens(config, max_tokens)
 
 
 def default_run_dir(config: RunConfig) -> Path:
@@ -190,7 +191,7 @@ def plan_table(config: RunConfig) -> Table:
         roles += [f"{k}={v}" for k, v in c.params.given().items()]
         t.add_row(c.name + (" [dim](if available)[/dim]" if c.optional else ""), c.strategy,
                   f"{c.model} {precision_label(c.dtype, c.quant, c.group_size)}", ", ".join(roles) or "–",
-                  str(c.max_new_tokens))
+                  str(c.max_tokens))
     return t
 
 
@@ -214,7 +215,7 @@ def run_compare(config: RunConfig, *, run_dir: Path | None = None, inputs: Path 
     if (run_dir / REQUESTS_FILE).exists():
         raise BadInput(f"{run_dir} already holds a run; choose another --out directory")
     console.print(plan_table(config))
-    cap = config.load.warmup_max_new_tokens
+    cap = config.load.warmup_max_tokens
     console.print(f"workload {w.spec}: {len(questions)} questions, {sum(len(q.turns) for q in questions)} turns "
                   f"(+{config.load.warmup} warm-up per configuration{f', ≤{cap} tokens' if cap else ''}); "
                   f"results in {run_dir}")

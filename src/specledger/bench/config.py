@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Iterable, Literal, Union
 
 import yaml
 from pydantic import (
-    BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_serializer,
+    AliasChoices, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_serializer,
     field_validator, model_validator,
 )
 
@@ -195,7 +195,8 @@ class BenchConfig(_Strict):
     draft: ModelSpec | None = None
     intermediate: ModelSpec | None = None
     sampling: Sampling = Field(default_factory=Sampling)
-    max_tokens: int = Field(128, ge=1)
+    # (max_new_tokens: the old spelling, still read from config files and run.json)
+    max_tokens: int = Field(128, ge=1, validation_alias=AliasChoices("max_tokens", "max_new_tokens"))
     openai: OpenAISettings | None = None
     optional: bool = False  # cannot start (e.g. a strategy not in this build): skip it with a note, run the rest
     # in-process: continuous batching (concurrency N = N sequences in one pass, up to max_batch); false = one
@@ -319,7 +320,9 @@ class LoadSettings(_Strict):
     replay: list[float] | None = None  # a timed trace at its own arrival times, sped up by each factor
     num_requests: int | None = Field(None, ge=1)  # conversations per level; default: the whole workload
     warmup: int = Field(1, ge=0)  # conversations run first and not counted
-    warmup_max_tokens: int | None = Field(None, ge=1)  # shorter warm-up answers (they only prime the caches)
+    # shorter warm-up answers (they only prime the caches); warmup_max_new_tokens: the old spelling, still read
+    warmup_max_tokens: int | None = Field(None, ge=1, validation_alias=AliasChoices("warmup_max_tokens",
+                                                                             "warmup_max_new_tokens"))
     max_in_flight: int = Field(1024, ge=1)  # open loop safety bound
     steady_state: SteadyStateSettings | None = None
 

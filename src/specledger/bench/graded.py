@@ -4,7 +4,7 @@ A pass rate from n graded items has a 95% interval of about +-1/sqrt(n), so tell
 configurations' quality apart needs hundreds of items, and items a small model gets right only
 some of the time (a 135M model: small sums, picking a field out of a sentence, following a format,
 copying, single-word translations, yes/no facts, a number remembered across two turns). Answers are
-a word or a number, so `max_new_tokens` stays small and the whole set runs in minutes.
+a word or a number, so `max_tokens` stays small and the whole set runs in minutes.
 
 Every item carries a short system message (SYSTEM) in place of the chat template's default one: the
 model is told to answer with the answer only, so prompts are ~10 tokens shorter, answers stop sooner and

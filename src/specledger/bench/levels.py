@@ -192,11 +192,11 @@ class Levels:
                                   "input_length (give the openai backend a tokenizer to size prompts exactly)")
                 text = fit_prompt(text, q.prompt_tokens, overhead)
             messages.append({"role": "user", "content": text})
-            limit = q.max_new_tokens or bc.max_new_tokens
-            if level is None and self.cfg.load.warmup_max_new_tokens:  # a warm-up conversation
-                limit = min(limit, self.cfg.load.warmup_max_new_tokens)
-            c = await backend.complete(list(messages), max_new_tokens=limit,
-                                       min_new_tokens=min(q.min_new_tokens, limit) if q.min_new_tokens else None)
+            max_tokens = q.max_tokens or bc.max_tokens
+            if level is None and self.cfg.load.warmup_max_tokens:  # a warm-up conversation
+                max_tokens = min(max_tokens, self.cfg.load.warmup_max_tokens)
+            c = await backend.complete(list(messages), max_tokens=max_tokens,
+                                       min_tokens=min(q.min_tokens, max_tokens) if q.min_tokens else None)
             tokens += c.output_tokens if c.ok else 0
             if level is not None:
                 graded = grade(q, answers + [c.text], self.cfg.workload.grader) \

@@ -53,8 +53,8 @@ class Question:
     kind: str
     turns: tuple[str, ...]
     reference: Reference | None = None
-    max_new_tokens: int | None = None
-    min_new_tokens: int | None = None
+    max_tokens: int | None = None
+    min_tokens: int | None = None
     system: str | None = None  # a system message sent before the first turn (chat and ShareGPT records)
     arrival_s: float | None = None  # timed traces: seconds after the trace's first request
     # the whole prompt's tokens the workload asks for, chat template included (a trace's input_length): the

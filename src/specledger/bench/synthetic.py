@@ -4,7 +4,7 @@ tokenizer.
 Synthetic questions (category "synthetic", kind summarization: "summarise these notes", no reference) have a
 prompt of exactly `in` tokens for SmolLM2's Llama-family BPE tokenizer (tested; other Llama-family BPEs:
 within a few percent) — the user message only: the chat template adds its own tokens (~30 for SmolLM2,
-whose template inserts a default system prompt). `min_new_tokens` = `max_new_tokens` = `out`.
+whose template inserts a default system prompt). `min_tokens` = `max_tokens` = `out`.
 """
 
 from __future__ import annotations

@@ -70,8 +70,8 @@ def _synthetic(spec: str) -> list[Question]:
             category="synthetic",
             kind="summarization",
             turns=(synthetic_prompt(params["in"], seed * 1_000_003 + i),),
-            max_new_tokens=params["out"],
-            min_new_tokens=params["out"],
+            max_tokens=params["out"],
+            min_tokens=params["out"],
         )
         for i in range(n)
     ]

@@ -41,7 +41,7 @@ def _params(items: list[str], strategy: str) -> dict[str, Any]:
 
 def build_config(
     config_file: Path | None, *, strategies: list[str], backend: str, model: str | None, dtype: str, quant: str,
-    group_size: int, params: list[str], max_new_tokens: int, temperature: float, seed: int, base_url: str | None,
+    group_size: int, params: list[str], max_tokens: int, temperature: float, seed: int, base_url: str | None,
     api: str, tokenizer: str | None, retries: int | None, timeout: float | None, connect_timeout: float | None,
     overrides: dict[str, Any], api_key_env: str | None = None, server: str | None = None,
 ) -> RunConfig:
@@ -53,7 +53,7 @@ def build_config(
         for s in strategies or ["ar"]:
             c: dict[str, Any] = {"name": s, "backend": backend, "strategy": s, "dtype": dtype, "quant": quant,
                                  "group_size": group_size, "params": _params(params, s),
-                                 "max_new_tokens": max_new_tokens,
+                                 "max_tokens": max_tokens,
                                  "sampling": {"temperature": temperature, "seed": seed}}
             if model:
                 c["model"] = model
@@ -100,7 +100,7 @@ def register(app: typer.Typer) -> None:
         param: list[str] = typer.Option([], "--param", "-p", help="strategy parameter KEY=VALUE or STRATEGY.KEY=VALUE; e.g. "
                                                    "draft_length=fixed (K drafted every step) | adaptive (planned, "
                                                    "the default)"),
-        max_new_tokens: int = typer.Option(128, help="per answer (a workload's own limit wins)"),
+        max_tokens: int = typer.Option(128, "--max-tokens", "--max-new-tokens", help="per answer (a workload's own limit wins)"),
         temperature: float = typer.Option(0.0, help="0 = greedy"),
         seed: int = typer.Option(0),
         workload: Optional[str] = typer.Option(
@@ -181,7 +181,7 @@ def register(app: typer.Typer) -> None:
                 for k, v in (sustain_settings(sustain) or {}).items():
                     overrides[f"load.steady_state.{k}"] = v
             cfg = build_config(config_file, strategies=strategy, backend=backend, model=model, dtype=dtype,
-                               quant=quant, group_size=group_size, params=param, max_new_tokens=max_new_tokens,
+                               quant=quant, group_size=group_size, params=param, max_tokens=max_tokens,
                                temperature=temperature, seed=seed, base_url=base_url, api=api, tokenizer=tokenizer,
                                retries=retries, timeout=timeout, connect_timeout=connect_timeout, overrides=overrides,
                                api_key_env=api_key_env, server=server)

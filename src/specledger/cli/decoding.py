@@ -60,7 +60,7 @@ def generate_cmd(
     intermediate_model: Optional[str] = typer.Option(None, help="hier strategy: the intermediate model ('target' = the same file, the default when --intermediate-quant/--intermediate-dtype is given)"),
     intermediate_dtype: Optional[str] = typer.Option(None),
     intermediate_quant: str = typer.Option("none", help="quantization of the intermediate model"),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
+    max_tokens: int = typer.Option(128, "--max-tokens", "--max-new-tokens", "-n"),
     temperature: float = typer.Option(0.0, help="0 = greedy"),
     top_k: int = typer.Option(0),
     top_p: float = typer.Option(1.0),
@@ -85,7 +85,7 @@ def generate_cmd(
     for what, value, allowed in (("quantization", quant, QUANTS), ("dtype", dtype, DTYPES)):
         if value is not None and value not in allowed:
             raise BadInput(f"unknown {what} {value!r} (choose from {', '.join(allowed)})")
-    sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop)
+    sp = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop)
     params = parse_params(param)
     for role, spec in (("draft", model_role(draft_model, draft_dtype, draft_quant, group_size)),
                        ("intermediate", model_role(intermediate_model, intermediate_dtype, intermediate_quant, group_size))):

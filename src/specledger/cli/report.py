@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
                                            help="run directory for results and report (default runs/compare-TIME)"),
         inputs: Optional[Path] = typer.Option(None, "--inputs", "-i",
                                               help="cost inputs (YAML); default: the documented defaults"),
-        max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1,
+        max_tokens: Optional[int] = typer.Option(None, "--max-tokens", "--max-new-tokens", min=1,
                                                      help="per answer, every configuration"),
         config: Optional[Path] = typer.Option(None, "--config", "-c",
                                               help="run configuration (YAML/TOML) instead of the default matrix"),
@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
         from specledger.pipeline import build_config, run_compare
 
         run_config = build_config(
-            config, quick=quick, max_new_tokens=max_new_tokens, arms=arms,
+            config, quick=quick, max_tokens=max_tokens, arms=arms,
             workload={"spec": workload, "limit": limit, "sample": sample, "per_category": per_category,
                       "kind": kind, "prompt_column": prompt_column, "on_bad_line": on_bad_line},
             load={"replay": _floats(replay, "replay"),

@@ -11,18 +11,18 @@ from specledger.errors import BadInput
 
 @dataclass
 class SamplingParams:
-    max_new_tokens: int = 128
+    max_tokens: int = 128
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     seed: int | None = 0
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
-    min_new_tokens: int = 0
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise BadInput(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        if self.max_tokens < 1:
+            raise BadInput(f"max_tokens must be >= 1 (got {self.max_tokens})")
         if self.temperature < 0:
             raise BadInput(f"temperature must be >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:

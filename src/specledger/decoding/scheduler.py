@@ -150,7 +150,7 @@ class _Live:
     on_tokens: OnTokens | None
     on_done: OnDone | None
     arrival: float
-    max_new: int
+    max_tokens: int  # sp.max_tokens, within the context left after the prompt
     eos: set[int]
     gen: torch.Generator | None = None  # set on admission when sampling
     seq: Sequence | None = None
@@ -192,10 +192,10 @@ class _Live:
     def emit(self, new: list[int], now: float, tok: Tokenizer | None) -> None:
         """Append a step's tokens under the stop rules (eos after min tokens, max tokens, stop strings)."""
         sp = self.sp
-        stop_at = next((i for i, t in enumerate(new) if t in self.eos and len(self.out) + i >= sp.min_new_tokens), None)
+        stop_at = next((i for i, t in enumerate(new) if t in self.eos and len(self.out) + i >= sp.min_tokens), None)
         if stop_at is not None:
             new, self.finish = new[:stop_at], "stop"
-        new = new[: self.max_new - len(self.out)]
+        new = new[: self.max_tokens - len(self.out)]
         self.out.extend(new)
         self.times.extend([now] * len(new))
         if self.on_tokens and new:
@@ -203,7 +203,7 @@ class _Live:
         if sp.stop and tok is not None and (cut := _stop_cut(tok, self.out, sp.stop)) is not None:
             self.out, self.text, self.finish = cut[0], cut[1], "stop"
             self.times = self.times[: len(self.out)]
-        elif self.finish is None and len(self.out) >= self.max_new:
+        elif self.finish is None and len(self.out) >= self.max_tokens:
             self.finish = "length"
 
 
@@ -256,7 +256,7 @@ class Scheduler:
             rid = self._next_id
             self._next_id += 1
             self._waiting.append(_Live(rid, list(prompt_ids), sp, on_tokens, on_done, time.perf_counter(),
-                                       min(sp.max_new_tokens, ctx_len - len(prompt_ids)), eos))
+                                       min(sp.max_tokens, ctx_len - len(prompt_ids)), eos))
         return rid
 
     def cancel(self, rid: int) -> None:
@@ -389,7 +389,7 @@ class Scheduler:
         """Each decoding sequence's draft for this pass, sized by the planner (empty: none)."""
         states = [lv.draft for lv in decoding if lv.draft is not None]  # begun when its first token was drawn
         assert self.spec is not None and len(states) == len(decoding)
-        caps = [max(0, min(self.runner.room(lv.running_seq), lv.max_new - len(lv.out) - 1)) for lv in decoding]
+        caps = [max(0, min(self.runner.room(lv.running_seq), lv.max_tokens - len(lv.out) - 1)) for lv in decoding]
         return {lv.rid: t for lv, t in zip(decoding, self.spec.plan(states, caps, prefill_rows)) if len(t)}
 
     @property

@@ -190,15 +190,15 @@ class ServerState:
             raise ApiError(400, f"this model's maximum context length is {ctx} tokens, but the prompt ({where}) "
                            f"has {n_prompt} tokens", param=where, code="context_length_exceeded")
         field = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
-        limit = req.limit or (16 if isinstance(req, CompletionRequest) else ctx - n_prompt)
-        if n_prompt + limit > ctx:
+        max_tokens = req.max_tokens_asked or (16 if isinstance(req, CompletionRequest) else ctx - n_prompt)
+        if n_prompt + max_tokens > ctx:
             raise ApiError(400, f"this model's maximum context length is {ctx} tokens; the prompt has "
-                           f"{n_prompt} tokens and {field} asks for {limit} more", param=field,
+                           f"{n_prompt} tokens and {field} asks for {max_tokens} more", param=field,
                            code="context_length_exceeded")
         try:
-            return SamplingParams(max_new_tokens=limit, temperature=req.temperature, top_k=max(0, req.top_k),
+            return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_k=max(0, req.top_k),
                                   top_p=req.top_p, seed=req.seed, stop=list(req.stop), ignore_eos=req.ignore_eos,
-                                  min_new_tokens=req.min_tokens)
+                                  min_tokens=req.min_tokens)
         except SpecLedgerError as exc:
             raise ApiError(400, str(exc), code="invalid_value") from None
 

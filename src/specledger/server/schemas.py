@@ -222,7 +222,7 @@ class ChatCompletionRequest(_Sampling):
         return v
 
     @property
-    def limit(self) -> int | None:
+    def max_tokens_asked(self) -> int | None:  # max_completion_tokens or max_tokens (None: not given)
         return self.max_completion_tokens or self.max_tokens
 
 
@@ -267,5 +267,5 @@ class CompletionRequest(_Sampling):
         return v
 
     @property
-    def limit(self) -> int | None:
+    def max_tokens_asked(self) -> int | None:  # (None: not given)
         return self.max_tokens

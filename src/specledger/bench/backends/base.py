@@ -45,8 +45,8 @@ class Backend(ABC):
         """Load models / check the server is reachable. Raises SpecLedgerError when it cannot."""
 
     @abstractmethod
-    async def complete(self, messages: list[dict[str, str]], *, max_new_tokens: int,
-                       min_new_tokens: int | None = None) -> Completion:
+    async def complete(self, messages: list[dict[str, str]], *, max_tokens: int,
+                       min_tokens: int | None = None) -> Completion:
         """Answer the last user message of `messages`. Failures come back as ok=False, never raise."""
 
     async def close(self) -> None:

@@ -103,19 +103,19 @@ class InProcessBackend(Backend):
         label = getattr(lm, "label", self.config.model)
         return f"inprocess specledger {specledger.__version__} torch {torch.__version__} {label}"
 
-    def _sampling(self, max_new_tokens: int, min_new_tokens: int | None) -> Any:
+    def _sampling(self, max_tokens: int, min_tokens: int | None) -> Any:
         from specledger.decoding.sampling import SamplingParams
 
         sp = self.config.sampling
-        return SamplingParams(max_new_tokens=max_new_tokens, temperature=sp.temperature, top_p=sp.top_p,
-                              top_k=sp.top_k, seed=sp.seed, stop=list(sp.stop), min_new_tokens=min_new_tokens or 0)
+        return SamplingParams(max_tokens=max_tokens, temperature=sp.temperature, top_p=sp.top_p,
+                              top_k=sp.top_k, seed=sp.seed, stop=list(sp.stop), min_tokens=min_tokens or 0)
 
-    async def complete(self, messages: list[dict[str, str]], *, max_new_tokens: int,
-                       min_new_tokens: int | None = None) -> Completion:
+    async def complete(self, messages: list[dict[str, str]], *, max_tokens: int,
+                       min_tokens: int | None = None) -> Completion:
         """Hand the request to the batch worker and await the result; times come from the scheduler (arrival = add)."""
         lm = self.models["target"]
         prompt_ids = lm.tokenizer.chat(messages)  # a model without a chat template is a setup error: raise
-        params = self._sampling(max_new_tokens, min_new_tokens)
+        params = self._sampling(max_tokens, min_tokens)
         if not self.worker.scheduler.has_work():  # peaks are per request where requests do not overlap
             reset_peak_rss()
             if self._cuda:

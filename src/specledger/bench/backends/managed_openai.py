@@ -39,10 +39,10 @@ class ManagedOpenAIBackend(Backend):
             await self.close()
             raise
 
-    async def complete(self, messages: list[dict[str, str]], *, max_new_tokens: int,
-                       min_new_tokens: int | None = None) -> Completion:
+    async def complete(self, messages: list[dict[str, str]], *, max_tokens: int,
+                       min_tokens: int | None = None) -> Completion:
         assert self.inner is not None, "start() first"
-        return await self.inner.complete(messages, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens)
+        return await self.inner.complete(messages, max_tokens=max_tokens, min_tokens=min_tokens)
 
     async def close(self) -> None:
         try:

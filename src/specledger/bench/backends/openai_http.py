@@ -176,10 +176,10 @@ class OpenAIBackend(Backend):
 
     # ---- one request ----
 
-    async def complete(self, messages: list[dict[str, str]], *, max_new_tokens: int,
-                       min_new_tokens: int | None = None) -> Completion:
+    async def complete(self, messages: list[dict[str, str]], *, max_tokens: int,
+                       min_tokens: int | None = None) -> Completion:
         assert self._client is not None, "start() first"
-        body = request_body(self.config, self.model_name, messages, max_new_tokens, min_new_tokens, self._tokenizer)
+        body = request_body(self.config, self.model_name, messages, max_tokens, min_tokens, self._tokenizer)
         path = "/v1/chat/completions" if self.s.api == "chat" else "/v1/completions"
         replica = self._next
         self._next = (replica + 1) % len(self.replicas)
@@ -283,14 +283,14 @@ class OpenAIBackend(Backend):
             return None
         return _count(self._tokenizer, text)
 
-def request_body(config: BenchConfig, model_name: str | None, messages: list[dict[str, str]], max_new_tokens: int,
-                 min_new_tokens: int | None, tokenizer: Any = None) -> dict:
+def request_body(config: BenchConfig, model_name: str | None, messages: list[dict[str, str]], max_tokens: int,
+                 min_tokens: int | None, tokenizer: Any = None) -> dict:
     """The JSON body of one streamed request: chat messages, or (completions API) one prompt text."""
     s, sp = config.openai, config.sampling
     assert s is not None
     body: dict[str, Any] = {
         "model": model_name,
-        "max_tokens": max_new_tokens,
+        "max_tokens": max_tokens,
         "temperature": sp.temperature,
         "top_p": sp.top_p,
         "seed": sp.seed,
@@ -301,8 +301,8 @@ def request_body(config: BenchConfig, model_name: str | None, messages: list[dic
         body["top_k"] = sp.top_k
     if sp.stop:
         body["stop"] = sp.stop
-    if min_new_tokens:
-        body["min_tokens"] = min_new_tokens
+    if min_tokens:
+        body["min_tokens"] = min_tokens
     if s.api == "chat":
         body["messages"] = messages
     else:

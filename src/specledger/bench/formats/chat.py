@@ -18,9 +18,9 @@ from typing import Any
 
 from specledger.bench.formats.conversation import (
     kind_hint,
-    max_tokens,
     record_id,
     to_question,
+    token_limit,
 )
 from specledger.bench.formats.lines import (
     BadLines,
@@ -66,7 +66,7 @@ def parse_record(obj: Any, lineno: int, opts: ReadOptions) -> Question:
     return to_question(record_id(obj, lineno, "id", "custom_id", "question_id"), messages,
                        category=obj.get("category"), explicit_kind=obj.get("kind"), opts=opts,
                        default_category="chat", record=obj,
-                       max_new_tokens=max_tokens(body), min_new_tokens=max_tokens(body, ("min_tokens",)))
+                       max_tokens=token_limit(body), min_tokens=token_limit(body, ("min_tokens",)))
 
 
 def read(path: Path, bad: BadLines, opts: ReadOptions) -> Iterator[Question]:

@@ -28,8 +28,8 @@ def record_id(obj: dict, lineno: int, *fields: str) -> str:
     return f"L{lineno}"
 
 
-def max_tokens(obj: dict, names: tuple[str, ...] = ("max_tokens", "max_completion_tokens", "max_new_tokens")
-               ) -> int | None:
+def token_limit(obj: dict, names: tuple[str, ...] = ("max_tokens", "max_completion_tokens", "max_new_tokens")
+                ) -> int | None:
     for name in names:
         value = obj.get(name)
         if value is None:
@@ -63,7 +63,7 @@ def explicit_reference(obj: dict, turns: int) -> tuple | None:
 
 def to_question(qid: str, messages: list[tuple[str, str]], *, category: str | None, explicit_kind: Any,
                 opts: ReadOptions, default_category: str, record: dict | None = None,
-                max_new_tokens: int | None = None, min_new_tokens: int | None = None) -> Question:
+                max_tokens: int | None = None, min_tokens: int | None = None) -> Question:
     """`record`: where an explicit reference/answer field is looked for (else the recorded replies)."""
     system: list[str] = []
     turns: list[str] = []
@@ -99,7 +99,7 @@ def to_question(qid: str, messages: list[tuple[str, str]], *, category: str | No
     refs = explicit if explicit is not None else tuple(answers)
     return Question(
         question_id=qid, category=(category or default_category).strip(), kind=kind, turns=tuple(turns),
-        reference=refs if any(refs) else None, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
+        reference=refs if any(refs) else None, max_tokens=max_tokens, min_tokens=min_tokens,
         system="\n\n".join(system) if system else None,
     )
 

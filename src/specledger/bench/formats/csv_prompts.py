@@ -72,7 +72,7 @@ def parse_row(row: dict, lineno: int, cols: dict[str, str | None], opts: ReadOpt
     return Question(
         question_id=cell("id") or f"L{lineno}", category=category or "csv",
         kind=opts.kind_for(category or None, cell("kind") or None), turns=(prompt,),
-        reference=(ref,) if ref and ref.strip() else None, max_new_tokens=limit,
+        reference=(ref,) if ref and ref.strip() else None, max_tokens=limit,
     )
 
 

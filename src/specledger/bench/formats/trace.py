@@ -64,7 +64,7 @@ def parse_record(obj: Any, lineno: int, opts: ReadOptions) -> Question:
         question_id=str(qid) if isinstance(qid, (str, int)) and str(qid).strip() else f"L{lineno}",
         category="trace", kind=opts.kind or "summarization",
         turns=(prompt or prompt_of(n_in, hash_ids, lineno),),
-        max_new_tokens=n_out, min_new_tokens=n_out, arrival_s=ts / 1000.0,
+        max_tokens=n_out, min_tokens=n_out, arrival_s=ts / 1000.0,
         prompt_tokens=None if prompt else n_in,
     )
 
