@@ -41,12 +41,12 @@ def test_generate_data_resumes(tmp_path):
     lm = tiny_model()
     lm.tokenizer = _CharTokenizer()
     texts = ["hello", "a longer prompt here", "xyz", "q", "another one"]
-    meta, _ = generate_data(lm, texts, tmp_path, max_new_tokens=6, batch_size=2, shard_size=2)
+    meta, _ = generate_data(lm, texts, tmp_path, max_tokens=6, batch_size=2, shard_size=2)
     assert meta["sequences"] == 5 and meta["response_tokens"] == 30
     first = load_samples(tmp_path)
     (tmp_path / "shard_00001.safetensors").unlink()
     seen = []
-    generate_data(lm, texts, tmp_path, max_new_tokens=6, batch_size=2, shard_size=2, on_progress=lambda i, n: seen.append(i))
+    generate_data(lm, texts, tmp_path, max_tokens=6, batch_size=2, shard_size=2, on_progress=lambda i, n: seen.append(i))
     assert seen[0] == 3 and seen[-1] == 5
     assert [s.tokens for s in load_samples(tmp_path)] == [s.tokens for s in first]
 
@@ -58,10 +58,10 @@ def test_sampled_answers_extend_the_greedy_data(tmp_path):
     lm = tiny_model()
     lm.tokenizer = _CharTokenizer()
     texts = ["hello", "a longer prompt here", "xyz"]
-    generate_data(lm, texts, tmp_path, max_new_tokens=12, batch_size=2, shard_size=2)
+    generate_data(lm, texts, tmp_path, max_tokens=12, batch_size=2, shard_size=2)
     greedy = load_samples(tmp_path)
     shards = sorted(p.name for p in tmp_path.glob("shard_*"))
-    meta, _ = generate_data(lm, texts, tmp_path, max_new_tokens=12, batch_size=2, shard_size=2, samples=3,
+    meta, _ = generate_data(lm, texts, tmp_path, max_tokens=12, batch_size=2, shard_size=2, samples=3,
                          temperature=8.0, seed=1)
     assert meta["sequences"] == 9 and meta["jobs"] == 9 and meta["key"].endswith("-3x8-1")
     assert set(shards) <= {p.name for p in tmp_path.glob("shard_*")}  # the greedy shards stay
@@ -73,7 +73,7 @@ def test_sampled_answers_extend_the_greedy_data(tmp_path):
     assert len(answers) > 3  # a random-weight model at temperature 8: sampled answers differ from greedy
     assert len(load_samples(tmp_path, jobs=3)) == 3
     with pytest.raises(BadInput):
-        generate_data(lm, texts, tmp_path, max_new_tokens=12, samples=0)
+        generate_data(lm, texts, tmp_path, max_tokens=12, samples=0)
 
 
 def test_shards_round_trip(tmp_path):

@@ -29,7 +29,7 @@ def train_draft(
     work: Optional[str] = typer.Option(None, help="directory for generated data and checkpoints (default: in the cache)"),
     epochs: int = typer.Option(10, help="passes over the generated data"),
     seed: int = typer.Option(0, help="seed for the head's initialisation, data order and noise"),
-    max_new_tokens: int = typer.Option(192, help="length of the target's answers"),
+    max_tokens: int = typer.Option(192, "--max-tokens", "--max-new-tokens", help="length of the target's answers"),
     samples: int = typer.Option(1, help="answers per prompt: the first greedy, the others sampled (more data)"),
     temperature: float = typer.Option(0.8, help="temperature of the sampled answers (with --samples > 1)"),
     limit: Optional[int] = typer.Option(None, help="use only the first N prompts"),
@@ -54,8 +54,8 @@ def train_draft(
     from specledger.train.data import DEFAULT_PROMPTS, generate_data, read_prompts
     from specledger.train.trainer import TrainConfig, train_head
 
-    if epochs < 1 or max_new_tokens < 1 or gen_batch < 1 or samples < 1 or batch_tokens < 64 or draft_vocab < 0:
-        raise BadInput("epochs, max-new-tokens, samples and gen-batch must be >= 1, batch-tokens >= 64, draft-vocab >= 0")
+    if epochs < 1 or max_tokens < 1 or gen_batch < 1 or samples < 1 or batch_tokens < 64 or draft_vocab < 0:
+        raise BadInput("epochs, max-tokens, samples and gen-batch must be >= 1, batch-tokens >= 64, draft-vocab >= 0")
     if temperature <= 0:
         raise BadInput(f"--temperature must be > 0 (got {temperature})")
     if labels not in ("hard", "soft") or unroll < 1:
@@ -70,14 +70,14 @@ def train_draft(
         lm = load_model(model, dtype=dtype)
     if lm.tokenizer is None:
         raise BadInput(f"{model} has no tokenizer; self-distillation needs its chat template")
-    key = hashlib.sha1(json.dumps([lm.label, max_new_tokens, texts]).encode()).hexdigest()[:12]
+    key = hashlib.sha1(json.dumps([lm.label, max_tokens, texts]).encode()).hexdigest()[:12]
     work_dir = Path(work) if work else cache_dir() / "train" / f"{lm.name}-{key}"
     out_dir = Path(out) if out else Path("heads") / lm.name
     console.print(f"target {lm.label}; {len(texts)} prompts; work dir {work_dir}")
 
     with _progress() as bar:
         task = bar.add_task("answering prompts", total=None, info="")
-        meta, data = generate_data(lm, texts, work_dir / "data", max_new_tokens=max_new_tokens, batch_size=gen_batch,
+        meta, data = generate_data(lm, texts, work_dir / "data", max_tokens=max_tokens, batch_size=gen_batch,
                                    samples=samples, temperature=temperature, seed=seed,
                                    on_progress=lambda i, n: bar.update(task, completed=i, total=n))
     gen_s = time.perf_counter() - t0
@@ -107,7 +107,7 @@ def train_draft(
         "data_dtype": dtype,
         "seed": seed,
         "prompts": str(prompts or DEFAULT_PROMPTS.name),
-        "data": {k: meta[k] for k in ("sequences", "tokens", "response_tokens", "max_new_tokens", "samples_per_prompt",
+        "data": {k: meta[k] for k in ("sequences", "tokens", "response_tokens", "max_tokens", "samples_per_prompt",
                                        "temperature", "skipped_long_prompts")},
         "train_config": cfg.__dict__,
         "generation_s": meta["generation_s"],

@@ -57,7 +57,7 @@ class Sample:
 def answer_stream(
     lm: LoadedModel,
     prompts: list[list[int]],
-    max_new_tokens: int,
+    max_tokens: int,
     batch_size: int = 64,
     temperatures: list[float] | None = None,
     seed: int = 0,
@@ -75,7 +75,7 @@ def answer_stream(
     dev = m.device
     eos = set(lm.config.eos_ids)
     B = max(1, min(batch_size, len(prompts)))
-    cache = m.new_cache(max(len(p) for p in prompts) + max_new_tokens, batch=B)
+    cache = m.new_cache(max(len(p) for p in prompts) + max_tokens, batch=B)
     queue = list(range(len(prompts)))[::-1]
     rows: list[dict | None] = [None] * B
     nxt = [0] * B  # each live row's last token: emitted, not yet fed
@@ -96,7 +96,7 @@ def answer_stream(
         row = rows[r]
         if row is None:  # callers pass a row that holds a sequence
             raise ValueError(f"batch row {r} is empty")
-        if row["out"][-1] in eos or len(row["out"]) >= max_new_tokens:
+        if row["out"][-1] in eos or len(row["out"]) >= max_tokens:
             p = prompts[row["i"]]
             toks = list(p) + row["out"]
             yield row["i"], Sample(toks, len(p), torch.cat(row["feats"])[: len(toks) - 1].clone())
@@ -136,14 +136,14 @@ def answer_stream(
                 yield from fill(r)
 
 
-def generate_batch(lm: LoadedModel, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 64) -> list[Sample]:
+def generate_batch(lm: LoadedModel, prompts: list[list[int]], max_tokens: int, batch_size: int = 64) -> list[Sample]:
     """Greedy answers to `prompts`, in order (see answer_stream)."""
-    got = dict(answer_stream(lm, prompts, max_new_tokens, batch_size))
+    got = dict(answer_stream(lm, prompts, max_tokens, batch_size))
     return [got[i] for i in range(len(prompts))]
 
 
-def _plan_key(lm: LoadedModel, prompts: list[list[int]], max_new_tokens: int) -> str:
-    h = hashlib.sha1(json.dumps([lm.label, max_new_tokens, prompts]).encode()).hexdigest()
+def _plan_key(lm: LoadedModel, prompts: list[list[int]], max_tokens: int) -> str:
+    h = hashlib.sha1(json.dumps([lm.label, max_tokens, prompts]).encode()).hexdigest()
     return h[:16]
 
 
@@ -206,7 +206,7 @@ def generate_data(
     prompts: list[str],
     out_dir: str | Path,
     *,
-    max_new_tokens: int = 192,
+    max_tokens: int = 192,
     batch_size: int = 64,
     shard_size: int = 64,
     max_prompt_tokens: int = 512,
@@ -233,7 +233,7 @@ def generate_data(
     ids.sort(key=len)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    key = _plan_key(lm, ids, max_new_tokens)
+    key = _plan_key(lm, ids, max_tokens)
     plan = out / "plan.json"
     old = json.loads(plan.read_text()) if plan.exists() else {}
     sampling = {"temperature": temperature, "seed": seed}
@@ -243,7 +243,7 @@ def generate_data(
         for f in out.glob("shard_*.safetensors"):
             f.unlink()
         got = []
-    plan.write_text(json.dumps({"key": key, "model": lm.label, "prompts": len(ids), "max_new_tokens": max_new_tokens,
+    plan.write_text(json.dumps({"key": key, "model": lm.label, "prompts": len(ids), "max_tokens": max_tokens,
                                 "samples": samples, "sampling": sampling}))
     jobs = ids * samples  # job j answers prompt j % len(ids); the first round is greedy
     temps = [0.0 if j < n_greedy else temperature for j in range(len(jobs))]
@@ -262,7 +262,7 @@ def generate_data(
         n_shard, buf, t0 = n_shard + 1, [], time.perf_counter()
 
     if todo:
-        stream = answer_stream(lm, [jobs[i] for i in todo], max_new_tokens, batch_size,
+        stream = answer_stream(lm, [jobs[i] for i in todo], max_tokens, batch_size,
                                temperatures=[temps[i] for i in todo], seed=seed + len(recorded))
         for j, sample in stream:
             buf.append((todo[j], sample))
@@ -283,7 +283,7 @@ def generate_data(
         "skipped_long_prompts": skipped,
         "tokens": sum(len(s.tokens) for s in answers),
         "response_tokens": sum(len(s.tokens) - s.prompt_len for s in answers),
-        "max_new_tokens": max_new_tokens,
+        "max_tokens": max_tokens,
         "samples_per_prompt": samples,
         "temperature": temperature if samples > 1 else None,
     }
