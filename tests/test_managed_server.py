@@ -207,7 +207,8 @@ def test_bench_on_a_managed_specledger_serve(tmp_path):
     wl.write_text(json.dumps({"question_id": "q", "category": "copy",
                               "turns": ["Repeat exactly: one two three, one two three, one two three."]}) + "\n")
     server = {"command": "{python} -m specledger.cli serve --model {model} --host {host} --port {port} "
-                         "--strategy lookup --max-seq-len 512 --log-level warning", "startup_timeout_s": 400}
+                         "--strategy lookup -p draft_length=fixed --max-seq-len 512 --log-level warning",
+              "startup_timeout_s": 400}  # fixed: drafts every step (the planner may draft nothing on a busy host)
     cfg = parse_run_config({
         "configs": [{"name": "serve-lookup", "backend": "openai", "model": "smollm2-135m", "strategy": "lookup",
                      "max_tokens": 16, "openai": {"server": server}}],
