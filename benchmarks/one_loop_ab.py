@@ -44,7 +44,8 @@ def worker(a: argparse.Namespace) -> None:
     lm = load_model(a.model, dtype=a.dtype, quant=a.quant)
     prompts = [lm.tokenizer.chat([{"role": "user", "content": p}]) for p in PROMPTS[: a.prompts]]
     strategies: dict = {}
-    sp = SamplingParams(max_tokens=a.new_tokens, ignore_eos=True)
+    limit = "max_new_tokens" if a.arm == "old" else "max_tokens"  # (the old tree's name for it)
+    sp = SamplingParams(**{limit: a.new_tokens}, ignore_eos=True)
     for line in sys.stdin:
         name = line.strip()
         if name not in strategies:
@@ -52,7 +53,7 @@ def worker(a: argparse.Namespace) -> None:
             if a.draft_length and name != "ar" and a.arm != "old":  # (the old loop had no such parameter)
                 params["draft_length"] = a.draft_length
             strategies[name] = make_strategy(name, lm, **params)
-            generate(strategies[name], prompts[0], SamplingParams(max_tokens=4))  # warm-up: probes, caches
+            generate(strategies[name], prompts[0], SamplingParams(**{limit: 4}))  # warm-up: probes, caches
         out = []
         for ids in prompts:
             r = generate(strategies[name], ids, sp)
