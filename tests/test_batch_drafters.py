@@ -13,23 +13,15 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import TEMP, chi2_pvalue, exact_joint, tiny_model
-from varied_model import alone, prompt_features, run_joining, varied_model, varied_prompts
+from varied_model import FLAT, alone, prompt_features, random_head, run_joining, varied_model, varied_prompts
 
 from specledger.decoding.draft_budget import CostSurface
 from specledger.decoding.drafter import DraftSeq
-from specledger.decoding.eagle_head import EagleHead, HeadConfig
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
-
-FLAT = CostSurface((1,), (1.0,))  # every pass costs the same: drafting always pays
-
-
-def random_head(lm, seed: int = 0) -> EagleHead:
-    torch.manual_seed(seed)
-    return EagleHead(HeadConfig.for_target(lm)).eval().requires_grad_(False)
 
 
 def strategy(name: str, lm):

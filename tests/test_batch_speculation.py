@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from varied_model import BATCHING_VOCAB, alone, batching_model, run_joining
+from varied_model import BATCHING_VOCAB, FLAT, alone, batching_model, run_joining
 
 from specledger.decoding.draft_budget import (
     PRIOR,
@@ -32,8 +32,6 @@ from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
-
-FLAT = CostSurface((1,), (1.0,))  # every pass costs the same: drafting always pays
 
 
 def plan_chains(available: list[int], accept: list[float], base_rows: int, base_tokens: int, cost) -> list[int]:

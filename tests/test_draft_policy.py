@@ -7,11 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 from typer.testing import CliRunner
-from varied_model import BATCHING_VOCAB, alone, run_joining, varied_model, varied_prompts
+from varied_model import BATCHING_VOCAB, alone, random_head, run_joining, varied_model, varied_prompts
 
 from specledger.decoding.draft_budget import CostSurface
 from specledger.decoding.draft_policy import Adaptive, FixedK
-from specledger.decoding.eagle_head import EagleHead, HeadConfig
 from specledger.decoding.factory import check_params, make_strategy
 from specledger.decoding.lookup import LookupDrafter
 from specledger.decoding.sampling import SamplingParams
@@ -19,6 +18,7 @@ from specledger.decoding.scheduler import Scheduler
 from specledger.errors import BadInput
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
 
 K = 4
 SURFACE = CostSurface((1, 2, 3, 9), (1.0, 1.3, 1.6, 3.4))  # a draft pays only while a token's chance is > ~0.3
@@ -68,11 +68,6 @@ def test_fixed_k_drafts_k_every_step_whatever_is_accepted(lm, max_batch):
             assert isinstance(sched.spec.policy, Adaptive)
             assert all(r.params["draft_length"] == "adaptive" for r in results)
     assert 0 < proposed["adaptive"] < proposed["fixed"] / 4
-
-
-def random_head(lm) -> EagleHead:
-    torch.manual_seed(0)
-    return EagleHead(HeadConfig.for_target(lm)).eval().requires_grad_(False)
 
 
 def fixed_strategy(name: str, lm):

@@ -21,6 +21,7 @@ import torch
 from conftest import tiny_config, tiny_tensors
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.draft_budget import CostSurface
+from specledger.decoding.eagle_head import EagleHead, HeadConfig
 from specledger.decoding.generate import GenerationResult, generate, solo_scheduler
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
@@ -67,6 +68,12 @@ def varied_prompts(vocab: int = 16, n: int = 3, length: int = 8, seed: int = 0) 
 
 
 FLAT = CostSurface((1,), (1.0,))  # every pass costs the same: a planner finds every draft worth verifying
+
+
+def random_head(lm: LoadedModel, seed: int = 0) -> EagleHead:
+    """An untrained EAGLE head for the target: its drafts are mostly wrong, so rejection is exercised."""
+    torch.manual_seed(seed)
+    return EagleHead(HeadConfig.for_target(lm)).eval().requires_grad_(False)
 
 
 def drafting(strategy):
