@@ -4,7 +4,7 @@ side in one process.
 A bf16 model's keys and values are bf16 numbers; where the CPU computes in bf16 and the fused attention is loaded,
 the cache holds them in bf16 and the kernel reads them as fp32: the same sums at half the memory traffic. Per model
 (bf16, W4A16), alternating within each round with an A/A twin of the fp32 cache:
-  - passes: a decode step at a 256-token cache (generate()'s path), the scheduler's pass of 8 and of 16 decode
+  - passes: a decode step at a 256-token cache (one sequence's pass), the scheduler's pass of 8 and of 16 decode
     rows at ~300 cached tokens each, medians over rounds, ratios to fp32;
   - with --concurrency: closed-loop AR throughput (benchmarks/concurrency.py's run_batched) at each level;
   - the teacher-forced agreement of each with the fp32 model on ~1000 tokens, and the cache's bytes.

@@ -5,7 +5,7 @@ Two copies of the bf16 model in one process, one with its Linears packed at load
 load packs where the host can; `pack=False` is the old path), alternating within each round, with an A/A twin
 (the unpacked model timed twice per round):
   - products: one layer's four products and the LM head at 1 / 8 / 16 / 64 / 256 rows;
-  - passes: a decode step at a 256-token cache (generate()'s path) and the scheduler's pass of 8 decode rows;
+  - passes: a decode step at a 256-token cache (one sequence's pass) and the scheduler's pass of 8 decode rows;
   - with --concurrency: closed-loop AR throughput (benchmarks/concurrency.py's run_batched) at each level;
   - the teacher-forced agreement of each with the fp32 model on ~1000 tokens, and the weights' memory.
 

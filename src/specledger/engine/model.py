@@ -120,7 +120,7 @@ class Attention(nn.Module):
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """The fused Q/K/V projection (b, n, q + 2 kv) with the architecture's bias and per-head Q/K norms: the
-        one place both the single-sequence and the ragged passes get Q, K and V from."""
+        one place the layer (engine/ragged.py's ragged_block) and the head's training layer get Q, K and V from."""
         qkv = self.wqkv(x)
         if self.bias is not None:
             qkv = qkv + self.bias
