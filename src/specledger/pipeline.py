@@ -94,9 +94,9 @@ def default_matrix(*, quick: bool = False, max_tokens: int | None = None, model:
 
 def arm_strategies() -> list[str]:
     """The strategies `compare --arms` takes: those that draft in a continuous batch (where draft_length acts)."""
-    from specledger.decoding.params import BATCHED_STRATEGIES
+    from specledger.decoding.params import STRATEGIES
 
-    return [s for s in BATCHED_STRATEGIES if s != "ar"]
+    return [s for s in STRATEGIES if s != "ar"]
 
 
 def arms_matrix(strategy: str, *, quick: bool = False, model: str = EMBEDDED) -> RunConfig:

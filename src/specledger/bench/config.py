@@ -162,9 +162,6 @@ def _http_url(v: str, field: str) -> str:
     return v.rstrip("/").removesuffix("/v1")
 
 
-# strategies the in-process backend can run on the continuous-batching scheduler
-
-
 def _params_tag(v: Any) -> str:
     if isinstance(v, OtherParams):
         return "other"
