@@ -87,10 +87,6 @@ class Runner:
         self.levels = Levels(cfg, self.rec, self.questions, meter=self.meter, progress=self.progress,
                              noise_probe=self._noise_probe)
 
-    @property
-    def run_result(self) -> RunResult:
-        return self.rec.result
-
     # ---- entry points ----
 
     def run(self) -> RunResult:

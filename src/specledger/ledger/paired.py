@@ -103,10 +103,6 @@ class Difference:
     low: float
     high: float
 
-    @property
-    def excludes_zero(self) -> bool:
-        return self.low > 0 or self.high < 0
-
 
 def difference(a: np.ndarray, b: np.ndarray) -> Difference | None:
     """Interval of the paired difference; None when there are no finite paired samples."""

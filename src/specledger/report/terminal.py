@@ -37,12 +37,6 @@ def failed_cell(r: ConfigCost) -> str:
     return f"{r.failed}/{r.requests}" + (f" ({kinds})" if kinds else "")
 
 
-def _interval(r: ConfigCost) -> str:
-    if r.p5 is None or r.p95 is None:
-        return ""
-    return f"{money(r.p5)}–{money(r.p95)}"
-
-
 def _speed(r: ConfigCost) -> str:
     tok = _num(r.tok_s, ".1f")
     return tok if r.speedup is None else f"{tok}\n[dim]{r.speedup:.2f}×[/dim]"
