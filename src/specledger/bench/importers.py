@@ -23,7 +23,7 @@ import specledger
 from specledger.bench.metrics import aggregate
 from specledger.bench.results import (
     Aggregate, Conditions, ConfigResult, Dist, LoadResult, RequestLog, RequestRecord, RunResult, REQUESTS_FILE,
-    now, write_run, write_summary,
+    RUN_FILE, now, write_run, write_summary,
 )
 from specledger.errors import BadInput
 
@@ -76,18 +76,10 @@ def _records(data: dict[str, Any], name: str, run_id: str, label: str, conc: int
         gaps = [float(g) for g in (itls[i] if i < len(itls) else [])]
         out = int(outs[i]) if i < len(outs) else 0
         ok = not err and isinstance(ttft, (int, float)) and ttft > 0
-        e2e = float(ttft) + sum(gaps) if ok else None
-        recs.append(RequestRecord(
-            run_id=run_id, config=name, request_id=f"{name}|{label}|{i}|t1", item=i, question_id=str(i),
-            category="imported", kind="imported", turn=1, turns=1, load=label, concurrency=conc, rate=rate,
-            status="ok" if ok else "failed", error=str(err) if err else None,
-            prompt_tokens=int(ins[i]) if i < len(ins) else None, output_tokens=out if ok else 0,
-            usage_output_tokens=out if ok else None,
-            arrival_t=0.0, start_t=0.0, first_token_t=float(ttft) if ok else None, end_t=e2e or 0.0,
-            ttft_s=float(ttft) if ok else None, e2e_s=e2e,
-            tpot_s=(e2e - float(ttft)) / (out - 1) if ok and e2e is not None and out > 1 else None,
-            itl_s=gaps if ok else [], output_text=str(texts[i]) if i < len(texts) and texts[i] else "",
-        ))
+        recs.append(record(name, run_id, label, conc, rate, i, t0=0.0, start=0.0,
+                           end=float(ttft) + sum(gaps) if ok else 0.0, ttft=float(ttft) if ok else None, ok=ok,
+                           error=str(err) if err else None, prompt=int(ins[i]) if i < len(ins) else None, out=out,
+                           usage_out=out, itl=gaps, text=str(texts[i]) if i < len(texts) and texts[i] else ""))
     return recs
 
 
@@ -99,23 +91,19 @@ def import_vllm_bench(path: str | Path, run_dir: str | Path, *, name: str | None
     missing = [k for k in ("duration", "completed", "total_output_tokens") if k not in data]
     if missing:
         raise BadInput(f"{path}: not a `vllm bench serve --save-result` file (missing {', '.join(missing)})")
-    if (run_dir / REQUESTS_FILE).exists() or (run_dir / "run.json").exists():
-        raise BadInput(f"{run_dir} already holds a run; choose another directory")
+    fresh(run_dir)
     model = str(data.get("model_id") or "unknown")
     name = name or f"{data.get('label') or data.get('backend') or data.get('endpoint_type') or 'vllm'}-" \
                    f"{model.rstrip('/').split('/')[-1]}"
     label, conc, rate = _load(data)
     completed, failed = int(data["completed"]), int(data.get("failed") or 0)
     duration = float(data["duration"])
-    run_id = run_dir.name
-    notes = [f"imported from vllm bench serve: {path}",
-             "no prompts or reference answers: not graded (take the pass rate from a quality gate run)",
-             "TTFT counts from the send: vLLM's client records no arrival times, so queueing is not visible",
-             "no speculation statistics (tau, acceptance): read the server's /metrics during the run for those"]
+    notes = [NOT_GRADED, "TTFT counts from the send: vLLM's client records no arrival times, so queueing is not visible",
+             NO_SPECULATION]
     detailed = isinstance(data.get("ttfts"), list) and len(data["ttfts"]) > 0
     records: list[RequestRecord] = []
     if detailed:
-        records = _records(data, name, run_id, label, conc, rate)
+        records = _records(data, name, run_dir.name, label, conc, rate)
         agg = aggregate(records, wall_s=duration, resamples=200)
         notes.append("per request: end-to-end = TTFT + the sum of its inter-token gaps (vLLM saves no end times)")
     else:
@@ -133,18 +121,49 @@ def import_vllm_bench(path: str | Path, run_dir: str | Path, *, name: str | None
                          "bound): rerun with --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,95,99, "
                          "or --save-detailed")
     spec = {k: v for k, v in data.items() if not isinstance(v, (list, dict))}
-    cr = ConfigResult(name=name, backend="vllm-bench-serve", model=model, strategy="as served", spec=spec,
-                      loads=[LoadResult(load=label, concurrency=conc, rate=rate, aggregate=agg, complete=True)],
+    loads = [LoadResult(load=label, concurrency=conc, rate=rate, aggregate=agg, complete=True)]
+    describe = f"vllm bench serve ({data.get('endpoint_type') or data.get('backend')}) model {model}, dated {data.get('date')}"
+    return write_imported(run_dir, imported_run(run_dir, path, "vllm bench serve", name, model, loads, notes, describe,
+                                                spec, backend="vllm-bench-serve"), records)
+
+
+# ---- shared by every importer (peer_imports.py too) ----------------------------------------------------
+
+NOT_GRADED = "no prompts or reference answers: not graded (take the pass rate from a quality gate run)"
+NO_SPECULATION = "no speculation statistics (tau, acceptance): read the server's /metrics during the run for those"
+
+
+def fresh(run_dir: Path) -> None:
+    if (run_dir / REQUESTS_FILE).exists() or (run_dir / RUN_FILE).exists():
+        raise BadInput(f"{run_dir} already holds a run; choose another directory")
+
+
+def record(name: str, run_id: str, label: str, conc: int | None, rate: float | None, i: int, *, t0: float,
+           start: float, end: float, ttft: float | None, ok: bool, error: str | None, prompt: int | None,
+           out: int, usage_out: int | None, itl: list[float], text: str = "") -> RequestRecord:
+    """One imported request (a single turn). Times are absolute seconds; t0 is the level's first send."""
+    e2e = end - start if ok else None
+    return RequestRecord(
+        run_id=run_id, config=name, request_id=f"{name}|{label}|{i}|t1", item=i, question_id=str(i),
+        category="imported", kind="imported", turn=1, turns=1, load=label, concurrency=conc, rate=rate,
+        status="ok" if ok else "failed", error=error, prompt_tokens=prompt, output_tokens=out if ok else 0,
+        usage_output_tokens=usage_out if ok else None, arrival_t=start - t0, start_t=start - t0,
+        first_token_t=start - t0 + ttft if ok and ttft is not None else None, end_t=end - t0,
+        ttft_s=ttft if ok else None, e2e_s=e2e,
+        tpot_s=(e2e - ttft) / (out - 1) if ok and e2e is not None and ttft is not None and out > 1 else None,
+        itl_s=itl if ok else [], output_text=text)
+
+
+def imported_run(run_dir: Path, path: Path, tool: str, name: str, model: str, loads: list[LoadResult],
+                 notes: list[str], describe: str, spec: dict[str, Any], *, backend: str | None = None) -> RunResult:
+    """The run.json of an import: one configuration as served, not graded here."""
+    cr = ConfigResult(name=name, backend=backend or tool, model=model, strategy="as served", spec=spec, loads=loads,
                       comparable_reason="imported: quality not graded here")
-    run = RunResult(
-        run_id=run_id, created=now(), status="complete",
-        conditions=Conditions(python="unknown", specledger=specledger.__version__, platform="unknown (imported)",
-                              backends={name: f"vllm bench serve ({data.get('endpoint_type') or data.get('backend')}) "
-                                              f"model {model}, dated {data.get('date')}"},
-                              config={"imported_from": str(path), "tool": "vllm bench serve", **spec}),
-        configs=[cr], notes=notes,
-    )
-    return write_imported(run_dir, run, records)
+    return RunResult(run_id=run_dir.name, created=now(), status="complete",
+                     conditions=Conditions(python="unknown", specledger=specledger.__version__,
+                                           platform="unknown (imported)", backends={name: describe},
+                                           config={"imported_from": str(path), "tool": tool, **spec}),
+                     configs=[cr], notes=[f"imported from {tool}: {path}", *notes])
 
 
 def write_imported(run_dir: Path, run: RunResult, records: list[RequestRecord]) -> RunResult:

@@ -22,49 +22,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import specledger
-from specledger.bench.importers import read_json, write_imported
+from specledger.bench.importers import NO_SPECULATION, NOT_GRADED, fresh, imported_run, read_json, record, write_imported
 from specledger.bench.metrics import aggregate
-from specledger.bench.results import (
-    Conditions, ConfigResult, LoadResult, RequestRecord, RunResult, REQUESTS_FILE, now,
-)
+from specledger.bench.results import LoadResult, RequestRecord, RunResult
 from specledger.errors import BadInput
 
-_COMMON = ["no prompts or reference answers: not graded (take the pass rate from a quality gate run)",
-           "TTFT counts from the send: queueing before the send is not visible",
-           "no speculation statistics (tau, acceptance): read the server's /metrics during the run for those"]
-
-
-def _fresh(run_dir: Path) -> None:
-    if (run_dir / REQUESTS_FILE).exists() or (run_dir / "run.json").exists():
-        raise BadInput(f"{run_dir} already holds a run; choose another directory")
-
-
-def _record(name: str, run_id: str, label: str, conc: int | None, rate: float | None, i: int, *, t0: float,
-            start: float, end: float, ttft: float | None, ok: bool, error: str | None, prompt: int | None,
-            out: int, usage_out: int | None, itl: list[float], text: str = "") -> RequestRecord:
-    """Times are absolute seconds; t0 is the level's first send."""
-    e2e = end - start if ok else None
-    return RequestRecord(
-        run_id=run_id, config=name, request_id=f"{name}|{label}|{i}|t1", item=i, question_id=str(i),
-        category="imported", kind="imported", turn=1, turns=1, load=label, concurrency=conc, rate=rate,
-        status="ok" if ok else "failed", error=error, prompt_tokens=prompt, output_tokens=out if ok else 0,
-        usage_output_tokens=usage_out if ok else None, arrival_t=start - t0, start_t=start - t0,
-        first_token_t=start - t0 + ttft if ok and ttft is not None else None, end_t=end - t0,
-        ttft_s=ttft if ok else None, e2e_s=e2e,
-        tpot_s=(e2e - ttft) / (out - 1) if ok and e2e is not None and ttft is not None and out > 1 else None,
-        itl_s=itl if ok else [], output_text=text)
-
-
-def _run(run_dir: Path, path: Path, tool: str, name: str, model: str, loads: list[LoadResult], notes: list[str],
-         describe: str, spec: dict[str, Any]) -> RunResult:
-    cr = ConfigResult(name=name, backend=tool, model=model, strategy="as served", spec=spec, loads=loads,
-                      comparable_reason="imported: quality not graded here")
-    return RunResult(run_id=run_dir.name, created=now(), status="complete",
-                     conditions=Conditions(python="unknown", specledger=specledger.__version__,
-                                           platform="unknown (imported)", backends={name: describe},
-                                           config={"imported_from": str(path), "tool": tool, **spec}),
-                     configs=[cr], notes=[f"imported from {tool}: {path}", *notes])
+_COMMON = [NOT_GRADED, "TTFT counts from the send: queueing before the send is not visible", NO_SPECULATION]
 
 
 # ---- GuideLLM ----------------------------------------------------------------------------------------------
@@ -89,7 +52,7 @@ def import_guidellm(path: str | Path, run_dir: str | Path, *, name: str | None =
     benches = data.get("benchmarks")
     if not isinstance(benches, list) or not benches or not isinstance(benches[0].get("requests"), dict):
         raise BadInput(f"{path}: not a GuideLLM report (no `benchmarks` with `requests`)")
-    _fresh(run_dir)
+    fresh(run_dir)
     backend = (benches[0].get("config") or {}).get("backend") or {}
     model = str(backend.get("model") or "unknown")
     name = name or f"guidellm-{model.rstrip('/').split('/')[-1]}"
@@ -110,7 +73,7 @@ def import_guidellm(path: str | Path, run_dir: str | Path, *, name: str | None =
             ttft_ms = r.get("time_to_first_token_ms")
             err = ((r.get("info") or {}).get("error") or ("incomplete" if not ok else None))
             out = int(r.get("output_tokens") or 0)
-            level.append(_record(name, run_dir.name, label, conc, rate, len(level), t0=t0, start=start, end=end,
+            level.append(record(name, run_dir.name, label, conc, rate, len(level), t0=t0, start=start, end=end,
                                  ttft=float(ttft_ms) / 1000 if ttft_ms is not None else None, ok=ok,
                                  error=str(err) if err else None, prompt=r.get("prompt_tokens"), out=out,
                                  usage_out=out, itl=[], text=str(r.get("output") or "")))
@@ -119,7 +82,7 @@ def import_guidellm(path: str | Path, run_dir: str | Path, *, name: str | None =
                                 aggregate=aggregate(level, wall_s=wall, resamples=200)))
         records += level
     notes = [*_COMMON, "no per-token times: ITL distributions are empty (TPOT per request is kept)"]
-    return write_imported(run_dir, _run(run_dir, path, "guidellm", name, model, loads, notes,
+    return write_imported(run_dir, imported_run(run_dir, path, "guidellm", name, model, loads, notes,
                                 f"guidellm {data.get('metadata', {}).get('guidellm_version', '?')} "
                                 f"({backend.get('kind')}) {backend.get('target')} model {model}",
                                 {"guidellm_version": (data.get("metadata") or {}).get("guidellm_version")}), records)
@@ -174,7 +137,7 @@ def import_aiperf(path: str | Path, run_dir: str | Path, *, name: str | None = N
             rows.append(r)
     if not rows:
         raise BadInput(f"{path}: no profiling records")
-    _fresh(run_dir)
+    fresh(run_dir)
     model = model or "unknown"
     name = name or f"aiperf-{model.rstrip('/').split('/')[-1]}"
     spans = [(m["metadata"]["request_start_ns"] / 1e9, (m["metadata"].get("request_end_ns")
@@ -193,7 +156,7 @@ def import_aiperf(path: str | Path, run_dir: str | Path, *, name: str | None = N
         gaps = _value(m, "inter_chunk_latency")
         itl = [float(g) / 1000 for g in gaps] if isinstance(gaps, list) and len(gaps) == out - 1 else []
         latency = _ms(m, "request_latency")
-        records.append(_record(name, run_dir.name, label, conc, None, len(records), t0=t0, start=start,
+        records.append(record(name, run_dir.name, label, conc, None, len(records), t0=t0, start=start,
                                end=start + latency if latency is not None else end, ttft=_ms(m, "time_to_first_token"),
                                ok=ok, error=(json.dumps(err) if not isinstance(err, str) else err) if err else None,
                                prompt=_value(m, "usage_prompt_tokens") or _value(m, "input_sequence_length"),
@@ -204,5 +167,5 @@ def import_aiperf(path: str | Path, run_dir: str | Path, *, name: str | None = N
     notes = [*_COMMON, f"the export does not record the run's concurrency or rate: labelled c={conc}, the peak "
              "number of requests in flight", "no generated text (AIPerf's export keeps none by default)",
              "ITL from AIPerf's inter-chunk gaps where a request has one token per chunk"]
-    return write_imported(run_dir, _run(run_dir, path, "aiperf", name, model, loads, notes,
+    return write_imported(run_dir, imported_run(run_dir, path, "aiperf", name, model, loads, notes,
                                 f"aiperf profile export, model {model}", {}), records)
