@@ -11,13 +11,14 @@ from typing import cast
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import escape
 
-from specledger.bench.results import SteadyState
+from specledger.bench.results import RunResult, SteadyState, load_run
 from specledger.ledger.answer import Answer, ScenarioAnswer, Threshold
 from specledger.ledger.inputs import load_inputs
 from specledger.ledger.price import ConfigCost, LedgerResult
 from specledger.ledger.verdicts import MATERIAL
 from specledger.report import charts
 from specledger.report.interaction import interaction_rows
+from specledger.report.positions import position_table
 from specledger.report.terminal import failed_cell, money
 
 ASSETS = Path(__file__).with_name("assets")
@@ -135,15 +136,18 @@ def _concurrency_table(ledger: LedgerResult) -> dict | None:
     return {"levels": levels, "rows": rows}
 
 
-def _noise(run_dir: str | Path) -> dict | None:
-    """The run's calibration probes and, past the threshold, the warning naming the cause."""
+def _load(run_dir: str | Path) -> RunResult | None:
+    """The run's run.json, read once for every section that needs it; the report still renders from the ledger
+    alone when it is missing or unreadable."""
     try:
-        from specledger.bench.results import load_run
-
-        run = load_run(run_dir)
+        return load_run(run_dir)
     except Exception:
         return None
-    if run.noise is None:
+
+
+def _noise(run: RunResult | None) -> dict | None:
+    """The run's calibration probes and, past the threshold, the warning naming the cause."""
+    if run is None or run.noise is None:
         return None
     n = run.noise
     probes = ", ".join(f"{p.when} {p.ms:.2f} ms" + (f" (load {p.load_avg[0]:g})" if p.load_avg else "")
@@ -172,13 +176,9 @@ def _energy(ledger: LedgerResult) -> list[dict]:
     return out
 
 
-def _steady(run_dir: str | Path) -> dict | None:
+def _steady(run: RunResult | None) -> dict | None:
     """Levels held for steady state: their windows (for the chart) and which ended before settling."""
-    try:
-        from specledger.bench.results import load_run
-
-        run = load_run(run_dir)
-    except Exception:
+    if run is None:
         return None
     levels = [(f"{c.name} @{lr.load}", lr.steady_state) for c in run.configs for lr in c.loads if lr.steady_state]
     if not levels:
@@ -206,13 +206,9 @@ def unexposed(held: list[SteadyState], *, gpu: bool) -> list[str]:
             if not any(getattr(x, f) is not None for x in samples for f in fields)]
 
 
-def _conditions(run_dir: str | Path) -> tuple[str, str, str]:
+def _conditions(run: RunResult | None, run_dir: str | Path) -> tuple[str, str, str]:
     """Run id, creation time and a one-line description of the machine, when run.json is readable."""
-    try:
-        from specledger.bench.results import load_run
-
-        run = load_run(run_dir)
-    except Exception:  # the report still renders from the ledger alone
+    if run is None:
         return Path(str(run_dir)).name or "run", "", ""
     c = run.conditions
     bits = [b for b in (c.cpu_model, f"{c.cpu_count} CPUs" if c.cpu_count else None, c.gpu,
@@ -221,17 +217,12 @@ def _conditions(run_dir: str | Path) -> tuple[str, str, str]:
     return run.run_id, run.created.strftime("%Y-%m-%d %H:%M UTC"), " · ".join(bits)
 
 
-def _workload(run_dir: str | Path) -> dict | None:
+def _workload(run: RunResult | None) -> dict | None:
     """The run's workload: format, what was read and skipped per kind, how each kind is graded."""
-    try:
-        from specledger.bench.results import load_run
-        from specledger.bench.tables import kind_passes
+    from specledger.bench.tables import kind_passes
 
-        run = load_run(run_dir)
-    except Exception:  # the report still renders from the ledger alone
-        return None
-    w = run.workload
-    if w is None:
+    w = run.workload if run is not None else None
+    if run is None or w is None:
         return None
     kinds = sorted(set(w.by_kind) | set(w.skipped) | set(w.grading))
     from specledger.quality.graders import GRADING_NOTE
@@ -241,17 +232,6 @@ def _workload(run_dir: str | Path) -> dict | None:
             "rows": [{"kind": k, "questions": w.by_kind.get(k, 0), "with_reference": w.with_reference.get(k, 0),
                       "skipped": w.skipped.get(k, 0), "grading": w.grading.get(k, "–"),
                       "passes": kind_passes(run, k) or "–"} for k in kinds]}
-
-
-def _positions(run_dir: str | Path) -> dict | None:
-    """Acceptance per draft position per configuration and load level (report/positions.py)."""
-    try:
-        from specledger.bench.results import load_run
-        from specledger.report.positions import position_table
-
-        return position_table(load_run(run_dir))
-    except Exception:  # the report still renders from the ledger alone
-        return None
 
 
 def _json_for_script(obj: object) -> str:
@@ -362,7 +342,8 @@ def calculator_data(ledger: LedgerResult) -> dict:
 
 
 def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> str:
-    run_id, created, conditions = _conditions(run_dir or ledger.run_dir)
+    run = _load(run_dir or ledger.run_dir)
+    run_id, created, conditions = _conditions(run, run_dir or ledger.run_dir)
     cheapest = next((r.name for r in ledger.configs if r.verdict == "cheapest"), None)
     recommended = ledger.answer.scenarios[0].recommended if ledger.answer and ledger.answer.scenarios else None
     tornado_config = recommended or cheapest or next((r.name for r in ledger.configs if r.total is not None), None)
@@ -393,8 +374,8 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
     return env.get_template("report.html.j2").render(
         title=Path(str(ledger.run_dir)).name or run_id, run_id=run_id, created=created, conditions=conditions,
         ledger=ledger, rows=[_row(r, ns.get((r.name, r.load))) for r in ledger.configs], levels=levels, break_even=break_even,
-        noise=_noise(run_dir or ledger.run_dir), concurrency=_concurrency_table(ledger),
-        energy=_energy(ledger), steady=_steady(run_dir or ledger.run_dir),
+        noise=_noise(run), concurrency=_concurrency_table(ledger),
+        energy=_energy(ledger), steady=_steady(run),
         scenarios={name: [{"name": r["name"], "load": r.get("load", ""), "total": money(r["total"]) if r["total"] is not None else "–",
                            "interval": "–" if r["p5"] is None else f"{money(r['p5'])}–{money(r['p95'])}",
                            "shares": _shares({k: r.get(f"{k}_share") for k in SHARE_NAMES}), "verdict": r["verdict"],
@@ -402,7 +383,7 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
                    for name, rows in ledger.scenarios.items()},
         charts=figs, tornado_config=tornado_config, answer=answer_cards(ledger), material=f"{MATERIAL:.0%}",
         tornado_load=next((r.load for r in ledger.configs if r.name == tornado_config), ""), chart_sections=chart_sections(first_level_words(ledger)), first_level=first_level_words(ledger),
-        workload=_workload(run_dir or ledger.run_dir), positions=_positions(run_dir or ledger.run_dir),
+        workload=_workload(run), positions=position_table(run) if run is not None else None,
         interaction_rows=inter, interaction_table=inter_table, precisions=precisions, reference=ledger.reference,
         data_json=_json_for_script(_clean({"calculator": calculator_data(ledger)})),
         calculator_js=(ASSETS / "calculator.js").read_text(encoding="utf-8"),
