@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -14,26 +14,27 @@ from specledger.errors import BadInput
 console = Console(stderr=True)
 
 
-def parse_params(items: list[str]) -> dict:
-    """key=value pairs; values become int/float/bool where they parse as such."""
-    out: dict = {}
+def parse_params(items: list[str], flag: str = "--param") -> dict[str, Any]:
+    """key=value pairs (generate's --param, serve's --strategy-param); values become int, float or bool where they
+    read as one."""
+    out: dict[str, Any] = {}
     for item in items:
-        if "=" not in item:
-            raise BadInput(f"strategy parameter {item!r} is not key=value")
-        k, v = item.split("=", 1)
-        low = v.lower()
-        if low in ("true", "false"):
-            out[k] = low == "true"
-            continue
-        for conv in (int, float):
-            try:
-                out[k] = conv(v)
-                break
-            except ValueError:
-                pass
-        else:
-            out[k] = v
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise BadInput(f"{flag} {item!r} is not key=value")
+        out[key.strip()] = _value(raw.strip())
     return out
+
+
+def _value(raw: str) -> Any:
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return raw
 
 
 def model_role(model: Optional[str], dtype: Optional[str], quant: str, group_size: int) -> Optional[dict]:

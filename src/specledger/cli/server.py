@@ -8,31 +8,10 @@ from typing import Any
 
 import typer
 
+from specledger.cli.decoding import parse_params
 from specledger.errors import BadInput
 
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "TRACE")  # (TRACE: uvicorn's)
-
-
-def parse_params(items: list[str]) -> dict[str, Any]:
-    """key=value pairs; values become int, float or bool where they read as one."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise BadInput(f"--strategy-param expects key=value (got {item!r})")
-        out[key.strip()] = _value(raw.strip())
-    return out
-
-
-def _value(raw: str) -> Any:
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    for cast in (int, float):
-        try:
-            return cast(raw)
-        except ValueError:
-            pass
-    return raw
 
 
 def serve(
@@ -110,7 +89,7 @@ def serve(
         raise BadInput(f"--prefill-chunk must be >= 1 (got {prefill_chunk})")
     if strategy not in STRATEGIES:
         raise BadInput(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
-    params = parse_params(strategy_param)
+    params = parse_params(strategy_param, "--strategy-param")
     with_draft = bool(draft_model or draft_quant or draft_dtype)
     if with_draft and strategy != "draft":
         raise BadInput("--draft-model/--draft-quant/--draft-dtype only apply to --strategy draft")
