@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA checks, for a machine with an NVIDIA GPU whose python3 has a CUDA PyTorch (CI has none; nothing
 # depends on this). Stages:
-#   tests       tests/test_cuda.py: the engine on CUDA against the CPU, every strategy lossless, batches
+#   tests       tests/engine/test_cuda.py: the engine on CUDA against the CPU, every strategy lossless, batches
 #   divergence  benchmarks/cuda_divergence.py: the embedded model's greedy answers on CUDA
 #   concurrency benchmarks/concurrency.py --device cuda: speculation under concurrency on the GPU
 #   anatomy     benchmarks/step_anatomy.py: one decode step's wall time against the GPU's busy time (no weights)
@@ -19,7 +19,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/device-out}
 mkdir -p "$OUT" /tmp/site
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:$PWD/tests:/tmp/site" SPECLEDGER_CACHE=/tmp/slcache
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:$PWD:/tmp/site" SPECLEDGER_CACHE=/tmp/slcache
 PY=${PYTHON:-python3}
 
 setup() {
@@ -50,7 +50,7 @@ nvidia-smi -L 2>&1 | head -2
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 for s in "${@:-all}"; do
   case $s in
-    tests) stage tests 240 env SPECLEDGER_QKERNEL=off $PY -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py ;;
+    tests) stage tests 240 env SPECLEDGER_QKERNEL=off $PY -m pytest -q -rA -p no:cacheprovider tests/engine/test_cuda.py ;;
     # the CPU reference needs no quantized-product kernel: skip its build (it ran out 150 s on 2026-12-04)
     divergence) stage divergence 240 env SPECLEDGER_QKERNEL=off $PY benchmarks/cuda_divergence.py --prompts 4 \
         --new-tokens 48 ;;

@@ -19,9 +19,9 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # the repository root: tests.conftest
 from common import machine, now  # noqa: E402
-from conftest import tiny_tensors  # noqa: E402
+from tests.conftest import tiny_tensors  # noqa: E402
 
 from specledger.engine.config import ModelConfig  # noqa: E402
 from specledger.engine.loader import build_model  # noqa: E402

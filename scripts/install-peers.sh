@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the benchmark clients no one here wrote -- AIPerf and GuideLLM, from PyPI -- each into its own venv
-# under a cache folder, once; reused afterwards (a stamp per tool and version). tests/test_peer_clients_e2e.py
+# under a cache folder, once; reused afterwards (a stamp per tool and version). tests/e2e/test_peer_clients_e2e.py
 # drives them against `specledger serve`.
 #
 #   scripts/install-peers.sh [CACHE_DIR]     -> CACHE_DIR/peers/{aiperf,guidellm}/bin/...

@@ -18,7 +18,7 @@ import dataclasses
 
 import torch
 
-from conftest import tiny_config, tiny_tensors
+from tests.conftest import tiny_config, tiny_tensors
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.draft_budget import CostSurface
 from specledger.decoding.eagle_head import EagleHead, HeadConfig

@@ -2,7 +2,7 @@
 // qmm*.cpp into one library; engine/quant.py packs the weights and calls it). What every instruction-set path
 // shares: the operands (Args), the activation quantization, the output stores and the grouping of rows.
 // One file per path: qmm_avx2.cpp, qmm_vnni.cpp, qmm_amx.cpp; qmm.cpp chooses one per product (the torch op).
-// The reference they are all tested against is plain PyTorch (tests/test_qkernel.py, reference_product).
+// The reference they are all tested against is plain PyTorch (tests/engine/test_qkernel.py, reference_product).
 //
 // y[M, N] = x[M, K] @ W^T with W stored as
 //   bits 4: unsigned 4-bit codes u, w = d * u + m per group of `group` inputs (the GGUF Q4_1 form)

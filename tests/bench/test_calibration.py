@@ -1,0 +1,80 @@
+"""Noise awareness: the calibration probe's drift and the machine's load, and the warning that names them."""
+
+from __future__ import annotations
+
+import pytest
+
+from specledger.bench.calibration import DRIFT_WARN, assess, probe_ms
+from specledger.bench.results import Noise, NoiseProbe
+
+
+def _noise(ms, load=0.5, cores=2, threads=2):
+    return Noise(probes=[NoiseProbe(when=w, ms=m, load_avg=[load, load, load])
+                         for w, m in zip(("before", "during", "after"), ms)],
+                 threads={"cpu_count": cores, "torch_threads": threads})
+
+
+def test_steady_machine_no_warning():
+    n = assess(_noise([2.0, 2.05, 2.02]))
+    assert n.drift == (2.05 - 2.0) / 2.0 and n.warning is None
+
+
+def test_drift_past_threshold_warns_naming_when():
+    n = assess(_noise([2.0, 2.0 * (1 + DRIFT_WARN + 0.2), 2.1]))
+    assert n.warning is not None and "drifted 30%" in n.warning and "slowest during" in n.warning
+
+
+def test_load_and_oversubscription_are_named():
+    n = assess(_noise([2.0, 2.0, 2.0], load=5.3, cores=2, threads=4))
+    assert "load average 5.3 on 2 cores" in n.warning and "torch uses 4 threads on 2 cores" in n.warning
+    assert "drift" not in n.warning
+
+
+def test_probe_times_a_real_product():
+    assert 0 < probe_ms(size=32, repeats=3) < 1000
+
+
+def test_report_warns_naming_the_cause(tmp_path):
+    from specledger.bench.results import load_run, write_run
+    from specledger.ledger.inputs import load_inputs
+    from specledger.ledger.price import price_run
+    from specledger.report.html import render_report
+    from tests.ledger.test_ledger_fixtures import DEFAULT_SPECS, make_run
+
+    run_dir = make_run(tmp_path, DEFAULT_SPECS[:2], n=8)
+    run = load_run(run_dir)
+    run.noise = assess(_noise([2.0, 3.0, 2.1], load=4.0))
+    write_run(run_dir, run)
+    html = render_report(price_run(run_dir, load_inputs(None), samples=100), run_dir)
+    assert 'id="noise-warning"' in html and "drifted 50%" in html and "load average 4.0 on 2 cores" in html
+    run.noise = assess(_noise([2.0, 2.0, 2.0]))
+    write_run(run_dir, run)
+    html = render_report(price_run(run_dir, load_inputs(None), samples=100), run_dir)
+    assert 'id="noise-warning"' not in html and 'id="noise"' in html
+
+
+def _counted(own_cores: float, others_cores: float, load: float = 2.2, cores: int = 2):
+    """Probes 60 s apart in which this run kept `own_cores` busy and other processes `others_cores`."""
+    probes = [NoiseProbe(when=w, ms=2.0, load_avg=[load] * 3, clock_s=60.0 * i,
+                         busy_cpu_s=1000 + 60.0 * i * (own_cores + others_cores), own_cpu_s=5 + 60.0 * i * own_cores)
+              for i, w in enumerate(("before", "during", "after"))]
+    return Noise(probes=probes, threads={"cpu_count": cores, "torch_threads": 2})
+
+
+def test_the_runs_own_threads_are_not_noise():
+    """A load average over the cores from the run's own two threads (nothing else ran) is no warning."""
+    n = assess(_counted(own_cores=2.0, others_cores=0.05))
+    assert n.warning is None and n.probes[1].others_cores == pytest.approx(0.05)
+
+
+def test_other_processes_cpu_time_warns():
+    n = assess(_counted(own_cores=1.0, others_cores=1.3, load=1.0))
+    assert "other processes kept 1.3 of 2 cores busy on average between the before and during probes" in n.warning
+    assert "load average" not in n.warning
+
+
+def test_counters_read_this_machine():
+    from specledger.bench.calibration import cpu_counters
+
+    clock, busy, own = cpu_counters()
+    assert clock > 0 and busy > 0 and 0 < own <= busy

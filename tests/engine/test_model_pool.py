@@ -1,0 +1,109 @@
+"""The model pool: every loaded model and what is derived from one, under one eviction rule (retain)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import tiny_model
+from specledger.bench.config import parse_run_config
+from specledger.bench.shared_models import SharedModels
+from specledger.engine.pool import ModelPool, key_of, model_pool_key
+
+
+def test_retain_drops_other_models_with_what_was_derived_from_them():
+    pool = ModelPool()
+    a, b = ("a",), ("b",)
+    pool.put(a, "model a")
+    pool.put(b, "model b")
+    calls = []
+    assert pool.derived(a, "curve", lambda: calls.append("a") or [1]) == [1]
+    assert pool.derived(a, "curve", lambda: calls.append("a") or [2]) == [1]  # computed once
+    pool.derived(b, "curve", lambda: calls.append("b") or [3])
+    pool.retain([a])
+    assert a in pool and b not in pool and pool.get(b) is None
+    assert pool.derived(a, "curve", lambda: [9]) == [1]  # kept with its model
+    assert pool.derived(b, "curve", lambda: [4]) == [4]  # went with its model: made again
+    assert calls == ["a", "b"]
+    pool.retain(())
+    assert pool.keys() == set()
+
+
+def test_a_derived_value_belongs_to_the_object_it_came_from():
+    """Same key, other weights (e.g. two random test models): the value is made again, not reused."""
+    pool = ModelPool()
+    w1, w2 = tiny_model(seed=1).model, tiny_model(seed=2).model
+    first = pool.derived(("k",), "head", lambda: "from w1", owner=w1)
+    assert pool.derived(("k",), "head", lambda: "again", owner=w1) == first
+    assert pool.derived(("k",), "head", lambda: "from w2", owner=w2) == "from w2"
+
+
+def test_load_loads_once_per_key():
+    pool = ModelPool()
+    loads = []
+    for _ in range(3):
+        pool.load(("m",), lambda: loads.append(1) or object())
+    assert len(loads) == 1
+
+
+def test_eagle_lm_head_lives_in_the_pool(monkeypatch):
+    import torch
+
+    from specledger.decoding import eagle
+    from specledger.decoding.eagle_head import EagleHead, HeadConfig
+
+    pool = ModelPool()
+    monkeypatch.setattr(eagle, "POOL", pool)
+    lm = tiny_model()
+    head = EagleHead(HeadConfig.for_target(lm), draft_vocab=torch.arange(16)).eval().requires_grad_(False)
+    h1 = eagle.pooled_lm_head(head, lm)
+    again = EagleHead(HeadConfig.for_target(lm), draft_vocab=torch.arange(16)).eval().requires_grad_(False)
+    assert eagle.pooled_lm_head(again, lm) is h1  # same vocabulary and dtype: shared
+    pool.retain([key_of(lm)])
+    assert eagle.pooled_lm_head(head, lm) is h1
+    pool.retain(())
+    h2 = eagle.pooled_lm_head(head, lm)
+    assert h2 is not h1  # evicted with its model: made again
+    assert eagle.pooled_lm_head(head, tiny_model(seed=5)) is not h2  # other weights under the same key
+
+
+def test_factory_loads_model_parameters_through_the_pool(monkeypatch):
+    from specledger.decoding import factory
+
+    pool = ModelPool()
+    monkeypatch.setattr(factory, "POOL", pool)
+    loads = []
+    monkeypatch.setattr(factory, "load_model", lambda model, **kw: loads.append(model) or object())
+    target = tiny_model()
+    a = factory.resolve_model({"model": "other.gguf", "quant": "int8"}, target)
+    assert factory.resolve_model({"model": "other.gguf", "quant": "int8"}, target) is a
+    pool.retain(())
+    assert factory.resolve_model({"model": "other.gguf", "quant": "int8"}, target) is not a
+    assert len(loads) == 2
+
+
+def test_a_run_keeps_a_model_while_a_later_configuration_needs_it():
+    cfg = parse_run_config({"configs": [
+        {"name": "a", "model": "m1.gguf"}, {"name": "b", "model": "m2.gguf"}, {"name": "c", "model": "m1.gguf"},
+        {"name": "d", "model": "m3.gguf"}]})
+    a, b, c, d = cfg.configs
+    pool = ModelPool()
+    outside = pool.put(("the caller's",), object())
+    shared = SharedModels(cfg, pool)
+    assert shared.for_config(a) == {}
+    m1 = object()
+    shared.keep(a, {"target": m1})
+    assert shared.for_config(b) == {}
+    shared.keep(b, {"target": object()})
+    assert shared.for_config(c) == {"target": m1}  # a's weights, shared; b's kept until c starts
+    assert model_pool_key("m2.gguf", "fp32", "none", 32, "cpu") not in pool
+    shared.for_config(d)
+    assert model_pool_key("m1.gguf", "fp32", "none", 32, "cpu") not in pool
+    shared.keep(d, {"target": object()})
+    shared.release()
+    assert pool.keys() == {("the caller's",)} and pool.get(("the caller's",)) is outside
+
+
+@pytest.mark.parametrize("quant,group", [("int4", 64), ("int8", None)])
+def test_keys_name_weights_not_names(quant, group):
+    lm = tiny_model(quant=quant, group_size=group or 32)
+    assert key_of(lm)[2:4] == (quant, group)
