@@ -12,9 +12,9 @@ Extensions as in vLLM: `top_k`, `min_tokens`, `ignore_eos`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
 STRICT = ConfigDict(extra="forbid", strict=True)
@@ -35,6 +35,31 @@ class ApiError(Exception):
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def _only(ok: Callable[[Any], bool], message: str) -> AfterValidator:
+    """A field the engine honours only at its neutral values: any other is refused, naming the field."""
+    def check(v: Any) -> Any:
+        if not ok(v):
+            raise ValueError(message)
+        return v
+    return AfterValidator(check)
+
+
+def _unicode(v: str) -> str:
+    """Text the tokenizer can encode: a lone surrogate (JSON "\\ud800") is not text."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"not valid Unicode text: a lone surrogate {v[exc.start]!r} at character {exc.start}") \
+            from None
+    return v
+
+
+_NO_PENALTY = _only(lambda v: v == 0, "penalties are not supported (only 0)")
+_NO_LOGPROBS = _only(lambda v: v is None or v is False or v == 0, "logprobs are not supported")
+_NO_TOOL_CALLS = _only(lambda v: not v, "tool calls are not supported")
+_NO_TOOLS = "tools are not supported"
 
 
 class StreamOptions(BaseModel):
@@ -69,66 +94,25 @@ class _Sampling(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1)  # -1 or 0: off
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
-    stop: list[str] = Field(default_factory=list, max_length=4)
+    stop: Annotated[list[str], BeforeValidator(lambda v: [] if v is None else [v] if isinstance(v, str) else v),
+                    AfterValidator(lambda v: [_unicode(x) for x in v])] = Field(default_factory=list, max_length=4)
     stream: bool = False
     stream_options: StreamOptions | None = None
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     # Accepted only at their neutral values: the engine does not implement them.
-    n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
-    top_logprobs: int | None = None
+    n: Annotated[int, _only(lambda v: v == 1, "only n=1 is supported")] = 1
+    presence_penalty: Annotated[float, _NO_PENALTY] = 0.0
+    frequency_penalty: Annotated[float, _NO_PENALTY] = 0.0
+    logit_bias: Annotated[dict[str, float] | None, _only(lambda v: not v, "logit_bias is not supported")] = None
+    logprobs: Annotated[Any, _NO_LOGPROBS] = None
+    top_logprobs: Annotated[int | None, _NO_LOGPROBS] = None
     response_format: ResponseFormat | None = None
     # OpenAI fields that change nothing here: accepted, ignored.
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     service_tier: str | None = None
-
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _stop(cls, v: Any) -> Any:
-        if v is None:
-            return []
-        return [v] if isinstance(v, str) else v
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_text(cls, v: list[str]) -> list[str]:
-        for x in v:
-            _unicode(x)
-        return v
-
-    @field_validator("n")
-    @classmethod
-    def _n(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("only n=1 is supported")
-        return v
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _penalty(cls, v: float) -> float:
-        if v != 0:
-            raise ValueError("penalties are not supported (only 0)")
-        return v
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias(cls, v: dict | None) -> dict | None:
-        if v:
-            raise ValueError("logit_bias is not supported")
-        return v
-
-    @field_validator("logprobs", "top_logprobs")
-    @classmethod
-    def _logprobs(cls, v: Any) -> Any:
-        if v is not None and v is not False and v != 0:
-            raise ValueError("logprobs are not supported")
-        return v
 
     @field_validator("stream_options")
     @classmethod
@@ -140,16 +124,6 @@ class _Sampling(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
-
-
-def _unicode(v: str) -> str:
-    """Text the tokenizer can encode: a lone surrogate (JSON "\\ud800") is not text."""
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"not valid Unicode text: a lone surrogate {v[exc.start]!r} at character {exc.start}") \
-            from None
-    return v
 
 
 def _text_content(v: Any) -> Any:
@@ -170,31 +144,14 @@ class ChatMessage(BaseModel):
     model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str
+    content: Annotated[str, BeforeValidator(_text_content), AfterValidator(_unicode)]
     name: str | None = None  # (a participant's name: not part of the chat template here)
     # What an assistant message of an earlier answer carries when a client sends it back: only empty.
     refusal: None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: Annotated[list[Any] | None, _NO_TOOL_CALLS] = None
     function_call: None = None
     audio: None = None
-    annotations: list[Any] | None = None
-
-    @field_validator("tool_calls", "annotations")
-    @classmethod
-    def _empty(cls, v: list | None) -> list | None:
-        if v:
-            raise ValueError("tool calls are not supported")
-        return v
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _content(cls, v: Any) -> Any:
-        return _text_content(v)
-
-    @field_validator("content")
-    @classmethod
-    def _content_text(cls, v: str) -> str:
-        return _unicode(v)
+    annotations: Annotated[list[Any] | None, _NO_TOOL_CALLS] = None
 
     def as_dict(self) -> dict[str, str]:
         return {"role": "system" if self.role == "developer" else self.role, "content": self.content}
@@ -203,23 +160,10 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # the newer name of max_tokens
-    tools: list[Any] | None = None
-    tool_choice: Any = None  # only "none" (or absent): there are no tools
+    tools: Annotated[list[Any] | None, _only(lambda v: not v, _NO_TOOLS)] = None
+    # only "none" or "auto" (or absent): there are no tools
+    tool_choice: Annotated[Any, _only(lambda v: v in (None, "none", "auto"), _NO_TOOLS)] = None
     parallel_tool_calls: bool | None = None
-
-    @field_validator("tools")
-    @classmethod
-    def _tools(cls, v: list | None) -> list | None:
-        if v:
-            raise ValueError("tools are not supported")
-        return v
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _tool_choice(cls, v: Any) -> Any:
-        if v not in (None, "none", "auto"):
-            raise ValueError("tools are not supported")
-        return v
 
     @property
     def max_tokens_asked(self) -> int | None:  # max_completion_tokens or max_tokens (None: not given)
@@ -228,9 +172,9 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int]
-    echo: bool = False
-    best_of: int | None = None
-    suffix: str | None = None
+    echo: Annotated[bool, _only(lambda v: not v, "echo is not supported")] = False
+    best_of: Annotated[int | None, _only(lambda v: v in (None, 1), "only best_of=1 is supported")] = None
+    suffix: Annotated[str | None, _only(lambda v: not v, "suffix is not supported")] = None
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -244,27 +188,6 @@ class CompletionRequest(_Sampling):
         if not isinstance(v, str) and not ids:
             raise ValueError("a prompt must be a string or a list of token ids")
         return _unicode(v) if isinstance(v, str) else v
-
-    @field_validator("echo")
-    @classmethod
-    def _echo(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("echo is not supported")
-        return v
-
-    @field_validator("best_of")
-    @classmethod
-    def _best_of(cls, v: int | None) -> int | None:
-        if v not in (None, 1):
-            raise ValueError("only best_of=1 is supported")
-        return v
-
-    @field_validator("suffix")
-    @classmethod
-    def _suffix(cls, v: str | None) -> str | None:
-        if v:
-            raise ValueError("suffix is not supported")
-        return v
 
     @property
     def max_tokens_asked(self) -> int | None:  # (None: not given)
