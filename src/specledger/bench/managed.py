@@ -235,60 +235,43 @@ class ManagedServer:
         raise SpecLedgerError(f"server {self.name!r} not healthy after {self.startup_timeout_s:g} s "
                               f"(startup_timeout_s; log {self.log_path}): {tail}")
 
-    def _probe(self, status: int, path: str, paths: list[str]) -> bool | None:
-        """True: healthy; None: try the next path; False: keep waiting."""
-        if status == 200:
-            return True
-        if status in (404, 405) and len(paths) > 1:
-            paths.remove(path)
-            return None
-        return False
-
-    def wait_healthy(self) -> None:
-        paths = [self.health] if self.health else list(HEALTH_PATHS)
-        deadline = time.monotonic() + self.startup_timeout_s
-        with httpx.Client(base_url=self.base_url, timeout=5.0) as client:
-            while True:
-                self._check_alive()
-                try:
-                    path = paths[0]
-                    if self._probe(client.get(path).status_code, path, paths):
-                        return
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() >= deadline:
-                    self._timed_out()
-                time.sleep(0.2)
-
-    async def wait_healthy_async(self) -> None:
+    async def wait_healthy(self) -> None:
+        """Until the health path answers 200 (a 404/405 moves on to the next path), the process exits or
+        startup_timeout_s passes."""
         paths = [self.health] if self.health else list(HEALTH_PATHS)
         deadline = time.monotonic() + self.startup_timeout_s
         async with httpx.AsyncClient(base_url=self.base_url, timeout=5.0) as client:
             while True:
                 self._check_alive()
                 try:
-                    path = paths[0]
-                    if self._probe((await client.get(path)).status_code, path, paths):
+                    status = (await client.get(paths[0])).status_code
+                    if status == 200:
                         return
+                    if status in (404, 405) and len(paths) > 1:
+                        paths.pop(0)
                 except httpx.TransportError:
                     pass
                 if time.monotonic() >= deadline:
                     self._timed_out()
                 await asyncio.sleep(0.2)
 
-    def start(self) -> str:
+    async def start_async(self) -> str:
         for attempt in range(3):
             self.launch()
             try:
-                self.wait_healthy()
+                await self.wait_healthy()
                 break
             except _PortTaken:
                 if attempt == 2:
                     raise
-            except BaseException:
+            except BaseException:  # Ctrl-C / cancellation while waiting
                 self.stop()
                 raise
         return self.base_url
+
+    def start(self) -> str:
+        """start_async for a caller without an event loop of its own."""
+        return asyncio.run(self.start_async())
 
     # ---- stop ----
 
@@ -343,20 +326,6 @@ class ManagedServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
-
-    async def start_async(self) -> str:
-        for attempt in range(3):
-            self.launch()
-            try:
-                await self.wait_healthy_async()
-                break
-            except _PortTaken:
-                if attempt == 2:
-                    raise
-            except BaseException:  # Ctrl-C / cancellation while waiting
-                self.stop()
-                raise
-        return self.base_url
 
     async def __aenter__(self) -> str:
         return await self.start_async()
