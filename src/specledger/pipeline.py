@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,16 +55,26 @@ FULL = Size({"spec": "builtin", "categories": ["writing", "translation", "summar
 QUICK = Size({"spec": "builtin-quick"}, max_tokens=32, quick=True, quality_items=40)
 
 
+def _config(size: Size, model: str, name: str, strategy: str, precision: dict[str, Any],
+            **extra: Any) -> dict[str, Any]:
+    return {"name": name, "model": model, "strategy": strategy, **precision, "max_tokens": size.max_tokens, **extra}
+
+
+def _matrix(size: Size, configs: list[dict[str, Any]], source: str) -> RunConfig:
+    """Configurations over the size's workload, concurrency sweep and graded quality items."""
+    data = {"configs": configs, "workload": size.workload, "output_dir": "runs",
+            "load": {"concurrency": list(size.concurrency), "warmup_max_tokens": 16},
+            "quality": {"spec": "builtin-graded", "limit": size.quality_items}}
+    return parse_run_config(data, source=source)
+
+
 def default_configs(size: Size, model: str = EMBEDDED) -> list[dict[str, Any]]:
     """The default matrix, named <strategy>-<target precision>, ordered so loaded weights are reused.
 
     --quick keeps the smallest set that still shows the interaction: autoregressive and prompt lookup,
     each on the fp32 and on the W4A16 target.
     """
-    def cfg(name: str, strategy: str, precision: dict[str, Any], **extra: Any) -> dict[str, Any]:
-        return {"name": name, "model": model, "strategy": strategy, **precision,
-                "max_tokens": size.max_tokens, **extra}
-
+    cfg = partial(_config, size, model)
     if size.quick:
         return [cfg("ar-fp32", "ar", FP32), cfg("lookup-fp32", "lookup", FP32),
                 cfg("ar-w4", "ar", W4A16), cfg("lookup-w4", "lookup", W4A16)]
@@ -85,11 +96,7 @@ def default_configs(size: Size, model: str = EMBEDDED) -> list[dict[str, Any]]:
 
 def default_matrix(*, quick: bool = False, max_tokens: int | None = None, model: str = EMBEDDED) -> RunConfig:
     size = QUICK if quick else FULL
-    data = {"configs": default_configs(size, model), "workload": size.workload, "output_dir": "runs",
-            "load": {"concurrency": list(size.concurrency), "warmup_max_tokens": 16},
-            "quality": {"spec": "builtin-graded", "limit": size.quality_items}}
-    config = parse_run_config(data, source="default matrix")
-    return with_max_tokens(config, max_tokens)
+    return with_max_tokens(_matrix(size, default_configs(size, model), "default matrix"), max_tokens)
 
 
 def arm_strategies() -> list[str]:
@@ -115,17 +122,10 @@ def arms_matrix(strategy: str, *, quick: bool = False, model: str = EMBEDDED) ->
                              "hier": {"intermediate": {"model": model, "dtype": "bf16", "quant": "none"}}
                              }.get(strategy, {})
     precision = W4A16 if strategy == "hier" else FP32
-
-    def arm(name: str, strategy: str, **extra: Any) -> dict[str, Any]:
-        return {"name": name, "model": model, "strategy": strategy, **precision,
-                "max_tokens": size.max_tokens, **extra}
-
-    configs = [arm("ar", "ar")] + [arm(f"{strategy}-{policy}", strategy, params={"draft_length": policy}, **roles)
-                                   for policy in ("fixed", "adaptive")]
-    data = {"configs": configs, "workload": size.workload, "output_dir": "runs",
-            "load": {"concurrency": list(size.concurrency), "warmup_max_tokens": 16},
-            "quality": {"spec": "builtin-graded", "limit": size.quality_items}}
-    return parse_run_config(data, source=f"--arms {strategy}")
+    configs = [_config(size, model, "ar", "ar", precision)] + [
+        _config(size, model, f"{strategy}-{policy}", strategy, precision, params={"draft_length": policy}, **roles)
+        for policy in ("fixed", "adaptive")]
+    return _matrix(size, configs, f"--arms {strategy}")
 
 
 def with_max_tokens(config: RunConfig, max_tokens: int | None) -> RunConfig:
@@ -134,7 +134,6 @@ def with_max_tokens(config: RunConfig, max_tokens: int | None) -> RunConfig:
         return config
     data = config.model_dump(mode="json")
     for c in data["configs"]:
-        c.pop("max_new_tokens", None)  # (the old spelling: both at once would be refused)
         c["max_tokens"] = max_tokens
     return parse_run_config(data, source="--max-tokens")
 
