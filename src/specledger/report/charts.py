@@ -23,7 +23,8 @@ rcParams["svg.hashsalt"] = "specledger"  # stable ids: the same data gives the s
 # (it scrolls sideways inside its box instead): no chart text below 10 px, phone or desktop.
 MIN_FONT_PX = 10
 rcParams.update({"font.size": 11, "axes.labelsize": 11, "xtick.labelsize": MIN_FONT_PX, "ytick.labelsize": MIN_FONT_PX,
-                 "legend.fontsize": MIN_FONT_PX, "axes.titlesize": 11})
+                 "legend.fontsize": MIN_FONT_PX, "axes.titlesize": 11,
+                 "axes.spines.top": False, "axes.spines.right": False})
 PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD"]
 
 
@@ -54,7 +55,10 @@ def _legend_below(fig: Figure, ax, n: int) -> None:
         fig.legend(handles, labels, loc="outside lower center", ncol=min(n, 3), frameon=False)
 
 
-def _grouped_bars(fig: Figure, ax, groups: list[str], series: dict[str, list[float | None]], ylabel: str) -> None:
+def _bars_over_one(groups: list[str], series: dict[str, list[float | None]], ylabel: str, h: float = 3.4) -> str:
+    """Grouped bars, one series per colour, against a dashed line at 1 (no gain)."""
+    fig = _figure(7.5, h)
+    ax = fig.add_subplot()
     n = max(len(series), 1)
     width = 0.8 / n
     x = np.arange(len(groups))
@@ -64,7 +68,8 @@ def _grouped_bars(fig: Figure, ax, groups: list[str], series: dict[str, list[flo
     ax.set_xticks(x, groups, rotation=30, ha="right", rotation_mode="anchor")
     ax.set_ylabel(ylabel)
     _legend_below(fig, ax, n)
-    ax.spines[["top", "right"]].set_visible(False)
+    ax.axhline(1.0, color="#444", lw=0.8, ls="--")
+    return svg(fig)
 
 
 def first_level(ms: list[ConfigMeasurement]) -> list[ConfigMeasurement]:
@@ -95,11 +100,7 @@ def speedup_by_kind(ledger: LedgerResult) -> str | None:
         series[m.name] = vals
     if not series or not kinds:
         return None
-    fig = _figure()
-    ax = fig.add_subplot()
-    _grouped_bars(fig, ax, kinds, series, "speed-up over autoregressive\n(same precision)")
-    ax.axhline(1.0, color="#444", lw=0.8, ls="--")
-    return svg(fig)
+    return _bars_over_one(kinds, series, "speed-up over autoregressive\n(same precision)")
 
 
 def tau_by_kind(ledger: LedgerResult) -> str | None:
@@ -109,11 +110,7 @@ def tau_by_kind(ledger: LedgerResult) -> str | None:
     series = {k: v for k, v in series.items() if any(x is not None for x in v)}
     if not series:
         return None
-    fig = _figure()
-    ax = fig.add_subplot()
-    _grouped_bars(fig, ax, kinds, series, "τ: tokens per target step")
-    ax.axhline(1.0, color="#444", lw=0.8, ls="--")
-    return svg(fig)
+    return _bars_over_one(kinds, series, "τ: tokens per target step")
 
 
 def verify_curves(ledger: LedgerResult) -> str | None:
@@ -136,7 +133,6 @@ def verify_curves(ledger: LedgerResult) -> str | None:
     ax.set_xlabel("tokens verified in one forward pass")
     ax.set_ylabel("forward time (ms)")
     _legend_below(fig, ax, 1)
-    ax.spines[["top", "right"]].set_visible(False)
     return svg(fig)
 
 
@@ -155,7 +151,6 @@ def latency_distributions(ledger: LedgerResult) -> str | None:
         ax.axhline(0.95, color="#999", lw=0.6, ls=":")
         ax.set_xlabel(label)
         ax.set_ylabel("share of requests ≤ x" if j == 0 else "")
-        ax.spines[["top", "right"]].set_visible(False)
         ax.xaxis.set_major_locator(MaxNLocator(4))
         if j == 0:
             _legend_below(fig, ax, len(ms))
@@ -198,7 +193,6 @@ def concurrency_sweep(ledger: LedgerResult) -> str | None:
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.minorticks_off()
-        ax.spines[["top", "right"]].set_visible(False)
     _legend_below(fig, ax1, len(swept))
     return svg(fig)
 
@@ -219,7 +213,6 @@ def tornado(ledger: LedgerResult, config: str, top: int = 8) -> str | None:
     ax.axvline(base, color="#222", lw=0.8)
     ax.xaxis.set_major_locator(MaxNLocator(5))
     ax.set_xlabel(f"cost per accepted task of {config}\n(blue: input at low, orange: at high)")
-    ax.spines[["top", "right"]].set_visible(False)
     return svg(fig)
 
 
@@ -232,11 +225,7 @@ def interaction(rows: list[dict]) -> str | None:
     series = {}
     for p in precisions:
         series[p] = [next((r["speedup"] for r in rows if r["strategy"] == s and r["precision"] == p), None) for s in methods]
-    fig = _figure(7.5, 3.0)
-    ax = fig.add_subplot()
-    _grouped_bars(fig, ax, methods, series, "speed-up over autoregressive\non the same target precision")
-    ax.axhline(1.0, color="#444", lw=0.8, ls="--")
-    return svg(fig)
+    return _bars_over_one(methods, series, "speed-up over autoregressive\non the same target precision", 3.0)
 
 
 def answer_curve(sa: ScenarioAnswer) -> str | None:
@@ -267,7 +256,6 @@ def answer_curve(sa: ScenarioAnswer) -> str | None:
     ax.set_xlabel("review minutes per task")
     ax.set_ylabel("$ per accepted task")
     ax.xaxis.set_major_locator(MaxNLocator(5))
-    ax.spines[["top", "right"]].set_visible(False)
     _legend_below(fig, ax, 2)
     return svg(fig)
 
@@ -319,7 +307,6 @@ def steady_state(levels: Sequence[tuple[str, SteadyState]]) -> str | None:
             below[panel].text(1.0, 1.0, key, transform=below[panel].transAxes, ha="right", va="bottom",
                               fontsize=MIN_FONT_PX)
     for a in axes:
-        a.spines[["top", "right"]].set_visible(False)
         a.yaxis.set_major_locator(MaxNLocator(4))
     axes[-1].set_xlabel("seconds into the level")
     _legend_below(fig, ax, len(held))
