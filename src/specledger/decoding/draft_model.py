@@ -56,9 +56,9 @@ class ModelDrafter:
     verifier accepted since). Sampling draws each token from the request's own distribution and generator,
     and keeps it as q for the verifier.
 
-    lazy (the batched drafter): its slots keep a prefix cache like the scheduler's, and a sequence's prompt is not prefilled when it begins but fed by its first
-    proposal, with whatever else it fell behind by while it was not drafting, and draft_cost prices that
-    catch-up (beyond one chain's worth of tokens, spread over the drafting steps the sequence has left). At a
+    Lazy: its slots keep a prefix cache like the scheduler's, and a sequence's prompt is not prefilled when it
+    begins but fed by its first proposal, with whatever else it fell behind by while it was not drafting, and
+    draft_cost prices that catch-up (beyond one chain's worth of tokens, spread over the drafting steps the sequence has left). At a
     batch where drafting does not pay, the draft model then costs nothing at all, where an eager prefill of
     every joining prompt stalled the batch for a draft that was never made."""
 
@@ -67,11 +67,11 @@ class ModelDrafter:
     tree = False
 
     def __init__(self, draft: LoadedModel, num_tokens: int, *, n_slots: int = 1, max_len: int | None = None,
-                 lazy: bool = False, prior: float | None = None) -> None:
+                 prior: float | None = None) -> None:
         if not 1 <= num_tokens <= 64:
             raise BadInput(f"draft num_tokens must be in 1..64 (got {num_tokens})")
-        self.lm, self.max_nodes, self.lazy, self.prior = draft, num_tokens, lazy, prior
-        self.runner = BatchRunner(draft, n_slots, max_len, prefix_cache=lazy)  # (lazy: the batched drafter)
+        self.lm, self.max_nodes, self.prior = draft, num_tokens, prior
+        self.runner = BatchRunner(draft, n_slots, max_len, prefix_cache=True)
         self.seqs: dict[Hashable, Sequence] = {}
         self._surface: CostSurface | None = None
         self._catchup: list[float] = []  # per sequence of the latest candidates(): extra rows its first pass prices
@@ -79,12 +79,9 @@ class ModelDrafter:
     def params(self) -> dict:
         return {"num_tokens": self.max_nodes, "draft": self.lm.label}
 
-    @torch.inference_mode()
     def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
-        """Take a slot and prefill the prompt (every token but the pending one): the draft model's prefill."""
-        s = self.seqs[seq.key] = self.runner.open(seq.tokens)
-        if not self.lazy and (n := len(seq.tokens) - 1 - self.runner.cached(s)) > 0:
-            self.runner.forward([BatchItem(s, max_run=n)])
+        """Take a slot (and whatever prefix of the prompt it caches); the rest is fed by the first proposal."""
+        self.seqs[seq.key] = self.runner.open(seq.tokens)
 
     def accept(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
         pass  # the next proposal syncs to the verifier's tokens (keeping the common prefix)
@@ -161,5 +158,5 @@ class DraftModel(Strategy):
         return {"num_tokens": self.k, "draft": self.draft_lm.label}
 
     def batch_drafter(self, n_slots: int) -> ModelDrafter:
-        return ModelDrafter(self.draft_lm, self.k, n_slots=n_slots, max_len=self.target.config.max_seq_len, lazy=True,
+        return ModelDrafter(self.draft_lm, self.k, n_slots=n_slots, max_len=self.target.config.max_seq_len,
                             prior=agreement_prior(self.target, self.draft_lm))

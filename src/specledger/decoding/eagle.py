@@ -151,7 +151,7 @@ class EagleDrafter:
     """EAGLE-2 trees for one sequence or a batch: the head's cache has a slot per sequence, and every level of
     every sequence's tree goes through the head in one ragged pass (its frontier under its ancestor mask).
 
-    lazy (the batched drafter): a joining prompt's features are not fed to the head when it begins but with its
+    Lazy: a joining prompt's features are not fed to the head when it begins but with its
     first proposal, and draft_cost prices that catch-up (spread over the drafting steps the sequence has
     left), so at a batch where drafting does not pay the head never reads the prompt at all."""
 
@@ -162,7 +162,7 @@ class EagleDrafter:
 
     def __init__(
         self, head: EagleHead, base: LoadedModel, *, top_k: int = 10, depth: int = 5, total_nodes: int = 59,
-        max_len: int, n_slots: int = 1, lazy: bool = False,
+        max_len: int, n_slots: int = 1,
     ) -> None:
         check_tree_params(top_k, depth, total_nodes)
         head.check_target(base)
@@ -175,7 +175,6 @@ class EagleDrafter:
         self.seqs: dict[Hashable, _HeadSeq] = {}
         # expand every level even when no deeper node can make the kept tree (for unbiased statistics)
         self.explore = False
-        self.lazy = lazy
         self.price = _DraftPrice()  # the planner's (draft_cost)
 
     @property
@@ -191,14 +190,12 @@ class EagleDrafter:
     # --- following the base's sequence ---------------------------------------------------------
 
     def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
-        """A new sequence: its prompt's features are fed at once (the head's prefill)."""
+        """A new sequence: its prompt's features are fed to the head with its first proposal."""
         h = self.head.cfg.hidden_size
         cap = max(16, len(seq.tokens) + self.depth + 1)
-        st = self.seqs[seq.key] = _HeadSeq(self.cache.alloc(), torch.zeros(cap, h, dtype=self.head.dtype,
-                                                                            device=self.model.device))
+        self.seqs[seq.key] = _HeadSeq(self.cache.alloc(), torch.zeros(cap, h, dtype=self.head.dtype,
+                                                                       device=self.model.device))
         self.accept(seq, features)
-        if not self.lazy:
-            self._catch_up([st])
 
     def end(self, seq: DraftSeq) -> None:
         self.cache.release(self.seqs.pop(seq.key).slot)
@@ -484,4 +481,4 @@ class EagleTree(Strategy):
     def batch_drafter(self, n_slots: int) -> EagleDrafter:
         """The draft_length policy sizes each sequence's tree per step: the planner, or max_nodes every step."""
         return EagleDrafter(self.head, self.target, top_k=self.top_k, depth=self.depth, total_nodes=self.max_nodes,
-                            max_len=self.target.config.max_seq_len, n_slots=n_slots, lazy=True)
+                            max_len=self.target.config.max_seq_len, n_slots=n_slots)

@@ -303,8 +303,7 @@ class Hierarchy(Strategy):
         if self.drafter_kind == "eagle":
             from specledger.decoding.eagle import EagleDrafter
 
-            inner = EagleDrafter(self.head, self.mids[0], max_len=max_len, n_slots=n_slots, lazy=True,
-                                 **self.tree_params)
+            inner = EagleDrafter(self.head, self.mids[0], max_len=max_len, n_slots=n_slots, **self.tree_params)
         else:
             from specledger.decoding.lookup import LookupDrafter
 
