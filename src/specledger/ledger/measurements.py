@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specledger.bench.config import QUALITY_LEVEL
 from specledger.bench.energy import METHOD_SPREAD
+from specledger.bench.results import CurvePoint
 from specledger.bench.config import result_arm
 from specledger.bench.pairing import Arm, baselines
 from specledger.bench.pairing import precision_label as precision_label  # where callers have always found it
@@ -39,13 +40,6 @@ class KindMeasurement(BaseModel):
     tau: float | None = None
     passes: float = 0  # as ConfigMeasurement's: graded items, each once
     graded: int = 0
-
-
-class CurvePoint(BaseModel):
-    """Forward time of one verification pass over `tokens` new tokens."""
-
-    tokens: int
-    ms: float
 
 
 class ConfigMeasurement(BaseModel):
@@ -96,10 +90,6 @@ class ConfigMeasurement(BaseModel):
     verify_curve: list[CurvePoint] = Field(default_factory=list)
     grades: dict[str, float] = Field(default_factory=dict)  # graded item (question id) -> share of its answers passed
     outputs: str | None = None  # digest of every output: equal digests, equal outputs (and equal quality)
-
-    @property
-    def device_seconds(self) -> float:
-        return self.wall_s * self.device_count
 
     @property
     def requests_per_s(self) -> float:
