@@ -228,22 +228,15 @@ def _g3(v: float) -> str:
     return f"{float(f'{v:.3g}'):g}"
 
 
-def with_value(x: dict, path: tuple, value) -> dict:
-    """A copy of the nested inputs with one leaf replaced."""
-    out = _copy(x)
-    node = out
-    for k in path[:-1]:
-        node = node[k]
-    node[path[-1]] = value
-    return out
-
-
-def _copy(d):
-    if isinstance(d, dict):
-        return {k: _copy(v) for k, v in d.items()}
-    if isinstance(d, list):
-        return [_copy(v) for v in d]
-    return d
+def with_value(x, path: tuple, value):
+    """The nested inputs with one leaf replaced, sharing every untouched branch (nothing here mutates inputs: a
+    search prices thousands of such copies)."""
+    if not path:
+        return value
+    k, rest = path[0], path[1:]
+    if isinstance(x, list):
+        return [with_value(v, rest, value) if i == k else v for i, v in enumerate(x)]
+    return {**x, k: with_value(x[k], rest, value)}
 
 
 def get_value(x: dict, path: tuple):

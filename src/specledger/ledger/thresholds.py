@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specledger.ledger.cost_model import Case, get_value, task_cost
+from specledger.ledger.cost_model import Case, get_value, task_cost, with_value
 from specledger.ledger.inputs import Resolved
 from specledger.ledger.measurements import ConfigMeasurement
 from specledger.ledger.montecarlo import draw_all
@@ -85,12 +85,6 @@ class _Row:
     verdict_detail: str = ""
 
 
-def _set(x: dict, path: tuple, v) -> dict:
-    """The inputs with one leaf replaced, sharing every untouched branch (with_value copies the whole tree: too slow
-    for the thousands of prices a search takes; task_cost does not mutate its inputs)."""
-    return {**x, path[0]: _set(x[path[0]], path[1:], v)} if len(path) > 1 else {**x, path[0]: v}
-
-
 def state_of(rows: Sequence[Row]) -> str:
     """The answer the verdicts give: the one "cheapest" configuration, TIE, or DIFFERS."""
     best = [r.name for r in rows if r.verdict == "cheapest"]
@@ -122,11 +116,11 @@ class Search:
 
     def costs(self, path: tuple, v) -> np.ndarray:
         """Cost samples (candidates x samples) with the input at v (a number, or one value per sample)."""
-        return np.vstack([np.broadcast_to(np.asarray(task_cost(_set(x, path, v), op).total, dtype=np.float64),
+        return np.vstack([np.broadcast_to(np.asarray(task_cost(with_value(x, path, v), op).total, dtype=np.float64),
                                           (self.n,)) for x, op in self.drawn])
 
     def points(self, path: tuple, v: float) -> list[float]:
-        return [float(task_cost(_set(c.x, path, v), c.op).total) for c, _, _ in self.cases]
+        return [float(task_cost(with_value(c.x, path, v), c.op).total) for c, _, _ in self.cases]
 
     def state(self, path: tuple, v: float, n: int = SEARCH_SAMPLES) -> str:
         """The verdicts' answer with the input at v, from the first n samples."""
