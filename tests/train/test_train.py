@@ -10,6 +10,7 @@ from tests.varied_model import prompt_features
 from specledger.decoding.autoregressive import Autoregressive
 from specledger.decoding.generate import generate
 from specledger.decoding.sampling import SamplingParams
+from specledger.engine.ragged import Segment
 from specledger.errors import BadInput
 from specledger.train.data import generate_batch, load_samples, read_prompts, save_shard
 from specledger.train.trainer import TrainConfig, collate, head_loss, train_head
@@ -33,6 +34,9 @@ def test_batched_generation_matches_single_streams(batch):
 class _CharTokenizer:
     def chat(self, messages):
         return [1 + ord(c) % 60 for c in messages[0]["content"]]
+
+    def decode(self, ids):  # the scheduler writes each answer's text
+        return "".join(chr(32 + i % 90) for i in ids)
 
 
 def test_generate_data_resumes(tmp_path):
@@ -131,6 +135,12 @@ def test_training_lowers_the_loss_and_resumes(tmp_path):
         torch.testing.assert_close(a, b, msg=n)
 
 
+def _feed(head, lm, cache, tokens, feats, start):
+    """The head fed entries at positions start.. after what slot 0 of its cache holds (causal), as drafting does."""
+    n = len(tokens)
+    return head.ragged(lm.model, torch.tensor(tokens), feats, torch.arange(start, start + n), [Segment(0, n)], cache)
+
+
 def test_unrolled_steps_see_what_tree_nodes_see():
     """Unroll step s at entry i equals feeding the head its own prediction as a depth s-1 node would."""
     from specledger.decoding.eagle_head import EagleHead, HeadConfig
@@ -147,13 +157,14 @@ def test_unrolled_steps_see_what_tree_nodes_see():
         for s in (1, 2):
             torch.testing.assert_close(part[s], hs[s][:, 4:], rtol=1e-4, atol=1e-4)
         for i in (0, 5, 8):
-            cache = head.new_cache(20)
-            a = head.hidden(lm.model, torch.tensor([toks[1 : i + 2]]), feats[None, : i + 1], cache)
-            torch.testing.assert_close(a[0, -1], hs[0][0, i])
-            b = head.hidden(lm.model, torch.tensor([[toks[i + 2]]]), a[:, -1:], cache, positions=torch.tensor([i + 1]))
-            torch.testing.assert_close(b[0, 0], hs[1][0, i], rtol=1e-4, atol=1e-4)
+            cache = head.new_slot_cache(1, 20)
+            cache.alloc()
+            a = _feed(head, lm, cache, toks[1 : i + 2], feats[: i + 1], 0)
+            torch.testing.assert_close(a[-1], hs[0][0, i])
+            b = _feed(head, lm, cache, [toks[i + 2]], a[-1:], i + 1)
+            torch.testing.assert_close(b[0], hs[1][0, i], rtol=1e-4, atol=1e-4)
             if i + 3 <= 10:  # beyond, step 3 has no targets (entries padded)
-                c = head.hidden(lm.model, torch.tensor([[toks[i + 3]]]), b, cache, positions=torch.tensor([i + 2]))
-                torch.testing.assert_close(c[0, 0], hs[2][0, i], rtol=1e-4, atol=1e-4)
+                c = _feed(head, lm, cache, [toks[i + 3]], b, i + 2)
+                torch.testing.assert_close(c[0], hs[2][0, i], rtol=1e-4, atol=1e-4)
     with pytest.raises(BadInput):
         train_head(lm, _data(lm, n=4), TrainConfig(labels="hard", prompt_loss=True), "/tmp/unused")

@@ -13,12 +13,16 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Hashable
 from typing import Callable, Iterator
 
 import torch
 
+from specledger.decoding.drafter import DraftSeq
+from specledger.decoding.sampling import SamplingParams
+from specledger.decoding.scheduler import Scheduler
+from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel
-from specledger.engine.ragged import Segment, ragged_hidden
 from specledger.errors import BadInput
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "train_prompts.jsonl"
@@ -53,6 +57,41 @@ class Sample:
     features: torch.Tensor  # (len(tokens) - 1, H)
 
 
+class _Recorder:
+    """A drafter that never drafts: the scheduler's hook for the target's features of every token it feeds, kept
+    per answer with its tokens (an eos that ended it included: the head learns to predict it too)."""
+
+    name, wants_features, tree, max_nodes = "record", True, False, 0
+    prior: float | None = None
+
+    def __init__(self) -> None:
+        self.feats: dict[Hashable, list[torch.Tensor]] = {}
+        self.done: dict[Hashable, tuple[list[int], torch.Tensor]] = {}
+
+    def params(self) -> dict:
+        return {}
+
+    def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
+        self.feats[seq.key] = []
+        self.accept(seq, features)
+
+    def accept(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
+        assert features is not None  # (wants_features)
+        self.feats[seq.key].append(features.clone())  # (a view of the pass, or of the slot's buffer)
+
+    def end(self, seq: DraftSeq) -> None:
+        self.done[seq.key] = (list(seq.tokens), torch.cat(self.feats.pop(seq.key)))
+
+    def propose(self, seqs: list[DraftSeq], budgets: list[int]) -> list[Tree]:
+        return [Tree() for _ in seqs]
+
+    def candidates(self, seqs: list[DraftSeq], caps: list[int]) -> list[int]:
+        return [0 for _ in seqs]
+
+    def draft_cost(self, budgets: list[int]) -> float:
+        return 0.0
+
+
 @torch.inference_mode()
 def answer_stream(
     lm: LoadedModel,
@@ -62,78 +101,25 @@ def answer_stream(
     temperatures: list[float] | None = None,
     seed: int = 0,
 ) -> Iterator[tuple[int, Sample]]:
-    """Answers with the features of every fed token, yielded (prompt index, sample) as they finish.
+    """Answers with the features of every fed token, yielded (prompt index, sample) as they finish: the engine's
+    one decoding loop (the scheduler, batch_size sequences at once) with a drafter that only records.
 
-    temperatures: per prompt, 0 = greedy (the default for all); above 0 the answer is sampled,
-    which gives further, different answers to the same prompt (more data for the head).
-
-    Continuous batching: a row whose answer ends takes the next prompt at once, so the batch
-    stays full (answers range from a few tokens to the limit). Row r holds slot r of one cache;
-    each step is one ragged pass over the rows still answering.
+    temperatures: per prompt, 0 = greedy (the default for all); above 0 the answer is sampled (seeded by `seed`
+    and the prompt's index), which gives further, different answers to the same prompt (more data for the head).
     """
-    m = lm.model
-    dev = m.device
-    eos = set(lm.config.eos_ids)
-    B = max(1, min(batch_size, len(prompts)))
-    cache = m.new_cache(max(len(p) for p in prompts) + max_tokens, batch=B)
-    queue = list(range(len(prompts)))[::-1]
-    rows: list[dict | None] = [None] * B
-    nxt = [0] * B  # each live row's last token: emitted, not yet fed
+    rec = _Recorder()
+    sched = Scheduler(lm, max_batch=max(1, min(batch_size, len(prompts))), drafter=rec, draft_length="fixed",
+                      max_len=max(len(p) for p in prompts) + max_tokens)
     temps = temperatures or [0.0] * len(prompts)
-    row_t = torch.zeros(B, device=dev)  # each row's temperature
-    gen = torch.Generator(device=dev).manual_seed(seed)
-
-    def pick(logits: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """Greedy where t == 0, sampled at temperature t elsewhere."""
-        best = logits.argmax(-1)
-        if not bool((t > 0).any()):
-            return best
-        probs = torch.softmax(logits.float() / t.clamp(min=1e-6)[:, None], dim=-1)
-        drawn = torch.multinomial(probs, 1, generator=gen)[:, 0]
-        return torch.where(t > 0, drawn, best)
-
-    def finish_or_keep(r: int) -> Iterator[tuple[int, Sample]]:
-        row = rows[r]
-        if row is None:  # callers pass a row that holds a sequence
-            raise ValueError(f"batch row {r} is empty")
-        if row["out"][-1] in eos or len(row["out"]) >= max_tokens:
-            p = prompts[row["i"]]
-            toks = list(p) + row["out"]
-            yield row["i"], Sample(toks, len(p), torch.cat(row["feats"])[: len(toks) - 1].clone())
-            rows[r] = None
-
-    def fill(r: int) -> Iterator[tuple[int, Sample]]:
-        while rows[r] is None and queue:
-            i = queue.pop()
-            p = prompts[i]
-            cache.rollback(r, 0)
-            h = ragged_hidden(m, torch.tensor(p, device=dev), torch.arange(len(p), device=dev), [Segment(r, len(p))],
-                              cache)
-            row_t[r] = temps[i]
-            first = int(pick(m.logits(h[-1:]), row_t[r : r + 1])[0])
-            nxt[r] = first
-            rows[r] = {"i": i, "out": [first], "feats": [h]}
-            yield from finish_or_keep(r)
-
-    for r in range(B):
-        yield from fill(r)
-    while any(row is not None for row in rows):
-        live = [r for r, row in enumerate(rows) if row is not None]
-        pos = torch.tensor([cache.lengths[r] for r in live], device=dev)
-        h = ragged_hidden(m, torch.tensor([nxt[r] for r in live], device=dev), pos, [Segment(r, 1) for r in live],
-                          cache)
-        toks = pick(m.logits(h), row_t[live]).tolist()
-        for j, r in enumerate(live):
-            row = rows[r]
-            if row is None:  # (live rows hold a sequence)
-                continue
-            row["feats"].append(h[j : j + 1].clone())
-            row["out"].append(toks[j])
-            nxt[r] = toks[j]
-            done = list(finish_or_keep(r))
-            yield from done
-            if done:
-                yield from fill(r)
+    index = {sched.add(p, SamplingParams(max_tokens=max_tokens, temperature=t, seed=(seed << 32) + i)): i
+             for i, (p, t) in enumerate(zip(prompts, temps))}
+    while sched.has_work():
+        for res in sched.step():
+            if res.error is not None:
+                raise res.exception or RuntimeError(res.error)
+            tokens, feats = rec.done.pop(res.request_id)
+            i = index[res.request_id]
+            yield i, Sample(tokens, len(prompts[i]), feats)
 
 
 def generate_batch(lm: LoadedModel, prompts: list[list[int]], max_tokens: int, batch_size: int = 64) -> list[Sample]:
