@@ -9,6 +9,8 @@ batch fills on a surface in between.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from tests.varied_model import BATCHING_VOCAB, FLAT, alone, batching_model, run_joining
@@ -16,12 +18,11 @@ from tests.varied_model import BATCHING_VOCAB, FLAT, alone, batching_model, run_
 from specledger.decoding.draft_budget import (
     PRIOR,
     AcceptanceEMA,
-    GainCalibration,
-    PassCalibration,
     CostSurface,
     FittedSurface,
-    expected_accepted,
+    gain_calibration,
     measure_cost_surface,
+    pass_calibration,
     plan_drafts,
     RankAcceptance,
     StepOverhead,
@@ -104,7 +105,7 @@ def test_planner_stops_where_the_expected_rate_peaks(surface):
     """Against brute force over chain lengths for one sequence."""
     for a in (0.3, 0.6, 0.7, 0.9):
         [k] = plan_chains([8], [a], 1, 1, surface)
-        best = max(range(9), key=lambda j: (1 + expected_accepted(a, j)) / surface(1 + j))
+        best = max(range(9), key=lambda j: (1 + sum(a**i for i in range(1, j + 1))) / surface(1 + j))
         assert k == best, a
 
 
@@ -419,7 +420,7 @@ def test_the_first_verified_trees_outweigh_the_prior():
 
 
 def test_gain_calibration_scales_the_gains_by_what_was_accepted():
-    cal = GainCalibration()
+    cal = gain_calibration()
     assert cal.factor == 1.0 and cal.scaled([0.9, 0.5]) == [0.9, 0.5]
     for _ in range(200):  # plans that expected 3 tokens a tree got 1
         cal.observe(3.0, 1)
@@ -459,7 +460,7 @@ def proposed_fresh_and_burnt(lm, burn) -> tuple[int, int]:
 
 
 def test_pass_calibration_is_what_drafting_added_over_what_was_predicted():
-    cal = PassCalibration()
+    cal = pass_calibration()
     assert cal.factor == 1.0
     for _ in range(60):  # passes priced at 10 ms over a plain pass took 40 ms over it
         cal.observe(0.010, 0.040)
@@ -467,7 +468,7 @@ def test_pass_calibration_is_what_drafting_added_over_what_was_predicted():
     for _ in range(60):  # drafting cheaper than predicted; a noisy pass below the plain one counts as free
         cal.observe(0.010, 0.006)
         cal.observe(0.010, -0.004)
-    assert cal.factor == pytest.approx(0.5) and PassCalibration(measured=1.0).factor == 4.0
+    assert cal.factor == pytest.approx(0.5) and replace(pass_calibration(), measured=1.0).factor == 4.0
     cal.observe(0.0, 1.0)  # nothing predicted: nothing to compare
     assert cal.factor == pytest.approx(0.5)
 

@@ -96,11 +96,6 @@ class FittedSurface:
         return self.fitted(n)
 
 
-def expected_accepted(a: float, k: int) -> float:
-    """E[accepted tokens] of a k-token chain whose tokens are each accepted with probability a (given the last)."""
-    return sum(a**i for i in range(1, k + 1))
-
-
 def plan_drafts(gains: list[list[float]], base_rows: int, base_tokens: float, cost: Callable[[int], float],
                 draft_cost: Callable[[list[int]], float] | None = None, per_drafting: float = 0.0,
                 beside: int = 0, max_drafting: int | None = None, price: float = 1.0) -> list[int]:
@@ -123,7 +118,7 @@ def plan_drafts(gains: list[list[float]], base_rows: int, base_tokens: float, co
     max_drafting: at most this many sequences draft (the nodes of any other are passed over).
 
     price: what the seconds drafted rows add to the step (their share of the pass, per_drafting) are multiplied by:
-    measured over predicted for the batch's recent drafting passes (PassCalibration). The drafter's own cost is
+    measured over predicted for the batch's recent drafting passes (pass_calibration). The drafter's own cost is
     its own to measure (a lazy prompt's one-time catch-up would price every later draft as if it recurred).
 
     Every term of the denominator grows with m, so once even all the remaining gains over the current one
@@ -240,52 +235,44 @@ class RankAcceptance:
 
 
 @dataclass
-class GainCalibration:
-    """Accepted tokens over the tokens the acceptance estimates expected, across a batch's verified drafts: the
-    planner's gains are scaled by it. The planner takes the nodes whose estimates are highest, so errors in the
-    estimates are not symmetric there: measured on an EAGLE head at batch 4 (bf16), the plans expected 35 tokens
-    where 24 were accepted, and passes that looked 4% faster for their draft ran at break-even. Decaying sums
-    (about the last 50 trees) that start from 4 tokens of each, so the factor starts at 1."""
+class Calibration:
+    """Measured over predicted, from decaying sums that start equal (so the factor starts at 1), clamped to
+    [lo, hi]: the planner's two corrections of what its estimates miss (gain_calibration, pass_calibration)."""
 
-    expected: float = 4.0
-    accepted: float = 4.0
-    decay: float = 0.98
-
-    def observe(self, expected: float, accepted: int) -> None:
-        self.expected = self.decay * self.expected + expected
-        self.accepted = self.decay * self.accepted + accepted
-
-    @property
-    def factor(self) -> float:
-        return min(1.25, max(0.25, self.accepted / self.expected))
-
-    def scaled(self, gains: list[float]) -> list[float]:
-        f = self.factor
-        return [min(1.0, g * f) for g in gains]
-
-
-@dataclass
-class PassCalibration:
-    """Measured over predicted seconds that drafted rows added to the batch's recent steps, outside the drafting
-    itself: the planner's price of those rows is multiplied by it. The prediction (the surface's marginal rows, the
-    overhead per drafting sequence) misses what neither sees: a tree's verification in Python, a pass's longer
-    contexts, a surface extrapolated past its last probe. Measured on an EAGLE head at batch 2 (bf16, its surface
-    probed to 8 rows): rows priced at 2 ms over a plain pass took 30 ms over it, and the batch ran 3% below AR.
-    Decaying sums (about the last 10 drafting passes) that start from 10 ms of each, so the factor starts at 1."""
-
-    predicted: float = 0.01
-    measured: float = 0.01
-    decay: float = 0.9
+    predicted: float
+    measured: float
+    decay: float
+    lo: float
+    hi: float
 
     def observe(self, predicted: float, measured: float) -> None:
-        if predicted <= 0:
+        if predicted <= 0:  # nothing predicted: nothing to compare
             return
         self.predicted = self.decay * self.predicted + predicted
         self.measured = self.decay * self.measured + max(0.0, measured)
 
     @property
     def factor(self) -> float:
-        return min(4.0, max(0.5, self.measured / self.predicted))
+        return min(self.hi, max(self.lo, self.measured / self.predicted))
+
+    def scaled(self, gains: list[float]) -> list[float]:
+        f = self.factor
+        return [min(1.0, g * f) for g in gains]
+
+
+def gain_calibration() -> Calibration:
+    """Accepted over expected tokens of a batch's verified drafts (about the last 50), scaling the planner's gains:
+    it takes the nodes whose estimates are highest, so their errors are not symmetric there (an EAGLE head at batch
+    4, bf16: plans expected 35 tokens where 24 were accepted, and passes that looked 4% faster ran at break-even)."""
+    return Calibration(4.0, 4.0, decay=0.98, lo=0.25, hi=1.25)
+
+
+def pass_calibration() -> Calibration:
+    """Measured over predicted seconds that drafted rows added to the recent steps (about the last 10 drafting
+    passes), outside the drafting itself, multiplying the planner's price of those rows: the prediction misses a
+    tree's verification in Python, longer contexts, a surface extrapolated past its probe (an EAGLE head at batch
+    2, bf16, surface probed to 8 rows: rows priced at 2 ms took 30 ms, and the batch ran 3% below AR)."""
+    return Calibration(0.01, 0.01, decay=0.9, lo=0.5, hi=4.0)
 
 
 @dataclass

@@ -14,8 +14,9 @@ import copy
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
-from specledger.decoding.draft_budget import (PRIOR, AcceptanceEMA, CostSurface, FittedSurface, GainCalibration,
-                                               PassCalibration, RankAcceptance, StepOverhead, cost_surface, plan_drafts)
+from specledger.decoding.draft_budget import (PRIOR, AcceptanceEMA, CostSurface, FittedSurface, RankAcceptance,
+                                               StepOverhead, cost_surface, gain_calibration, pass_calibration,
+                                               plan_drafts)
 from specledger.decoding.drafter import Drafter, DraftSeq
 from specledger.decoding.params import check_draft_length
 from specledger.engine.loader import LoadedModel
@@ -106,8 +107,8 @@ class Adaptive:
         self.acc: dict[Hashable, AcceptanceEMA | RankAcceptance] = {}  # each request's own, from the population
         self.evidence = 0.0  # verified nodes behind it, decaying as it drifts
         self.overhead = StepOverhead()  # what a drafting sequence adds outside the pass (the scheduler measures)
-        self.calibration = GainCalibration()  # how far the estimates' expected tokens were accepted
-        self.pass_price = PassCalibration()  # how far drafting's predicted seconds were what it added
+        self.calibration = gain_calibration()  # how far the estimates' expected tokens were accepted
+        self.pass_price = pass_calibration()  # how far drafting's predicted seconds were what it added
         self.last_extra = 0.0  # seconds the latest plan predicted its rows add to the step, drafting aside (unscaled)
 
     def begin(self, key: Hashable) -> None:
