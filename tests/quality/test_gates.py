@@ -1,10 +1,9 @@
 import json
-from dataclasses import asdict
 
 import pytest
 
+from specledger.bench.results import GateOutcome
 from specledger.quality.gates import (
-    GateResult,
     comparable,
     first_divergence,
     lossless_gate,
@@ -42,7 +41,7 @@ def test_pass_rate_gate_ignores_ungraded_and_reports_interval():
     assert not low.passed and "below the minimum" in low.reason
     assert pass_rate_gate([True, True, False], min_rate=0.5).passed
     assert pass_rate_gate([None, None]).passed and pass_rate_gate([None], min_rate=0.1).passed is False
-    json.dumps(asdict(g))  # figures must serialise into run.json
+    json.dumps(g.model_dump())  # figures must serialise into run.json
 
 
 def test_first_divergence():
@@ -66,7 +65,7 @@ def test_lossless_gate_figures():
     assert (f["missing_in_candidate"], f["missing_in_reference"]) == (["d"], ["e"])
     assert "1/3 outputs identical" in g.reason and "token 1" in g.reason
     assert lossless_gate(ref, cand, min_share=0.3).passed
-    json.dumps(asdict(g))
+    json.dumps(g.model_dump())
 
 
 def test_lossless_gate_passes_on_identical_and_fails_on_nothing_compared():
@@ -86,9 +85,11 @@ def test_quantization_gate():
 
 
 def test_comparable_collects_failed_reasons():
-    ok = GateResult("a", True, "fine", {})
-    bad1, bad2 = GateResult("lossless", False, "2/3 identical", {}), GateResult("pass_rate", False, "too low", {})
-    assert comparable([ok]) == (True, "")
+    ok = GateOutcome(name="a", passed=True, reason="fine")
+    bad1 = GateOutcome(name="lossless", passed=False, reason="2/3 identical")
+    bad2 = GateOutcome(name="pass_rate", passed=False, reason="too low")
+    unchecked = GateOutcome(name="lossless", passed=None, reason="not checked: sampling")
+    assert comparable([ok, unchecked]) == (True, "")
     assert comparable([]) == (True, "")
     flag, reason = comparable([ok, bad1, bad2])
     assert not flag and reason == "lossless: 2/3 identical; pass_rate: too low"

@@ -7,15 +7,12 @@ states what it measured (figures, JSON-serialisable) and, when it fails, why. `c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+
+from specledger.bench.results import GateOutcome
 
 
-@dataclass
-class GateResult:
-    name: str
-    passed: bool
-    reason: str
-    figures: dict = field(default_factory=dict)
+def _gate(name: str, passed: bool, reason: str, figures: dict) -> GateOutcome:
+    return GateOutcome(name=name, passed=passed, reason=reason, figures=figures)
 
 
 def wilson_interval(passes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -31,7 +28,7 @@ def wilson_interval(passes: int, n: int, z: float = 1.96) -> tuple[float, float]
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def pass_rate_gate(results: list[bool | None], *, min_rate: float | None = None) -> GateResult:
+def pass_rate_gate(results: list[bool | None], *, min_rate: float | None = None) -> GateOutcome:
     """Pass rate over graded questions (None = ungraded, left out) with its 95% Wilson interval.
 
     Fails only when `min_rate` is set and the observed rate is below it (or nothing was graded).
@@ -52,14 +49,14 @@ def pass_rate_gate(results: list[bool | None], *, min_rate: float | None = None)
     }
     if n == 0:
         ok = min_rate is None
-        return GateResult("pass_rate", ok, "no graded answers" + ("" if ok else f", minimum {min_rate:.2f}"), figures)
+        return _gate("pass_rate", ok, "no graded answers" + ("" if ok else f", minimum {min_rate:.2f}"), figures)
     rate = passes / n  # n > 0 from here on
     summary = f"{passes}/{n} passed ({rate:.1%}, 95% CI {low:.1%}-{high:.1%})"
     if min_rate is None:
-        return GateResult("pass_rate", True, summary, figures)
+        return _gate("pass_rate", True, summary, figures)
     if rate < min_rate:
-        return GateResult("pass_rate", False, f"{summary} below the minimum {min_rate:.1%}", figures)
-    return GateResult("pass_rate", True, f"{summary}, minimum {min_rate:.1%}", figures)
+        return _gate("pass_rate", False, f"{summary} below the minimum {min_rate:.1%}", figures)
+    return _gate("pass_rate", True, f"{summary}, minimum {min_rate:.1%}", figures)
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -72,7 +69,7 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 def lossless_gate(
     reference: dict[str, list[int]], candidate: dict[str, list[int]], *, min_share: float = 1.0
-) -> GateResult:
+) -> GateOutcome:
     """Greedy token ids of a strategy vs autoregressive decoding of the same target and precision, per request.
 
     Requests present on one side only are counted, not compared. In bf16/fp16 a few divergences are expected
@@ -102,20 +99,20 @@ def lossless_gate(
     missing = len(missing_in_candidate)
     note = f"; {missing} request(s) missing from the candidate" if missing else ""
     if n == 0:
-        return GateResult("lossless", False, "no request in common with the reference run", figures)
+        return _gate("lossless", False, "no request in common with the reference run", figures)
     if not divs:
-        return GateResult("lossless", True, f"{n}/{n} outputs identical to the reference{note}", figures)
+        return _gate("lossless", True, f"{n}/{n} outputs identical to the reference{note}", figures)
     share = identical / n  # n > 0 from here on
     summary = (
         f"{identical}/{n} outputs identical ({share:.0%}); first divergence at token "
         f"{min(divs)} (mean {figures['first_divergence_mean']:.1f}){note}"
     )
-    return GateResult("lossless", share >= min_share, summary, figures)
+    return _gate("lossless", share >= min_share, summary, figures)
 
 
 def quantization_gate(
     top1_agreement: float, mean_kl: float, *, min_agreement: float = 0.95, max_kl: float | None = None
-) -> GateResult:
+) -> GateOutcome:
     """Teacher-forced top-1 agreement (and optionally mean KL) of a quantized model vs the unquantized one."""
     if not 0.0 <= top1_agreement <= 1.0:
         raise ValueError(f"top1_agreement must lie in [0, 1], got {top1_agreement}")
@@ -128,13 +125,13 @@ def quantization_gate(
     if max_kl is not None and mean_kl > max_kl:
         problems.append(f"mean KL {mean_kl:.4f} above {max_kl:.4f}")
     if problems:
-        return GateResult("quantization", False, "; ".join(problems), figures)
-    return GateResult("quantization", True, f"top-1 agreement {top1_agreement:.1%}, mean KL {mean_kl:.4f}", figures)
+        return _gate("quantization", False, "; ".join(problems), figures)
+    return _gate("quantization", True, f"top-1 agreement {top1_agreement:.1%}, mean KL {mean_kl:.4f}", figures)
 
 
-def comparable(gates: list[GateResult]) -> tuple[bool, str]:
-    """(False, reasons) if any gate failed, else (True, "")."""
-    failed = [g for g in gates if not g.passed]
+def comparable(gates: list[GateOutcome]) -> tuple[bool, str]:
+    """(False, reasons) if any gate failed, else (True, ""); a gate not checked (passed None) is no failure."""
+    failed = [g for g in gates if g.passed is False]
     if not failed:
         return True, ""
     return False, "; ".join(f"{g.name}: {g.reason}" for g in failed)

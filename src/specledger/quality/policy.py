@@ -14,11 +14,7 @@ from specledger.bench.config import QUALITY_LEVEL, BenchConfig, RunConfig
 from specledger.bench.metrics import group_by
 from specledger.bench.config import config_baselines
 from specledger.bench.results import GateOutcome, RequestRecord, RunResult
-from specledger.quality.gates import GateResult, comparable, lossless_gate, pass_rate_gate, quantization_gate
-
-
-def _gate(g: GateResult) -> GateOutcome:
-    return GateOutcome(name=g.name, passed=g.passed, reason=g.reason, figures=g.figures)
+from specledger.quality.gates import comparable, lossless_gate, pass_rate_gate, quantization_gate
 
 
 def _outputs(records: list[RequestRecord]) -> tuple[dict[str, list[int]], bool]:
@@ -53,7 +49,7 @@ def apply_gates(run: RunResult, records: list[RequestRecord], cfg: RunConfig) ->
                 cand_out, cand_ids = _outputs([r for r in recs if r.load != QUALITY_LEVEL])
                 sixteen = bc.dtype in ("bf16", "fp16")
                 min_share = cfg.gates.lossless_min_share_16bit if sixteen else cfg.gates.lossless_min_share
-                g = _gate(lossless_gate(ref_out, cand_out, min_share=min_share))
+                g = lossless_gate(ref_out, cand_out, min_share=min_share)
                 if sixteen and g.figures.get("first_divergence") and g.passed:
                     g.reason += f" ({bc.dtype} rounding: at least {min_share:.0%} identical required)"
                 g.figures["reference"] = ref.name
@@ -72,14 +68,13 @@ def apply_gates(run: RunResult, records: list[RequestRecord], cfg: RunConfig) ->
         if any(o is not None for o in outcomes):
             outcomes += [False for r in graded if r.status != "ok"]
         pr = pass_rate_gate(outcomes, min_rate=cfg.gates.min_pass_rate)
-        gates.append(_gate(pr))
+        gates.append(pr)
         if any(r.status != "ok" for r in recs):
             gates.append(failure_gate(recs, cfg.gates.max_failure_rate))
         cr.pass_rate = pr.figures.get("rate")
         cr.pass_ci = (pr.figures["ci_low"], pr.figures["ci_high"]) if pr.figures.get("graded") else None
         cr.gates = gates
-        checked = [GateResult(g.name, bool(g.passed), g.reason, g.figures) for g in gates if g.passed is not None]
-        cr.comparable, cr.comparable_reason = comparable(checked)
+        cr.comparable, cr.comparable_reason = comparable(gates)
 
 
 def failure_gate(records: list[RequestRecord], max_rate: float) -> GateOutcome:
@@ -98,8 +93,8 @@ def failure_gate(records: list[RequestRecord], max_rate: float) -> GateOutcome:
 
 
 def quantization_outcome(agreement: dict[str, Any], cfg: RunConfig) -> GateOutcome:
-    g = _gate(quantization_gate(agreement["top1_agreement"], agreement["mean_kl"],
-                                min_agreement=cfg.gates.min_agreement, max_kl=cfg.gates.max_kl))
+    g = quantization_gate(agreement["top1_agreement"], agreement["mean_kl"], min_agreement=cfg.gates.min_agreement,
+                          max_kl=cfg.gates.max_kl)
     g.figures |= {k: agreement.get(k) for k in ("reference", "tokens", "ppl_reference", "ppl_candidate")}
     g.reason += f" vs {agreement.get('reference')}, teacher-forced over {agreement.get('tokens')} tokens"
     return g
