@@ -16,6 +16,7 @@ from specledger.bench.results import SteadyState
 from specledger.ledger.answer import ScenarioAnswer
 from specledger.ledger.measurements import ConfigMeasurement, measurement_baselines
 from specledger.ledger.price import LedgerResult
+from specledger.report.interaction import first_level, interaction_axes
 
 rcParams["svg.fonttype"] = "none"
 rcParams["svg.hashsalt"] = "specledger"  # stable ids: the same data gives the same file
@@ -70,16 +71,6 @@ def _bars_over_one(groups: list[str], series: dict[str, list[float | None]], yla
     _legend_below(fig, ax, n)
     ax.axhline(1.0, color="#444", lw=0.8, ls="--")
     return svg(fig)
-
-
-def first_level(ms: list[ConfigMeasurement]) -> list[ConfigMeasurement]:
-    """Each configuration at its lowest load level (batch-1 speeds, as Spec-Bench reports them)."""
-    best: dict[str, ConfigMeasurement] = {}
-    for m in ms:
-        cur = best.get(m.name)
-        if cur is None or (m.concurrency or 0) < (cur.concurrency or 0):
-            best[m.name] = m
-    return list(best.values())
 
 
 def speedup_by_kind(ledger: LedgerResult) -> str | None:
@@ -220,8 +211,7 @@ def interaction(rows: list[dict]) -> str | None:
     """Speed-up of each speculative method on each target precision, from measured runs only."""
     if not rows:
         return None
-    precisions = sorted({r["precision"] for r in rows}, key=lambda p: (p not in ("fp32", "bf16", "fp16"), p))
-    methods = sorted({r["strategy"] for r in rows}, key=lambda s: (s != "ar", s))
+    precisions, methods = interaction_axes(rows)
     series = {}
     for p in precisions:
         series[p] = [next((r["speedup"] for r in rows if r["strategy"] == s and r["precision"] == p), None) for s in methods]

@@ -17,7 +17,7 @@ from specledger.ledger.inputs import load_inputs
 from specledger.ledger.price import ConfigCost, LedgerResult
 from specledger.ledger.verdicts import MATERIAL
 from specledger.report import charts
-from specledger.report.interaction import interaction_rows
+from specledger.report.interaction import interaction_axes, interaction_rows
 from specledger.report.positions import position_table
 from specledger.report.terminal import failed_cell, money
 
@@ -85,8 +85,7 @@ def _row(r: ConfigCost, n: int | None) -> dict:
 
 
 def _interaction_table(rows: list[dict]) -> tuple[list[str], list[dict]]:
-    precisions = sorted({r["precision"] for r in rows}, key=lambda p: (p not in ("fp32", "bf16", "fp16"), p))
-    methods = sorted({r["strategy"] for r in rows}, key=lambda s: (s != "ar", s))
+    precisions, methods = interaction_axes(rows)
     table = []
     for s in methods:
         cells = []

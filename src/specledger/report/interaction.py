@@ -7,14 +7,26 @@ from specledger.ledger.measurements import ConfigMeasurement, measurement_baseli
 from specledger.ledger.price import LedgerResult
 
 
+def first_level(ms: list[ConfigMeasurement]) -> list[ConfigMeasurement]:
+    """Each configuration at its lowest load level (batch-1 speeds, as Spec-Bench reports them)."""
+    best: dict[str, ConfigMeasurement] = {}
+    for m in ms:
+        cur = best.get(m.name)
+        if cur is None or (m.concurrency or 0) < (cur.concurrency or 0):
+            best[m.name] = m
+    return list(best.values())
+
+
+def interaction_axes(rows: list[dict]) -> tuple[list[str], list[str]]:
+    """The precisions (unquantized first) and the methods (ar first) of the interaction rows, in table order."""
+    return (sorted({r["precision"] for r in rows}, key=lambda p: (p not in ("fp32", "bf16", "fp16"), p)),
+            sorted({r["strategy"] for r in rows}, key=lambda s: (s != "ar", s)))
+
+
 def interaction_rows(ledger: LedgerResult) -> list[dict]:
     """Per configuration at its lowest load: speed-up over ar on its own precision and over the reference."""
-    first: dict[str, ConfigMeasurement] = {}
-    for m in ledger.measurements:
-        cur = first.get(m.name)
-        if cur is None or (m.concurrency or 0) < (cur.concurrency or 0):
-            first[m.name] = m
-    ms = list(first.values())
+    ms = first_level(ledger.measurements)
+    first = {m.name: m for m in ms}
     pairs = measurement_baselines(ms)
     ref = first.get(ledger.reference) if ledger.reference else None
     out = []

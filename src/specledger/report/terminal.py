@@ -8,7 +8,7 @@ from rich.text import Text
 
 from specledger.ledger.concurrency import ConcurrencyBreakEven
 from specledger.ledger.price import ConfigCost, LedgerResult
-from specledger.report.interaction import interaction_rows
+from specledger.report.interaction import interaction_axes, interaction_rows
 
 VERDICT_STYLE = {"cheapest": "bold green", "dominated": "dim", "trade-off": "yellow", "infeasible": "red",
                  "not comparable": "magenta", "infinite cost": "red", "indistinguishable": "cyan"}
@@ -168,8 +168,7 @@ def render_interaction(ledger: LedgerResult) -> Table | None:
     rows = interaction_rows(ledger)
     if not any(r["strategy"] != "ar" for r in rows):
         return None
-    precisions = sorted({r["precision"] for r in rows}, key=lambda p: (p not in ("fp32", "bf16", "fp16"), p))
-    methods = sorted({r["strategy"] for r in rows}, key=lambda s: (s != "ar", s))
+    precisions, methods = interaction_axes(rows)
     caption = f"every cell is a measured configuration; ar row: vs {ledger.reference}"
     if any(not r["comparable"] for r in rows):
         caption += "; * not comparable (a quality gate failed)"
