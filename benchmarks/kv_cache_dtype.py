@@ -1,4 +1,4 @@
-"""A bf16 KV cache against the fp32 one for bf16-activation models (model.kv_dtype, cpu_ops.bf16_cache), side by
+"""A bf16 KV cache against the fp32 one for bf16-activation models (cpu_ops.Ops.kv_dtype, bf16_cache), side by
 side in one process.
 
 A bf16 model's keys and values are bf16 numbers; where the CPU computes in bf16 and the fused attention is loaded,
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from rich.console import Console
@@ -79,7 +80,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    can = cpu_ops._BF16_ATTENTION and cpu_ops.qkernel.op() is not None
+    can = cpu_ops.resolve("cpu").bf16_cache
     console.print(f"{now()}  {machine()}  (a bf16 cache on this host: {can})")
     if not can:
         console.print("this host keeps the fp32 cache (no bf16 arithmetic, or no fused kernels): nothing to compare")
@@ -89,9 +90,10 @@ def main() -> None:
     levels = [int(x) for x in a.concurrency.split(",") if x]
     for name in a.models.split(","):
         lm = load_model("smollm2-135m", quant="int4" if name == "int4" else "none", dtype="bf16")
+        ops = lm.model.ops
         cases: dict[str, dict[str, Callable[[], float]]] = {}
         for path, on in PATHS.items():
-            cpu_ops._BF16_CACHE = on
+            lm.model.use_ops(replace(ops, bf16_cache=on))
             cases[path] = pass_cases(lm)
         prompts = [lm.tokenizer.chat([{"role": "user", "content": p}]) for p in long_prompts(8)]
         sp = SamplingParams(max_tokens=a.new_tokens, ignore_eos=True)
@@ -99,7 +101,7 @@ def main() -> None:
         with torch.inference_mode():
             for rnd in range(a.rounds + 1):
                 for path, on in PATHS.items():
-                    cpu_ops._BF16_CACHE = on
+                    lm.model.use_ops(replace(ops, bf16_cache=on))
                     for case, f in cases[path].items():
                         dt = f()
                         if rnd:  # round 0 warms up
@@ -111,12 +113,11 @@ def main() -> None:
         console.print(ab_table(f"{lm.label}: KV cache in fp32 vs bf16 ({a.rounds} rounds, medians)",
                                [*cases["bf16 cache"], *(f"AR c={n} tok/s" for n in levels)], times, *PATHS, levels))
         for path in ("fp32 cache", "bf16 cache"):
-            cpu_ops._BF16_CACHE = PATHS[path]
+            lm.model.use_ops(replace(ops, bf16_cache=PATHS[path]))
             c = lm.model.new_cache(1024)
             mib = (c.k.numel() + c.v.numel()) * c.k.element_size() / 2**20
             console.print(agreement_line(f"{path} ({mib:.0f} MiB at 1024 positions)",
                                          teacher_forced_agreement(ref, lm, ids)))
-        cpu_ops._BF16_CACHE = None
 
 
 if __name__ == "__main__":

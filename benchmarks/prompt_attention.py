@@ -1,4 +1,4 @@
-"""A prompt's chunk attending in bf16 against fp32 (engine/cpu_ops.causal_attention), side by side in one process.
+"""A prompt's chunk attending in bf16 against fp32 (engine/cpu_ops.Ops.causal_attention), side by side in one process.
 
 On CPU the KV cache is fp32; a bf16 model's entries are bf16 values, so where the CPU computes in bf16 a chunk of
 more than LONG_RUN rows attends on them in bf16. Per model (bf16, W4A16), alternating within each round with an
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from rich.console import Console
@@ -83,19 +84,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    console.print(f"{now()}  {machine()}  (bf16 attention on this host: {cpu_ops._bf16_attention()})")
+    console.print(f"{now()}  {machine()}  (bf16 attention on this host: {cpu_ops.resolve('cpu').bf16_attention})")
     ref = load_model("smollm2-135m", quant="none", dtype="fp32")
     ids = ref.tokenizer.encode(" ".join(long_prompts(8)))[:1024]
     levels = [int(x) for x in a.concurrency.split(",") if x]
     for name in a.models.split(","):
         lm = load_model("smollm2-135m", quant="int4" if name == "int4" else "none", dtype="bf16")
+        ops = lm.model.ops
         cases = pass_cases(lm)
         prompts = [lm.tokenizer.chat([{"role": "user", "content": p}]) for p in long_prompts(8)]
         sp = SamplingParams(max_tokens=a.new_tokens, ignore_eos=True)
         times: dict[tuple[str, str], list[float]] = {}
         for rnd in range(a.rounds + 1):
             for path, on in PATHS.items():
-                cpu_ops._BF16_ATTENTION = on
+                lm.model.use_ops(replace(ops, bf16_attention=on))
                 for case, f in cases.items():
                     dt = f()
                     if rnd:  # round 0 warms up
@@ -107,9 +109,8 @@ def main() -> None:
         console.print(ab_table(f"{lm.label}: prompt chunks attending in fp32 vs bf16 ({a.rounds} rounds, medians)",
                                [*cases, *(f"AR c={n} tok/s" for n in levels)], times, *PATHS, levels))
         for path in ("fp32", "bf16"):
-            cpu_ops._BF16_ATTENTION = PATHS[path]
+            lm.model.use_ops(replace(ops, bf16_attention=PATHS[path]))
             console.print(agreement_line(f"{path} attention", teacher_forced_agreement(ref, lm, ids)))
-        cpu_ops._BF16_ATTENTION = cpu_ops._bf16_attention()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""A bf16 model's KV cache in bf16 on CPUs that compute in bf16 (model.kv_dtype, cpu_ops.bf16_cache): the fused
+"""A bf16 model's KV cache in bf16 on CPUs that compute in bf16 (cpu_ops.Ops.kv_dtype, bf16_cache): the fused
 attention reads it as fp32, so every path gives what the fp32 cache of the same values gives."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,9 +15,11 @@ from specledger.engine import cpu_ops
 
 
 @pytest.fixture
-def bf16_host():
-    if not (cpu_ops._BF16_ATTENTION and cpu_ops.qkernel.op() is not None):
+def bf16_host() -> cpu_ops.Ops:
+    ops = cpu_ops.resolve("cpu")
+    if not ops.bf16_cache:
         pytest.skip("this host does not compute in bf16, or the fused kernels are not loaded")
+    return ops
 
 
 def test_rows_attention_reads_a_bf16_cache_as_the_fp32_one(bf16_host):
@@ -28,8 +32,8 @@ def test_rows_attention_reads_a_bf16_cache_as_the_fp32_one(bf16_host):
     slots, lengths = torch.tensor([2, 0, 3]), torch.tensor([40, 7, 23])
     allow = torch.ones(r, s, dtype=torch.bool)
     allow[2, 5:9] = False
-    got = cpu_ops.rows_attention(q, k, v, slots, lengths, allow)
-    want = cpu_ops.rows_attention(q, k.float(), v.float(), slots, lengths, allow)
+    got = bf16_host.rows_attention(q, k, v, slots, lengths, allow)
+    want = bf16_host.rows_attention(q, k.float(), v.float(), slots, lengths, allow)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)
     # and against attention written out, for one row
@@ -72,12 +76,12 @@ def _decode(lm, steps: int = 8):
     return cache.k.dtype, runner.cache.k.dtype, out
 
 
-def test_bf16_cache_decodes_as_the_fp32_cache(bf16_host, monkeypatch):
+def test_bf16_cache_decodes_as_the_fp32_cache(bf16_host):
     lm = tiny_model(seed=4, dtype="bf16")
-    monkeypatch.setattr(cpu_ops, "_BF16_CACHE", False)
-    k32, r32, want = _decode(lm)
-    monkeypatch.setattr(cpu_ops, "_BF16_CACHE", True)
+    assert lm.model.ops.bf16_cache  # the table it loads with
     k16, r16, got = _decode(lm)
+    lm.model.use_ops(replace(bf16_host, bf16_cache=False))
+    k32, r32, want = _decode(lm)
     assert (k32, r32, k16, r16) == (torch.float32, torch.float32, torch.bfloat16, torch.bfloat16)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)

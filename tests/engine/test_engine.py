@@ -1,5 +1,7 @@
 """The engine on a tiny random model: cache rollback, chunked and tree forwards, quantized linears."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -30,15 +32,15 @@ def test_chunked_forward_matches_full_and_rollback():
 
 @pytest.mark.parametrize("start", [0, 7])
 @pytest.mark.parametrize("bf16_path", [False, True])
-def test_causal_attention_sees_the_cache_and_the_run_up_to_itself(start, bf16_path, monkeypatch):
+def test_causal_attention_sees_the_cache_and_the_run_up_to_itself(start, bf16_path):
     """A prompt's chunk (more than LONG_RUN rows) after `start` cached entries, in either of its paths (fp32 over
     the fp32 cache, or bf16 where the CPU computes in bf16), against softmax attention written out."""
-    monkeypatch.setattr(cpu_ops, "_BF16_ATTENTION", bf16_path)
+    ops = replace(cpu_ops.resolve("cpu"), bf16_attention=bf16_path)
     torch.manual_seed(3)
     h, kv, d, n = 6, 2, 16, cpu_ops.LONG_RUN + 4
     q = torch.randn(1, h, n, d).bfloat16()
     keys, values = (torch.randn(1, kv, start + n, d).bfloat16().float() for _ in range(2))  # as a bf16 model's cache
-    y = cpu_ops.causal_attention(q, keys, values, start, torch.bfloat16)
+    y = ops.causal_attention(q, keys, values, start, torch.bfloat16)
     assert y.dtype == torch.bfloat16 and y.shape == (1, h, n, d)
     k, v = keys.repeat_interleave(h // kv, 1), values.repeat_interleave(h // kv, 1)
     scores = q.float() @ k.transpose(-1, -2) / d**0.5

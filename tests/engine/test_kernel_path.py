@@ -66,3 +66,18 @@ def test_the_run_summary_and_the_report_name_the_path(tmp_path):
     write_run(tmp_path, run)
     assert "products: specledger kernel, avx2" in conditions_line(run)
     assert "products: specledger kernel, avx2" in _conditions(load_run(tmp_path), tmp_path)[2]
+
+
+def test_the_embedded_model_runs_the_table_of_ops_that_names_its_path(smollm):
+    """The kernels are chosen once, at load (cpu_ops.resolve): every module of the embedded model runs the one table,
+    and that table names the path run.json, the report and /health say (qkernel.describe())."""
+    from specledger.engine import cpu_ops
+    from specledger.engine.model import Kernels
+
+    ops = smollm.model.ops
+    assert ops.path == qkernel.describe()
+    assert all(m.ops is ops for m in smollm.model.modules() if isinstance(m, Kernels))
+    loaded = qkernel.op() is not None
+    assert (ops.qmm is not None, ops.rms_norm is not cpu_ops.rms_norm, ops.decode_layer is not cpu_ops.declines) == (
+        loaded, loaded, loaded)
+    assert smollm.model.new_cache(4).k.dtype == ops.kv_dtype(smollm.model.dtype)

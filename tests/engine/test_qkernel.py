@@ -13,6 +13,8 @@ still runs.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -27,6 +29,7 @@ pytestmark = pytest.mark.skipif(qkernel.op() is None, reason="the engine's kerne
 
 HOST = qkernel.host_isa() if qkernel.op() is not None else "none"
 CPU = torch.device("cpu")
+FUSED = cpu_ops.resolve(CPU)  # the table a CPU model loads with here: the fused ops
 
 # the op's isa argument per path, the hosts (qkernel.host_isa()) that run it, and why a host cannot: the op itself
 # quietly takes a lesser path for an isa the host lacks, so a path is only tested where the host has it
@@ -225,19 +228,18 @@ def test_model_with_and_without_the_kernels_agrees():
 
 
 @pytest.mark.parametrize("quant,dtype", [("int4", "bf16"), ("int8", "bf16"), ("int4", "fp32")])
-def test_fused_layer_equals_the_layer_op_by_op(quant, dtype, monkeypatch):
-    """Block.decode_one (one call a layer for a single new token) against the same layer op by op: the same ops
+def test_fused_layer_equals_the_layer_op_by_op(quant, dtype):
+    """Ops.decode_layer (one call a layer for a single new token) against the same layer op by op: the same ops
     in the same order, so the same bits, alone (Transformer.forward on a one-slot cache) and in a batch runner's slot."""
     from specledger.decoding.batch_runner import BatchItem, BatchRunner
-    from specledger.engine.model import Block
 
     lm = untied_tiny_model(quant=quant, dtype=dtype, hidden=128, heads=4, kv_heads=2)
     ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(12))
-    fused = Block.decode_one
+    ops = lm.model.ops
     took = []
 
-    def counted(*args, **kw):
-        y = fused(*args, **kw)
+    def counted(*args):
+        y = ops.decode_layer(*args)
         took.append(y is not None)
         return y
 
@@ -256,10 +258,10 @@ def test_fused_layer_equals_the_layer_op_by_op(quant, dtype, monkeypatch):
             rows.append(fwd.logits)
         return steps, cache.k[:, :, :, :20].clone(), torch.cat(rows)
 
-    monkeypatch.setattr(Block, "decode_one", counted)
+    lm.model.use_ops(replace(ops, decode_layer=counted))
     got = run()
     assert took and all(took)  # every one-token layer took the fused call
-    monkeypatch.setattr(Block, "decode_one", lambda *a, **k: None)
+    lm.model.use_ops(replace(ops, decode_layer=cpu_ops.declines))
     want = run()
     for g, w in zip(got, want):
         assert torch.equal(g, w)
@@ -269,26 +271,24 @@ def test_fused_ops_equal_the_pytorch_expressions():
     torch.manual_seed(7)
     x, w = torch.randn(3, 2, 96), torch.randn(96)
     ref = torch.nn.functional.rms_norm(x, (96,), w, 1e-5)
-    torch.testing.assert_close(cpu_ops.rms_norm(x, w, 1e-5, torch.float32), ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(cpu_ops.rms_norm(x, w, 1e-5, torch.bfloat16).float(), ref, atol=3e-2, rtol=1e-2)
+    torch.testing.assert_close(FUSED.rms_norm(x, w, 1e-5, torch.float32), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(FUSED.rms_norm(x, w, 1e-5, torch.bfloat16).float(), ref, atol=3e-2, rtol=1e-2)
     for b, h, kv, s, d in [(1, 9, 3, 300, 64), (3, 4, 2, 13, 16), (2, 8, 8, 7, 128)]:
         q = torch.randn(b, h, 1, d)
         k, v = torch.randn(b, kv, s + 3, d)[:, :, :s], torch.randn(b, kv, s + 3, d)[:, :, :s]  # cache views
         sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-        torch.testing.assert_close(cpu_ops.decode_attention(q, k, v), sdpa, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(FUSED.decode_attention(q, k, v), sdpa, atol=1e-5, rtol=1e-5)
         # rows on sequences of the cache, several rows per sequence, out of order, each its own length
         slots = torch.tensor([b - 1, 0, b - 1, 0, b // 2])
         lengths = torch.randint(1, s + 1, (5,))
         qr = torch.randn(5, h, d)
-        fused = cpu_ops.rows_attention(qr, k, v, slots, lengths)
-        with qkernel.disabled():
-            torch.testing.assert_close(fused, cpu_ops.rows_attention(qr, k, v, slots, lengths), atol=1e-5, rtol=1e-5)
+        fused = FUSED.rows_attention(qr, k, v, slots, lengths)
+        torch.testing.assert_close(fused, cpu_ops.rows_attention(qr, k, v, slots, lengths), atol=1e-5, rtol=1e-5)
         allow = torch.rand(5, s) < 0.5
         allow[:, 0] = True  # (every row sees something)
-        masked = cpu_ops.rows_attention(qr, k, v, slots, lengths, allow)
-        with qkernel.disabled():
-            torch.testing.assert_close(masked, cpu_ops.rows_attention(qr, k, v, slots, lengths, allow), atol=1e-5,
-                                       rtol=1e-5)
+        masked = FUSED.rows_attention(qr, k, v, slots, lengths, allow)
+        torch.testing.assert_close(masked, cpu_ops.rows_attention(qr, k, v, slots, lengths, allow), atol=1e-5,
+                                   rtol=1e-5)
         for r in range(5):
             kr, vr = k[slots[r], :, : lengths[r]][None], v[slots[r], :, : lengths[r]][None]
             one = torch.nn.functional.scaled_dot_product_attention(qr[r][None, :, None], kr, vr, enable_gqa=True)
@@ -299,14 +299,14 @@ def test_fused_ops_equal_the_pytorch_expressions():
             torch.testing.assert_close(masked[r], one[0, :, 0], atol=1e-5, rtol=1e-5)
     x13 = torch.randn(2, 3, 2 * 80)
     gate, up = x13.split(80, -1)
-    torch.testing.assert_close(cpu_ops.swiglu(x13, 80), torch.nn.functional.silu(gate) * up, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(FUSED.swiglu(x13, 80), torch.nn.functional.silu(gate) * up, atol=1e-5, rtol=1e-5)
     cos_t, sin_t = rope_tables(tiny_model().config)
     for pos in (torch.arange(3, 8), torch.tensor([[1, 2, 3], [5, 6, 7]])):
         bb, n = (1, 5) if pos.dim() == 1 else (2, 3)
         qkv = torch.randn(bb, n, 6 * 16 + 5)
         xr = qkv[..., : 6 * 16].view(bb, n, 6, 16)  # a view of the fused projection, as the model passes it
         c, sn = rope_at(cos_t, sin_t, pos, torch.float32)
-        torch.testing.assert_close(cpu_ops.apply_rope(xr, c, sn), torch.addcmul(xr * c, xr.roll(8, -1), sn))
+        torch.testing.assert_close(FUSED.apply_rope(xr, c, sn), torch.addcmul(xr * c, xr.roll(8, -1), sn))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -320,7 +320,7 @@ def test_new_token_attention_equals_rope_cache_write_and_attention(dtype):
     cos_t, sin_t = rope_tables(tiny_model().config)
     c, sn = rope_at(cos_t, sin_t, torch.tensor([[start], [start]]), dtype)
     k_ref, v_ref = kc.clone(), vc.clone()
-    y = cpu_ops.attend_new_token(qkv, c, sn, kc, vc, start, h, dtype)
+    y = FUSED.attend_new_token(qkv, c, sn, kc, vc, start, h, dtype)
     assert y is not None and y.shape == (b, 1, h * d) and y.dtype == dtype
     x = qkv.float()
     qk = torch.addcmul(x[..., : (h + kv) * d].view(b, 1, h + kv, d) * c.float(),
@@ -352,7 +352,7 @@ def test_gradients_take_the_pytorch_expressions():
     torch.manual_seed(10)
     x = torch.randn(2, 32, requires_grad=True)
     w = torch.randn(32, requires_grad=True)
-    cpu_ops.rms_norm(x, w, 1e-5, torch.float32).square().sum().backward()
+    FUSED.rms_norm(x, w, 1e-5, torch.float32).square().sum().backward()
     gx, gw = x.grad, w.grad
     x.grad = w.grad = None
     torch.nn.functional.rms_norm(x, (32,), w, 1e-5).square().sum().backward()
@@ -360,7 +360,7 @@ def test_gradients_take_the_pytorch_expressions():
     torch.testing.assert_close(gx, x.grad)
     torch.testing.assert_close(gw, w.grad)
     x13 = torch.randn(3, 64, requires_grad=True)
-    cpu_ops.swiglu(x13, 32).sum().backward()
+    FUSED.swiglu(x13, 32).sum().backward()
     assert x13.grad is not None and x13.grad.abs().sum() > 0
 
 

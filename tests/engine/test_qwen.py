@@ -7,6 +7,7 @@ request alone, the quantized products and the fused one-token layer stay within 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from tests.varied_model import alone, run_joining
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
 from specledger.engine.loader import load_model
-from specledger.engine.model import Block
+from specledger.engine.cpu_ops import declines
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -127,7 +128,7 @@ def test_quantized_equals_fp32_on_the_same_grid(tmp_path, kind, quant):
 
 
 @pytest.mark.parametrize("quant,dtype", [("int4", "bf16"), ("int8", "bf16"), ("int4", "fp32")])
-def test_fused_layer_adds_the_bias_as_op_by_op(tmp_path, monkeypatch, quant, dtype):
+def test_fused_layer_adds_the_bias_as_op_by_op(tmp_path, quant, dtype):
     """Qwen2's bias inside the fused one-token layer (csrc/fused.cpp decode_layer): the same bits as op by op."""
     from specledger.engine import qkernel
 
@@ -135,11 +136,11 @@ def test_fused_layer_adds_the_bias_as_op_by_op(tmp_path, monkeypatch, quant, dty
         pytest.skip("the engine's kernel is unavailable on this host")
     lm = load_model(str(save_qwen(tmp_path / "q", "qwen2")), with_tokenizer=False, quant=quant, dtype=dtype)
     ids = _prompts()[0]
-    fused = Block.decode_one
+    ops = lm.model.ops
     took: list[bool] = []
 
-    def counted(*args, **kw):
-        y = fused(*args, **kw)
+    def counted(*args):
+        y = ops.decode_layer(*args)
         took.append(y is not None)
         return y
 
@@ -147,20 +148,21 @@ def test_fused_layer_adds_the_bias_as_op_by_op(tmp_path, monkeypatch, quant, dty
         cache = lm.model.new_cache(32)
         return torch.cat([lm.model(torch.tensor([[t]]), cache) for t in ids], 1)
 
-    monkeypatch.setattr(Block, "decode_one", counted)
+    lm.model.use_ops(replace(ops, decode_layer=counted))
     got = run()
     assert took and all(took)
-    monkeypatch.setattr(Block, "decode_one", lambda *a, **k: None)
+    lm.model.use_ops(replace(ops, decode_layer=declines))
     assert torch.equal(got, run())
 
 
 def test_qwen3_takes_the_op_by_op_path(tmp_path):
-    """The per-head norms are not in the fused layer: decode_one declines, so they are never skipped."""
+    """The per-head norms are not in the fused layer: it declines, so they are never skipped."""
     lm = load_model(str(save_qwen(tmp_path / "q", "qwen3")), with_tokenizer=False, quant="int4")
     x = torch.zeros(1, 1, 128)
     cache = lm.model.new_cache(8)
     cos, sin = lm.model.rope_cos[:1], lm.model.rope_sin[:1]
-    assert lm.model.layers[0].decode_one(x, cos, sin, cache.slot_k[0][0][None], cache.slot_v[0][0][None], 0) is None
+    layer = lm.model.layers[0]
+    assert lm.model.ops.decode_layer(layer, x, cos, sin, cache.slot_k[0][0][None], cache.slot_v[0][0][None], 0) is None
 
 
 # ---- GGUF -------------------------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from specledger.engine.config import ModelConfig
-from specledger.engine.cpu_ops import bf16_cache, decode_layer, rms_norm, swiglu
-from specledger.engine.ragged import ragged_hidden, row_segments
+from specledger.engine.cpu_ops import Ops, resolve
+from specledger.engine.ragged import new_slot_cache, ragged_hidden, row_segments
 from specledger.engine.ragged import rope_at as rope_at  # re-exported: where the layer's callers have found it
 from specledger.engine.slot_cache import SlotCache
 
@@ -76,8 +76,23 @@ class Linear(nn.Linear):
         return residual + self(x)
 
 
+class Kernels(nn.Module):
+    """A module that runs the engine's ops: `ops`, the table for the device its weights are on (cpu_ops.resolve),
+    chosen when it is built, loaded (Transformer.set_compute_dtype) or moved (an EAGLE head is built on the CPU,
+    then moved), never per call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Ops = resolve(torch.get_default_device())
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.ops = resolve(fn(torch.empty(0)).device)
+        return self
+
+
 @direct_call
-class RMSNorm(nn.Module):
+class RMSNorm(Kernels):
     """Normalises the fp32 residual stream and hands the result on in the compute dtype."""
 
     def __init__(self, dim: int, eps: float) -> None:
@@ -87,21 +102,12 @@ class RMSNorm(nn.Module):
         self.out_dtype = torch.float32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, self.out_dtype)
+        return self.ops.rms_norm(x, self.weight, self.eps, self.out_dtype)
 
 
 def kv_dtype(compute: torch.dtype, device: torch.device) -> torch.dtype:
-    """The KV cache's dtype: the compute dtype, except on CPU: fp32 there, or bf16 for a bf16 model where the
-    CPU computes in bf16 and the fused attention reads bf16 (cpu_ops.bf16_cache).
-
-    CPU bf16 batched matmuls of attention's shapes run ~2x slower than fp32 here (measured: 91 vs 37 us per
-    layer at 200 cached tokens), so without the fused kernel the cache stays fp32. A bf16 model's keys and
-    values are bf16 numbers, so a bf16 cache holds the same values at half the bytes (the fused one-token path
-    rounds k to bf16 after RoPE, as the op-by-op path does); attention still sums in fp32.
-    """
-    if device.type != "cpu":
-        return compute
-    return torch.bfloat16 if compute == torch.bfloat16 and bf16_cache() else torch.float32
+    """The KV cache's dtype for a model computing in `compute` on `device` (cpu_ops.Ops.kv_dtype)."""
+    return resolve(device).kv_dtype(compute)
 
 
 class Attention(nn.Module):
@@ -135,7 +141,7 @@ class Attention(nn.Module):
 
 
 @direct_call
-class FeedForward(nn.Module):
+class FeedForward(Kernels):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.inter = cfg.intermediate_size
@@ -144,16 +150,10 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + MLP(x)."""
-        return self.w2.add_to(swiglu(self.w13(x), self.inter), residual)
+        return self.w2.add_to(self.ops.swiglu(self.w13(x), self.inter), residual)
 
 
-def _layout(m: nn.Module):
-    """A quantized product's kernel operands (quant.KernelLayout), None for any other Linear."""
-    f = getattr(m, "kernel_layout", None)
-    return f() if f is not None else None
-
-
-class Block(nn.Module):
+class Block(Kernels):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.attention_norm: nn.Module = RMSNorm(cfg.hidden_size, cfg.rms_eps)  # an EAGLE head's may be a cast
@@ -161,21 +161,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def decode_one(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                   v_cache: torch.Tensor, start: int) -> torch.Tensor | None:
-        """The layer for one new token (x (1, 1, hidden)) in one fused call, k / v into the caches (1, KV, S, D) at
-        `start`; None where it does not apply (weights off the engine's kernel, not on CPU): the layer runs op by op."""
-        a, f, n1, n2 = self.attention, self.feed_forward, self.attention_norm, self.ffn_norm
-        if not (isinstance(n1, RMSNorm) and isinstance(n2, RMSNorm) and n1.eps == n2.eps):  # (an EAGLE head's layer may have no input norm)
-            return None
-        if a.q_norm is not None:  # Qwen3's per-head norms are not in the fused layer: the op-by-op path serves it
-            return None
-        products = [_layout(m) for m in (a.wqkv, a.wo, f.w13, f.w2)]
-        return decode_layer(x, (n1.weight, n2.weight), n1.eps, products, cos, sin, k_cache, v_cache, start, a.n_heads,
-                            n1.out_dtype, a.bias)
 
-
-class Transformer(nn.Module):
+class Transformer(Kernels):
     rope_cos: torch.Tensor  # buffers, set by init_rope
     rope_sin: torch.Tensor
 
@@ -199,9 +186,18 @@ class Transformer(nn.Module):
         return self.tok_embeddings.weight.dtype
 
     def set_compute_dtype(self, dtype: torch.dtype) -> None:
+        """The compute dtype, and the kernels for the device the weights are on now (the loader calls this once it
+        has placed them)."""
         for m in self.modules():
             if isinstance(m, RMSNorm):
                 m.out_dtype = dtype
+        self.use_ops(resolve(self.device))
+
+    def use_ops(self, ops: Ops) -> None:
+        """Every layer of the model runs `ops` (tests and benchmarks: a chosen table)."""
+        for m in self.modules():
+            if isinstance(m, Kernels):
+                m.ops = ops
 
     @property
     def device(self) -> torch.device:
@@ -209,13 +205,11 @@ class Transformer(nn.Module):
 
     @property
     def kv_dtype(self) -> torch.dtype:
-        return kv_dtype(self.dtype, self.device)
+        return self.ops.kv_dtype(self.dtype)
 
     def new_cache(self, max_len: int | None = None, batch: int = 1) -> SlotCache:
         """A cache for `forward` over `batch` rows: one slot per row, every slot taken."""
-        c = self.cfg
-        cache = SlotCache(c.n_layers, c.n_kv_heads, c.head_dim, batch, max_len or c.max_seq_len, dtype=self.kv_dtype,
-                          device=self.device)
+        cache = new_slot_cache(self, batch, max_len)
         for _ in range(batch):
             cache.alloc()
         return cache

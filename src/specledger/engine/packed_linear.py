@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specledger.engine import qkernel
+from specledger.engine.cpu_ops import resolve
 from specledger.engine.model import Linear, direct_call
 
 PACK_ROWS = 8  # the batch-size hint oneDNN picks its blocking for (a decode batch or a short chain)
@@ -75,7 +75,7 @@ def pack(linear: nn.Linear) -> PackedLinear | KernelLinear | None:
             return PackedLinear(torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_ROWS))
         except RuntimeError:  # "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
             pass
-    if qkernel.op() is None or linear.in_features % 16 or not w.is_contiguous():
+    if resolve(w.device).qmm is None or linear.in_features % 16 or not w.is_contiguous():
         return None
     return KernelLinear(linear.weight)
 

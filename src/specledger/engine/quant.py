@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specledger.engine import qkernel
+from specledger.engine.cpu_ops import resolve
 from specledger.engine.model import direct_call
 from specledger.errors import BadInput
 
@@ -128,46 +129,79 @@ def _fits_fp16(*ts: torch.Tensor) -> bool:
     return all(bool(t.float().abs().max() < 65504) for t in ts)
 
 
-def _kernel_for(device: torch.device, in_features: int):
-    """The engine's kernel op where it serves this product (CPU, inputs in blocks of 32), else None."""
-    if device.type != "cpu" or in_features % BLOCK:
-        return None
-    return qkernel.op()
-
-
-@direct_call
-class Int8Linear(nn.Module):
-    """Int8 weights, w = q * scale per block of 32 inputs (GGUF Q8_0; per output channel where the width is not
-    a multiple of 32). Backends: the engine's kernel (CPU), PyTorch's per-channel int8 kernel (CPU without it:
-    the block codes re-quantized per channel), dequantized weights (CUDA)."""
+class _Quantized(nn.Module):
+    """What the two quantized linears share: the engine's kernel on their codes where it serves (`_op`, chosen once,
+    when built: cpu_ops.resolve), else each one's PyTorch backend (`_torch`)."""
 
     weight: torch.Tensor  # buffers (the backend's layout)
     scales: torch.Tensor
     mins: torch.Tensor
+    bits: int
+    group_size: int
+    out_features: int
+    in_features: int
+
+    def _use_kernel(self, device: torch.device, fits: bool) -> bool:
+        """The kernel serves where it is loaded for `device`, the inputs come in blocks of 32 and the scales fit."""
+        self.isa, self.digits = qkernel.requested_isa(), qkernel.activation_digits()
+        self._op = resolve(device).qmm if fits and self.in_features % BLOCK == 0 else None
+        self.backend = "kernel" if self._op is not None else "torch"
+        return self._op is not None
+
+    def _keep(self, weight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> None:
+        self.register_buffer("weight", weight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("mins", mins)
+
+    def _torch(self, x2: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _product(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        if self._op is None:
+            return self._torch(x2)
+        return self._op(x2.contiguous(), self.weight, self.scales, self.mins, self.bits, self.group_size,
+                        self.out_features, self.digits, self.isa, residual)
+
+    def kernel_layout(self) -> KernelLayout | None:
+        """The kernel's operands for this product (cpu_ops' fused layer), None where the kernel does not serve it."""
+        if self._op is None:
+            return None
+        return self.weight, self.scales, self.mins, [self.bits, self.group_size, self.out_features, self.digits,
+                                                     self.isa]
+
+    def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + self(x), the residual stream's add fused into the product where the kernel serves it."""
+        if self._op is None or residual.dtype != torch.float32 or not residual.is_contiguous():
+            return residual + self(x)
+        return self._product(x, residual).view(residual.shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._product(x).reshape(*x.shape[:-1], self.out_features)
+
+
+@direct_call
+class Int8Linear(_Quantized):
+    """Int8 weights, w = q * scale per block of 32 inputs (GGUF Q8_0; per output channel where the width is not
+    a multiple of 32). Backends: the engine's kernel (CPU), PyTorch's per-channel int8 kernel (CPU without it:
+    the block codes re-quantized per channel), dequantized weights (CUDA)."""
+
+    bits, group_size = 8, BLOCK
 
     def __init__(self, weight: torch.Tensor | Int8Grid, act_dtype: torch.dtype, device: torch.device | None = None):
         super().__init__()
-        if isinstance(weight, Int8Grid):
-            grid: Int8Grid | None = weight
-            dense: torch.Tensor | None = None
-            dev, shape = weight.codes.device, weight.codes.shape
-        else:
-            grid, dense, dev, shape = None, weight, weight.device, weight.shape
-        dev = torch.device(device) if device is not None else dev
-        self.out_features, self.in_features = int(shape[0]), int(shape[1])
+        grid = weight if isinstance(weight, Int8Grid) else None
+        t = weight.codes if isinstance(weight, Int8Grid) else weight
+        dev = torch.device(device) if device is not None else t.device
+        self.out_features, self.in_features = int(t.shape[0]), int(t.shape[1])
         self.act_dtype = act_dtype
-        self.isa, self.digits = qkernel.requested_isa(), qkernel.activation_digits()
-        if grid is None and dense is not None and self.in_features % BLOCK == 0:
-            grid = int8_grid(dense)
-        self._op = _kernel_for(dev, self.in_features) if grid is not None and _fits_fp16(grid.scale) else None
-        if self._op is not None and grid is not None:
+        if grid is None and self.in_features % BLOCK == 0:
+            grid = int8_grid(t)
+        if self._use_kernel(dev, grid is not None and _fits_fp16(grid.scale)) and grid is not None:
             codes, scales = pack_int8(grid)
-            self.register_buffer("weight", codes.to(dev))
-            self.register_buffer("scales", scales.to(dev))
-            self.register_buffer("mins", torch.empty(0, dtype=torch.float16, device=dev))
-            self.backend = "kernel"
+            self._keep(codes.to(dev), scales.to(dev), torch.empty(0, dtype=torch.float16, device=dev))
             return
-        w = grid.dequantize() if grid is not None else torch.as_tensor(dense).float()
+        w = grid.dequantize() if grid is not None else t.float()
         if dev.type == "cuda":
             self.register_buffer("weight", w.to(device=dev, dtype=act_dtype))
             self.backend = "dense"
@@ -175,7 +209,6 @@ class Int8Linear(nn.Module):
         scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-8)
         self.register_buffer("weight", (w / scale[:, None]).round().clamp(-128, 127).to(torch.int8).to(dev))
         self.register_buffer("scales", scale.to(device=dev, dtype=act_dtype))
-        self.backend = "torch"
 
     def select_rows(self, ids: torch.Tensor) -> Int8Linear:
         """The product for a subset of output rows (a restricted LM head), on the same codes and scales."""
@@ -188,55 +221,26 @@ class Int8Linear(nn.Module):
             rows = rows.float() * self.scales.index_select(0, ids).float()[:, None]
         return Int8Linear(rows.float(), self.act_dtype, self.weight.device)
 
-    def kernel_layout(self) -> KernelLayout | None:
-        """The kernel's operands for this product (cpu_ops.decode_layer), None where the kernel does not serve it."""
-        if self._op is None:
-            return None
-        return self.weight, self.scales, self.mins, [8, BLOCK, self.out_features, self.digits, self.isa]
-
-    def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + self(x), the residual stream's add fused into the product where the kernel serves it."""
-        if self._op is None or residual.dtype != torch.float32 or not residual.is_contiguous():
-            return residual + self(x)
-        y = self._op(x.reshape(-1, x.shape[-1]).contiguous(), self.weight, self.scales, self.mins, 8, BLOCK,
-                     self.out_features, self.digits, self.isa, residual)
-        return y.view(residual.shape)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        if self._op is not None:
-            y = self._op(x2.contiguous(), self.weight, self.scales, self.mins, 8, BLOCK, self.out_features,
-                         self.digits, self.isa)
-        elif self.backend == "dense":
-            y = F.linear(x2, self.weight)
-        else:
-            y = torch.ops.aten._weight_int8pack_mm.default(x2, self.weight, self.scales)
-        return y.reshape(*shape[:-1], self.out_features)
+    def _torch(self, x2: torch.Tensor) -> torch.Tensor:
+        if self.backend == "dense":
+            return F.linear(x2, self.weight)
+        return torch.ops.aten._weight_int8pack_mm.default(x2, self.weight, self.scales)
 
 
 @direct_call
-class Int4Linear(nn.Module):
+class Int4Linear(_Quantized):
     """Group-wise asymmetric int4 weights: the engine's kernel on CPU, else PyTorch's packed int4 kernels."""
 
-    weight: torch.Tensor  # buffers (the backend's layout)
-    scales: torch.Tensor
-    mins: torch.Tensor
+    bits = 4
     scales_and_zeros: torch.Tensor
 
     def __init__(self, grid: Int4Grid, act_dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.out_features, self.in_features = grid.codes.shape
         self.group_size = grid.group_size
-        self.isa, self.digits = qkernel.requested_isa(), qkernel.activation_digits()
         device = torch.device(device)
-        self._op = _kernel_for(device, self.in_features) if _fits_fp16(grid.scale, grid.zero) else None
-        if self._op is not None:
-            codes, scales, mins = pack_int4(grid)
-            self.register_buffer("weight", codes)
-            self.register_buffer("scales", scales)
-            self.register_buffer("mins", mins)
-            self.backend = "kernel"
+        if self._use_kernel(device, _fits_fp16(grid.scale, grid.zero)):
+            self._keep(*pack_int4(grid))
             return
         codes = grid.codes.to(device)
         # The packed layout is device-specific, so the kernel is chosen here, once (an OpOverload
@@ -251,28 +255,6 @@ class Int4Linear(nn.Module):
         sz = torch.stack([grid.scale, grid.zero], dim=-1).transpose(0, 1).contiguous()  # [K/g, N, 2]
         self.register_buffer("weight", packed)
         self.register_buffer("scales_and_zeros", sz.to(device=device, dtype=act_dtype))
-        self.backend = "torch"
 
-    def kernel_layout(self) -> KernelLayout | None:
-        """The kernel's operands for this product (cpu_ops.decode_layer), None where the kernel does not serve it."""
-        if self._op is None:
-            return None
-        return self.weight, self.scales, self.mins, [4, self.group_size, self.out_features, self.digits, self.isa]
-
-    def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + self(x), the residual stream's add fused into the product where the kernel serves it."""
-        if self._op is None or residual.dtype != torch.float32 or not residual.is_contiguous():
-            return residual + self(x)
-        y = self._op(x.reshape(-1, x.shape[-1]).contiguous(), self.weight, self.scales, self.mins, 4, self.group_size,
-                     self.out_features, self.digits, self.isa, residual)
-        return y.view(residual.shape)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        if self._op is not None:
-            y = self._op(x2.contiguous(), self.weight, self.scales, self.mins, 4, self.group_size, self.out_features,
-                         self.digits, self.isa)
-        else:
-            y = self._mm(x2, self.weight, self.group_size, self.scales_and_zeros)
-        return y.reshape(*shape[:-1], self.out_features)
+    def _torch(self, x2: torch.Tensor) -> torch.Tensor:
+        return self._mm(x2, self.weight, self.group_size, self.scales_and_zeros)

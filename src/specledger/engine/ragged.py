@@ -13,47 +13,16 @@ one. So a sequence that drafts costs its rows, not every sequence of the batch a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, cast
 
 import torch
 
-from specledger.engine.cpu_ops import (apply_rope, attend_new_token, causal_attention, causal_mask, decode_attention,
-                                       masked_attention, rows_attention)
+from specledger.engine.cpu_ops import Ops, causal_mask, masked_attention
 from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
 
-
-
-class Layer(Protocol):
-    """What the pass reads of a decoder layer (engine/model.py's Block: its parameters; this module runs it)."""
-
-    attention: Any
-    feed_forward: Any
-    attention_norm: Any
-    ffn_norm: Any
-
-    def decode_one(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                   v_cache: torch.Tensor, start: int) -> torch.Tensor | None: ...
-
-
-class Model(Protocol):
-    """What the pass reads of a model (engine/model.py's Transformer)."""
-
-    rope_cos: torch.Tensor
-    rope_sin: torch.Tensor
-    tok_embeddings: Any
-    layers: Any
-    norm: Any
-    cfg: Any
-
-    @property
-    def dtype(self) -> torch.dtype: ...
-
-    @property
-    def kv_dtype(self) -> torch.dtype: ...
-
-    @property
-    def device(self) -> torch.device: ...
+if TYPE_CHECKING:  # (engine/model.py imports this module: its modules hold the parameters, this runs them)
+    from specledger.engine.model import Block, Transformer
 
 
 def rope_at(
@@ -164,7 +133,7 @@ def plan_pass(segments: list[Segment], cache: SlotCache, device: torch.device) -
 
 
 def _batched_attention(b: Batched, cache: SlotCache, i: int, q: torch.Tensor, k: torch.Tensor,
-                       v: torch.Tensor) -> torch.Tensor:
+                       v: torch.Tensor, ops: Ops) -> torch.Tensor:
     """Write the rows' new entries with one scatter, attend with one call; (R, H, D), a row each.
 
     q (H, N, D), k / v (KV, N, D): the pass's rows; the cache is read in place, no copies."""
@@ -173,49 +142,50 @@ def _batched_attention(b: Batched, cache: SlotCache, i: int, q: torch.Tensor, k:
     cache.k[i][b.slots, :, b.pos] = k.transpose(0, 1).to(cache.k.dtype)
     cache.v[i][b.slots, :, b.pos] = v.transpose(0, 1).to(cache.v.dtype)
     keys, values = cache.k[i].narrow(2, 0, b.longest), cache.v[i].narrow(2, 0, b.longest)
-    return rows_attention(q.transpose(0, 1).to(keys.dtype), keys, values, b.slots, b.lengths, b.allow)
+    return ops.rows_attention(q.transpose(0, 1).to(keys.dtype), keys, values, b.slots, b.lengths, b.allow)
 
 
-def ragged_block(layer: Layer, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: RaggedPass,
+def ragged_block(layer: Block, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: RaggedPass,
                  cache: SlotCache) -> torch.Tensor:
     """One decoder layer over the pass's rows x (1, N, hidden), attending per segment in cache layer i: the engine's
     only layer at inference (a plain forward, decoding, drafting, the EAGLE head), so every path computes alike."""
-    a = layer.attention
+    a, ops = layer.attention, layer.ops
     n_rows = plan.n_rows
     if plan.one_token:  # one sequence decoding: the whole layer in one call where it can
         slot = plan.segments[0].slot
-        y = layer.decode_one(x, cos, sin, cache.slot_k[i][slot][None], cache.slot_v[i][slot][None], plan.starts[0])
+        y = ops.decode_layer(layer, x, cos, sin, cache.slot_k[i][slot][None], cache.slot_v[i][slot][None],
+                             plan.starts[0])
         if y is not None:
             return y
     h = layer.attention_norm(x)  # in the compute dtype
     qkv = a.project(h)
     if plan.one_token:  # else RoPE, the cache write and attention in one call where it can
         slot = plan.segments[0].slot
-        y1 = attend_new_token(qkv, cos, sin, cache.slot_k[i][slot][None], cache.slot_v[i][slot][None], plan.starts[0],
+        y1 = ops.attend_new_token(qkv, cos, sin, cache.slot_k[i][slot][None], cache.slot_v[i][slot][None], plan.starts[0],
                               a.n_heads, h.dtype)
         if y1 is not None:
             x = a.wo.add_to(y1, x)
             return layer.feed_forward(layer.ffn_norm(x), x)
     qk_out = a.split[0] + a.split[1]
-    qk = apply_rope(qkv[..., :qk_out].view(1, n_rows, a.n_heads + a.n_kv, a.hd), cos, sin)[0]
+    qk = ops.apply_rope(qkv[..., :qk_out].view(1, n_rows, a.n_heads + a.n_kv, a.hd), cos, sin)[0]
     q = qk[:, : a.n_heads].transpose(0, 1)  # (H, N, D)
     k = qk[:, a.n_heads :].transpose(0, 1)  # (KV, N, D)
     v = qkv[0, :, qk_out:].view(n_rows, a.n_kv, a.hd).transpose(0, 1)
     b = plan.batched
     if b is not None and b.all_rows:
-        y = _batched_attention(b, cache, i, q, k, v)  # (N, H, D)
+        y = _batched_attention(b, cache, i, q, k, v, ops)  # (N, H, D)
     else:
         y = q.new_empty((n_rows, a.n_heads, a.hd), dtype=h.dtype)
         if b is not None:
-            y.index_copy_(0, b.rows, _batched_attention(b, cache, i, q, k, v).to(h.dtype))
+            y.index_copy_(0, b.rows, _batched_attention(b, cache, i, q, k, v, ops).to(h.dtype))
         for j in plan.alone:
             s, st, o, m = plan.segments[j], plan.starts[j], plan.offsets[j], plan.masks[j]
             keys, values = cache.write(i, s.slot, st, k[:, o : o + s.n], v[:, o : o + s.n])
             qs = q[:, o : o + s.n][None]
             if s.mask is None and s.n > 1:  # (a prompt's chunk)
-                ys = causal_attention(qs, keys[None], values[None], st, h.dtype, m)[0]
+                ys = ops.causal_attention(qs, keys[None], values[None], st, h.dtype, m)[0]
             elif m is None:  # (in the compute dtype already: one cast fewer per layer)
-                ys = decode_attention(qs.to(keys.dtype), keys[None], values[None], h.dtype)[0]
+                ys = ops.decode_attention(qs.to(keys.dtype), keys[None], values[None], h.dtype)[0]
             else:
                 ys = masked_attention(qs, keys[None], values[None], m)[0]
             y[o : o + s.n] = ys.transpose(0, 1)
@@ -230,7 +200,7 @@ def finish_pass(plan: RaggedPass, cache: SlotCache) -> None:
 
 
 def ragged_hidden(
-    model: Model,
+    model: Transformer,
     tokens: torch.Tensor,
     positions: torch.Tensor,
     segments: list[Segment],
@@ -246,7 +216,7 @@ def ragged_hidden(
     plan = plan_pass(segments, cache, tokens.device)
     cos, sin = rope_at(model.rope_cos, model.rope_sin, positions, model.dtype)
     x = model.tok_embeddings(tokens[None]).float()  # (1, N, hidden): the residual stream stays fp32
-    for i, module in enumerate(model.layers):
+    for i, module in enumerate(cast("list[Block]", model.layers)):
         x = ragged_block(module, i, x, cos, sin, plan, cache)
     finish_pass(plan, cache)
     return model.norm(x)[0]
@@ -264,7 +234,7 @@ def row_segments(cache: SlotCache, b: int, n: int, positions: torch.Tensor | Non
     return [Segment(r, n, mask) for r in range(b)], pos
 
 
-def new_slot_cache(model: Model, n_slots: int, max_len: int | None = None) -> SlotCache:
+def new_slot_cache(model: Transformer, n_slots: int, max_len: int | None = None) -> SlotCache:
     """A slot cache shaped for this model, in its KV dtype and on its device."""
     c = model.cfg
     return SlotCache(c.n_layers, c.n_kv_heads, c.head_dim, n_slots, max_len or c.max_seq_len,
