@@ -20,7 +20,8 @@ from specledger.decoding.factory import make_strategy
 from specledger.decoding.generate import generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.engine import qkernel
-from specledger.server.app import ServerThread, create_app
+from specledger.server.app import create_app
+from tests.server.server_thread import ServerThread
 
 MODEL = "smollm2-135m"
 CHAT = [{"role": "user", "content": "List three colours of the rainbow."}]

@@ -18,7 +18,8 @@ from specledger.bench.results import load_run, read_requests
 from specledger.bench.runner import Runner, run_benchmark
 from specledger.decoding.factory import make_strategy
 from specledger.errors import BadInput, SpecLedgerError
-from specledger.server.app import ServerThread, create_app
+from specledger.server.app import create_app
+from tests.server.server_thread import ServerThread
 from specledger.server.auth import ENV_VAR, collect_keys, exposure_warning, key_matches
 from tests.fake_openai_server import FakeOpenAIServer, FakeSettings
 

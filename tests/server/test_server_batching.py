@@ -13,7 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.generate import generate
 from specledger.decoding.sampling import SamplingParams
-from specledger.server.app import ServerThread, create_app
+from specledger.server.app import create_app
+from tests.server.server_thread import ServerThread
 
 MODEL = "smollm2-135m"
 N_CLIENTS = 64

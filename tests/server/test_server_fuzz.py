@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from tests.server.test_server_hostile import server_logs
 
 from specledger.decoding.factory import make_strategy
-from specledger.server.app import ServerThread, create_app
+from specledger.server.app import create_app
+from tests.server.server_thread import ServerThread
 from specledger.server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 MODEL = "smollm2-135m"

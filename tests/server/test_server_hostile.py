@@ -22,7 +22,8 @@ import pytest
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
-from specledger.server.app import ServerState, ServerThread, create_app
+from specledger.server.app import ServerState, create_app
+from tests.server.server_thread import ServerThread
 from specledger.server.batch_engine import Job
 from specledger.server.schemas import ApiError
 
