@@ -270,8 +270,6 @@ class Runner:
             for b in backends.values():
                 await b.close()
 
-    # ---- levels ----
-
 
 def run_benchmark(config: RunConfig, *, run_dir: str | Path | None = None, console: Console | None = None,
                   show_progress: bool = True) -> tuple[RunResult, Path]:

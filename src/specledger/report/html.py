@@ -19,7 +19,7 @@ from specledger.ledger.verdicts import MATERIAL
 from specledger.report import charts
 from specledger.report.interaction import interaction_axes, interaction_rows
 from specledger.report.positions import position_table
-from specledger.report.terminal import failed_cell, money
+from specledger.report.terminal import concurrency_sweep, failed_cell, money, num
 
 ASSETS = Path(__file__).with_name("assets")
 SHARE_NAMES = ("engine", "tools", "labour", "maintenance", "energy")  # the ledger's cost split (cost_shares)
@@ -54,10 +54,6 @@ def latency_n(ledger: LedgerResult) -> dict[tuple[str, str], int]:
     return {(m.name, m.load): sum(1 for r in m.requests if r.ttft_s is not None) for m in ledger.measurements}
 
 
-def _f(v: float | None, fmt: str, suffix: str = "") -> str:
-    return "–" if v is None else format(v, fmt) + suffix
-
-
 def _shares(s: Mapping[str, float | None]) -> str:
     """The five-way split as percentages without their signs (the column header says %): "0 · 1 · 98 · 1 · 0"."""
     if not s or any(s.get(k) is None for k in SHARE_NAMES):
@@ -68,17 +64,17 @@ def _shares(s: Mapping[str, float | None]) -> str:
 def _row(r: ConfigCost, n: int | None) -> dict:
     s = r.cost_shares
     return {
-        "name": r.name, "precision": r.precision, "load": r.load, "tok_s": _f(r.tok_s, ".1f"),
-        "speedup": _f(r.speedup, ".2f", "×") + ("" if r.speedup_low is None else
-                                                 f" [{r.speedup_low:.2f}–{r.speedup_high:.2f}]"), "ttft": f"{_f(r.ttft_p50, '.2f')} / {_f(r.ttft_p95, '.2f')} (n={n or 0})",
-        "tau": _f(r.tau, ".2f"), "pass_rate": f"{_f(r.pass_rate, '.0%')}" + ("" if r.pass_low is None else
+        "name": r.name, "precision": r.precision, "load": r.load, "tok_s": num(r.tok_s, ".1f"),
+        "speedup": num(r.speedup, ".2f", "×") + ("" if r.speedup_low is None else
+                                                 f" [{r.speedup_low:.2f}–{r.speedup_high:.2f}]"), "ttft": f"{num(r.ttft_p50, '.2f')} / {num(r.ttft_p95, '.2f')} (n={n or 0})",
+        "tau": num(r.tau, ".2f"), "pass_rate": f"{num(r.pass_rate, '.0%')}" + ("" if r.pass_low is None else
                                                       f" [{r.pass_low:.0%}–{r.pass_high:.0%}]")
         + f" ({r.pass_rate_source})",
         "failed": failed_cell(r),
         "per_m": money(r.per_million_tokens), "total": "∞" if r.infinite else money(r.total),
         "total_raw": "inf" if r.infinite else ("" if r.total is None else repr(r.total)),
         "interval": "–" if r.p5 is None else f"{money(r.mean)} [{money(r.p5)}–{money(r.p95)}]",
-        "p_cheapest": _f(r.p_cheapest, ".0%"),
+        "p_cheapest": num(r.p_cheapest, ".0%"),
         "shares": _shares(s),
         "verdict": r.verdict, "verdict_detail": r.verdict_detail,
     }
@@ -108,10 +104,8 @@ def _concurrency_table(ledger: LedgerResult) -> dict | None:
     """Every swept configuration: tok/s and paired speed-up at each concurrency, and where it stops paying."""
     from specledger.report.terminal import break_even_cell
 
-    levels = sorted({r.concurrency for r in ledger.levels if r.concurrency is not None})
-    names = [n for n in dict.fromkeys(r.name for r in ledger.levels)
-             if sum(1 for r in ledger.levels if r.name == n and r.concurrency is not None and r.tok_s) >= 2]
-    if len(levels) < 2 or not names:
+    levels, names = concurrency_sweep(ledger)
+    if not names:
         return None
     at = {(r.name, r.concurrency): r for r in ledger.levels}
     be = {b.config: b for b in ledger.concurrency}
@@ -153,7 +147,7 @@ def _noise(run: RunResult | None) -> dict | None:
                        for p in n.probes)
     from specledger.bench.threads import describe
 
-    return {"warning": n.warning, "probes": probes, "drift": _f(n.drift, ".0%"),
+    return {"warning": n.warning, "probes": probes, "drift": num(n.drift, ".0%"),
             "threads": ", ".join(f"{k} {v}" for k, v in n.threads.items()),
             "chosen": describe(n.thread_choice) if n.thread_choice is not None else None,
             "interleaved": run.conditions.interleaved}
@@ -168,9 +162,9 @@ def _energy(ledger: LedgerResult) -> list[dict]:
         m = next((m for m in ledger.measurements if m.name == r.name and m.load == r.load), None)
         # operating_point() builds point values from the measurement (no Monte Carlo draws)
         per_req = cast(float | None, m.operating_point().energy_j_per_call) if m is not None else None
-        out.append({"name": r.name, "load": r.load, "per_request": _f(per_req, ".3g", " J"),
-                    "per_task": _f(r.energy_j_per_task, ".3g", " J"),
-                    "wh_per_1000": _f(r.energy_j_per_task / 3.6, ".3g", " Wh"),
+        out.append({"name": r.name, "load": r.load, "per_request": num(per_req, ".3g", " J"),
+                    "per_task": num(r.energy_j_per_task, ".3g", " J"),
+                    "wh_per_1000": num(r.energy_j_per_task / 3.6, ".3g", " Wh"),
                     "method": r.energy_method})
     return out
 
@@ -182,10 +176,10 @@ def _steady(run: RunResult | None) -> dict | None:
     levels = [(f"{c.name} @{lr.load}", lr.steady_state) for c in run.configs for lr in c.loads if lr.steady_state]
     if not levels:
         return None
-    rows = [{"label": label, "burst": _f(ss.burst_tok_s, ".1f"), "steady": _f(ss.steady_tok_s, ".1f"),
-             "ratio": _f(ss.steady_tok_s / ss.burst_tok_s if ss.steady_tok_s and ss.burst_tok_s else None, ".2f",
+    rows = [{"label": label, "burst": num(ss.burst_tok_s, ".1f"), "steady": num(ss.steady_tok_s, ".1f"),
+             "ratio": num(ss.steady_tok_s / ss.burst_tok_s if ss.steady_tok_s and ss.burst_tok_s else None, ".2f",
                          "×"),
-             "after": _f(ss.time_to_steady_s, ".3g", " s"), "reached": ss.reached, "windows": len(ss.windows_tok_s),
+             "after": num(ss.time_to_steady_s, ".3g", " s"), "reached": ss.reached, "windows": len(ss.windows_tok_s),
              "window": ss.window} for label, ss in levels]
     return {"chart": charts.steady_state(levels), "rows": rows,
             "unsettled": [r["label"] for r in rows if not r["reached"]],
@@ -361,14 +355,14 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
     levels = []
     if len(ledger.levels) > len(ledger.configs):
         for r in ledger.levels:
-            levels.append({"name": r.name, "load": r.load, "n": ns.get((r.name, r.load), 0), "tok_s": _f(r.tok_s, ".1f"), "speedup": _f(r.speedup, ".2f", "×"),
-                           "ttft_p95": _f(r.ttft_p95, ".2f"), "tpot_p95": _f(r.tpot_p95, ".3f"),
-                           "dsec": _f(r.device_seconds_per_call, ".3g"), "failed": failed_cell(r),
+            levels.append({"name": r.name, "load": r.load, "n": ns.get((r.name, r.load), 0), "tok_s": num(r.tok_s, ".1f"), "speedup": num(r.speedup, ".2f", "×"),
+                           "ttft_p95": num(r.ttft_p95, ".2f"), "tpot_p95": num(r.tpot_p95, ".3f"),
+                           "dsec": num(r.device_seconds_per_call, ".3g"), "failed": failed_cell(r),
                            "total": "∞" if r.infinite else money(r.total),
                            "objectives": "met" if r.feasible else "; ".join(r.misses)})
     load_of = {r.name: r.load for r in ledger.configs}
-    break_even = [{"load": f"{load_of.get(b.config_a, '?')} vs {load_of.get(b.config_b, '?')}", "config_a": b.config_a, "config_b": b.config_b, "field": b.field, "current": _f(b.current, ".4g"),
-                   "value": _f(b.value, ".4g"), "note": b.note} for b in ledger.break_even]
+    break_even = [{"load": f"{load_of.get(b.config_a, '?')} vs {load_of.get(b.config_b, '?')}", "config_a": b.config_a, "config_b": b.config_b, "field": b.field, "current": num(b.current, ".4g"),
+                   "value": num(b.value, ".4g"), "note": b.note} for b in ledger.break_even]
     env = Environment(loader=FileSystemLoader(str(ASSETS)), autoescape=select_autoescape(["html", "j2"]))
     return env.get_template("report.html.j2").render(
         title=Path(str(ledger.run_dir)).name or run_id, run_id=run_id, created=created, conditions=conditions,

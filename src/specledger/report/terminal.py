@@ -25,8 +25,9 @@ def money(v: float | None, digits: int = 3) -> str:
     return f"${v:#.{digits}g}" if abs(v) < 1 else f"${v:.2f}"
 
 
-def _num(v: float | None, fmt: str) -> str:
-    return "–" if v is None else format(v, fmt)
+def num(v: float | None, fmt: str, suffix: str = "") -> str:
+    """A figure, or "–" where there is none (the terminal table and the HTML report alike)."""
+    return "–" if v is None else format(v, fmt) + suffix
 
 
 def failed_cell(r: ConfigCost) -> str:
@@ -38,7 +39,7 @@ def failed_cell(r: ConfigCost) -> str:
 
 
 def _speed(r: ConfigCost) -> str:
-    tok = _num(r.tok_s, ".1f")
+    tok = num(r.tok_s, ".1f")
     return tok if r.speedup is None else f"{tok}\n[dim]{r.speedup:.2f}×[/dim]"
 
 
@@ -116,7 +117,7 @@ def render_scenario(ledger: LedgerResult, name: str) -> Table:
         verdict = r["verdict"]
         span = f"\n[dim]{money(r['p5'], 2)}–{money(r['p95'], 2).lstrip('$')}[/dim]" if r["p5"] is not None else ""
         t.add_row(r["name"], (money(r["total"]) if r["total"] is not None else "–") + span,
-                  _num(None if r.get("engine_share") is None else r["engine_share"] + r.get("energy_share", 0.0),
+                  num(None if r.get("engine_share") is None else r["engine_share"] + r.get("energy_share", 0.0),
                        ".0%"),
                   f"[{VERDICT_STYLE[verdict]}]{verdict}[/]" if verdict in VERDICT_STYLE else verdict)
     return t
@@ -140,7 +141,7 @@ def render_break_even(ledger: LedgerResult) -> Table | None:
     t.add_column("cheaper", no_wrap=True)
     for b in crossing:
         side = "below" if f"{b.config_a} is cheaper below" in b.note else "above"
-        t.add_row(f"{b.config_a}\n[dim]vs {b.config_b}[/dim]", _SHORT.get(b.field, b.field), _num(b.current, ".4g"),
+        t.add_row(f"{b.config_a}\n[dim]vs {b.config_b}[/dim]", _SHORT.get(b.field, b.field), num(b.current, ".4g"),
                   f"{b.value:.4g}", side)
     return t
 
@@ -204,13 +205,19 @@ def break_even_cell(b: ConcurrencyBreakEven) -> str:
     return f"≈{b.value:.2g}\n[dim]{lo}–{hi}[/dim]"
 
 
-def render_concurrency(ledger: LedgerResult) -> Table | None:
-    """Throughput and speed-up at each measured concurrency, and where each method stops paying (80 columns;
-    the HTML report has the chart)."""
+def concurrency_sweep(ledger: LedgerResult) -> tuple[list[int], list[str]]:
+    """The concurrencies measured and the configurations measured at two or more of them (else nothing to show)."""
     levels = sorted({r.concurrency for r in ledger.levels if r.concurrency is not None})
     swept = [n for n in dict.fromkeys(r.name for r in ledger.levels)
              if sum(1 for r in ledger.levels if r.name == n and r.concurrency is not None and r.tok_s) >= 2]
-    if len(levels) < 2 or not swept:
+    return (levels, swept) if len(levels) >= 2 and swept else ([], [])
+
+
+def render_concurrency(ledger: LedgerResult) -> Table | None:
+    """Throughput and speed-up at each measured concurrency, and where each method stops paying (80 columns;
+    the HTML report has the chart)."""
+    levels, swept = concurrency_sweep(ledger)
+    if not swept:
         return None
     be = {b.config: b for b in ledger.concurrency}
     t = Table(title="Throughput and speed-up vs concurrency", title_justify="left", header_style="bold",
