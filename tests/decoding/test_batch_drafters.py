@@ -83,7 +83,7 @@ def test_batched_eagle_proposal_equals_each_sequence_alone():
         one.begin(DraftSeq(0, s.tokens, s.sp), feats)
         [want] = one.propose([DraftSeq(0, s.tokens, s.sp)], [b])
         assert (tree.tokens, tree.parents) == (want.tokens, want.parents) and len(tree) == b
-        assert together.cache.lengths[together.state(s.key).slot] == len(s.tokens) - 1  # tree rolled back
+        assert together.cache.lengths[together.seqs[s.key].slot] == len(s.tokens) - 1  # tree rolled back
 
 
 def test_batched_eagle_keeps_the_prefix_cache_with_the_whole_prompts_features():
@@ -190,14 +190,14 @@ def test_lazy_eagle_head_prices_the_prompt_it_has_not_fed_yet():
     p = prompts_of_lengths()[0]  # 18 tokens: features for the 17 cached
     seq = DraftSeq(0, p, SamplingParams())
     drafter.begin(seq, prompt_features(lm, p[:-1]))
-    assert drafter.cache.lengths[drafter.state(0).slot] == 0  # nothing fed yet
+    assert drafter.cache.lengths[drafter.seqs[0].slot] == 0  # nothing fed yet
     drafter.candidates([seq], [4])
     assert drafter.draft_cost([4]) == 2 + (17 - 4)  # 4 tokens left: the 13 extra rows on this draft
     drafter.candidates([seq], [16])
     assert drafter.draft_cost([4]) == 2 + 13 / 4  # 16 left: 4 drafts share them
     assert drafter.draft_cost([0]) == 0
     drafter.propose([seq], [4])
-    assert drafter.cache.lengths[drafter.state(0).slot] == 17
+    assert drafter.cache.lengths[drafter.seqs[0].slot] == 17
     drafter.candidates([seq], [16])
     assert drafter.price.scale != 1.0  # the draft's measured time moved the price
     assert drafter.draft_cost([4]) == pytest.approx(drafter.price.scale * 2.0)

@@ -29,6 +29,12 @@ def random_head(lm, seed: int = 0) -> EagleHead:
     return head.eval().requires_grad_(False)
 
 
+def head_rows(head, lm, tokens, feats):
+    """The head fed one sequence's entries (n,) tokens + (n, H) features on a fresh cache: predicted features."""
+    cache = head.new_slot_cache(1, 8)
+    return head.ragged(lm.model, tokens, feats, torch.arange(len(tokens)), [Segment(cache.alloc(), len(tokens))], cache)
+
+
 class One:
     """An EagleDrafter following one sequence through the drafter lifecycle, as these tests drive it."""
 
@@ -49,7 +55,7 @@ class One:
 
     @property
     def st(self):
-        return self.d.state(0)
+        return self.d.seqs[0]
 
     @property
     def length(self):
@@ -197,10 +203,8 @@ def test_head_save_load_round_trip(tmp_path):
     loaded = load_head(tmp_path / "h", lm)
     names = set(__import__("safetensors.torch").torch.load_file(str(tmp_path / "h" / "model.safetensors")))
     assert not any("embed" in n or "output" in n for n in names)  # no copies of the target's tensors
-    x, f = torch.tensor([[3, 4, 5]]), torch.randn(1, 3, 64)
-    a = head.hidden(lm.model, x, f, head.new_cache(8))
-    b = loaded.hidden(lm.model, x, f, loaded.new_cache(8))
-    torch.testing.assert_close(a, b)
+    x, f = torch.tensor([3, 4, 5]), torch.randn(3, 64)
+    torch.testing.assert_close(head_rows(head, lm, x, f), head_rows(loaded, lm, x, f))
 
 
 def _write_public(head: EagleHead, path, fmt: str, with_embed: bool, lm) -> None:
@@ -246,9 +250,8 @@ def test_public_eagle_layout(tmp_path, fmt, with_embed, attn_norm):
     _write_public(head, tmp_path / "pub", fmt, with_embed, lm)
     loaded = load_head(tmp_path / "pub", lm)
     assert loaded.cfg.attn_norm == attn_norm
-    x, f = torch.tensor([[3, 4, 5, 6]]), torch.randn(1, 4, 64)
-    torch.testing.assert_close(head.hidden(lm.model, x, f, head.new_cache(8)),
-                               loaded.hidden(lm.model, x, f, loaded.new_cache(8)))
+    x, f = torch.tensor([3, 4, 5, 6]), torch.randn(4, 64)
+    torch.testing.assert_close(head_rows(head, lm, x, f), head_rows(loaded, lm, x, f))
     r = generate(EagleTree(lm, head=str(tmp_path / "pub"), total_nodes=10), [1, 2, 3],
                  SamplingParams(max_tokens=12, ignore_eos=True))
     assert r.token_ids == generate(Autoregressive(lm), [1, 2, 3], SamplingParams(max_tokens=12, ignore_eos=True)).token_ids

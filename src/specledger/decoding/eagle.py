@@ -184,9 +184,6 @@ class EagleDrafter:
     def params(self) -> dict:
         return {"top_k": self.top_k, "depth": self.depth, "total_nodes": self.total_nodes}
 
-    def state(self, key: Hashable) -> _HeadSeq:
-        return self.seqs[key]
-
     # --- following the base's sequence ---------------------------------------------------------
 
     def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None:

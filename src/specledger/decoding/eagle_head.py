@@ -25,7 +25,7 @@ from specledger.engine.loader import LoadedModel
 from specledger.engine.model import Block, RMSNorm, Transformer, kv_dtype, rope_at
 from specledger.engine.packed_linear import PackedLinear, pack
 from specledger.engine.quant import Int8Linear
-from specledger.engine.ragged import Segment, finish_pass, plan_pass, ragged_block, row_segments
+from specledger.engine.ragged import Segment, finish_pass, plan_pass, ragged_block
 from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
 
@@ -109,35 +109,10 @@ class EagleHead(nn.Module):
                 f"does not fit target {lm.label} (hidden {lm.config.hidden_size}, vocab {lm.config.vocab_size})"
             )
 
-    def new_cache(self, max_len: int, batch: int = 1, device: torch.device | str = "cpu") -> SlotCache:
-        """A cache for `hidden` over `batch` rows: one slot per row, every slot taken."""
-        cache = self.new_slot_cache(batch, max_len, device)
-        for _ in range(batch):
-            cache.alloc()
-        return cache
-
     def inputs(self, base: Transformer, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """The layer's input, fc(embedding of tokens (B, n), features (B, n, H)): the fp32 residual, as in the base."""
         emb = base.tok_embeddings(tokens).to(self.dtype)
         return self.fc(torch.cat([emb, features.to(self.dtype)], dim=-1)).float()
-
-    def hidden(
-        self,
-        base: Transformer,
-        tokens: torch.Tensor,
-        features: torch.Tensor,
-        cache: SlotCache,
-        *,
-        positions: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Feed n entries (B, n) tokens + (B, n, H) features, row b on slot b; return predicted features (B, n, H).
-
-        positions/mask as in Transformer.hidden (default: consecutive after each slot, causal).
-        """
-        b, n = tokens.shape
-        segments, pos = row_segments(cache, b, n, positions, mask, tokens.device)
-        return self.ragged(base, tokens.reshape(-1), features.reshape(b * n, -1), pos, segments, cache).view(b, n, -1)
 
     def new_slot_cache(self, n_slots: int, max_len: int, device: torch.device | str = "cpu") -> SlotCache:
         """The head's cache for many sequences (one slot each), as the batched drafter keeps it."""
