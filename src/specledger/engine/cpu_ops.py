@@ -25,8 +25,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
     return F.rms_norm(x, (x.shape[-1],), weight, eps).to(out_dtype)
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_dtype: torch.dtype | None = None):
-    """Query tokens (B, H, n, D) over the whole cache (B, KV, S, D), heads grouped onto their KV head; (B, H, n, D).
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_dtype: torch.dtype | None = None,
+                     hide: torch.Tensor | None = None) -> torch.Tensor:
+    """Query tokens (B, H, n, D) over the cache (B, KV, S, D), heads grouped onto their KV head, each sequence's
+    entries where hide (B, S) is True left out; (B, H, n, D).
 
     For a single query the fused CPU kernel of SDPA spends most of its time on setup (3.5x slower in bf16 here,
     measured); this is two batched matmuls on 3-D views (no copies) and a softmax.
@@ -35,6 +37,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_dtyp
     kv, s = k.shape[1], k.shape[2]
     q3 = q.reshape(b * kv, (h // kv) * n, d) * d**-0.5
     scores = torch.bmm(q3, k.reshape(b * kv, s, d).transpose(1, 2))
+    if hide is not None:
+        scores = scores.view(b, kv, -1, s).masked_fill(hide[:, None, None, :], float("-inf")).view(b * kv, -1, s)
     p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
     return torch.bmm(p, v.reshape(b * kv, s, d)).view(b, h, n, d).to(out_dtype or v.dtype)
 
@@ -64,17 +68,11 @@ def rows_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, sl
     cache (B, KV, S, D), of those only where allow (R, S) is True if given; in the cache's dtype, (R, H, D).
     Decode rows, draft chains and draft trees (a tree row sees the cache and its ancestors) of many sequences
     in one call."""
-    r, h, d = q.shape
-    kv, s = keys.shape[1], keys.shape[2]
     k, v = keys.index_select(0, slots), values.index_select(0, slots)  # copies: the fallback's price
-    q3 = q.reshape(r * kv, h // kv, d) * d**-0.5
-    scores = torch.bmm(q3, k.reshape(r * kv, s, d).transpose(1, 2)).view(r, kv, h // kv, s)
-    hide = torch.arange(s, device=q.device)[None, :] >= lengths[:, None]
+    hide = torch.arange(k.shape[2], device=q.device)[None, :] >= lengths[:, None]
     if allow is not None:
-        hide |= ~allow[:, :s]
-    scores = scores.masked_fill(hide[:, None, None, :], float("-inf"))
-    p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype).view(r * kv, h // kv, s)
-    return torch.bmm(p, v.reshape(r * kv, s, d)).view(r, h, d)
+        hide |= ~allow[:, : k.shape[2]]
+    return decode_attention(q[:, :, None], k, v, hide=hide)[:, :, 0]
 
 
 def swiglu(x13: torch.Tensor, inter: int) -> torch.Tensor:

@@ -235,8 +235,5 @@ class Transformer(Kernels):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.output(h).float()
 
-    def forward(self, tokens, cache, *, positions=None, mask=None, last_only: bool = False):
-        h = self.hidden(tokens, cache, positions=positions, mask=mask)
-        if last_only:
-            h = h[:, -1:]
-        return self.logits(h)
+    def forward(self, tokens, cache, *, positions=None, mask=None):
+        return self.logits(self.hidden(tokens, cache, positions=positions, mask=mask))
