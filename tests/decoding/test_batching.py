@@ -191,6 +191,24 @@ def test_batch_runner_verifies_every_sequence_draft_like_runner(lm):
         torch.testing.assert_close(f.logits[0], ref, atol=1e-4, rtol=1e-4)
 
 
+def test_decode_steps_take_logits_and_features_without_a_gather(lm):
+    """A pass of decode steps only needs every row's logits: the LM head runs on the pass's rows as they are, and
+    accepting a plain step hands back its features uncopied; a pass with a prompt still takes its last row only."""
+    br = BatchRunner(lm, 3)
+    a, c, b = (br.open(s) for s in prompts(3, seed=5))  # c: 41 tokens
+    for q, f in zip((a, b), br.forward([BatchItem(a), BatchItem(b)])):
+        br.accept(q, f, [], [int(f.logits[0].argmax())])
+    fwds = br.forward([BatchItem(a), BatchItem(b)])
+    for q, f in zip((a, b), fwds):
+        torch.testing.assert_close(f.logits, lm.model.logits(f.hidden))
+        feats = br.accept(q, f, [], [int(f.logits[0].argmax())])
+        assert feats.data_ptr() == f.hidden.data_ptr() and br.cached(q) == len(q.tokens) - 1
+    mixed = br.forward([BatchItem(c), BatchItem(a)])  # c's whole prompt, then a's decode row
+    assert [f.logits.shape[0] for f in mixed] == [1, 1]
+    torch.testing.assert_close(mixed[0].logits, lm.model.logits(mixed[0].hidden[-1:]))
+    torch.testing.assert_close(mixed[1].logits, lm.model.logits(mixed[1].hidden))
+
+
 # ---- the scheduler --------------------------------------------------------------------------------
 
 

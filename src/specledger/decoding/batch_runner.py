@@ -220,7 +220,10 @@ class BatchRunner:
             elif done:
                 rows.extend(range(off + n_run - 1, off + n_run + n_tree))
             off += n_run + n_tree
-        logits = self.model.logits(h[torch.tensor(rows, device=dev)]) if rows else None
+        if rows and len(rows) == h.shape[0]:  # every row (a decode step): no gather
+            logits = self.model.logits(h)
+        else:
+            logits = self.model.logits(h[torch.tensor(rows, device=dev)]) if rows else None
         out: list[BatchForward] = []
         off = r = 0
         for n_run, n_tree, done in plan:
@@ -237,9 +240,12 @@ class BatchRunner:
 
         Returns the features of the tokens now newly cached (the run, then the path).
         """
-        tree_start = self.cached(seq) - (fwd.hidden.shape[0] - fwd.n_run)
-        self.cache.keep(seq.slot, tree_start, [tree_start + i for i in path])
+        n_tree = fwd.hidden.shape[0] - fwd.n_run
+        tree_start = self.cached(seq) - n_tree
         seq.tokens.extend(new_tokens)
+        if not n_tree:  # a plain decode step: its run is cached already, nothing to move or gather
+            return fwd.hidden
+        self.cache.keep(seq.slot, tree_start, [tree_start + i for i in path])
         if self.keep_features and path:
             self._store(seq.slot, tree_start, fwd.hidden[[fwd.n_run + i for i in path]])
         rows = list(range(fwd.n_run)) + [fwd.n_run + i for i in path]
