@@ -528,20 +528,12 @@ def summary_rows(run: RunResult) -> Iterable[dict[str, Any]]:
     for c in run.configs:
         for lr in c.loads:
             a = lr.aggregate
-            row: dict[str, Any] = {
-                "run_id": run.run_id, "config": c.name, "backend": c.backend, "model": c.model,
-                "strategy": c.strategy, "dtype": c.dtype, "quant": c.quant, "load": lr.load,
-                "concurrency": lr.concurrency, "rate": lr.rate, "requests_ok": a.requests_ok,
-                "requests_failed": a.requests_failed, "failure_rate": failure_rate(a),
-                "error_kinds": error_kinds(a), "retries": a.retries,
-                "transport_retries": a.transport_retries, "output_tokens": a.output_tokens,
-                "wall_s": a.wall_s, "queue_mean": a.queue.mean, "output_tok_s": a.output_tok_s,
-                "requests_s": a.requests_s, "goodput_rps": a.goodput_rps, "tau": a.tau,
-                "acceptance": ";".join(f"{x.name}={x.rate:.4f}" for x in a.acceptance if x.rate is not None),
-                "energy_j": a.energy_j, "energy_j_per_token": a.energy_j_per_token,
-                "peak_rss_bytes": a.peak_rss_bytes, "cuda_max_allocated_bytes": a.cuda_max_allocated_bytes,
-                "pass_rate": c.pass_rate, "comparable": c.comparable, "comparable_reason": c.comparable_reason,
-            }
+            # the columns named as a field of the configuration, the level or its aggregate, then the derived ones
+            row: dict[str, Any] = {k: getattr(src, k) for src in (c, lr, a) for k in SUMMARY_COLUMNS
+                                   if k in type(src).model_fields}
+            row |= {"run_id": run.run_id, "config": c.name, "failure_rate": failure_rate(a),
+                    "error_kinds": error_kinds(a), "queue_mean": a.queue.mean,
+                    "acceptance": ";".join(f"{x.name}={x.rate:.4f}" for x in a.acceptance if x.rate is not None)}
             for metric in ("ttft", "tpot", "itl", "e2e"):
                 d: Dist = getattr(a, metric)
                 for stat in ("mean", "p50", "p90", "p95", "p99"):

@@ -77,21 +77,11 @@ def _sse(obj: Any) -> str:
 
 
 def extension(result: GenerationResult, queue_s: float) -> dict[str, Any]:
-    """The `specledger` field of a response (documented in the module docstring)."""
-    return {
-        "strategy": result.strategy,
-        "params": result.params,
-        "steps": result.steps,
-        "tau": result.tau,
-        "levels": [lv.model_dump(exclude_none=True) for lv in result.levels],
-        "ttft_s": result.ttft_s,
-        "prefill_s": result.prefill_s,
-        "draft_prefill_s": result.draft_prefill_s,
-        "draft_s": result.draft_s,
-        "verify_s": result.verify_s,
-        "total_s": result.total_s,
-        "queue_s": queue_s,
-    }
+    """The `specledger` field of a response (documented in the module docstring), in its order."""
+    out = {k: getattr(result, k) for k in ("strategy", "params", "steps", "tau")}
+    out["levels"] = [lv.model_dump(exclude_none=True) for lv in result.levels]
+    times = ("ttft_s", "prefill_s", "draft_prefill_s", "draft_s", "verify_s", "total_s")
+    return out | {k: getattr(result, k) for k in times} | {"queue_s": queue_s}
 
 
 def usage(result: GenerationResult) -> dict[str, int | dict[str, int]]:
