@@ -131,6 +131,11 @@ def _finite(v: float) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
+# what a priced row repeats of its measurement, field for field
+_SAME = ("name", "strategy", "model", "precision", "load", "concurrency", "errors", "comparable", "comparable_reason")
+_MEASURED = ("tok_s", "ttft_p50", "ttft_p95", "tpot_p95", "e2e_p95", "tau")
+
+
 def _cost_row(m: ConfigMeasurement, case: Case, b: Breakdown, misses: list[str], source: str) -> ConfigCost:
     demand = case.x["volume"]["demand_rps"]
     low = high = None
@@ -138,19 +143,16 @@ def _cost_row(m: ConfigMeasurement, case: Case, b: Breakdown, misses: list[str],
         low, high = (float(v) for v in beta.ppf([0.025, 0.975], m.passes + 0.5, m.graded - m.passes + 0.5))
     per_call_j = case.op.energy_j_per_call
     energy_j = None if per_call_j is None else float(b.attempts * case.x["task"]["calls_per_task"] * per_call_j)
-    return ConfigCost(pass_low=low, pass_high=high, energy_j_per_task=energy_j, energy_method=m.energy_method,
-        name=m.name, strategy=m.strategy, model=m.model, precision=m.precision, load=m.load,
-        concurrency=m.concurrency, tok_s=m.tok_s, ttft_p50=m.ttft_p50, ttft_p95=m.ttft_p95,
-        tpot_p95=m.tpot_p95, e2e_p95=m.e2e_p95, tau=m.tau, pass_rate=float(b.pass_rate),
+    return ConfigCost(**{k: getattr(m, k) for k in _SAME + _MEASURED}, pass_low=low, pass_high=high,
+        energy_j_per_task=energy_j, energy_method=m.energy_method, pass_rate=float(b.pass_rate),
         pass_rate_source=source, requests=m.requests_completed + m.requests_failed, failed=m.requests_failed,
-        errors=m.errors, device_seconds_per_call=case.op.device_seconds_per_call,
+        device_seconds_per_call=case.op.device_seconds_per_call,
         replicas=None if demand is None else float(replicas_needed(demand, case.op.requests_per_s, case.op.device_count)),
         cost_per_call=float(b.cost_per_call), per_million_tokens=_finite(b.per_million_tokens),
         attempts=float(b.attempts), escalation=float(b.escalation), compute=float(b.compute), energy=float(b.energy),
         tools=float(b.tools),
         labour=float(b.labour), maintenance=float(b.maintenance), total=_finite(b.total),
-        task_latency_s=b.task_latency_s, feasible=not misses, misses=misses, comparable=m.comparable,
-        comparable_reason=m.comparable_reason, infinite=b.infinite,
+        task_latency_s=b.task_latency_s, feasible=not misses, misses=misses, infinite=b.infinite,
     )
 
 
@@ -215,10 +217,7 @@ def choose_levels(ms: list[ConfigMeasurement], inputs: CostInputs):
         if not group:  # every request failed: a row that says so, nothing to price
             m = by_name[name][0]
             failed = sum(x.requests_failed for x in by_name[name])
-            row = ConfigCost(name=name, strategy=m.strategy, model=m.model, precision=m.precision, load=m.load,
-                             concurrency=m.concurrency, requests=failed, failed=failed, errors=m.errors,
-                             feasible=False, comparable=m.comparable,
-                             comparable_reason=m.comparable_reason,
+            row = ConfigCost(**{k: getattr(m, k) for k in _SAME}, requests=failed, failed=failed, feasible=False,
                              misses=[f"no completed requests ({failed} failed)"])
             levels.append(row)
             chosen.append((row, None, res, m))
