@@ -12,6 +12,7 @@ from tests.conftest import tiny_model
 from specledger.decoding.batch_runner import BatchItem, BatchRunner
 from specledger.decoding.tree import Tree
 from specledger.engine import cpu_ops
+from specledger.engine.ragged import Segment, ragged_hidden
 
 
 @pytest.fixture
@@ -46,8 +47,8 @@ def test_rows_attention_reads_a_bf16_cache_as_the_fp32_one(bf16_host):
 
 
 def _decode(lm, steps: int = 8):
-    """Prefill, decode steps one token at a time (the fused one-token path), then a chain verified under a mask,
-    on a one-slot cache (Transformer.forward); and a ragged pass of decode rows on three slots."""
+    """Prefill, decode steps one token at a time (the fused one-token path), then a chain verified under a mask (a
+    masked segment), on a one-slot cache; and a ragged pass of decode rows on three slots."""
     m = lm.model
     ids = torch.tensor([[(5 * j + 1) % 64 for j in range(20)]])
     out = []
@@ -64,8 +65,8 @@ def _decode(lm, steps: int = 8):
         mask = torch.zeros(4, n + 4, dtype=torch.bool)
         mask[:, :n] = True
         mask[:, n:] = torch.ones(4, 4, dtype=torch.bool).tril()
-        pos = torch.arange(n, n + 4)
-        out.append(m(torch.tensor([[int(t), 3, 9, 27]]), cache, positions=pos, mask=mask)[0])
+        h = ragged_hidden(m, torch.tensor([int(t), 3, 9, 27]), torch.arange(n, n + 4), [Segment(0, 4, mask)], cache)
+        out.append(m.logits(h))
         runner = BatchRunner(lm, 3, 64)
         seqs = [runner.open([(j * (i + 2)) % 64 for j in range(9 + 5 * i)]) for i in range(3)]
         runner.forward([BatchItem(s) for s in seqs])

@@ -13,7 +13,7 @@ from torch import nn
 
 from specledger.engine.config import ModelConfig
 from specledger.engine.cpu_ops import Ops, resolve
-from specledger.engine.ragged import new_slot_cache, ragged_hidden, row_segments
+from specledger.engine.ragged import Segment, new_slot_cache, ragged_hidden
 from specledger.engine.ragged import rope_at as rope_at  # re-exported: where the layer's callers have found it
 from specledger.engine.slot_cache import SlotCache
 
@@ -214,26 +214,16 @@ class Transformer(Kernels):
             cache.alloc()
         return cache
 
-    def hidden(
-        self,
-        tokens: torch.Tensor,
-        cache: SlotCache,
-        *,
-        positions: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Run n new tokens (B, n), row b on slot b of the cache; return final-normed hidden states (B, n, hidden).
-
-        The ragged pass (engine/ragged.py) with one segment per row. positions: RoPE positions (n,) or (B, n);
-        default: consecutive after each slot. mask: (n, cached + n) bool for every row, True = may attend;
-        default causal. Each slot's length grows by n.
-        """
+    def hidden(self, tokens: torch.Tensor, cache: SlotCache) -> torch.Tensor:
+        """Run n new tokens (B, n), row b on slot b of the cache after its entries, causally; return final-normed
+        hidden states (B, n, hidden). The ragged pass (engine/ragged.py) with one segment per row; each slot's length
+        grows by n (masks and positions of their own: ragged_hidden's segments)."""
         b, n = tokens.shape
-        segments, pos = row_segments(cache, b, n, positions, mask, tokens.device)
-        return ragged_hidden(self, tokens.reshape(-1), pos, segments, cache).view(b, n, -1)
+        pos = torch.cat([torch.arange(cache.lengths[r], cache.lengths[r] + n, device=tokens.device) for r in range(b)])
+        return ragged_hidden(self, tokens.reshape(-1), pos, [Segment(r, n) for r in range(b)], cache).view(b, n, -1)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.output(h).float()
 
-    def forward(self, tokens, cache, *, positions=None, mask=None):
-        return self.logits(self.hidden(tokens, cache, positions=positions, mask=mask))
+    def forward(self, tokens: torch.Tensor, cache: SlotCache) -> torch.Tensor:
+        return self.logits(self.hidden(tokens, cache))

@@ -222,18 +222,6 @@ def ragged_hidden(
     return model.norm(x)[0]
 
 
-def row_segments(cache: SlotCache, b: int, n: int, positions: torch.Tensor | None, mask: torch.Tensor | None,
-                 device: torch.device) -> tuple[list[Segment], torch.Tensor]:
-    """A batch of b rows of n new tokens as a pass's segments, row r on slot r, and the rows' RoPE positions (b * n,).
-
-    positions: (n,) or (b, n), default consecutive after each slot; mask: (n, cached + n) for every row, default
-    causal."""
-    if positions is None:
-        positions = torch.stack([torch.arange(cache.lengths[r], cache.lengths[r] + n, device=device) for r in range(b)])
-    pos = positions.expand(b, n).reshape(-1)
-    return [Segment(r, n, mask) for r in range(b)], pos
-
-
 def new_slot_cache(model: Transformer, n_slots: int, max_len: int | None = None) -> SlotCache:
     """A slot cache shaped for this model, in its KV dtype and on its device."""
     c = model.cfg
