@@ -110,11 +110,11 @@ def test_greedy_output_under_fixed_k_equals_autoregressive(name, concurrency):
 
 
 def test_every_drafting_strategy_takes_draft_length_and_refuses_others_in_one_line():
-    from specledger.decoding.params import BATCHED_STRATEGIES, DRAFT_LENGTHS
+    from specledger.decoding.params import DRAFT_LENGTHS, STRATEGIES
 
     assert DRAFT_LENGTHS == ("adaptive", "fixed")
     needs = {"draft": {"draft": "target"}, "hier": {"intermediate": "target"}}
-    for name in BATCHED_STRATEGIES:
+    for name in STRATEGIES:
         if name == "ar":
             with pytest.raises(BadInput, match="has no parameter 'draft_length'"):
                 check_params(name, {"draft_length": "fixed"})

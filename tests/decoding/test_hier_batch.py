@@ -19,7 +19,7 @@ from specledger.decoding.draft_budget import CostSurface
 from specledger.decoding.drafter import DraftSeq
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.hierarchy import HierDrafter
-from specledger.decoding.params import BATCHED_STRATEGIES
+from specledger.decoding.params import STRATEGIES
 from specledger.decoding.sampling import SamplingParams, probs_from_logits
 from specledger.decoding.scheduler import Scheduler
 
@@ -201,7 +201,7 @@ def test_hierarchy_price_counts_its_rounds_and_catch_up():
 
 
 def test_hier_is_batched_with_its_levels_named():
-    assert "hier" in BATCHED_STRATEGIES
+    assert "hier" in STRATEGIES
     lm = varied_model()
     d = hier("stack", lm).batch_drafter(4)
     assert d.name == "mid1:varied0~0.1:fp32" and d.level_names == ["lookup", "mid0:varied0~0.05:fp32"]

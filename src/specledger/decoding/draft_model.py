@@ -68,8 +68,7 @@ class ModelDrafter:
 
     def __init__(self, draft: LoadedModel, num_tokens: int, *, n_slots: int = 1, max_len: int | None = None,
                  prior: float | None = None) -> None:
-        if not 1 <= num_tokens <= 64:
-            raise BadInput(f"draft num_tokens must be in 1..64 (got {num_tokens})")
+        """num_tokens: checked by the strategy (DraftModel), which builds it."""
         self.lm, self.max_nodes, self.prior = draft, num_tokens, prior
         self.runner = BatchRunner(draft, n_slots, max_len, prefix_cache=True)
         self.seqs: dict[Hashable, Sequence] = {}

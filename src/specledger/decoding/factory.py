@@ -6,16 +6,13 @@ import importlib
 from typing import Any
 
 from specledger.decoding.params import (
-    MODEL_PARAMS, PARAMS, STRATEGIES, ModelParam, check_keys, missing_role, params_class, parse_params,
+    MODEL_PARAMS, STRATEGIES, check_keys, missing_role, params_class, parse_params,
 )
 from specledger.decoding.strategy import Strategy
 from specledger.engine.loader import LoadedModel, default_dtype, load_model
 from specledger.engine.pool import POOL, key_of, model_pool_key
 from specledger.engine.registry import TARGET_ALIASES
 from specledger.errors import BadInput
-
-__all__ = ["MODEL_PARAMS", "PARAMS", "STRATEGIES", "ModelParam", "check_params", "make_strategy", "resolve_model",
-           "strategy_class"]
 
 _CLASSES = {
     "ar": "specledger.decoding.autoregressive:Autoregressive",

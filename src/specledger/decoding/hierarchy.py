@@ -83,8 +83,7 @@ class HierDrafter:
     def __init__(self, mid: LoadedModel, inner: Drafter, name: str, *, min_chain: int, max_chain: int,
                  n_slots: int = 1, max_len: int | None = None, prior: float | None = None,
                  params: dict | None = None) -> None:
-        if not 1 <= min_chain <= max_chain:
-            raise BadInput(f"hier chains need 1 <= min_chain <= max_chain (got {min_chain}, {max_chain})")
+        """min_chain, max_chain: checked by the strategy (Hierarchy), which builds it."""
         self.lm, self.inner, self.name = mid, inner, name
         self.min_chain, self.max_nodes, self.prior = min_chain, max_chain, prior
         self._params = params

@@ -79,19 +79,14 @@ class PromptLookup(Strategy):
         self, target: LoadedModel, num_tokens: int | None = None, max_ngram: int = 3, min_ngram: int = 1,
         draft_length: str = "adaptive",
     ) -> None:
-        """num_tokens default: 3 on CPU, 10 elsewhere. On the CPU targets measured, verifying a 10-token
-        chain cost more than its extra accepted tokens gained (fp32 1.00x, W4A16 0.68x of autoregressive
-        at 10; 1.19x and 1.14x at 3; docs/benchmarks-log.md, session 2)."""
+        """num_tokens: the most a chain holds (default 8), a cap: the planner drafts what pays of it, per step."""
         super().__init__(target)
         self.draft_length = check_draft_length(draft_length)
-        self.batch_cap = num_tokens or 8  # batched, a cap: the planner drafts what pays of it, per step
-        if num_tokens is None:
-            num_tokens = 3 if target.model.device.type == "cpu" else 10
-        check_lookup(num_tokens, max_ngram, min_ngram)
-        self.k, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
+        self.k, self.max_ngram, self.min_ngram = 8 if num_tokens is None else num_tokens, max_ngram, min_ngram
+        check_lookup(self.k, max_ngram, min_ngram)
 
     def params(self) -> dict:
         return {"num_tokens": self.k, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
 
     def batch_drafter(self, n_slots: int) -> LookupDrafter:
-        return LookupDrafter(self.batch_cap, self.max_ngram, self.min_ngram)
+        return LookupDrafter(self.k, self.max_ngram, self.min_ngram)

@@ -65,7 +65,7 @@ class ArParams(StrategyParams):
 
 class LookupParams(StrategyParams):
     strategy: Literal["lookup"] = Field("lookup", exclude=True)
-    num_tokens: int | None = None  # None: 3 on a CPU, 10 on an accelerator
+    num_tokens: int | None = None  # None: 8
     max_ngram: int = 3
     min_ngram: int = 1
     draft_length: DraftLength = "adaptive"
@@ -115,8 +115,7 @@ class OtherParams(StrategyParams):
 PARAMS: dict[str, type[StrategyParams]] = {
     "ar": ArParams, "lookup": LookupParams, "draft": DraftParams, "eagle": EagleParams, "hier": HierParams,
 }
-STRATEGIES = tuple(PARAMS)
-BATCHED_STRATEGIES = STRATEGIES  # every strategy runs on the continuous-batching scheduler (decoding/scheduler.py)
+STRATEGIES = tuple(PARAMS)  # every one runs on the continuous-batching scheduler (decoding/scheduler.py)
 
 
 def check_draft_length(value: str) -> str:
