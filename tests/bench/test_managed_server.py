@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -15,12 +16,23 @@ import httpx
 import pytest
 
 from specledger.bench.config import ServerSettings, parse_run_config
-from specledger.bench.managed import ManagedServer, port_is_free, render_command
+from specledger.bench.managed import ManagedServer, render_command
 from specledger.bench.results import read_requests
 from specledger.bench.runner import run_benchmark
 from specledger.errors import BadInput, SpecLedgerError
 
 FAKE = str(Path(__file__).parents[1] / "fake_openai_server.py")
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Nothing listens there (connections in TIME_WAIT do not count: servers bind with SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
 
 # A server with /health that ignores SIGTERM and leaves a grandchild in its process group: only SIGKILL to
 # the group ends both. It writes the grandchild's pid next to itself.

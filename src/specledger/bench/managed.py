@@ -57,17 +57,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Nothing listens there (connections in TIME_WAIT do not count: servers bind with SO_REUSEADDR)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
-
-
 def repo_cache() -> Path:
     """$SPECLEDGER_CACHE, else .cache/ next to src/ (where `make llama-server` builds)."""
     env = os.environ.get("SPECLEDGER_CACHE")
