@@ -195,3 +195,101 @@ def test_quality_command_reads_one_model_at_a_time(tmp_path):
     assert got["tokens"] == want.tokens and got["reference"] == ref.label and got["candidate"] == cand.label
     assert abs(got["mean_kl"] - want.mean_kl) < 1e-6 and got["top1_agreement"] == want.top1_agreement
     assert "layer_weights" not in got  # (a directory has no file codes to keep)
+
+
+# ---- read on demand (weights.py): never the whole file in fp32 ---------------------------------------------------
+
+MIXED = {"attn_v": T.Q6_K, "ffn_down": T.Q8_0, "attn_output": T.Q5_0}  # beside Q4_K, F32 norms, biases and head
+
+
+def decoded_whole(f: Path) -> dict[str, torch.Tensor]:
+    """Every tensor decoded at once by gguf's own reader, as the loader read files before (the oracle)."""
+    from gguf import GGUFReader
+
+    from specledger.engine import gguf_loader
+
+    reader = gguf_loader.open_gguf(f)
+    keys = gguf_loader.read_tensors(reader, gguf_loader.read_config(reader, f))[0]
+    out = {}
+    for t, key in zip(GGUFReader(f).tensors, keys, strict=True):
+        shape = [int(x) for x in reversed(t.shape.tolist())]
+        out[key] = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), np.float32)).reshape(shape)
+    return out
+
+
+def test_the_header_and_tensors_read_as_gguf_reads_them(tmp_path, monkeypatch):
+    """GGUFFile's fields and directory equal gguf.GGUFReader's; each tensor decoded a few rows at a time (slabs
+    that split it unevenly) into fp32 or bf16, whole or by rows, equals gguf's decoding of the whole tensor."""
+    from gguf import GGUFReader
+
+    from specledger.engine import gguf_loader
+
+    monkeypatch.setattr(gguf_loader, "SLAB", 300)
+    f = kquant_file(tmp_path, MIXED)
+    ours, theirs = gguf_loader.open_gguf(f), GGUFReader(f)
+    assert {k: v.contents() for k, v in theirs.fields.items() if not k.startswith("GGUF.")} == {
+        k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in ours.fields.items()}
+    for a, b in zip(ours.tensors, theirs.tensors, strict=True):
+        assert (a.name, a.tensor_type, a.shape.tolist(), a.n_bytes, a.data_offset) == (
+            b.name, b.tensor_type, b.shape.tolist(), int(b.n_bytes), int(b.data_offset))
+        assert np.array_equal(a.data, b.data)
+    tensors, _ = gguf_loader.read_tensors(ours, gguf_loader.read_config(ours, f))
+    want = decoded_whole(f)
+    assert {t.tensor_type.name for t in ours.tensors} == {"F32", "Q4_K", "Q6_K", "Q8_0", "Q5_0"}
+    for key, w in want.items():
+        assert torch.equal(tensors[key], w), key
+        assert torch.equal(tensors.read(key, torch.bfloat16), w.to(torch.bfloat16)), key
+        if w.dim() == 2:
+            assert torch.equal(tensors.read(key, torch.float32, slice(3, 40)), w[3:40]), key
+
+
+@pytest.mark.parametrize("quant,dtype", [("int4", "bf16"), ("int8", "bf16"), ("none", "bf16"), ("none", "fp32")])
+def test_a_model_read_on_demand_is_the_model_read_whole(tmp_path, monkeypatch, quant, dtype):
+    """load_model (tensors decoded as the model is built, a slab at a time; grids unpacked where kept; the output
+    layer quantized by rows) builds the model, bit for bit, that the file decoded whole into fp32 builds."""
+    from specledger.engine import gguf_loader
+    from specledger.engine.loader import build_model
+    from specledger.engine.quant import Int8Linear
+
+    monkeypatch.setattr(gguf_loader, "SLAB", 300)
+    f = kquant_file(tmp_path, MIXED)
+    lm = load_model(str(f), with_tokenizer=False, quant=quant, dtype=dtype)
+    reader = gguf_loader.open_gguf(f)
+    cfg = gguf_loader.read_config(reader, f)
+    whole = build_model(cfg, decoded_whole(f), dict(gguf_loader.read_tensors(reader, cfg)[1]), dtype=dtype, quant=quant)
+    got, want = dict(lm.model.state_dict()), dict(whole.state_dict())
+    assert got.keys() == want.keys()
+    for k in want:
+        a, b = (t.to_dense() if t.is_mkldnn else t for t in (got[k], want[k]))
+        assert a.dtype == b.dtype and torch.equal(a, b), k
+    if quant != "none":  # the head quantized by rows equals it quantized whole
+        head = Int8Linear(decoded_whole(f)["output"], torch.bfloat16)
+        assert all(torch.equal(getattr(lm.model.output, b), t) for b, t in head.named_buffers())
+
+
+@pytest.mark.parametrize("quant,dtype", [("int4", "bf16"), ("int8", "bf16"), ("none", "bf16")])
+def test_no_kept_or_converted_matrix_is_decoded_to_fp32(tmp_path, monkeypatch, quant, dtype):
+    """What the peak memory rests on: a matrix whose codes are kept is never decoded at all, one converted to
+    16 bits never to fp32; only those quantized again are, one fused product at a time."""
+    from specledger.engine.weights import LazyTensors
+
+    reads: list[tuple[str, torch.dtype]] = []
+    real = LazyTensors.read
+
+    def read(self, key, dtype=torch.float32, rows=None):
+        reads.append((key, dtype))
+        return real(self, key, dtype, rows)
+
+    monkeypatch.setattr(LazyTensors, "read", read)
+    f = kquant_file(tmp_path, MIXED)  # q, k, gate, up Q4_K; v Q6_K; o Q5_0; down Q8_0
+    load_model(str(f), with_tokenizer=False, quant=quant, dtype=dtype)
+    layer = {k.split(".")[2]: d for k, d in reads if k.startswith("layers.0.") and k.split(".")[2] in
+             ("q", "k", "v", "o", "gate", "up", "down")}
+    fp32 = torch.float32
+    if quant == "int4":
+        assert layer == {"v": fp32, "o": fp32, "down": fp32}
+    elif quant == "int8":
+        assert layer == {"q": fp32, "k": fp32, "v": fp32, "o": fp32, "gate": fp32, "up": fp32}
+    else:
+        assert set(layer) == {"q", "k", "v", "o", "gate", "up", "down"} and fp32 not in layer.values()
+    assert len([k for k, _ in reads]) == len({k for k, _ in reads})  # each tensor decoded once

@@ -1,5 +1,5 @@
 """Read a Hugging Face Llama-family directory (Llama, Mistral, Qwen2, Qwen3): config.json + safetensors, as
-transformers reads them.
+transformers reads them (the tensors memory-mapped, each read when the model is built).
 
 The configuration goes through transformers' own AutoConfig, so every spelling it accepts (top-level
 rope_theta/rope_scaling, the rope_parameters block, torch_dtype or dtype, ...) means what it means to
@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from specledger.engine.config import ModelConfig
+from specledger.engine.weights import LazyTensors
 from specledger.errors import BadInput, UnsupportedModel
 
 # model_type -> the causal-LM class that transformers builds for it; both are the engine's decoder
@@ -188,26 +189,42 @@ def _canonical(name: str) -> str | None:
     return ""
 
 
-def read_tensors(path: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Canonical fp32 tensors, each checked against the shape config.json implies (a bias only where the
-    architecture has one: Llama's q_proj.bias is refused by name)."""
-    from safetensors.torch import load_file
+def _reader(handle, name: str):
+    """A Reader (weights.py) of one tensor of an open safetensors file: a copy the caller owns, through fp32 (as
+    the model was always built: fp16 -> fp32 -> bf16, never fp16 -> bf16 directly)."""
+
+    def read(dtype: torch.dtype, rows: slice | None = None) -> torch.Tensor:
+        w = handle.get_tensor(name) if rows is None else handle.get_slice(name)[rows]
+        return w.clone() if w.dtype == dtype else w.float().to(dtype)
+
+    return read
+
+
+def read_tensors(path: Path, cfg: ModelConfig) -> LazyTensors:
+    """Canonical tensors, each checked against the shape config.json implies (a bias only where the
+    architecture has one: Llama's q_proj.bias is refused by name), read from the memory-mapped files only when
+    the model is built (weights.py)."""
+    from safetensors import safe_open
 
     expected = _expected_shapes(cfg)
-    out: dict[str, torch.Tensor] = {}
+    out: dict = {}
     for f in weight_files(path):
-        for name, w in load_file(str(f)).items():
+        handle = safe_open(str(f), framework="pt")
+        for name in handle.keys():
             key = _canonical(name)
             if key is None:
                 continue
             if key == "" or (key not in expected and key.endswith(("_bias", "_norm"))):
                 raise UnsupportedModel(f"{f.name}: tensor {name} has no place in the engine's Llama decoder")
-            if not w.is_floating_point():
-                raise UnsupportedModel(f"{f.name}: tensor {name} is {w.dtype} (quantized weights are not read)")
-            if key not in expected or tuple(w.shape) != expected[key]:
+            meta = handle.get_slice(name)
+            stored = meta.get_dtype()
+            if not (stored.startswith("F") or stored == "BF16"):
+                raise UnsupportedModel(f"{f.name}: tensor {name} is {stored} (quantized weights are not read)")
+            shape = tuple(meta.get_shape())
+            if key not in expected or shape != expected[key]:
                 want = expected.get(key, "no such layer")
-                raise BadInput(f"{f.name}: tensor {name} has shape {tuple(w.shape)}; config.json implies {want}")
-            out[key] = w.float()
+                raise BadInput(f"{f.name}: tensor {name} has shape {shape}; config.json implies {want}")
+            out[key] = (shape, _reader(handle, name))
     # Tied and no lm_head.weight: the embedding is the output layer. Tied but a stored lm_head.weight that
     # differs: transformers 5 keeps the stored one (it ties only what the checkpoint leaves out), and so do we.
     missing = [k for k in expected if k not in out and not (k == "output" and cfg.tie_embeddings)]
@@ -215,4 +232,4 @@ def read_tensors(path: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     if missing:
         hint = " (tie_word_embeddings is false but there is no lm_head.weight)" if missing == ["output"] else ""
         raise BadInput(f"{path}: weights lack {len(missing)} tensor(s), first {_hf_name(missing[0])}{hint}")
-    return out
+    return LazyTensors(out)

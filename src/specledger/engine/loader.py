@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -12,10 +13,11 @@ from specledger.engine import gguf_loader, hf_loader
 from specledger.engine.config import ModelConfig
 from specledger.engine.model import Transformer
 from specledger.engine.packed_linear import pack_linears
-from specledger.engine.quant import (QUANTS, Int4Grid, Int4Linear, Int8Grid, Int8Linear, check_group_size, int4_grid,
-                                    int8_grid)
+from specledger.engine.quant import (BLOCK, QUANTS, Int4Grid, Int4Linear, Int8Grid, Int8Linear, check_group_size,
+                                    int4_grid, int8_grid)
 from specledger.engine.registry import identify_model
 from specledger.engine.tokenizer import Tokenizer
+from specledger.engine.weights import Grid, grid_of, read, shape
 from specledger.errors import BadInput
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -42,6 +44,10 @@ class LoadedModel:
         return f"{self.name}:{self.dtype}{q}"
 
 
+FUSED = {"attention.wqkv": ["q", "k", "v"], "attention.wo": ["o"], "feed_forward.w13": ["gate", "up"],
+         "feed_forward.w2": ["down"]}  # the engine's products and the checkpoint's matrices each one fuses
+
+
 def parse_dtype(dtype: str) -> torch.dtype:
     if dtype not in DTYPES:
         raise BadInput(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
@@ -51,14 +57,6 @@ def parse_dtype(dtype: str) -> torch.dtype:
 def default_dtype(quant: str) -> str:
     """Weight-only quantization means 16-bit activations (the packed kernels' fast path)."""
     return "fp32" if quant == "none" else "bf16"
-
-
-def _own_or_quantized(grids: list, tensors: dict[str, torch.Tensor], layer: int, parts: list[str],
-                      dev: torch.device, kind: type, make) -> list:
-    """Each part's grid as the file stores it where it is of `kind`, else the part quantized by `make` (grids are
-    row-wise, so parts quantized apart equal the fused product quantized whole): a file that mixes types (Q4_K
-    beside Q6_K, as Q4_K_M does) keeps the codes of the parts it can."""
-    return [g if isinstance(g, kind) else make(tensors[f"layers.{layer}.{x}"].to(dev)) for g, x in zip(grids, parts)]
 
 
 def _concat_grids(grids: list) -> Int4Grid | None:
@@ -78,14 +76,54 @@ def _concat_int8_grids(grids: list) -> Int8Grid | None:
     return Int8Grid(torch.cat([g.codes for g in grids]), torch.cat([g.scale for g in grids]))
 
 
-def _fp32(tensors: dict[str, torch.Tensor], layer: int, parts: list[str], dev: torch.device) -> torch.Tensor:
-    return torch.cat([tensors[f"layers.{layer}.{x}"] for x in parts]).to(dev)
+def _fp32(tensors: Mapping[str, torch.Tensor], keys: list[str], dev: torch.device) -> torch.Tensor:
+    return torch.cat([read(tensors, k, torch.float32) for k in keys]).to(dev)
+
+
+def _quantized(tensors: Mapping[str, torch.Tensor], grids: Mapping[str, Grid], keys: list[str], quant: str,
+               group_size: int, tdtype: torch.dtype, dev: torch.device) -> nn.Module:
+    """One fused product quantized: each part's grid as the file stores it where the precision keeps it, the
+    others quantized from their fp32 weights (grids are row-wise, so parts quantized apart equal the fused matrix
+    quantized whole): a file that mixes types (Q4_K beside Q6_K, as Q4_K_M does) keeps the codes it can."""
+    own: list[Grid | None] = [None] * len(keys)
+    if quant == "int8":
+        own = [grid_of(grids, k, Int8Grid) for k in keys]
+    elif group_size == 32:
+        own = [grid_of(grids, k, Int4Grid) for k in keys]
+    if all(g is None for g in own):
+        w = _fp32(tensors, keys, dev)
+        return Int8Linear(w, tdtype, dev) if quant == "int8" else Int4Linear(int4_grid(w, group_size), tdtype, dev)
+    make = int8_grid if quant == "int8" else lambda w: int4_grid(w, 32)
+    parts = [g if g is not None else make(read(tensors, k, torch.float32).to(dev)) for g, k in zip(own, keys)]
+    if quant == "int8":
+        g8 = _concat_int8_grids(parts)
+        assert g8 is not None
+        return Int8Linear(g8, tdtype, dev)
+    grid = _concat_grids(parts)
+    assert grid is not None
+    return Int4Linear(grid, tdtype, dev)
+
+
+def _int8_head(tensors: Mapping[str, torch.Tensor], key: str, dev: torch.device) -> Int8Grid | torch.Tensor:
+    """The output layer's Q8_0-style grid quantized a slab of rows at a time (row-wise, so equal to the whole
+    matrix quantized at once), never holding the vocabulary's fp32 matrix; the fp32 matrix itself where its width
+    is not blocks of 32 (Int8Linear quantizes it per channel)."""
+    n, k = shape(tensors, key)
+    if k % BLOCK:
+        return read(tensors, key, torch.float32).to(dev)
+    codes = torch.empty(n, k, dtype=torch.int8, device=dev)
+    scale = torch.empty(n, k // BLOCK, dtype=torch.float32, device=dev)
+    step = max(1, gguf_loader.SLAB // k)
+    for r in range(0, n, step):
+        g = int8_grid(read(tensors, key, torch.float32, slice(r, r + step)).to(dev))
+        codes[r : r + step], scale[r : r + step] = g.codes, g.scale
+    return Int8Grid(codes, scale)
 
 
 def build_model(
     cfg: ModelConfig,
-    tensors: dict[str, torch.Tensor],
-    grids: dict[str, Int4Grid | Int8Grid] | None = None,
+    tensors: Mapping[str, torch.Tensor],
+    grids: Mapping[str, Int4Grid | Int8Grid] | None = None,
     *,
     dtype: str = "fp32",
     quant: str = "none",
@@ -96,9 +134,12 @@ def build_model(
 ) -> Transformer:
     """Assemble the engine's model from canonical tensors (fusing QKV and gate/up, then quantizing).
 
+    tensors, grids: dicts, or the loaders' lazy mappings (weights.py), read here once each, a layer at a time,
+    straight to the dtype each is kept in: neither the file's fp32 weights nor a 16-bit copy of a matrix that is
+    quantized is ever held whole.
     pack: lay a CPU bf16 model's products out for oneDNN once (engine/packed_linear.py) where the host can.
-    consume: drop each layer's tensors from `tensors` once fused or quantized (load_model's own dict), so a
-    model's fp32 weights are held once, not twice, while it is built (a 1.5B model: 7 GB less at the peak)."""
+    consume: drop each layer's tensors from `tensors` once placed (a caller's dict of tensors then frees them as
+    the model is built)."""
     if quant not in QUANTS:
         raise BadInput(f"unknown quantization {quant!r} (choose from {', '.join(QUANTS)})")
     tdtype = parse_dtype(dtype)
@@ -109,66 +150,49 @@ def build_model(
         check_group_size(cfg.hidden_size, group_size, "the attention/MLP input")
         check_group_size(cfg.intermediate_size, group_size, "the MLP down projection")
     grids = grids or {}
+    f32 = torch.float32
     if "rope_freqs" in tensors:
-        cfg.rope_scaling = {"rope_type": "freq_factors", "factors": tensors["rope_freqs"].tolist()}
+        cfg.rope_scaling = {"rope_type": "freq_factors", "factors": read(tensors, "rope_freqs", f32).tolist()}
     with torch.device("meta"):
         model = Transformer(cfg)
-    sd: dict[str, torch.Tensor] = {"tok_embeddings.weight": tensors["embed"], "norm.weight": tensors["norm"]}
-    sd["output.weight"] = tensors.get("output", tensors["embed"])
-    fused: dict[str, list[str]] = {"attention.wqkv": ["q", "k", "v"], "attention.wo": ["o"], "feed_forward.w13": ["gate", "up"], "feed_forward.w2": ["down"]}
-    for i in range(cfg.n_layers):
-        p = f"layers.{i}"
-        try:
-            sd[f"{p}.attention_norm.weight"] = tensors[f"{p}.attn_norm"]
-            sd[f"{p}.ffn_norm.weight"] = tensors[f"{p}.ffn_norm"]
-            for mod, parts in fused.items():
-                # in the compute dtype at once: an fp32 copy of every fused matrix would coexist with the sources
-                sd[f"{p}.{mod}.weight"] = torch.cat([tensors[f"{p}.{x}"] for x in parts]).to(device=dev, dtype=tdtype)
-            if cfg.qkv_bias:
-                sd[f"{p}.attention.bias"] = torch.cat([tensors[f"{p}.{x}_bias"] for x in ("q", "k", "v")])
-            if cfg.qk_norm:
-                sd[f"{p}.attention.q_norm.weight"] = tensors[f"{p}.q_norm"]
-                sd[f"{p}.attention.k_norm.weight"] = tensors[f"{p}.k_norm"]
-            if consume and quant == "none":
-                for key in [k for k in tensors if k.startswith(f"{p}.")]:
-                    del tensors[key]
-        except KeyError as exc:
-            raise BadInput(f"model weights lack tensor {exc.args[0]}") from None
+    head = "output" if "output" in tensors else "embed"
     # norm weights stay fp32: they act on the fp32 residual stream
-    sd = {k: v.to(device=dev, dtype=torch.float32 if k.endswith("norm.weight") else tdtype) for k, v in sd.items()}
-    model.load_state_dict(sd, assign=True)
+    try:
+        sd: dict[str, torch.Tensor] = {"tok_embeddings.weight": read(tensors, "embed", tdtype).to(dev),
+                                       "norm.weight": read(tensors, "norm", f32).to(dev)}
+        if quant == "none":  # (tied: the embedding itself)
+            sd["output.weight"] = read(tensors, "output", tdtype).to(dev) if head == "output" else sd["tok_embeddings.weight"]
+        for i in range(cfg.n_layers):
+            p = f"layers.{i}"
+            sd[f"{p}.attention_norm.weight"] = read(tensors, f"{p}.attn_norm", f32).to(dev)
+            sd[f"{p}.ffn_norm.weight"] = read(tensors, f"{p}.ffn_norm", f32).to(dev)
+            if cfg.qkv_bias:
+                sd[f"{p}.attention.bias"] = torch.cat([read(tensors, f"{p}.{x}_bias", tdtype) for x in "qkv"]).to(dev)
+            if cfg.qk_norm:
+                sd[f"{p}.attention.q_norm.weight"] = read(tensors, f"{p}.q_norm", f32).to(dev)
+                sd[f"{p}.attention.k_norm.weight"] = read(tensors, f"{p}.k_norm", f32).to(dev)
+            for mod, parts in FUSED.items():
+                keys = [f"{p}.{x}" for x in parts]
+                if quant == "none":
+                    sd[f"{p}.{mod}.weight"] = torch.cat([read(tensors, k, tdtype) for k in keys]).to(dev)
+                else:  # on the meta model: load_state_dict below leaves it in place
+                    owner_name, attr = mod.split(".")
+                    new = _quantized(tensors, grids, keys, quant, group_size, tdtype, dev)
+                    setattr(getattr(model.layers[i], owner_name), attr, new)
+            if consume:
+                for key in [k for k in tensors if k.startswith(f"{p}.")]:
+                    del tensors[key]  # type: ignore[attr-defined]
+        if quant != "none":
+            # The output layer (the GGUF's Q8_0 embedding when tied) is kept at 8 bits in both modes, on the
+            # file's own codes where it stores them so.
+            g8 = grid_of(grids, head, Int8Grid)
+            model.output = Int8Linear(g8 if g8 is not None else _int8_head(tensors, head, dev), tdtype, dev)
+    except KeyError as exc:
+        raise BadInput(f"model weights lack tensor {exc.args[0]}") from None
+    model.load_state_dict(sd, assign=True, strict=quant == "none")
     model.set_compute_dtype(tdtype)
     model.init_rope(dev)
-    if quant != "none":
-        for i, block in enumerate(model.layers):
-            for mod, parts in fused.items():
-                owner_name, attr = mod.split(".")
-                owner = getattr(block, owner_name)
-                # quantized from the fp32 source (not the compute-dtype copy), or the file's own codes
-                src = [grids.get(f"layers.{i}.{x}") for x in parts]
-                new: nn.Module
-                if quant == "int8":
-                    if any(isinstance(g, Int8Grid) for g in src):
-                        src = _own_or_quantized(src, tensors, i, parts, dev, Int8Grid, int8_grid)
-                    g8 = _concat_int8_grids(src)
-                    new = Int8Linear(g8 if g8 is not None else _fp32(tensors, i, parts, dev), tdtype, dev)
-                else:
-                    if group_size == 32 and any(isinstance(g, Int4Grid) for g in src):
-                        src = _own_or_quantized(src, tensors, i, parts, dev, Int4Grid, lambda w: int4_grid(w, 32))
-                    grid = _concat_grids(src) if group_size == 32 else None
-                    new = Int4Linear(grid or int4_grid(_fp32(tensors, i, parts, dev), group_size), tdtype, dev)
-                setattr(owner, attr, new)
-            if consume:  # this layer's fp32 sources are no longer needed (the output layer's are, below)
-                for key in [k for k in tensors if k.startswith(f"layers.{i}.")]:
-                    del tensors[key]
-        # The output layer (the GGUF's Q8_0 embedding when tied) is kept at 8 bits in both modes, on the
-        # file's own codes where it stores them so.
-        head = grids.get("output") if "output" in tensors else grids.get("embed")
-        if isinstance(head, Int8Grid):
-            model.output = Int8Linear(Int8Grid(head.codes.to(dev), head.scale.to(dev)), tdtype)
-        else:
-            model.output = Int8Linear(tensors.get("output", tensors["embed"]).to(dev), tdtype)
-    elif pack:
+    if quant == "none" and pack:
         pack_linears(model)
     return model.eval().requires_grad_(False)
 
@@ -205,7 +229,8 @@ def load_model(
     t0 = time.perf_counter()
     ref = identify_model(name_or_path)
     path = ref.path
-    grids: dict[str, Int4Grid | Int8Grid] = {}
+    grids: Mapping[str, Grid] = {}
+    tensors: Mapping[str, torch.Tensor]
     extra: dict = {}
     if path.is_dir():
         cfg = hf_loader.read_config(path)
