@@ -12,6 +12,7 @@ import torch
 from tests.conftest import TEMP, chi2_pvalue, exact_joint, tiny_model
 from tests.varied_model import assert_lossless_and_mixed, varied_model, varied_prompts
 from specledger.decoding.factory import make_strategy
+from specledger.decoding import sampling
 from specledger.decoding.generate import generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.tree import Tree
@@ -78,6 +79,27 @@ def test_sampling_follows_target_distribution(strategy):
     assert exact.max() < 0.2 and (exact * 1500 >= 5).sum() >= 30  # a real spread, not a near-deterministic model
     counts = _sample_counts(lm, prompt, strategy, params, N_SAMPLES)
     assert chi2_pvalue(counts, exact) > ALPHA
+
+
+def test_top_p_nucleus_from_the_likeliest_equals_a_full_sort(monkeypatch):
+    """top_p's nucleus: the likeliest tokens, equal ones in token order, each kept while the mass before it is at
+    most top_p. Found among the likeliest few when the cut falls there, it is bit for bit the full sort's, on a
+    Qwen-sized vocabulary with bf16 logits (ties at the cut are common), one row or several."""
+    flat = torch.full((4,), 0.25)
+    assert sampling.nucleus(flat, 0.5).tolist() == [0.25, 0.25, 0.25, 0.0]
+    spiky = torch.cat([torch.full((4,), 0.125), torch.full((2044,), 0.5 / 2044)])  # the 4th has exactly top_p before it
+    assert torch.equal(sampling.nucleus(spiky, 0.375), torch.cat([torch.full((4,), 0.125), torch.zeros(2044)]))
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.softmax((torch.randn(r, 151936, generator=g) * s).bfloat16().float() / 0.8, -1)
+            for s, r in ((5, 1), (6, 3), (8, 1), (3, 1))]  # the last: a nucleus wider than the probe
+    cuts, probe = {}, sampling.PROBE
+    for top_p in (0.5, 0.9, 0.95):
+        cuts[top_p] = [sampling.nucleus(p, top_p) for p in rows]
+    monkeypatch.setattr(sampling, "PROBE", 151936)  # a full sort for every row
+    for top_p, got in cuts.items():
+        for p, fast in zip(rows, got):
+            assert torch.equal(fast, sampling.nucleus(p, top_p))
+    assert (cuts[0.95][0] > 0).sum() < probe < (cuts[0.95][-1] > 0).sum()  # both ways ran
 
 
 def test_chi_square_rejects_a_wrong_distribution():

@@ -220,10 +220,11 @@ class BatchRunner:
             elif done:
                 rows.extend(range(off + n_run - 1, off + n_run + n_tree))
             off += n_run + n_tree
+        logits: torch.Tensor | None = None
         if rows and len(rows) == h.shape[0]:  # every row (a decode step): no gather
             logits = self.model.logits(h)
-        else:
-            logits = self.model.logits(h[torch.tensor(rows, device=dev)]) if rows else None
+        elif rows:
+            logits = self.model.logits(h[torch.tensor(rows, device=dev)])
         out: list[BatchForward] = []
         off = r = 0
         for n_run, n_tree, done in plan:
