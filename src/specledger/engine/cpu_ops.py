@@ -151,12 +151,6 @@ class Ops:
         return y.to(compute)
 
 
-def _bf16_arithmetic() -> bool:
-    """The CPU computes in bf16 natively (AVX-512 BF16 or AMX) and its vector kernels are not forced below AVX-512."""
-    native = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-    return bool(native) and torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "NO AVX", "AVX2")
-
-
 def resolve(device: torch.device | str) -> Ops:
     """The one place the engine's kernels are chosen, from what holds for a model's whole life: its device, whether
     the kernel library loaded here (and its instruction-set path, qkernel.describe()), whether the CPU computes in
@@ -164,7 +158,9 @@ def resolve(device: torch.device | str) -> Ops:
     device = torch.device(device)
     if device.type != "cpu":
         return Ops(f"PyTorch's kernels on {device.type}")
-    bf16 = _bf16_arithmetic()
+    # bf16 arithmetic: AVX-512 BF16 or AMX, and the vector kernels not forced below AVX-512
+    bf16 = bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()) and (
+        torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "NO AVX", "AVX2"))
     qmm = qkernel.op()
     if qmm is None:
         return Ops(qkernel.describe(), cpu=True, bf16_attention=bf16)

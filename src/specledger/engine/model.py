@@ -78,12 +78,10 @@ class Linear(nn.Linear):
 
 class Kernels(nn.Module):
     """A module that runs the engine's ops: `ops`, the table for the device its weights are on (cpu_ops.resolve),
-    chosen when it is built, loaded (Transformer.set_compute_dtype) or moved (an EAGLE head is built on the CPU,
-    then moved), never per call."""
+    chosen when it is loaded (Transformer.set_compute_dtype) or moved or cast (`.to`: an EAGLE head is built, cast,
+    then moved), never per call; the PyTorch expressions before that."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Ops = resolve(torch.get_default_device())
+    ops = Ops("PyTorch's ops")
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
