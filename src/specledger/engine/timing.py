@@ -32,12 +32,11 @@ def forward_time_curve(
     context: int = 256,
     sizes: tuple[int, ...] = CURVE_SIZES,
     reps: int = 5,
-    stat: str = "median",
 ) -> dict[int, float]:
-    """Seconds per forward (logits at every new position, as a verifier needs) for each n in sizes.
+    """Median seconds per forward (logits at every new position, as a verifier needs) for each n in sizes.
 
     One unmeasured round first; each round visits every size, so a burst of load from elsewhere
-    hits one round rather than one size. stat: "median" (typical) or "min" (least disturbed).
+    hits one round rather than one size.
     """
     m = lm.model
     dev = m.device
@@ -56,5 +55,4 @@ def forward_time_curve(
             t1 = clock(dev)
             if rep:
                 times[n].append(t1 - t0)
-    pick = statistics.median if stat == "median" else min
-    return {n: pick(times[n]) for n in sizes}
+    return {n: statistics.median(times[n]) for n in sizes}
