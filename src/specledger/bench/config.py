@@ -24,7 +24,7 @@ from specledger.decoding.params import (
 
 from specledger.bench.pairing import Arm, baselines, precision_label, sampling_label
 from specledger.engine.registry import TARGET_ALIASES
-from specledger.errors import BadInput
+from specledger.errors import BadInput, describe
 
 if TYPE_CHECKING:
     from specledger.bench.results import ConfigResult
@@ -329,15 +329,12 @@ class LoadSettings(_Strict):
             raise ValueError("give either concurrency or rate or replay (one load kind), not several")
         if not self.concurrency and not self.rate and not self.replay:
             self.concurrency = [1]
-        for c in self.concurrency or []:
-            if c < 1:
-                raise ValueError(f"concurrency must be >= 1 (got {c})")
-        for r in self.rate or []:
-            if r <= 0:
-                raise ValueError(f"rate must be > 0 requests/s (got {r})")
-        for r in self.replay or []:
-            if r <= 0:
-                raise ValueError(f"replay speed must be > 0 (got {r}; 1 = the trace's own times)")
+        for values, message in ((self.concurrency, "concurrency must be >= 1 (got {})"),
+                                (self.rate, "rate must be > 0 requests/s (got {})"),
+                                (self.replay, "replay speed must be > 0 (got {}; 1 = the trace's own times)")):
+            bad = next((x for x in values or [] if x <= 0), None)  # (concurrency: an integer, so < 1)
+            if bad is not None:
+                raise ValueError(message.format(bad))
         return self
 
     def levels(self) -> list[LoadLevel]:
@@ -434,11 +431,10 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> "RunConfig":
-        seen: set[str] = set()
-        for c in self.configs:
-            if c.name in seen:
-                raise ValueError(f"two configurations named {c.name!r}")
-            seen.add(c.name)
+        names = [c.name for c in self.configs]
+        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if twice is not None:
+            raise ValueError(f"two configurations named {twice!r}")
         return self
 
 
@@ -449,7 +445,7 @@ def parse_run_config(data: Any, *, source: str = "config") -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise BadInput(f"{source}: {_describe(exc)}") from None
+        raise BadInput(f"{source}: {describe(exc)}") from None
 
 
 def load_run_config(path: str | Path) -> RunConfig:
@@ -467,18 +463,6 @@ def load_run_config(path: str | Path) -> RunConfig:
         raise BadInput(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'YAML'}: "
                        f"{' '.join(first[:1])}") from None
     return parse_run_config(data, source=str(path))
-
-
-def _describe(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        return f"unknown field {loc!r}"
-    if kind == "literal_error":
-        return f"{loc}: {err['msg'].lower()} (got {err['input']!r})"
-    msg = err["msg"].removeprefix("Value error, ")
-    return f"{loc}: {msg}" if loc else msg
 
 
 # ---- pairing (bench/pairing.py's rule) over configurations and recorded results ----

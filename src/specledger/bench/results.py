@@ -20,7 +20,7 @@ from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from specledger.errors import BadInput
+from specledger.errors import BadInput, describe
 from specledger.spec_stats import LevelStats
 
 SCHEMA_VERSION = 1
@@ -464,7 +464,7 @@ def read_requests(run_dir: str | Path, *, latest_only: bool = True) -> list[Requ
                 print(f"warning: {path}:{i}: a torn record, then a whole one on the same line (an older specledger "
                       "resumed after a kill without cutting it): read the whole one", file=sys.stderr)
                 continue
-            raise BadInput(f"{path}:{i}: not a request record ({_first_error(exc)})") from None
+            raise BadInput(f"{path}:{i}: not a request record ({describe(exc)})") from None
     if latest_only:
         by_id: dict[str, RequestRecord] = {}
         for r in records:
@@ -497,7 +497,7 @@ def load_run(run_dir: str | Path) -> RunResult:
     try:
         return RunResult.model_validate(data)
     except ValidationError as exc:
-        raise BadInput(f"{path}: {_first_error(exc)}") from None
+        raise BadInput(f"{path}: {describe(exc)}") from None
 
 
 SUMMARY_COLUMNS = [
@@ -551,9 +551,3 @@ def write_summary(run_dir: str | Path, run: RunResult) -> Path:
             w.writerow({k: "" if v is None else v for k, v in row.items()})
     os.replace(tmp, path)
     return path
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "record"
-    return f"{where}: {err['msg']}"
