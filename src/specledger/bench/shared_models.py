@@ -56,28 +56,22 @@ class SharedModels:
                 self.pool.put(k, models[role])
                 self.mine.add(k)
 
-    def load_target(self, bc: BenchConfig) -> Any:
-        """bc's target, loaded into the pool now (in this thread) for the configurations that use it."""
+    def _load(self, bc: BenchConfig, role: str, **precision: Any) -> Any:
+        """bc's model in `role` (target or reference), loaded into the pool now (in this thread) for the
+        configurations that use it."""
         from specledger.engine.loader import load_model
 
-        key = self.keys(bc)["target"]
+        key = self.keys(bc)[role]
         self.mine.add(key)
-        t = bc.target
-        return self.pool.load(key, lambda: load_model(t.model, dtype=t.dtype, quant=t.quant,
-                                                      group_size=t.group_size, device=bc.device))
+        return self.pool.load(key, lambda: load_model(bc.model, device=bc.device, **precision))
+
+    def load_target(self, bc: BenchConfig) -> Any:
+        return self._load(bc, "target", dtype=bc.dtype, quant=bc.quant, group_size=bc.group_size)
 
     def reference(self, bc: BenchConfig) -> Any:
         if self.reference_factory is not None:
             return self.reference_factory(bc)
-
-        def load() -> Any:
-            from specledger.engine.loader import load_model
-
-            return load_model(bc.model, dtype=UNQUANTIZED[0], quant=UNQUANTIZED[1], device=bc.device)
-
-        key = self.keys(bc)["reference"]
-        self.mine.add(key)
-        return self.pool.load(key, load)
+        return self._load(bc, "reference", dtype=UNQUANTIZED[0], quant=UNQUANTIZED[1])
 
     def release(self) -> None:
         """The run is over: none of its models is needed any more."""
