@@ -193,22 +193,22 @@ def _check_rule(rule: str, answer: str) -> tuple[bool | None, float | None, str]
         ok = got is not None and (got in alternatives if name == "caps"
                                   else got.lower() in {a.lower() for a in alternatives})
         return ok, float(ok), f"first word {got!r} vs {arg!r}"
-    want = final_number(arg)
+    return _final_numbers(arg, answer, f"rule {rule!r}")
+
+
+def _final_numbers(reference: str, answer: str, what: str) -> tuple[bool | None, float | None, str]:
+    """The answer's final number against the reference's; a reference without one leaves the turn ungraded."""
+    want = final_number(reference)
     if want is None:
-        return None, None, f"rule {rule!r} holds no number"
-    got_number = final_number(answer)
-    ok = got_number is not None and numbers_match(got_number, want)
-    return ok, float(ok), f"final number {got_number} vs {want:g}"
+        return None, None, f"{what} holds no number"
+    got = final_number(answer)
+    ok = got is not None and numbers_match(got, want)
+    return ok, float(ok), f"final number {got} vs {want:g}"
 
 
 def _check_kind(kind: str, reference: str, answer: str) -> tuple[bool | None, float | None, str]:
     if kind == "math":
-        want = final_number(reference)
-        if want is None:  # a data problem, not the model's: leave the turn ungraded and say so
-            return None, None, f"reference {reference[:40]!r} holds no number"
-        got = final_number(answer)
-        ok = got is not None and numbers_match(got, want)
-        return ok, float(ok), f"final number {got} vs {want:g}"
+        return _final_numbers(reference, answer, f"reference {reference[:40]!r}")
     if kind == "summarization":
         score = rouge_l(answer, reference)
         return score >= ROUGE_L_MIN, score, f"rouge-l {score:.3f}"

@@ -352,14 +352,12 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
         "verify_curves": charts.verify_curves(ledger),
     }
     ns = latency_n(ledger)
-    levels = []
-    if len(ledger.levels) > len(ledger.configs):
-        for r in ledger.levels:
-            levels.append({"name": r.name, "load": r.load, "n": ns.get((r.name, r.load), 0), "tok_s": num(r.tok_s, ".1f"), "speedup": num(r.speedup, ".2f", "×"),
-                           "ttft_p95": num(r.ttft_p95, ".2f"), "tpot_p95": num(r.tpot_p95, ".3f"),
-                           "dsec": num(r.device_seconds_per_call, ".3g"), "failed": failed_cell(r),
-                           "total": "∞" if r.infinite else money(r.total),
-                           "objectives": "met" if r.feasible else "; ".join(r.misses)})
+    levels = [{"name": r.name, "load": r.load, "n": ns.get((r.name, r.load), 0), "tok_s": num(r.tok_s, ".1f"),
+               "speedup": num(r.speedup, ".2f", "×"), "ttft_p95": num(r.ttft_p95, ".2f"),
+               "tpot_p95": num(r.tpot_p95, ".3f"), "dsec": num(r.device_seconds_per_call, ".3g"),
+               "failed": failed_cell(r), "total": "∞" if r.infinite else money(r.total),
+               "objectives": "met" if r.feasible else "; ".join(r.misses)}
+              for r in ledger.levels] if len(ledger.levels) > len(ledger.configs) else []
     load_of = {r.name: r.load for r in ledger.configs}
     break_even = [{"load": f"{load_of.get(b.config_a, '?')} vs {load_of.get(b.config_b, '?')}", "config_a": b.config_a, "config_b": b.config_b, "field": b.field, "current": num(b.current, ".4g"),
                    "value": num(b.value, ".4g"), "note": b.note} for b in ledger.break_even]
