@@ -159,10 +159,11 @@ MUTANTS = [
            "src/specledger/decoding/eagle.py", "st.cand_tokens += ids[row * k : (row + f) * k]",
            "st.cand_tokens += ids[: f * k]", ["tests/decoding/test_batch_drafters.py"]),
     Mutant("batched-draft-model-no-resync", "the batched draft model keeps its own rejected tokens cached",
-           "src/specledger/decoding/draft_model.py", "                runner.sync(m, s.tokens)\n", "                pass\n",
+           "src/specledger/decoding/hierarchy.py", "            runner.sync(st.mseq, s.tokens)\n", "            pass\n",
            ["tests/decoding/test_batch_drafters.py"]),
     Mutant("batched-drafts-one-generator", "batched drafting samples every request with the first one's generator",
-           "src/specledger/decoding/draft_model.py", "gen = seqs[i].gen\n", "gen = seqs[0].gen\n",
+           "src/specledger/decoding/hierarchy.py", "verify(fwd.logits, tree, s.sp, s.gen)",
+           "verify(fwd.logits, tree, s.sp, seqs[0].gen)",
            ["tests/decoding/test_batch_drafters.py"]),
     Mutant("prefix-cache-keeps-one-stale-entry", "a reused slot keeps one entry past the prefix it shares",
            "src/specledger/decoding/batch_runner.py", "        return slot, lcp[slot]\n",
@@ -204,10 +205,10 @@ MUTANTS = [
            "src/specledger/decoding/draft_budget.py", "return t0 + cost(base_rows + beside + m) - cost(base_rows + beside) if",
            "return cost(base_rows + beside + m) if", ["tests/decoding/test_batch_speculation.py", "tests/decoding/test_batch_drafters.py"]),
     Mutant("lazy-draft-model-prefills", "the batched draft model prefills every joining prompt when it begins",
-           "src/specledger/decoding/draft_model.py", "        self.seqs[seq.key] = self.runner.open(seq.tokens)\n",
-           "        s = self.seqs[seq.key] = self.runner.open(seq.tokens)\n"
-           "        if (n := len(seq.tokens) - 1 - self.runner.cached(s)) > 0:\n"
-           "            self.runner.forward([BatchItem(s, max_run=n)])\n",
+           "src/specledger/decoding/hierarchy.py", "        k = runner.cached(m)\n",
+           "        if len(seq.tokens) - 1 > runner.cached(m):\n"
+           "            runner.forward([BatchItem(m, max_run=len(seq.tokens) - 1 - runner.cached(m))])\n"
+           "        k = runner.cached(m)\n",
            ["tests/decoding/test_batch_drafters.py"]),
     Mutant("overhead-from-prefill-passes", "passes carrying prefill feed the step-overhead estimate",
            "src/specledger/decoding/scheduler.py", "if self.spec is not None and decoding and not runs:",
@@ -263,7 +264,7 @@ MUTANTS = [
            "src/specledger/decoding/draft_budget.py", "        self.a += weight * (self.prior - self.a)",
            "        self.a += weight * (PRIOR - self.a)", ["tests/decoding/test_batch_speculation.py"]),
     Mutant("draft-prior-from-the-target-alone", "the draft model's prior compares the target with itself",
-           "src/specledger/decoding/draft_model.py", "for lm in (target, draft)]", "for lm in (target, target)]",
+           "src/specledger/decoding/hierarchy.py", "for lm in (target, draft)]", "for lm in (target, target)]",
            ["tests/decoding/test_batch_drafters.py"]),
     Mutant("planner-stops-at-the-first-worse-rate", "the plan's scan stops at the first node that lowers the rate",
            "src/specledger/decoding/draft_budget.py", "elif (tokens + rest) / spent <= best_rate:",

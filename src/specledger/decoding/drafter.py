@@ -5,10 +5,10 @@ Hugging Face's candidate generators): `begin` a sequence (its prompt is cached b
 token pending), `propose` a tree for each of several sequences within a budget of nodes, `accept` once the
 verifier has kept part of it (the sequence's tokens have grown), `end` when it leaves. A chain is a tree.
 
-Drafters: prompt lookup (lookup.py), a draft model (draft_model.py; its own slot cache), an EAGLE head
-(eagle.py; the verifier's features). A strategy (strategy.py) names its drafter (`batch_drafter`); the
-scheduler (scheduler.py) drives it for one sequence or many, each step's budget from the draft_length
-policy (draft_policy.py), and a hierarchy (hierarchy.py) puts a drafter under a stack of verifiers.
+Drafters: prompt lookup (lookup.py), a draft model (draft_model.py: an intermediate model over `Silent`, its own
+slot cache), an EAGLE head (eagle.py; the verifier's features). A strategy (strategy.py) names its drafter
+(`batch_drafter`); the scheduler (scheduler.py) drives it for one sequence or many, each step's budget from the
+draft_length policy (draft_policy.py), and a hierarchy (hierarchy.py) puts a drafter under a stack of verifiers.
 """
 
 from __future__ import annotations
@@ -72,3 +72,36 @@ class Drafter(Protocol):
     def draft_cost(self, budgets: list[int]) -> float:
         """Estimated seconds to propose `budgets` nodes to the batch's sequences (0 for none)."""
         ...
+
+
+class Silent:
+    """A drafter that proposes nothing. Under an intermediate (hierarchy.HierDrafter) it makes a draft model: each
+    round the model verifies an empty proposal, which is its own next token; train/data.py follows the target
+    with one."""
+
+    name = "silent"
+    wants_features = False
+    tree = False
+    prior: float | None = None
+    max_nodes = 0
+
+    def params(self) -> dict:
+        return {}
+
+    def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
+        pass
+
+    def propose(self, seqs: list[DraftSeq], budgets: list[int]) -> list[Tree]:
+        return [Tree() for _ in seqs]
+
+    def accept(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
+        pass
+
+    def end(self, seq: DraftSeq) -> None:
+        pass
+
+    def candidates(self, seqs: list[DraftSeq], caps: list[int]) -> list[int]:
+        return [0 for _ in seqs]
+
+    def draft_cost(self, budgets: list[int]) -> float:
+        return 0.0

@@ -27,16 +27,48 @@ import torch
 
 from specledger.decoding.batch_runner import BatchItem, BatchRunner, Sequence
 from specledger.decoding.draft_budget import CostSurface, catch_up_share, cost_surface
-from specledger.decoding.draft_model import agreement_prior, check_same_tokenizer
 from specledger.decoding.drafter import Drafter, DraftSeq
 from specledger.decoding.params import check_draft_length
 from specledger.decoding.strategy import Strategy
 from specledger.decoding.tree import Tree
 from specledger.decoding.verify import verify
 from specledger.engine.loader import LoadedModel
+from specledger.engine.pool import POOL, key_of
 from specledger.engine.timing import clock
 from specledger.errors import BadInput
 from specledger.spec_stats import LevelStats
+
+
+def check_same_tokenizer(a: LoadedModel, b: LoadedModel) -> None:
+    """Levels exchange token ids, so their vocabularies must be the same, id for id."""
+    if a.config.vocab_size != b.config.vocab_size:
+        raise BadInput(
+            f"incompatible tokenizers: {a.label} has {a.config.vocab_size} tokens, {b.label} has {b.config.vocab_size}"
+        )
+    if a.tokenizer is not None and b.tokenizer is not None and a.tokenizer.hf.get_vocab() != b.tokenizer.hf.get_vocab():
+        raise BadInput(f"incompatible tokenizers: {a.label} and {b.label} map tokens to different ids")
+
+
+AGREEMENT_TOKENS = 256  # of the built-in quality text: the draft model's prior is measured on this many
+
+
+@torch.inference_mode()
+def agreement_prior(target: LoadedModel, draft: LoadedModel, n: int = AGREEMENT_TOKENS) -> float | None:
+    """How often the draft's next-token argmax is the target's, teacher-forced on the built-in text: the per-token
+    acceptance of its greedy chains, measured once per pair of models (~0.3 s here). None without a tokenizer."""
+    tokenizer = target.tokenizer
+    if tokenizer is None:
+        return None
+
+    def measure() -> float:
+        from specledger.data import quality_text
+
+        ids = tokenizer.encode(quality_text())[: min(n, target.config.max_seq_len, draft.config.max_seq_len)]
+        x = torch.tensor([ids], device=target.model.device)
+        top = [lm.model(x.to(lm.model.device), lm.model.new_cache(len(ids)))[0].argmax(-1).cpu() for lm in (target, draft)]
+        return float((top[0] == top[1]).float().mean())
+
+    return POOL.derived(key_of(draft), ("agreement_prior", key_of(target), n), measure, owner=draft.model)
 
 
 class _TreeParams(TypedDict):
@@ -72,10 +104,14 @@ class HierDrafter:
     path and its bonus token to the chain, until the chain holds min_chain tokens (or the budget). Sampling:
     each chain token carries the intermediate's distribution as q, so the level above verifies losslessly.
 
-    Lazy, as the batched draft model: a sequence's prompt is fed with its first proposal (and priced then), not
+    Lazy: a sequence's prompt is fed with its first proposal (and priced then), not
     when it begins, so at a batch where drafting does not pay the intermediate never reads it; its slots keep a
     prefix cache. An inner drafter that reads features (EAGLE) begins from what the intermediate has cached and
-    follows it from there."""
+    follows it from there.
+
+    Over a drafter that proposes nothing (drafter.Silent), it is a draft model: each round the model verifies an
+    empty proposal, which draws its own next token (its distribution kept as q), until the chain holds min_chain;
+    no level below it is reported."""
 
     wants_features = False
     tree = False
@@ -89,7 +125,7 @@ class HierDrafter:
         self._params = params
         self.runner = BatchRunner(mid, n_slots, max_len, prefix_cache=True, keep_features=inner.wants_features)
         self.seqs: dict[Hashable, _Follow] = {}
-        self.per_round = PER_ROUND  # measured: an EMA of the tokens a round adds
+        self.per_round = PER_ROUND if inner.max_nodes else 1.0  # measured: an EMA of the tokens a round adds
         self._surface: CostSurface | None = None
         self._catchup: list[float] = []  # per sequence of the latest candidates(): extra rows its first round feeds
         self._inner_k: list[int] = []  # per sequence of the latest candidates(): what the inner drafter could propose
@@ -102,7 +138,7 @@ class HierDrafter:
     def level_names(self) -> list[str]:
         """Every level below this one, lowest first (the drafter's name, then the intermediates')."""
         below = self.inner.level_names if isinstance(self.inner, HierDrafter) else []
-        return [*below, self.inner.name]
+        return [*below, self.inner.name] if self.inner.max_nodes else []
 
     # --- following the verifier's sequence --------------------------------------------------------------------
 
@@ -199,7 +235,7 @@ class HierDrafter:
         """The levels below this one for a sequence, lowest first (key None: the names alone, for a request that
         never drafted): what the level above verified of each one's proposals, and the seconds it spent making
         them (an intermediate's: its own passes). The scheduler reports them before the level the target verifies."""
-        if key is None:
+        if key is None or not self.inner.max_nodes:  # (a draft model: no level below it)
             return [LevelStats(name=n, steps=0, drafts=0) for n in self.level_names]
         st = self.seqs[key]
         if not isinstance(self.inner, HierDrafter):

@@ -18,10 +18,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from specledger.decoding.drafter import DraftSeq
+from specledger.decoding.drafter import DraftSeq, Silent
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
-from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel
 from specledger.errors import BadInput
 
@@ -57,19 +56,15 @@ class Sample:
     features: torch.Tensor  # (len(tokens) - 1, H)
 
 
-class _Recorder:
+class _Recorder(Silent):
     """A drafter that never drafts: the scheduler's hook for the target's features of every token it feeds, kept
     per answer with its tokens (an eos that ended it included: the head learns to predict it too)."""
 
-    name, wants_features, tree, max_nodes = "record", True, False, 0
-    prior: float | None = None
+    wants_features = True
 
     def __init__(self) -> None:
         self.feats: dict[Hashable, list[torch.Tensor]] = {}
         self.done: dict[Hashable, tuple[list[int], torch.Tensor]] = {}
-
-    def params(self) -> dict:
-        return {}
 
     def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
         self.feats[seq.key] = []
@@ -81,15 +76,6 @@ class _Recorder:
 
     def end(self, seq: DraftSeq) -> None:
         self.done[seq.key] = (list(seq.tokens), torch.cat(self.feats.pop(seq.key)))
-
-    def propose(self, seqs: list[DraftSeq], budgets: list[int]) -> list[Tree]:
-        return [Tree() for _ in seqs]
-
-    def candidates(self, seqs: list[DraftSeq], caps: list[int]) -> list[int]:
-        return [0 for _ in seqs]
-
-    def draft_cost(self, budgets: list[int]) -> float:
-        return 0.0
 
 
 @torch.inference_mode()

@@ -161,7 +161,7 @@ def train_layer(block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
 def train_hidden(head: EagleHead, base: LoadedModel, tokens: torch.Tensor, features: torch.Tensor,
                  cache: GrowingCache, positions: torch.Tensor | None = None,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
-    """EagleHead.hidden through train_layer: n entries (B, n) on top of the cache, default consecutive and causal."""
+    """The head through train_layer: n entries (B, n) on top of the cache, default consecutive and causal."""
     n, start = tokens.shape[1], cache.length
     pos = torch.arange(start, start + n, device=tokens.device) if positions is None else positions
     cos, sin = rope_at(base.model.rope_cos, base.model.rope_sin, pos, head.dtype)
