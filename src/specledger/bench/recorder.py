@@ -20,7 +20,7 @@ from specledger.bench.config import BenchConfig, LoadLevel, RunConfig
 from specledger.bench.env import collect_conditions
 from specledger.bench.metrics import aggregate, group_by, spread_itl, tpot
 from specledger.bench.results import (
-    REQUESTS_FILE, ConfigResult, EngineTelemetry, LoadResult, RequestGrade, RequestLog, RequestRecord, RunResult,
+    REQUESTS_FILE, ConfigResult, LoadResult, RequestGrade, RequestLog, RequestOutcome, RequestRecord, RunResult,
     WorkloadInfo, load_run, now, read_requests, repair_requests, write_run, write_summary,
 )
 from specledger.bench.question import Question
@@ -196,17 +196,14 @@ class RunRecorder:
         e2e = c.end - arrival
         disagree = (c.usage_output_tokens is not None and c.tokenizer_output_tokens is not None
                     and c.usage_output_tokens != c.tokenizer_output_tokens)
+        outcome = {name: getattr(c, name) for name in RequestOutcome.model_fields}  # the telemetry too
+        outcome.update(error_kind=None if c.ok else (c.error_kind or "other"), output_tokens=c.output_tokens if c.ok else 0)
         return RequestRecord(
-            run_id=self.result.run_id, config=bc.name,
+            **outcome, run_id=self.result.run_id, config=bc.name,
             request_id=f"{bc.name}|{level.label}|{item}|t{turn}", item=item,
             question_id=q.question_id, category=q.category, kind=q.kind, turn=turn, turns=len(q.turns),
             load=level.label, concurrency=level.concurrency, rate=level.rate, segment=self.segment,
-            status="ok" if c.ok else "failed", error=c.error, error_kind=None if c.ok else (c.error_kind or "other"),
-            attempts=c.attempts, transport_retries=c.transport_retries, transport_errors=c.transport_errors,
-            finish_reason=c.finish_reason,
-            prompt_tokens=c.prompt_tokens, output_tokens=c.output_tokens if c.ok else 0,
-            usage_output_tokens=c.usage_output_tokens, tokenizer_output_tokens=c.tokenizer_output_tokens,
-            usage_disagrees=disagree,
+            status="ok" if c.ok else "failed", usage_disagrees=disagree,
             arrival_t=self._wall(arrival), start_t=self._wall(c.start),
             first_token_t=self._wall(c.first_token) if c.first_token is not None else None,
             end_t=self._wall(c.end), queue_s=max(0.0, c.start - arrival),
@@ -216,5 +213,4 @@ class RunRecorder:
             output_text=c.text, output_token_ids=c.token_ids,
             grade=None if grade is None else RequestGrade(passed=grade.passed, score=grade.score,
                                                           grader=grade.grader, detail=grade.detail),
-            **{name: getattr(c, name) for name in EngineTelemetry.model_fields},
         )

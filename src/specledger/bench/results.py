@@ -58,7 +58,24 @@ class EngineTelemetry(_Model):
     extra: dict[str, Any] = Field(default_factory=dict)  # backend telemetry as received (e.g. llama.cpp timings)
 
 
-class RequestRecord(EngineTelemetry):
+class RequestOutcome(EngineTelemetry):
+    """How a request ended: what a backend's Completion says and the RequestRecord on disk keeps."""
+
+    error: str | None = None
+    error_kind: str | None = None  # failed requests: "dropped", "http_500", "timeout", ... (counted per level)
+    attempts: int = 1  # retries = attempts - 1
+    # Sent again on a fresh connection because the connection failed before any byte of a response arrived
+    # (a stale keep-alive connection the server had closed, or a refused connect): never a failure by itself.
+    transport_retries: int = 0
+    transport_errors: list[str] = Field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    usage_output_tokens: int | None = None  # as the server reported it
+    tokenizer_output_tokens: int | None = None  # as our tokenizer counted the text
+
+
+class RequestRecord(RequestOutcome):
     """One request (one turn of one conversation) as measured."""
 
     schema_version: int = SCHEMA_VERSION
@@ -79,19 +96,6 @@ class RequestRecord(EngineTelemetry):
     block: int | None = None  # interleaved runs: the block (one item under every configuration) it ran in
     slot: int | None = None  # its position within that block's seeded random order
     status: Literal["ok", "failed"]
-    error: str | None = None
-    error_kind: str | None = None  # failed requests: "dropped", "http_500", "timeout", ... (counted per level)
-    attempts: int = 1  # retries = attempts - 1
-    # Sent again on a fresh connection because the connection failed before any byte of a response arrived
-    # (a stale keep-alive connection the server had closed, or a refused connect): never a failure by itself.
-    transport_retries: int = 0
-    transport_errors: list[str] = Field(default_factory=list)
-    finish_reason: str | None = None
-
-    prompt_tokens: int | None = None
-    output_tokens: int = 0
-    usage_output_tokens: int | None = None  # as the server reported it
-    tokenizer_output_tokens: int | None = None  # as our tokenizer counted the text
     usage_disagrees: bool = False
 
     arrival_t: float  # request became due (open loop: its Poisson arrival)

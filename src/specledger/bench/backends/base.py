@@ -7,29 +7,19 @@ from abc import ABC, abstractmethod
 from pydantic import Field
 
 from specledger.bench.config import BenchConfig
-from specledger.bench.results import EngineTelemetry
+from specledger.bench.results import RequestOutcome
 
 
-class Completion(EngineTelemetry):
+class Completion(RequestOutcome):
     """One request as a backend saw it. Times are time.perf_counter() values."""
 
     ok: bool
     start: float  # sent (HTTP) or taken off the queue (in-process)
     end: float
     text: str = ""
-    error: str | None = None
-    error_kind: str | None = None  # short class of the failure: "dropped", "http_500", "timeout", ...
-    attempts: int = 1
-    transport_retries: int = 0  # re-sent on a fresh connection: the old one failed before any response byte
-    transport_errors: list[str] = Field(default_factory=list)
     chunks: list[tuple[float, int]] = Field(default_factory=list)  # (arrival, tokens) per chunk/step
     first_token: float | None = None
-    prompt_tokens: int | None = None
-    output_tokens: int = 0
-    usage_output_tokens: int | None = None
-    tokenizer_output_tokens: int | None = None
     token_ids: list[int] | None = None
-    finish_reason: str | None = None
 
 
 class Backend(ABC):
