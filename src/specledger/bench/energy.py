@@ -70,6 +70,17 @@ def tree_cpu_seconds(proc: psutil.Process) -> float:
     return total
 
 
+def nvml_handles() -> list:
+    """The GPUs NVML sees (pynvml is optional: none without the library or a driver)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:  # no library, no driver
+        return []
+
+
 @dataclass
 class EnergyMeter:
     """Cumulative joules since creation across every readable source, or estimated from CPU time.
@@ -107,16 +118,13 @@ class EnergyMeter:
             except (OSError, ValueError):
                 continue
             self._zones.append(_RaplZone(zone, max_uj, now))
-        if self.use_nvml:
+        if self.use_nvml and (gpus := nvml_handles()):
             try:
-                import pynvml  # optional
+                import pynvml
 
-                pynvml.nvmlInit()
-                for i in range(pynvml.nvmlDeviceGetCount()):
-                    h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                    self._nvml_start.append(int(pynvml.nvmlDeviceGetTotalEnergyConsumption(h)))
-                    self._nvml.append(h)
-            except Exception:  # no library, no driver, or no energy counter on this GPU
+                self._nvml_start = [int(pynvml.nvmlDeviceGetTotalEnergyConsumption(h)) for h in gpus]
+                self._nvml = gpus
+            except Exception:  # no energy counter on this GPU
                 self._nvml, self._nvml_start = [], []
         if self._zones or self._nvml:
             if self.idle_probe_s > 0:  # the counters' idle power, before anything of the run runs

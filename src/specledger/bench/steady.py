@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 
+from specledger.bench.energy import nvml_handles
 from specledger.bench.results import ConditionSample, SteadyState
 
 SYS = Path("/sys")
@@ -114,16 +115,6 @@ class SteadyStateCheck:
             samples=samples)
 
 
-def _nvml_handles() -> list:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    except Exception:  # no library, no driver
-        return []
-
-
 def _numbers(paths: list[Path], scale: float) -> list[float]:
     """The positive integers in these sysfs files, times scale (an unreadable or empty file is skipped)."""
     out = []
@@ -195,7 +186,7 @@ class ConditionSampler:
         self._stop = threading.Event()
         self._t0 = time.perf_counter() if t0 is None else t0
         self._sys_root = sys_root
-        self._gpus = _nvml_handles() if gpus is None else gpus
+        self._gpus = nvml_handles() if gpus is None else gpus
         self._thread = threading.Thread(target=self._run, name="specledger-conditions", daemon=True)
 
     def __enter__(self) -> "ConditionSampler":
