@@ -158,42 +158,50 @@ def build_model(
     head = "output" if "output" in tensors else "embed"
     # norm weights stay fp32: they act on the fp32 residual stream
     try:
-        sd: dict[str, torch.Tensor] = {"tok_embeddings.weight": read(tensors, "embed", tdtype).to(dev),
-                                       "norm.weight": read(tensors, "norm", f32).to(dev)}
-        if quant == "none":  # (tied: the embedding itself)
-            sd["output.weight"] = read(tensors, "output", tdtype).to(dev) if head == "output" else sd["tok_embeddings.weight"]
-        for i in range(cfg.n_layers):
+        embed = read(tensors, "embed", tdtype).to(dev)
+        model.tok_embeddings.load_state_dict({"weight": embed}, assign=True)
+        model.norm.load_state_dict({"weight": read(tensors, "norm", f32).to(dev)}, assign=True)
+        for i, block in enumerate(model.layers):
+            # a layer at a time, placed (and packed) before the next is read: only the model is ever held whole
             p = f"layers.{i}"
-            sd[f"{p}.attention_norm.weight"] = read(tensors, f"{p}.attn_norm", f32).to(dev)
-            sd[f"{p}.ffn_norm.weight"] = read(tensors, f"{p}.ffn_norm", f32).to(dev)
+            sd: dict[str, torch.Tensor] = {"attention_norm.weight": read(tensors, f"{p}.attn_norm", f32).to(dev),
+                                           "ffn_norm.weight": read(tensors, f"{p}.ffn_norm", f32).to(dev)}
             if cfg.qkv_bias:
-                sd[f"{p}.attention.bias"] = torch.cat([read(tensors, f"{p}.{x}_bias", tdtype) for x in "qkv"]).to(dev)
+                sd["attention.bias"] = torch.cat([read(tensors, f"{p}.{x}_bias", tdtype) for x in "qkv"]).to(dev)
             if cfg.qk_norm:
-                sd[f"{p}.attention.q_norm.weight"] = read(tensors, f"{p}.q_norm", f32).to(dev)
-                sd[f"{p}.attention.k_norm.weight"] = read(tensors, f"{p}.k_norm", f32).to(dev)
+                sd["attention.q_norm.weight"] = read(tensors, f"{p}.q_norm", f32).to(dev)
+                sd["attention.k_norm.weight"] = read(tensors, f"{p}.k_norm", f32).to(dev)
             for mod, parts in FUSED.items():
                 keys = [f"{p}.{x}" for x in parts]
                 if quant == "none":
-                    sd[f"{p}.{mod}.weight"] = torch.cat([read(tensors, k, tdtype) for k in keys]).to(dev)
-                else:  # on the meta model: load_state_dict below leaves it in place
+                    sd[f"{mod}.weight"] = torch.cat([read(tensors, k, tdtype) for k in keys]).to(dev)
+                else:  # replaces the meta Linear: load_state_dict below leaves it in place
                     owner_name, attr = mod.split(".")
-                    new = _quantized(tensors, grids, keys, quant, group_size, tdtype, dev)
-                    setattr(getattr(model.layers[i], owner_name), attr, new)
+                    setattr(getattr(block, owner_name), attr, _quantized(tensors, grids, keys, quant, group_size, tdtype, dev))
+            block.load_state_dict(sd, assign=True, strict=quant == "none")
+            del sd
+            if quant == "none" and pack:
+                pack_linears(block)
             if consume:
                 for key in [k for k in tensors if k.startswith(f"{p}.")]:
                     del tensors[key]  # type: ignore[attr-defined]
-        if quant != "none":
+        if quant == "none":  # tied: the embedding itself in fp32, its own copy otherwise (as it always was)
+            out = read(tensors, "output", tdtype).to(dev) if head == "output" else embed if tdtype == f32 else embed.clone()
+            model.output.load_state_dict({"weight": out}, assign=True)
+        else:
             # The output layer (the GGUF's Q8_0 embedding when tied) is kept at 8 bits in both modes, on the
             # file's own codes where it stores them so.
             g8 = grid_of(grids, head, Int8Grid)
             model.output = Int8Linear(g8 if g8 is not None else _int8_head(tensors, head, dev), tdtype, dev)
     except KeyError as exc:
         raise BadInput(f"model weights lack tensor {exc.args[0]}") from None
-    model.load_state_dict(sd, assign=True, strict=quant == "none")
     model.set_compute_dtype(tdtype)
     model.init_rope(dev)
+    unset = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if unset:
+        raise BadInput(f"model weights lack tensor {unset[0]}")
     if quant == "none" and pack:
-        pack_linears(model)
+        pack_linears(model)  # the output layer (the layers' are packed)
     return model.eval().requires_grad_(False)
 
 
