@@ -5,7 +5,7 @@ Hugging Face's candidate generators): `begin` a sequence (its prompt is cached b
 token pending), `propose` a tree for each of several sequences within a budget of nodes, `accept` once the
 verifier has kept part of it (the sequence's tokens have grown), `end` when it leaves. A chain is a tree.
 
-Drafters: prompt lookup (lookup.py), a draft model (draft_model.py: an intermediate model over `Silent`, its own
+Drafters: prompt lookup (lookup.py), a draft model (draft_model.py: an intermediate model over `Stateless`, its own
 slot cache), an EAGLE head (eagle.py; the verifier's features). A strategy (strategy.py) names its drafter
 (`batch_drafter`); the scheduler (scheduler.py) drives it for one sequence or many, each step's budget from the
 draft_length policy (draft_policy.py), and a hierarchy (hierarchy.py) puts a drafter under a stack of verifiers.
@@ -74,12 +74,12 @@ class Drafter(Protocol):
         ...
 
 
-class Silent:
-    """A drafter that proposes nothing. Under an intermediate (hierarchy.HierDrafter) it makes a draft model: each
-    round the model verifies an empty proposal, which is its own next token; train/data.py follows the target
-    with one."""
+class Stateless:
+    """A drafter that follows nothing and costs nothing; as it is, it proposes nothing. Under an intermediate
+    (hierarchy.HierDrafter) that makes a draft model: each round the model verifies an empty proposal, which is its
+    own next token. Prompt lookup proposes from the sequence alone (lookup.py); train/data.py records with one."""
 
-    name = "silent"
+    name = "none"
     wants_features = False
     tree = False
     prior: float | None = None

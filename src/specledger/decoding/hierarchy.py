@@ -109,7 +109,7 @@ class HierDrafter:
     prefix cache. An inner drafter that reads features (EAGLE) begins from what the intermediate has cached and
     follows it from there.
 
-    Over a drafter that proposes nothing (drafter.Silent), it is a draft model: each round the model verifies an
+    Over a drafter that proposes nothing (drafter.Stateless), it is a draft model: each round the model verifies an
     empty proposal, which draws its own next token (its distribution kept as q), until the chain holds min_chain;
     no level below it is reported."""
 

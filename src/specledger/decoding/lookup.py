@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
-from specledger.decoding.drafter import DraftSeq
+from specledger.decoding.drafter import DraftSeq, Stateless
 from specledger.decoding.params import check_draft_length
 from specledger.decoding.strategy import Strategy
 from specledger.decoding.tree import Tree
@@ -33,14 +31,12 @@ def check_lookup(num_tokens: int, max_ngram: int, min_ngram: int) -> None:
         raise BadInput(f"lookup num_tokens must be in 1..128 (got {num_tokens})")
 
 
-class LookupDrafter:
+class LookupDrafter(Stateless):
     """Prompt lookup as a drafter: each sequence's chain is the continuation of its own last n-gram's latest
-    earlier occurrence. Keeps no state; num_tokens caps a chain (a planner may draft less of it)."""
+    earlier occurrence. Keeps no state, and a search in the sequence costs nothing next to a forward pass;
+    num_tokens caps a chain (a planner may draft less of it)."""
 
     name = "lookup"
-    wants_features = False
-    tree = False
-    prior: float | None = None
 
     def __init__(self, num_tokens: int = 8, max_ngram: int = 3, min_ngram: int = 1) -> None:
         check_lookup(num_tokens, max_ngram, min_ngram)
@@ -48,15 +44,6 @@ class LookupDrafter:
 
     def params(self) -> dict:
         return {"num_tokens": self.max_nodes, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
-
-    def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
-        pass
-
-    def accept(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
-        pass
-
-    def end(self, seq: DraftSeq) -> None:
-        pass
 
     def _chain(self, seq: DraftSeq, budget: int) -> list[int]:
         return find_continuation(seq.tokens, self.max_ngram, self.min_ngram, min(self.max_nodes, budget))
@@ -66,9 +53,6 @@ class LookupDrafter:
 
     def candidates(self, seqs: list[DraftSeq], caps: list[int]) -> list[int]:
         return [len(self._chain(s, c)) if c > 0 else 0 for s, c in zip(seqs, caps)]
-
-    def draft_cost(self, budgets: list[int]) -> float:
-        return 0.0  # a search in the sequence: nothing next to a forward pass
 
 
 class PromptLookup(Strategy):

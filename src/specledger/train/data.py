@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from specledger.decoding.drafter import DraftSeq, Silent
+from specledger.decoding.drafter import DraftSeq, Stateless
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
 from specledger.engine.loader import LoadedModel
@@ -56,7 +56,7 @@ class Sample:
     features: torch.Tensor  # (len(tokens) - 1, H)
 
 
-class _Recorder(Silent):
+class _Recorder(Stateless):
     """A drafter that never drafts: the scheduler's hook for the target's features of every token it feeds, kept
     per answer with its tokens (an eos that ended it included: the head learns to predict it too)."""
 
