@@ -24,6 +24,7 @@ from specledger.decoding.batch_runner import tree_rows
 from specledger.decoding.tree import Tree
 from specledger.engine import ragged
 from specledger.engine.loader import load_model
+from specledger.engine.model import new_slot_cache, ragged_hidden
 
 
 def main() -> None:
@@ -39,7 +40,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lm = load_model("smollm2-135m", dtype=args.dtype, quant=args.quant)
     m, b, ctx, k = lm.model, args.batch, args.context, args.draft
-    cache = ragged.new_slot_cache(m, b, ctx + 64)
+    cache = new_slot_cache(m, b, ctx + 64)
     slots = [cache.alloc() for _ in range(b)]
     gen = torch.Generator().manual_seed(0)
     tree = Tree(tokens=list(range(5, 5 + k)), parents=[-1] + [i // 2 for i in range(k - 1)])  # a bushy tree
@@ -66,15 +67,15 @@ def main() -> None:
     times: dict[tuple[str, str], list[float]] = {}
     with torch.inference_mode():
         for s in slots:
-            ragged.ragged_hidden(m, torch.randint(0, 1000, (ctx,), generator=gen), torch.arange(ctx),
-                                 [ragged.Segment(s, ctx)], cache)
+            ragged_hidden(m, torch.randint(0, 1000, (ctx,), generator=gen), torch.arange(ctx),
+                          [ragged.Segment(s, ctx)], cache)
         for rnd in range(args.rounds + 1):
             for case, kinds in cases.items():
                 toks, pos, segs = segments(kinds)
                 for name, small in contenders.items():
                     ragged.SMALL = small
                     t0 = time.perf_counter()
-                    m.logits(ragged.ragged_hidden(m, toks, pos, segs, cache))
+                    m.logits(ragged_hidden(m, toks, pos, segs, cache))
                     dt = time.perf_counter() - t0
                     for s in slots:
                         cache.rollback(s, ctx)

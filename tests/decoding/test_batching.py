@@ -18,7 +18,8 @@ from specledger.decoding.batch_runner import BatchItem, BatchRunner
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
 from specledger.decoding.tree import Tree
-from specledger.engine.ragged import Segment, new_slot_cache, ragged_hidden
+from specledger.engine.model import new_slot_cache, ragged_hidden
+from specledger.engine.ragged import Segment
 from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
 

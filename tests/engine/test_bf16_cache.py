@@ -12,7 +12,8 @@ from tests.conftest import tiny_model
 from specledger.decoding.batch_runner import BatchItem, BatchRunner
 from specledger.decoding.tree import Tree
 from specledger.engine import cpu_ops
-from specledger.engine.ragged import Segment, ragged_hidden
+from specledger.engine.model import ragged_hidden
+from specledger.engine.ragged import Segment
 
 
 @pytest.fixture

@@ -27,7 +27,8 @@ import torch
 
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel
-from specledger.engine.ragged import Segment, new_slot_cache, ragged_hidden
+from specledger.engine.model import new_slot_cache, ragged_hidden
+from specledger.engine.ragged import Segment
 from specledger.errors import BadInput
 
 

@@ -1,19 +1,20 @@
 """A Llama-family decoder in plain PyTorch: RMSNorm, RoPE, grouped-query attention, SwiGLU.
 
-The modules here hold the parameters; the layer itself runs in engine/ragged.py (ragged_block), one pass over
-one or many sequences of a SlotCache: a plain forward of a batch is that pass with one slot per row.
+The modules here hold the parameters, and ragged_block runs them: one pass over one or many sequences of a
+SlotCache, planned and attended by engine/ragged.py; a plain forward of a batch is that pass with one slot per row.
 """
 
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import nn
 
 from specledger.engine.config import ModelConfig
-from specledger.engine.cpu_ops import Ops, resolve
-from specledger.engine.ragged import Segment, new_slot_cache, ragged_hidden
+from specledger.engine.cpu_ops import Ops, masked_attention, resolve
+from specledger.engine.ragged import RaggedPass, Segment, batched_attention, finish_pass, plan_pass
 from specledger.engine.ragged import rope_at as rope_at  # re-exported: where the layer's callers have found it
 from specledger.engine.slot_cache import SlotCache
 
@@ -124,7 +125,7 @@ class Attention(nn.Module):
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """The fused Q/K/V projection (b, n, q + 2 kv) with the architecture's bias and per-head Q/K norms: the
-        one place the layer (engine/ragged.py's ragged_block) and the head's training layer get Q, K and V from."""
+        one place the layer (ragged_block) and the head's training layer get Q, K and V from."""
         qkv = self.wqkv(x)
         if self.bias is not None:
             qkv = qkv + self.bias
@@ -158,6 +159,84 @@ class Block(Kernels):
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.feed_forward = FeedForward(cfg)
+
+
+def ragged_block(layer: Block, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: RaggedPass,
+                 cache: SlotCache) -> torch.Tensor:
+    """One decoder layer over the pass's rows x (1, N, hidden), attending per segment in cache layer i: the engine's
+    only layer at inference (a plain forward, decoding, drafting, the EAGLE head), so every path computes alike."""
+    a, ops = layer.attention, layer.ops
+    n_rows = plan.n_rows
+    if plan.one_token:  # one sequence decoding: the whole layer in one call where it can
+        slot = plan.segments[0].slot
+        y = ops.decode_layer(layer, x, cos, sin, cache.slot_k[i][slot][None], cache.slot_v[i][slot][None],
+                             plan.starts[0])
+        if y is not None:
+            return y
+    h = layer.attention_norm(x)  # in the compute dtype
+    qkv = a.project(h)
+    if plan.one_token:  # else RoPE, the cache write and attention in one call where it can
+        slot = plan.segments[0].slot
+        y1 = ops.attend_new_token(qkv, cos, sin, cache.slot_k[i][slot][None], cache.slot_v[i][slot][None], plan.starts[0],
+                              a.n_heads, h.dtype)
+        if y1 is not None:
+            x = a.wo.add_to(y1, x)
+            return layer.feed_forward(layer.ffn_norm(x), x)
+    qk_out = a.split[0] + a.split[1]
+    qk = ops.apply_rope(qkv[..., :qk_out].view(1, n_rows, a.n_heads + a.n_kv, a.hd), cos, sin)[0]
+    q = qk[:, : a.n_heads].transpose(0, 1)  # (H, N, D)
+    k = qk[:, a.n_heads :].transpose(0, 1)  # (KV, N, D)
+    v = qkv[0, :, qk_out:].view(n_rows, a.n_kv, a.hd).transpose(0, 1)
+    b = plan.batched
+    if b is not None and b.all_rows:
+        y = batched_attention(b, cache, i, q, k, v, ops)  # (N, H, D)
+    else:
+        y = q.new_empty((n_rows, a.n_heads, a.hd), dtype=h.dtype)
+        if b is not None:
+            y.index_copy_(0, b.rows, batched_attention(b, cache, i, q, k, v, ops).to(h.dtype))
+        for j in plan.alone:
+            s, st, o, m = plan.segments[j], plan.starts[j], plan.offsets[j], plan.masks[j]
+            keys, values = cache.write(i, s.slot, st, k[:, o : o + s.n], v[:, o : o + s.n])
+            qs = q[:, o : o + s.n][None]
+            if s.mask is None and s.n > 1:  # (a prompt's chunk)
+                ys = ops.causal_attention(qs, keys[None], values[None], st, h.dtype, m)[0]
+            elif m is None:  # (in the compute dtype already: one cast fewer per layer)
+                ys = ops.decode_attention(qs.to(keys.dtype), keys[None], values[None], h.dtype)[0]
+            else:
+                ys = masked_attention(qs, keys[None], values[None], m)[0]
+            y[o : o + s.n] = ys.transpose(0, 1)
+    x = a.wo.add_to(y.reshape(1, n_rows, -1).to(h.dtype), x)
+    return layer.feed_forward(layer.ffn_norm(x), x)
+
+
+def ragged_hidden(
+    model: Transformer,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    segments: list[Segment],
+    cache: SlotCache,
+) -> torch.Tensor:
+    """Run the rows (N,) at RoPE positions (N,), grouped into segments in order; return final-normed hidden (N, H).
+
+    Each segment's new entries are appended to its slot (its length grows by n).
+    """
+    n_rows = tokens.shape[0]
+    if sum(s.n for s in segments) != n_rows or positions.shape[0] != n_rows:
+        raise ValueError("segments, tokens and positions disagree on the number of rows")
+    plan = plan_pass(segments, cache, tokens.device)
+    cos, sin = rope_at(model.rope_cos, model.rope_sin, positions, model.dtype)
+    x = model.tok_embeddings(tokens[None]).float()  # (1, N, hidden): the residual stream stays fp32
+    for i, module in enumerate(cast("list[Block]", model.layers)):
+        x = ragged_block(module, i, x, cos, sin, plan, cache)
+    finish_pass(plan, cache)
+    return model.norm(x)[0]
+
+
+def new_slot_cache(model: Transformer, n_slots: int, max_len: int | None = None) -> SlotCache:
+    """A slot cache shaped for this model, in its KV dtype and on its device."""
+    c = model.cfg
+    return SlotCache(c.n_layers, c.n_kv_heads, c.head_dim, n_slots, max_len or c.max_seq_len,
+                     dtype=model.kv_dtype, device=model.device)
 
 
 class Transformer(Kernels):
@@ -214,7 +293,7 @@ class Transformer(Kernels):
 
     def hidden(self, tokens: torch.Tensor, cache: SlotCache) -> torch.Tensor:
         """Run n new tokens (B, n), row b on slot b of the cache after its entries, causally; return final-normed
-        hidden states (B, n, hidden). The ragged pass (engine/ragged.py) with one segment per row; each slot's length
+        hidden states (B, n, hidden). The ragged pass (ragged_hidden) with one segment per row; each slot's length
         grows by n (masks and positions of their own: ragged_hidden's segments)."""
         b, n = tokens.shape
         pos = torch.cat([torch.arange(cache.lengths[r], cache.lengths[r] + n, device=tokens.device) for r in range(b)])

@@ -8,21 +8,19 @@ and its own new tokens by default, or any (n, cached + n) mask (a draft tree's a
 Every row of a pass's decode steps, draft chains and draft trees attends in one call over the slots (each
 row its own slot, length and, in a tree, mask), whatever else the pass carries; prefill chunks attend one by
 one. So a sequence that drafts costs its rows, not every sequence of the batch a slower attention path.
+
+This module lays the pass out and attends it, knowing nothing of the model's classes; the layer that runs it
+(ragged_block) and the whole pass (ragged_hidden) live in engine/model.py, beside the modules they run.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
-
 import torch
 
-from specledger.engine.cpu_ops import Ops, causal_mask, masked_attention
+from specledger.engine.cpu_ops import Ops, causal_mask
 from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
-
-if TYPE_CHECKING:  # (engine/model.py imports this module: its modules hold the parameters, this runs them)
-    from specledger.engine.model import Block, Transformer
 
 
 def rope_at(
@@ -132,7 +130,7 @@ def plan_pass(segments: list[Segment], cache: SlotCache, device: torch.device) -
     return plan
 
 
-def _batched_attention(b: Batched, cache: SlotCache, i: int, q: torch.Tensor, k: torch.Tensor,
+def batched_attention(b: Batched, cache: SlotCache, i: int, q: torch.Tensor, k: torch.Tensor,
                        v: torch.Tensor, ops: Ops) -> torch.Tensor:
     """Write the rows' new entries with one scatter, attend with one call; (R, H, D), a row each.
 
@@ -145,85 +143,7 @@ def _batched_attention(b: Batched, cache: SlotCache, i: int, q: torch.Tensor, k:
     return ops.rows_attention(q.transpose(0, 1).to(keys.dtype), keys, values, b.slots, b.lengths, b.allow)
 
 
-def ragged_block(layer: Block, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: RaggedPass,
-                 cache: SlotCache) -> torch.Tensor:
-    """One decoder layer over the pass's rows x (1, N, hidden), attending per segment in cache layer i: the engine's
-    only layer at inference (a plain forward, decoding, drafting, the EAGLE head), so every path computes alike."""
-    a, ops = layer.attention, layer.ops
-    n_rows = plan.n_rows
-    if plan.one_token:  # one sequence decoding: the whole layer in one call where it can
-        slot = plan.segments[0].slot
-        y = ops.decode_layer(layer, x, cos, sin, cache.slot_k[i][slot][None], cache.slot_v[i][slot][None],
-                             plan.starts[0])
-        if y is not None:
-            return y
-    h = layer.attention_norm(x)  # in the compute dtype
-    qkv = a.project(h)
-    if plan.one_token:  # else RoPE, the cache write and attention in one call where it can
-        slot = plan.segments[0].slot
-        y1 = ops.attend_new_token(qkv, cos, sin, cache.slot_k[i][slot][None], cache.slot_v[i][slot][None], plan.starts[0],
-                              a.n_heads, h.dtype)
-        if y1 is not None:
-            x = a.wo.add_to(y1, x)
-            return layer.feed_forward(layer.ffn_norm(x), x)
-    qk_out = a.split[0] + a.split[1]
-    qk = ops.apply_rope(qkv[..., :qk_out].view(1, n_rows, a.n_heads + a.n_kv, a.hd), cos, sin)[0]
-    q = qk[:, : a.n_heads].transpose(0, 1)  # (H, N, D)
-    k = qk[:, a.n_heads :].transpose(0, 1)  # (KV, N, D)
-    v = qkv[0, :, qk_out:].view(n_rows, a.n_kv, a.hd).transpose(0, 1)
-    b = plan.batched
-    if b is not None and b.all_rows:
-        y = _batched_attention(b, cache, i, q, k, v, ops)  # (N, H, D)
-    else:
-        y = q.new_empty((n_rows, a.n_heads, a.hd), dtype=h.dtype)
-        if b is not None:
-            y.index_copy_(0, b.rows, _batched_attention(b, cache, i, q, k, v, ops).to(h.dtype))
-        for j in plan.alone:
-            s, st, o, m = plan.segments[j], plan.starts[j], plan.offsets[j], plan.masks[j]
-            keys, values = cache.write(i, s.slot, st, k[:, o : o + s.n], v[:, o : o + s.n])
-            qs = q[:, o : o + s.n][None]
-            if s.mask is None and s.n > 1:  # (a prompt's chunk)
-                ys = ops.causal_attention(qs, keys[None], values[None], st, h.dtype, m)[0]
-            elif m is None:  # (in the compute dtype already: one cast fewer per layer)
-                ys = ops.decode_attention(qs.to(keys.dtype), keys[None], values[None], h.dtype)[0]
-            else:
-                ys = masked_attention(qs, keys[None], values[None], m)[0]
-            y[o : o + s.n] = ys.transpose(0, 1)
-    x = a.wo.add_to(y.reshape(1, n_rows, -1).to(h.dtype), x)
-    return layer.feed_forward(layer.ffn_norm(x), x)
-
-
 def finish_pass(plan: RaggedPass, cache: SlotCache) -> None:
     """Every segment's slot now holds its new rows."""
     for s, st in zip(plan.segments, plan.starts):
         cache.lengths[s.slot] = st + s.n
-
-
-def ragged_hidden(
-    model: Transformer,
-    tokens: torch.Tensor,
-    positions: torch.Tensor,
-    segments: list[Segment],
-    cache: SlotCache,
-) -> torch.Tensor:
-    """Run the rows (N,) at RoPE positions (N,), grouped into segments in order; return final-normed hidden (N, H).
-
-    Each segment's new entries are appended to its slot (its length grows by n).
-    """
-    n_rows = tokens.shape[0]
-    if sum(s.n for s in segments) != n_rows or positions.shape[0] != n_rows:
-        raise ValueError("segments, tokens and positions disagree on the number of rows")
-    plan = plan_pass(segments, cache, tokens.device)
-    cos, sin = rope_at(model.rope_cos, model.rope_sin, positions, model.dtype)
-    x = model.tok_embeddings(tokens[None]).float()  # (1, N, hidden): the residual stream stays fp32
-    for i, module in enumerate(cast("list[Block]", model.layers)):
-        x = ragged_block(module, i, x, cos, sin, plan, cache)
-    finish_pass(plan, cache)
-    return model.norm(x)[0]
-
-
-def new_slot_cache(model: Transformer, n_slots: int, max_len: int | None = None) -> SlotCache:
-    """A slot cache shaped for this model, in its KV dtype and on its device."""
-    c = model.cfg
-    return SlotCache(c.n_layers, c.n_kv_heads, c.head_dim, n_slots, max_len or c.max_seq_len,
-                     dtype=model.kv_dtype, device=model.device)

@@ -143,7 +143,7 @@ class GrowingCache:
 def train_layer(block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: GrowingCache,
                 mask: torch.Tensor) -> torch.Tensor:
     """The head's decoder layer for training only, x (B, n, hidden) under mask (n, cached + n): the ops of the
-    engine's layer (engine/ragged.py: ragged_block, which drafting runs) on a cache that grows by concatenation,
+    engine's layer (engine/model.py: ragged_block, which drafting runs) on a cache that grows by concatenation,
     so gradients reach every unroll step; ragged_block writes its cache in place, which autograd refuses."""
     a = block.attention
     b, n, _ = x.shape
