@@ -175,16 +175,6 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _f16(b: torch.Tensor) -> torch.Tensor:
-    """Little-endian fp16 factors stored as bytes [..., 2] -> fp32 [...]."""
-    return b.contiguous().view(torch.float16)[..., 0].float()
-
-
-def _owned(raw: np.ndarray) -> np.ndarray:
-    """The bytes as a writable contiguous array (torch will not wrap a read-only file mapping)."""
-    return raw if raw.flags.writeable and raw.flags.c_contiguous else np.array(raw)
-
-
 def _q4_1_grid(raw: np.ndarray, rows: int, cols: int) -> Int4Grid:
     """Q4_1 blocks: fp16 d, fp16 m, 16 bytes of nibbles (element j low, j+16 high) per 32 values."""
     blocks = raw.reshape(rows, cols // 32, 20)
@@ -196,29 +186,24 @@ def _q4_1_grid(raw: np.ndarray, rows: int, cols: int) -> Int4Grid:
     return Int4Grid(torch.from_numpy(codes.astype(np.uint8)), d_t, m_t + 8 * d_t, 32)
 
 
-def _q4_k_parts(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q4_K super-blocks [n, 144] -> per sub-block of 32 scale d sc_s and min dmin m_s [n, 8], codes [n, 256].
-
-    Layout: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles (llama.cpp's
-    get_scale_min_k4 unpacks sc, m: sub-blocks 0-3 in the low 6 bits of bytes 0-3 / 4-7, 4-7 in the nibbles of
-    bytes 8-11 with the top 2 bits from bytes 0-3 / 4-7; sub-blocks 2j, 2j+1 share qs[32 j : 32 j + 32], low
-    nibble then high)."""
-    n = b.shape[0]
-    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    lo, hi, ext = b[:, 4:8], b[:, 8:12], b[:, 12:16]
-    sc = torch.cat([lo & 63, (ext & 0x0F) | ((lo >> 6) << 4)], -1).float()
-    mn = torch.cat([hi & 63, (ext >> 4) | ((hi >> 6) << 4)], -1).float()
-    qs = b[:, 16:].reshape(n, 4, 1, 32)
-    codes = torch.cat([qs & 0x0F, qs >> 4], 2).reshape(n, 256)
-    return d[:, None] * sc, dmin[:, None] * mn, codes
-
-
 def _q4_k_grid(raw: np.ndarray, rows: int, cols: int) -> Int4Grid:
-    """Q4_K's sub-block s of 32 values: w = d sc_s q - dmin m_s, the Q4_1 form at group 32 (scale = d sc_s,
-    zero = 8 scale - dmin m_s), so its codes are kept as stored."""
-    scale, mins, codes = _q4_k_parts(torch.from_numpy(_owned(raw)).reshape(-1, 144))
-    scale = scale.reshape(rows, cols // 32)
-    return Int4Grid(codes.reshape(rows, cols), scale, 8 * scale - mins.reshape(rows, cols // 32), 32)
+    """Q4_K super-blocks of 256 (144 bytes): fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of
+    nibbles. Sub-block s of 32 values: w = d sc_s q - dmin m_s, the Q4_1 form at group 32 (scale = d sc_s,
+    zero = 8 scale - dmin m_s), so its codes are kept as stored (llama.cpp's get_scale_min_k4 unpacks sc, m:
+    sub-blocks 0-3 in the low 6 bits of bytes 0-3 / 4-7, 4-7 in the nibbles of bytes 8-11 with the top 2 bits
+    from bytes 0-3 / 4-7; sub-blocks 2j, 2j+1 share qs[32 j : 32 j + 32], low nibble then high)."""
+    b = raw.reshape(rows, cols // 256, 144)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    packed = b[..., 4:16]
+    lo, hi, ext = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = np.concatenate([lo & 63, (ext & 0x0F) | ((lo >> 6) << 4)], axis=-1).astype(np.float32)
+    mn = np.concatenate([hi & 63, (ext >> 4) | ((hi >> 6) << 4)], axis=-1).astype(np.float32)
+    qs = b[..., 16:].reshape(rows, cols // 256, 4, 1, 32)
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-2).reshape(rows, cols)
+    scale = torch.from_numpy((d[..., None] * sc).reshape(rows, cols // 32))
+    mins = torch.from_numpy((dmin[..., None] * mn).reshape(rows, cols // 32))
+    return Int4Grid(torch.from_numpy(codes.astype(np.uint8)), scale, 8 * scale - mins, 32)
 
 
 def _q8_0_grid(raw: np.ndarray, rows: int, cols: int) -> Int8Grid:
