@@ -38,3 +38,24 @@ class SleepBackend(Backend):
         return Completion(ok=True, start=start, end=end, text=text, first_token=start + step,
                           chunks=[(start + step * (j + 1), 1) for j in range(k)], output_tokens=k,
                           token_ids=ids, finish_reason="length")
+
+
+def before_request(n: int, act: Callable[[], None]) -> Callable[[BenchConfig], object]:
+    """A backend factory for Runner: the real backend of each configuration, calling act() before its nth request
+    (a simulated crash raises there; a rotated API key takes effect there)."""
+    from specledger.bench.backends.make import make_backend
+
+    class Wrapped:
+        def __init__(self, bc: BenchConfig) -> None:
+            self.inner, self.n = make_backend(bc), 0
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.inner, name)
+
+        async def complete(self, *a: object, **k: object) -> Completion:
+            self.n += 1
+            if self.n == n:
+                act()
+            return await self.inner.complete(*a, **k)
+
+    return Wrapped

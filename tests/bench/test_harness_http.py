@@ -14,6 +14,7 @@ from specledger.bench.results import load_run, read_requests
 from specledger.bench.runner import Runner, resume_benchmark, run_benchmark
 from specledger.errors import SpecLedgerError
 from tests.fake_openai_server import FakeOpenAIServer, FakeSettings, token_text
+from tests.fake_backend import before_request
 
 
 @pytest.fixture(scope="module")
@@ -205,25 +206,11 @@ def test_resume_skips_what_is_recorded(server, tmp_path):
     cfg = parse_run_config(config(server, tmp_path, wl))
     run_dir = tmp_path / "r"
 
-    from specledger.bench.backends.make import make_backend
-
-    class Crashing:
-        """Wraps the real backend; the process 'dies' on the fourth request."""
-
-        def __init__(self, bc):
-            self.inner, self.n = make_backend(bc), 0
-
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
-        async def complete(self, *a, **k):
-            self.n += 1
-            if self.n == 4:
-                raise RuntimeError("simulated crash")
-            return await self.inner.complete(*a, **k)
+    def crash() -> None:
+        raise RuntimeError("simulated crash")
 
     with pytest.raises(RuntimeError, match="simulated crash"):
-        Runner(cfg, run_dir, show_progress=False, backend_factory=Crashing).run()
+        Runner(cfg, run_dir, show_progress=False, backend_factory=before_request(4, crash)).run()  # the process 'dies' there
     assert load_run(run_dir).status == "failed"
     assert len(read_requests(run_dir)) == 3
     before = server.stats.requests

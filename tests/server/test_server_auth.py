@@ -22,6 +22,7 @@ from specledger.server.app import create_app
 from tests.server.server_thread import ServerThread
 from specledger.server.auth import ENV_VAR, collect_keys, exposure_warning, key_matches
 from tests.fake_openai_server import FakeOpenAIServer, FakeSettings
+from tests.fake_backend import before_request
 
 KEYS = ["key-one", "key-two"]
 CHAT = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 3,
@@ -145,26 +146,14 @@ def test_harness_sends_the_key_from_api_key_env(keyed, tmp_path, monkeypatch):
 
 def test_a_401_mid_run_stops_the_run_and_keeps_what_was_measured(tmp_path, monkeypatch):
     """The key is revoked after two requests: the third is refused, the run stops with one line."""
-    from specledger.bench.backends.make import make_backend
-
     monkeypatch.setenv("FAKE_KEY", "k")
     with FakeOpenAIServer(FakeSettings(api_key="k")) as srv:
-        class Revoking:
-            def __init__(self, bc):
-                self.inner, self.n = make_backend(bc), 0
-
-            def __getattr__(self, name):
-                return getattr(self.inner, name)
-
-            async def complete(self, *a, **k):
-                self.n += 1
-                if self.n == 3:
-                    srv.settings.api_key = "rotated"
-                return await self.inner.complete(*a, **k)
+        def rotate() -> None:
+            srv.settings.api_key = "rotated"
 
         cfg = parse_run_config(bench_config(srv.base_url, workload(tmp_path, 5), "FAKE_KEY", retries=3))
         with pytest.raises(SpecLedgerError, match="environment variable FAKE_KEY") as err:
-            Runner(cfg, tmp_path / "r", show_progress=False, backend_factory=Revoking).run()
+            Runner(cfg, tmp_path / "r", show_progress=False, backend_factory=before_request(3, rotate)).run()
         assert "\n" not in str(err.value)
         assert srv.stats.unauthorized == 1  # not retried
     recs = read_requests(tmp_path / "r")
