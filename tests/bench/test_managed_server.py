@@ -128,8 +128,11 @@ def test_sigterm_ignored_means_sigkill_to_the_whole_group(tmp_path):
 def _parent_script(tmp_path: Path) -> Path:
     """A specledger-like process that starts a server, prints its pid and port, then waits to be killed."""
     p = tmp_path / "parent.py"
+    # SIGINT as a run at a terminal has it: a process started with SIGINT ignored (a background job of a script, or
+    # a test process that ignores it) would pass that on, and the run would outlive the SIGINT it is sent
     p.write_text(textwrap.dedent(f"""
-        import sys, time
+        import signal, sys, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from specledger.bench.managed import ManagedServer
         s = ManagedServer("{{python}} {FAKE} --port {{port}}", model="m", log_path=sys.argv[1], startup_timeout_s=60)
         s.start()
