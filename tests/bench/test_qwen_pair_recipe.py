@@ -37,7 +37,7 @@ DATA = ROOT / "tests" / "data"
 STREAM = DATA / "llama_server_draft_simple_stream.txt"  # a streamed /v1/chat/completions, as received
 METRICS = DATA / "llama_server_draft_simple_metrics.txt"  # /metrics after that one request
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
-IN_PROCESS = {"ar-bf16", "ar-w4", "draft-w4", "draft-w4-fixed", "hier-w4", "lookup-w4"}
+IN_PROCESS = {"ar-fp32", "ar-bf16", "ar-w4", "draft-w4", "draft-w4-fixed", "hier-w4", "lookup-w4"}
 SERVERS = {"llama-ar", "llama-ngram", "llama-draft"}
 
 
@@ -66,10 +66,9 @@ def test_the_shipped_pair_recipe_validates_and_every_arm_resolves(monkeypatch):
     assert run.quality is not None and run.quality.spec == "builtin-graded"
     assert {c.max_tokens for c in run.configs} == {32} and all(c.greedy for c in run.configs)
     assert all(c.model == TARGET for c in run.configs)
-    # the in-process arms: the precisions and strategies the issue asks for, on registry models (fp32 is the gate's
-    # reference only: as an arm it did not fit 24 GB beside the others)
+    # the in-process arms: the precisions and strategies the issue asks for, on registry models
     assert {(c.strategy, c.dtype, c.quant) for c in run.configs if c.backend == "inprocess"} == {
-        ("ar", "bf16", "none"), ("ar", "bf16", "int4"), ("draft", "bf16", "int4"),
+        ("ar", "fp32", "none"), ("ar", "bf16", "none"), ("ar", "bf16", "int4"), ("draft", "bf16", "int4"),
         ("hier", "bf16", "int4"), ("lookup", "bf16", "int4")}
     assert by_name["draft-w4"].draft.model == DRAFT and by_name["draft-w4"].draft.quant == "int8"
     assert by_name["hier-w4"].intermediate.model == DRAFT and by_name["hier-w4"].params.drafter == "lookup"
