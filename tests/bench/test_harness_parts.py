@@ -17,19 +17,24 @@ def _counter(n: int):
     return lambda: next(it, None)
 
 
+class _InFlight:
+    """A job that counts how many of its calls run at once (peak) and which finished (done)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.now, self.peak, self.done = seconds, 0, 0, []
+
+    async def __call__(self, i, arrival):
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        await asyncio.sleep(self.seconds)
+        self.now -= 1
+        self.done.append(i)
+
+
 def test_closed_loop_keeps_exactly_n_in_flight():
-    in_flight, peak, done = 0, 0, []
-
-    async def job(i, arrival):
-        nonlocal in_flight, peak
-        in_flight += 1
-        peak = max(peak, in_flight)
-        await asyncio.sleep(0.005)
-        in_flight -= 1
-        done.append(i)
-
+    job = _InFlight(0.005)
     asyncio.run(closed_loop(job, _counter(20), 4))
-    assert sorted(done) == list(range(20)) and peak == 4
+    assert sorted(job.done) == list(range(20)) and job.peak == 4
 
 
 def test_closed_loop_failure_stops_and_surfaces():
@@ -65,17 +70,9 @@ def test_open_loop_does_not_wait_for_completions():
 
 
 def test_open_loop_bounded_in_flight():
-    in_flight, peak = 0, 0
-
-    async def job(i, arrival):
-        nonlocal in_flight, peak
-        in_flight += 1
-        peak = max(peak, in_flight)
-        await asyncio.sleep(0.02)
-        in_flight -= 1
-
+    job = _InFlight(0.02)
     asyncio.run(open_loop(job, _counter(12), rate=10_000.0, max_in_flight=3))
-    assert peak == 3
+    assert job.peak == 3
 
 
 def test_steady_state_check():
