@@ -34,9 +34,9 @@ def test_mcnemar_exact_on_discordant_items():
     t = mcnemar("a", a, "b", b)
     # two-sided exact binomial on 9 discordant items: 2 * P(X <= 1) = 2 * (1 + 9) / 2**9
     assert (t.items, t.a_only, t.b_only) == (20, 8, 1)
-    assert t.p_value == pytest.approx(20 / 512) and t.different and "a passes more" in t.note
+    assert t.p_value == pytest.approx(20 / 512) and t.p_value < 0.05 and "a passes more" in t.note
     same = mcnemar("a", a, "c", dict(a))
-    assert same.p_value == 1.0 and not same.different and "same pass/fail on all 20" in same.note
+    assert same.p_value == 1.0 and "same pass/fail on all 20" in same.note
 
 
 def test_paired_speedup_uses_the_same_prompts():
@@ -46,7 +46,7 @@ def test_paired_speedup_uses_the_same_prompts():
     b = {f"p{i}": (s / 2, t) for i, (s, t) in ((i, a[f"p{i}"]) for i in range(20))}
     r = paired_speedup(b, a, resamples=500, seed=1)
     assert r.n == 20 and r.ratio == pytest.approx(2.0) and r.low == pytest.approx(2.0) and r.high == pytest.approx(2.0)
-    assert r.distinguishable
+    assert r.low > 1.0  # the interval excludes 1: distinguishable
 
 
 def _twin(name: str, grades: dict[str, bool], svc: list[float]) -> ConfigMeasurement:

@@ -27,11 +27,6 @@ class PairedRatio:
     low: float | None
     high: float | None
 
-    @property
-    def distinguishable(self) -> bool:
-        # low and high are None together (no common prompts)
-        return self.low is not None and self.high is not None and (self.low > 1.0 or self.high < 1.0)
-
 
 def paired_speedup(a: dict[str, tuple[float, int]], b: dict[str, tuple[float, int]], *, resamples: int = 2000,
                    seed: int = 0) -> PairedRatio:
@@ -68,10 +63,6 @@ class QualityTest:
     b_only: int
     p_value: float
     note: str
-
-    @property
-    def different(self) -> bool:
-        return self.p_value < 1 - LEVEL
 
 
 def mcnemar(name_a: str, a: dict[str, float], name_b: str, b: dict[str, float]) -> QualityTest:
