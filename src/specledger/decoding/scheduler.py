@@ -98,21 +98,6 @@ class GenerationResult:
     def e2e_tok_s(self) -> float:
         return len(self.token_ids) / self.total_s if self.total_s > 0 else 0.0
 
-    def stats(self) -> dict:
-        return {
-            "strategy": self.strategy,
-            "params": self.params,
-            "steps": self.steps,
-            "tau": self.tau,
-            "levels": [lv.model_dump() for lv in self.levels],
-            "ttft_s": self.ttft_s,
-            "prefill_s": self.prefill_s,
-            "draft_prefill_s": self.draft_prefill_s,
-            "draft_s": self.draft_s,
-            "verify_s": self.verify_s,
-            "total_s": self.total_s,
-        }
-
 
 @dataclass
 class ScheduledResult(GenerationResult):
