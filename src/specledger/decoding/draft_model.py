@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from specledger.decoding.drafter import Stateless
 from specledger.decoding.hierarchy import HierDrafter, agreement_prior, check_same_tokenizer
-from specledger.decoding.params import check_draft_length
 from specledger.decoding.strategy import Strategy
 from specledger.engine.loader import LoadedModel
 from specledger.errors import BadInput
@@ -18,8 +17,7 @@ class DraftModel(Strategy):
 
     def __init__(self, target: LoadedModel, draft: LoadedModel, num_tokens: int = 4,
                  draft_length: str = "adaptive") -> None:
-        super().__init__(target)
-        self.draft_length = check_draft_length(draft_length)
+        super().__init__(target, draft_length)
         check_same_tokenizer(target, draft)
         if not 1 <= num_tokens <= 64:
             raise BadInput(f"draft num_tokens must be in 1..64 (got {num_tokens})")

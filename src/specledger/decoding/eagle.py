@@ -23,7 +23,6 @@ import torch
 from specledger.decoding.eagle_head import EagleHead, draft_lm_head, load_head, shipped_head_dir
 from specledger.decoding.draft_budget import catch_up_share
 from specledger.decoding.drafter import DraftSeq
-from specledger.decoding.params import check_draft_length
 from specledger.decoding.strategy import Strategy
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel, parse_dtype
@@ -457,8 +456,7 @@ class EagleTree(Strategy):
         total_nodes: the most nodes a tree holds ("auto": AUTO_MAX_NODES, the draft_length policy choosing).
         head_dtype: the head's compute dtype. Default: the target's, except bf16 for an fp32 target on
         a CPU with native bf16 (drafts are only proposals: still lossless, and drafting is ~2x cheaper)."""
-        super().__init__(target)
-        self.draft_length = check_draft_length(draft_length)
+        super().__init__(target, draft_length)
         if total_nodes != "auto":
             try:
                 total_nodes = int(total_nodes)

@@ -21,14 +21,12 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TypedDict
 
 import torch
 
 from specledger.decoding.batch_runner import BatchItem, BatchRunner, Sequence
 from specledger.decoding.draft_budget import CostSurface, catch_up_share, cost_surface
 from specledger.decoding.drafter import Drafter, DraftSeq
-from specledger.decoding.params import check_draft_length
 from specledger.decoding.strategy import Strategy
 from specledger.decoding.tree import Tree
 from specledger.decoding.verify import verify
@@ -69,12 +67,6 @@ def agreement_prior(target: LoadedModel, draft: LoadedModel, n: int = AGREEMENT_
         return float((top[0] == top[1]).float().mean())
 
     return POOL.derived(key_of(draft), ("agreement_prior", key_of(target), n), measure, owner=draft.model)
-
-
-class _TreeParams(TypedDict):
-    top_k: int
-    depth: int
-    total_nodes: int
 
 
 def _as_list(x) -> list:
@@ -296,8 +288,7 @@ class Hierarchy(Strategy):
         lookup_tokens: int = 10,
         draft_length: str = "adaptive",
     ) -> None:
-        super().__init__(target)
-        self.draft_length = check_draft_length(draft_length)
+        super().__init__(target, draft_length)
         self.mids = _as_list(intermediate)
         for m in self.mids:
             check_same_tokenizer(target, m)
@@ -309,7 +300,7 @@ class Hierarchy(Strategy):
         if drafter not in ("eagle", "lookup"):
             raise BadInput(f"hier drafter must be 'eagle' or 'lookup' (got {drafter!r})")
         self.drafter_kind, self.max_chain = drafter, max_chain
-        self.tree_params: _TreeParams = {"top_k": top_k, "depth": depth, "total_nodes": total_nodes}
+        self.tree_params = {"top_k": top_k, "depth": depth, "total_nodes": total_nodes}
         if drafter == "eagle":
             from specledger.decoding.eagle import check_tree_params, resolve_head
 

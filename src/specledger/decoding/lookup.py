@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from specledger.decoding.drafter import DraftSeq, Stateless
-from specledger.decoding.params import check_draft_length
 from specledger.decoding.strategy import Strategy
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel
@@ -64,13 +63,11 @@ class PromptLookup(Strategy):
         draft_length: str = "adaptive",
     ) -> None:
         """num_tokens: the most a chain holds (default 8), a cap: the planner drafts what pays of it, per step."""
-        super().__init__(target)
-        self.draft_length = check_draft_length(draft_length)
-        self.k, self.max_ngram, self.min_ngram = 8 if num_tokens is None else num_tokens, max_ngram, min_ngram
-        check_lookup(self.k, max_ngram, min_ngram)
+        super().__init__(target, draft_length)
+        self.drafter = LookupDrafter(8 if num_tokens is None else num_tokens, max_ngram, min_ngram)
 
     def params(self) -> dict:
-        return {"num_tokens": self.k, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
+        return self.drafter.params()
 
     def batch_drafter(self, n_slots: int) -> LookupDrafter:
-        return LookupDrafter(self.k, self.max_ngram, self.min_ngram)
+        return self.drafter  # (it keeps no state: one serves every scheduler)

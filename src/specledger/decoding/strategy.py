@@ -9,6 +9,7 @@ compared the same way.
 from __future__ import annotations
 
 from specledger.decoding.drafter import Drafter
+from specledger.decoding.params import check_draft_length
 from specledger.engine.loader import LoadedModel
 
 
@@ -17,10 +18,10 @@ class Strategy:
 
     name = "base"
     level_names: list[str] = []
-    draft_length = "adaptive"  # how a batch sizes its drafter's drafts (decoding/draft_policy.py)
 
-    def __init__(self, target: LoadedModel) -> None:
+    def __init__(self, target: LoadedModel, draft_length: str = "adaptive") -> None:
         self.target = target
+        self.draft_length = check_draft_length(draft_length)  # how a batch sizes its drafts (draft_policy.py)
 
     def params(self) -> dict:
         return {}
