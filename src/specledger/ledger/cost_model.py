@@ -14,8 +14,8 @@ import numpy as np
 
 SECONDS_PER_YEAR = 365.25 * 24 * 3600
 J_PER_KWH = 3.6e6
-TRAINED_DRAFTERS = ("eagle", "hier")
-Draws = float | np.ndarray  # a point value, or one value per Monte Carlo draw (ledger/montecarlo.py: draw_case)  # strategies whose draft head needs retraining after a target change
+TRAINED_DRAFTERS = ("eagle", "hier")  # strategies whose draft head needs retraining after a target change
+Draws = float | np.ndarray  # a point value, or one value per Monte Carlo draw (ledger/montecarlo.py: draw_case)
 
 
 def expected_attempts(q, retries: int):
@@ -161,15 +161,6 @@ class Breakdown:
     pass_rate: float
     infinite: bool = False  # pass rate 0: no attempt is ever accepted
     energy: float = 0.0  # the energy part of `compute` (owned hardware only: rent includes it)
-
-    def shares(self) -> dict[str, float]:
-        if self.infinite or not self.total:
-            return {"compute": math.nan, "labour": math.nan, "maintenance": math.nan}
-        return {
-            "compute": (self.compute + self.tools) / self.total,
-            "labour": self.labour / self.total,
-            "maintenance": self.maintenance / self.total,
-        }
 
 
 def task_cost(x: dict, op: OperatingPoint) -> Breakdown:

@@ -138,27 +138,16 @@ def draw_case(case: Case, resolved: Resolved, m: ConfigMeasurement, uniforms: di
     op = case.op
     service = [r.service_s for r in m.requests]
     paired = _paired_service(m, shared) if shared is not None else None
-    if paired is not None:
-        ratio, tokens = paired
-        op = replace(
-            op,
-            device_seconds_per_call=op.device_seconds_per_call * ratio,
-            requests_per_s=op.requests_per_s / ratio,
-            output_tokens_per_call=np.maximum(tokens, 1e-9),
-            energy_j_per_call=None if op.energy_j_per_call is None else op.energy_j_per_call * ratio,
-        )
-    elif sum(s is not None for s in service) >= 2:
+    if paired is None and sum(s is not None for s in service) >= 2:  # its own resample of its requests
         rows = rng.integers(0, len(m.requests), size=(n, len(m.requests)))
         svc = np.asarray([s if s is not None else np.nan for s in service])
         toks = np.asarray([r.output_tokens for r in m.requests], dtype=np.float64)
-        ratio = np.nanmean(svc[rows], axis=1) / np.nanmean(svc)
-        op = replace(
-            op,
-            device_seconds_per_call=op.device_seconds_per_call * ratio,
-            requests_per_s=op.requests_per_s / ratio,
-            output_tokens_per_call=np.maximum(toks[rows].mean(axis=1), 1e-9),
-            energy_j_per_call=None if op.energy_j_per_call is None else op.energy_j_per_call * ratio,
-        )
+        paired = np.nanmean(svc[rows], axis=1) / np.nanmean(svc), toks[rows].mean(axis=1)
+    if paired is not None:
+        ratio, tokens = paired
+        op = replace(op, device_seconds_per_call=op.device_seconds_per_call * ratio,
+                     requests_per_s=op.requests_per_s / ratio, output_tokens_per_call=np.maximum(tokens, 1e-9),
+                     energy_j_per_call=None if op.energy_j_per_call is None else op.energy_j_per_call * ratio)
     if op.energy_j_per_call is not None and op.energy_spread > 0:
         # the energy method's own error (a counter's ~12%, an estimate's ~50%): one log-normal factor per draw,
         # the same draws for every configuration (one method, one bias), so it widens each cost, not the gaps
