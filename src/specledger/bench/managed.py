@@ -120,7 +120,7 @@ def _stop_all() -> None:
         s.stop()
 
 
-def _on_signal(signum: int, frame: Any, previous: Any) -> None:
+def _on_signal(previous: Any, signum: int, frame: Any) -> None:
     _stop_all()
     if callable(previous) and previous is not signal.default_int_handler:
         previous(signum, frame)
@@ -141,11 +141,7 @@ def _install_hooks() -> None:
         previous = signal.getsignal(sig)
         if previous is signal.SIG_IGN:
             continue
-        signal.signal(sig, functools.partial(_chain_signal, previous))
-
-
-def _chain_signal(previous: Any, signum: int, frame: Any) -> None:
-    _on_signal(signum, frame, previous)
+        signal.signal(sig, functools.partial(_on_signal, previous))
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -162,7 +158,7 @@ class _PortTaken(SpecLedgerError):
 
 
 class ManagedServer:
-    """One server process. `with ManagedServer(...) as url:` or `async with`; `start()`/`stop()` also work."""
+    """One server process. `with ManagedServer(...) as url:`; `start()`/`stop()` (or `start_async()`) also work."""
 
     def __init__(self, command: str, *, model: str, log_path: str | Path, host: str = "127.0.0.1",
                  port: int | None = None, health: str | None = None, startup_timeout_s: float = 600.0,
@@ -315,9 +311,3 @@ class ManagedServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
-
-    async def __aenter__(self) -> str:
-        return await self.start_async()
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await asyncio.to_thread(self.stop)

@@ -28,11 +28,6 @@ from specledger.errors import BadInput
 BUILTIN_FILE = "builtin.jsonl"
 
 
-def read_questions(path: Path, *, on_bad_line: str = "stop") -> list[Question]:
-    """Every question of a Spec-Bench .jsonl file (see formats/spec_bench.py)."""
-    return list(spec_bench.read(Path(path), BadLines(on_bad_line), ReadOptions()))
-
-
 def builtin_path() -> Path:
     return Path(str(resources.files("specledger"))) / "data" / "workloads" / BUILTIN_FILE
 
