@@ -12,8 +12,20 @@ from specledger.decoding.generate import generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.engine.ragged import Segment
 from specledger.errors import BadInput
-from specledger.train.data import generate_batch, load_samples, read_prompts, save_shard
+from specledger.train.data import _read_shards, answer_stream, read_prompts, save_shard
 from specledger.train.trainer import TrainConfig, collate, head_loss, train_head
+
+
+def generate_batch(lm, prompts, max_tokens, batch_size=64):
+    """Greedy answers to `prompts`, in order."""
+    got = dict(answer_stream(lm, prompts, max_tokens, batch_size))
+    return [got[i] for i in range(len(prompts))]
+
+
+def load_samples(data_dir, jobs=None):
+    """The recorded samples in job order (only jobs below `jobs` if given)."""
+    got = [(i, s) for i, s in _read_shards(data_dir) if jobs is None or i < jobs]
+    return [s for _, s in sorted(got, key=lambda x: x[0])]
 
 
 @pytest.mark.parametrize("batch", [2, 8])

@@ -108,12 +108,6 @@ def answer_stream(
             yield i, Sample(tokens, len(prompts[i]), feats)
 
 
-def generate_batch(lm: LoadedModel, prompts: list[list[int]], max_tokens: int, batch_size: int = 64) -> list[Sample]:
-    """Greedy answers to `prompts`, in order (see answer_stream)."""
-    got = dict(answer_stream(lm, prompts, max_tokens, batch_size))
-    return [got[i] for i in range(len(prompts))]
-
-
 def _plan_key(lm: LoadedModel, prompts: list[list[int]], max_tokens: int) -> str:
     h = hashlib.sha1(json.dumps([lm.label, max_tokens, prompts]).encode()).hexdigest()
     return h[:16]
@@ -162,15 +156,6 @@ def _read_shards(data_dir: Path) -> list[tuple[int, Sample]]:
             out.append((i, Sample(toks[a : a + n], p, feats[fa : fa + n - 1])))
             a, fa = a + n, fa + n - 1
     return out
-
-
-def load_samples(data_dir: str | Path, jobs: int | None = None) -> list[Sample]:
-    """The recorded samples in job order (only jobs below `jobs` if given: a run asking fewer samples)."""
-    d = Path(data_dir)
-    got = [(i, s) for i, s in _read_shards(d) if jobs is None or i < jobs]
-    if not got:
-        raise BadInput(f"{d}: no training data shards")
-    return [s for _, s in sorted(got, key=lambda x: x[0])]
 
 
 def generate_data(
