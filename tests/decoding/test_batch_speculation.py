@@ -361,7 +361,7 @@ def test_inprocess_backend_batches_lookup_with_the_same_tokens_and_reports_accep
                     {"name": "serial", "strategy": "lookup", "max_tokens": 16, "batching": False}],
         "workload": {"spec": str(wl)}, "load": {"concurrency": [3], "warmup": 0}, "bootstrap": 20,
     })
-    assert cfg.configs[0].batched and not cfg.configs[1].batched
+    assert cfg.configs[0].batch_size == 3 and cfg.configs[1].batch_size == 1
     BenchRunner(cfg, tmp_path / "run", show_progress=False,
                 backend_factory=lambda bc: InProcessBackend(bc, models={"target": lm})).run()
     recs = read_requests(tmp_path / "run")

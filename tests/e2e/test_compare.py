@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import tiny_config, tiny_model, tiny_tensors
 from specledger.bench.backends.inprocess import InProcessBackend
-from specledger.bench.config import parse_run_config
+from specledger.bench.config import config_baselines, parse_run_config
 from specledger.bench.results import load_run
 from specledger.bench.runner import Runner
 from specledger.engine.loader import LoadedModel, build_model, weight_bytes
@@ -36,8 +36,7 @@ def test_default_matrix_measures_every_combination():
     for method in ("lookup", "eagle"):
         assert {_precision(c) for c in cfg.configs if c.strategy == method} == {"fp32", "W4A16-g32"}
     # every speculative configuration has its autoregressive baseline on the same target precision
-    ar_targets = {c.target_key() for c in cfg.configs if c.strategy == "ar"}
-    assert all(c.target_key() in ar_targets for c in cfg.configs)
+    assert set(config_baselines(cfg.configs)) == set(by)
     draft = by["draft-fp32"].draft
     assert (draft.model, draft.dtype, draft.quant, draft.group_size) == ("smollm2-135m", "bf16", "int4", 32)
     mid = by["hier-w4"].intermediate

@@ -264,18 +264,8 @@ class BenchConfig(_Strict):
         return 1 if self.batching is False else self.max_batch
 
     @property
-    def batched(self) -> bool:
-        """Whether the in-process backend runs more than one request at a time."""
-        return self.backend == "inprocess" and self.batch_size > 1
-
-    @property
     def greedy(self) -> bool:
         return self.sampling.temperature == 0.0
-
-    def target_key(self) -> tuple:
-        """Same target and precision, run the same way: bench/pairing.py's key, sampling aside."""
-
-        return config_arm(self).key[:-1]
 
 
 class WorkloadSettings(_Strict):
