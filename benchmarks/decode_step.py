@@ -30,7 +30,7 @@ import torch
 
 CONFIGS = {"fp32": ("none", "fp32"), "bf16": ("none", "bf16"), "int8": ("int8", "bf16"), "int4": ("int4", "bf16")}
 KERNELS = {"": {}, "torch": {"SPECLEDGER_QKERNEL": "off"}, "avx2": {"SPECLEDGER_QKERNEL": "avx2"},
-           "vnni": {"SPECLEDGER_QKERNEL": "vnni"}, "a8": {"SPECLEDGER_QKERNEL_ACT": "int8"}}
+           "vnni": {"SPECLEDGER_QKERNEL": "vnni"}, "a8": {}}  # a8: load_model(activations=8)
 
 
 def split_config(config: str) -> tuple[str, dict[str, str]]:
@@ -47,7 +47,7 @@ def measure(config: str, context: int, reps: int = 5, inner: int = 20) -> dict:
     from specledger.engine.loader import load_model
 
     quant, dtype = CONFIGS[split_config(config)[0]]
-    m = load_model("smollm2-135m", quant=quant, dtype=dtype).model
+    m = load_model("smollm2-135m", quant=quant, dtype=dtype, activations=8 if config.endswith("@a8") else 16).model
     cache = m.new_cache(context + 8)
     linears = [mod for blk in m.layers for mod in (blk.attention.wqkv, blk.attention.wo, blk.feed_forward.w13,
                                                    blk.feed_forward.w2)] + [m.output]

@@ -8,7 +8,7 @@ ratio to the first row count. Contenders:
   torch W8A16 / W4A16    PyTorch's packed kernels (_weight_int8pack_mm, _weight_int4pack_mm_for_cpu)
   engine W8 / W4 g32     the engine's kernel (engine/qkernel.py) on this host's best ISA (on an AMX host: AMX
                          from 6 rows on for W8, 10 for W4), and forced to VNNI without AMX (AMX hosts) and to AVX2;
-                         "a8": activations as one int8 digit per value (SPECLEDGER_QKERNEL_ACT=int8, llama.cpp's
+                         "a8": activations as one int8 digit per value (activations=8, --activations 8; llama.cpp's
                          Q8 activations) instead of two
   --libs                 also the libraries that install from PyPI without a CUDA build, where importable:
                          bitsandbytes nf4 (Linear4bit), torchao int8 weight-only and intx int4 g32, hqq int4 g32,

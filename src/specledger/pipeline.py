@@ -183,13 +183,13 @@ def plan_table(config: RunConfig) -> Table:
     for col in ("name", "strategy", "target", "drafter / intermediate", "max new tokens"):
         t.add_column(col)
     for c in config.configs:
-        roles = [f"{role} {spec.model} {precision_label(spec.dtype, spec.quant, spec.group_size)}"
+        roles = [f"{role} {spec.model} {precision_label(spec.dtype, spec.quant, spec.group_size, spec.activations)}"
                  for role, spec in (("draft", c.draft), ("intermediate", c.intermediate)) if spec is not None]
         if c.openai is not None and c.openai.server is not None and c.openai.server.draft_model:
             roles.append(f"draft {c.openai.server.draft_model} (the server's)")
         roles += [f"{k}={v}" for k, v in c.params.given().items()]
         t.add_row(c.name + (" [dim](if available)[/dim]" if c.optional else ""), c.strategy,
-                  f"{c.model} {precision_label(c.dtype, c.quant, c.group_size)}", ", ".join(roles) or "–",
+                  f"{c.model} {precision_label(c.dtype, c.quant, c.group_size, c.activations)}", ", ".join(roles) or "–",
                   str(c.max_tokens))
     return t
 

@@ -27,6 +27,20 @@ def test_the_same_target_at_another_precision_is_not_a_baseline():
     assert config_baselines(cs) == {"ar-fp32": "ar-fp32", "lookup-fp32": "ar-fp32"}
 
 
+def test_int8_activations_are_another_precision():
+    """W4A8 speculation is measured against W4A8 decoding, in the plan and in run.json's records alike."""
+    w4 = {"dtype": "bf16", "quant": "int4"}
+    cs = _configs({"name": "ar-w4", "strategy": "ar", **w4}, {"name": "lookup-w4a8", "strategy": "lookup", **w4,
+                                                               "activations": 8},
+                  {"name": "ar-w4a8", "strategy": "ar", **w4, "activations": 8},
+                  {"name": "lookup-w4", "strategy": "lookup", **w4})
+    want = {"ar-w4": "ar-w4", "lookup-w4a8": "ar-w4a8", "ar-w4a8": "ar-w4a8", "lookup-w4": "ar-w4"}
+    assert config_baselines(cs) == want
+    results = [ConfigResult(name=c.name, backend=c.backend, model=c.model, strategy=c.strategy, dtype=c.dtype,
+                            quant=c.quant, group_size=c.group_size, spec=c.model_dump(mode="json")) for c in cs]
+    assert result_baselines(results) == want
+
+
 def test_an_aa_twin_is_measured_against_its_elder():
     cs = _configs({"name": "ar-a", "strategy": "ar"}, {"name": "lookup", "strategy": "lookup"},
                   {"name": "ar-b", "strategy": "ar"})

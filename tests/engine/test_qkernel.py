@@ -403,3 +403,36 @@ def test_embedded_model_keeps_the_files_grids_and_its_agreement(smollm, smollm_i
     theirs = teacher_forced_agreement(smollm, torch_int4, ids)
     assert agreement.mean_kl <= theirs.mean_kl and agreement.mean_kl < 0.002
     assert agreement.top1_agreement >= theirs.top1_agreement - 0.01 and agreement.top1_agreement >= 0.95
+
+
+def test_int8_activations_are_a_precision_a_model_loads_with(smollm_int4):
+    """`activations=8` (--activations 8, a configuration's `activations: 8`): every kernel product of the model
+    multiplies one int8 digit per activation, llama.cpp's W4A8; a model of its own in the pool, labelled so; its
+    logits move (another precision, not W4A16) by about what the activation quantization costs, the top-1 kept."""
+    from specledger.engine.loader import load_model
+    from specledger.engine.pool import key_of
+    from specledger.engine.quant import _Quantized
+    from specledger.quality.agreement import agreement_of, logprobs
+
+    a8 = load_model("smollm2-135m", quant="int4", activations=8)
+
+    def digits(lm) -> set[int]:
+        return {m.digits for m in lm.model.modules() if isinstance(m, _Quantized) and m._op is not None}
+
+    assert digits(a8) == {1} and digits(smollm_int4) == {2}
+    assert a8.label.endswith("-a8") and not smollm_int4.label.endswith("-a8") and key_of(a8) != key_of(smollm_int4)
+    ids = smollm_int4.tokenizer.encode("The library opens at eight in the morning and closes at six in the evening, "
+                                       "except on Sundays, when it stays closed all day for repairs.")
+    lp16, lp8 = logprobs(smollm_int4, ids), logprobs(a8, ids)
+    assert (lp8 - lp16).abs().max() > 1e-3
+    ag = agreement_of(lp16, lp8, ids)
+    assert ag.top1_agreement >= 0.9 and ag.mean_kl < 0.02, ag
+
+
+def test_int8_activations_need_quantized_weights_on_the_kernel():
+    from specledger.engine.loader import load_model
+    from specledger.errors import BadInput
+
+    for quant, bits in (("none", 8), ("int4", 4)):
+        with pytest.raises(BadInput, match="activations"):
+            load_model("smollm2-135m", quant=quant, activations=bits)

@@ -42,6 +42,9 @@ class ModelSpec(_Strict):
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     quant: Literal["none", "int8", "int4"] = "none"
     group_size: int = 32
+    # bits of an activation inside the kernel's quantized products: 16 (~15-bit, two int8 digits) or 8 (llama.cpp's
+    # one int8 digit: W4A8 / W8A8, a many-row product half the work; the quality gate says what it costs)
+    activations: Literal[16, 8] = 16
 
 
 class Sampling(_Strict):
@@ -186,6 +189,7 @@ class BenchConfig(_Strict):
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     quant: Literal["none", "int8", "int4"] = "none"
     group_size: int = 32
+    activations: Literal[16, 8] = 16  # as ModelSpec's
     device: str = "cpu"
     strategy: str = "ar"
     params: Params = Field(default_factory=dict, validate_default=True)
@@ -256,7 +260,8 @@ class BenchConfig(_Strict):
     @property
     def target(self) -> ModelSpec:
         """The target model with its precision (the role the strategy speeds up)."""
-        return ModelSpec(model=self.model, dtype=self.dtype, quant=self.quant, group_size=self.group_size)
+        return ModelSpec(model=self.model, dtype=self.dtype, quant=self.quant, group_size=self.group_size,
+                         activations=self.activations)
 
     @property
     def batch_size(self) -> int:
@@ -465,7 +470,7 @@ def _where(backend: str, device: str, openai: OpenAISettings | None) -> str:
 
 def config_arm(bc: BenchConfig) -> Arm:
     return Arm(bc.name, bc.strategy, bc.backend, _where(bc.backend, bc.device, bc.openai), bc.model,
-               precision_label(bc.dtype, bc.quant, bc.group_size), sampling_label(bc.sampling))
+               precision_label(bc.dtype, bc.quant, bc.group_size, bc.activations), sampling_label(bc.sampling))
 
 
 def config_baselines(configs: Iterable[BenchConfig]) -> dict[str, str]:
@@ -482,8 +487,8 @@ def result_arm(cr: ConfigResult) -> Arm:
         sampling = sampling_label(Sampling.model_validate(spec.get("sampling") or {})) if spec else ""
     except (ValidationError, TypeError, ValueError):
         where, sampling = "", ""
-    return Arm(cr.name, cr.strategy, cr.backend, where, cr.model, precision_label(cr.dtype, cr.quant, cr.group_size),
-               sampling)
+    return Arm(cr.name, cr.strategy, cr.backend, where, cr.model,
+               precision_label(cr.dtype, cr.quant, cr.group_size, int(spec.get("activations") or 16)), sampling)
 
 
 def result_baselines(configs: Iterable[ConfigResult]) -> dict[str, str]:

@@ -49,11 +49,11 @@ def baselines(arms: Iterable[Arm]) -> dict[str, str]:
     return {a.name: first[a.key] for a in arms if a.key in first}
 
 
-def precision_label(dtype: str | None, quant: str | None, group_size: int | None) -> str:
-    """fp32 / bf16 for plain weights; W8A16, W4A16-g32 (activation bits from dtype) when quantized."""
+def precision_label(dtype: str | None, quant: str | None, group_size: int | None, activations: int = 16) -> str:
+    """fp32 / bf16 for plain weights; W8A16, W4A16-g32 (activation bits from dtype), W4A8-g32 when quantized."""
     if quant in (None, "", "none"):
         return dtype or "as served"
-    act = {"fp32": 32, "bf16": 16, "fp16": 16}.get(dtype or "", 16)
+    act = 8 if activations == 8 else {"fp32": 32, "bf16": 16, "fp16": 16}.get(dtype or "", 16)
     bits = {"int8": 8, "int4": 4}.get(quant)
     label = f"W{bits}A{act}" if bits else quant
     return f"{label}-g{group_size}" if bits == 4 and group_size else label

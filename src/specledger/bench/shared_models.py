@@ -35,7 +35,7 @@ class SharedModels:
     def keys(self, bc: BenchConfig) -> dict[str, Key]:
         """Role -> the weights it uses (model, dtype, quant, group size, device); "reference": the fp32
         model the quantization gate compares the target with."""
-        keys = {role: model_pool_key(spec.model, spec.dtype, spec.quant, spec.group_size, bc.device)
+        keys = {role: model_pool_key(spec.model, spec.dtype, spec.quant, spec.group_size, bc.device, spec.activations)
                 for role, spec in (("target", bc.target), ("draft", bc.draft), ("intermediate", bc.intermediate))
                 if spec is not None}
         if self.cfg.gates.quantization and needs_agreement(bc):
@@ -66,7 +66,8 @@ class SharedModels:
         return self.pool.load(key, lambda: load_model(bc.model, device=bc.device, **precision))
 
     def load_target(self, bc: BenchConfig) -> Any:
-        return self._load(bc, "target", dtype=bc.dtype, quant=bc.quant, group_size=bc.group_size)
+        return self._load(bc, "target", dtype=bc.dtype, quant=bc.quant, group_size=bc.group_size,
+                          activations=bc.activations)
 
     def reference(self, bc: BenchConfig) -> Any:
         if self.reference_factory is not None:

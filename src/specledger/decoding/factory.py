@@ -43,8 +43,8 @@ def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolve_model(value: Any, target: LoadedModel) -> LoadedModel | list[LoadedModel]:
-    """A model-valued parameter: a LoadedModel, a name/path, or {model, dtype, quant, group_size, max_seq_len};
-    a list or tuple of them resolves to a list (a stack of levels).
+    """A model-valued parameter: a LoadedModel, a name/path, or {model, dtype, quant, group_size, activations,
+    max_seq_len}; a list or tuple of them resolves to a list (a stack of levels).
 
     'target' (or 'self') names the target's own file. Loaded models are shared within the process, keyed by
     the model's identity and precision, whatever name they were given, in the process's model pool (they are
@@ -68,13 +68,14 @@ def _resolve_one(value: Any, target: LoadedModel) -> LoadedModel:
     group_size = int(value.get("group_size") or 32)
     device = value.get("device") or target.device
     max_seq_len = value.get("max_seq_len")
-    key = model_pool_key(model, dtype, quant, group_size, device)
+    activations = int(value.get("activations") or 16)
+    key = model_pool_key(model, dtype, quant, group_size, device, activations)
     if key == key_of(target) and max_seq_len in (None, target.config.max_seq_len):
         return target
     if max_seq_len is not None:
         key += (max_seq_len,)
     return POOL.load(key, lambda: load_model(model, dtype=dtype, quant=quant, group_size=group_size,
-                                             device=device, max_seq_len=max_seq_len))
+                                             device=device, max_seq_len=max_seq_len, activations=activations))
 
 
 def make_strategy(name: str, target: LoadedModel, **params: Any) -> Strategy:

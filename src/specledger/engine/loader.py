@@ -13,8 +13,8 @@ from specledger.engine import gguf_loader, hf_loader
 from specledger.engine.config import ModelConfig
 from specledger.engine.model import Transformer
 from specledger.engine.packed_linear import pack_linears
-from specledger.engine.quant import (BLOCK, QUANTS, Int4Grid, Int4Linear, Int8Grid, Int8Linear, check_group_size,
-                                    int4_grid, int8_grid)
+from specledger.engine.quant import (ACTIVATIONS, BLOCK, QUANTS, Int4Grid, Int4Linear, Int8Grid, Int8Linear,
+                                    check_group_size, int4_grid, int8_grid, use_activation_bits)
 from specledger.engine.registry import identify_model
 from specledger.engine.tokenizer import Tokenizer
 from specledger.engine.weights import Grid, grid_of, read, shape
@@ -37,11 +37,12 @@ class LoadedModel:
     weight_bytes: int
     load_s: float
     extra: dict = field(default_factory=dict)
+    activations: int = 16  # bits inside the kernel's quantized products (quant.ACTIVATIONS)
 
     @property
     def label(self) -> str:
         q = "" if self.quant == "none" else f"-{self.quant}" + (f"g{self.group_size}" if self.quant == "int4" else "")
-        return f"{self.name}:{self.dtype}{q}"
+        return f"{self.name}:{self.dtype}{q}" + ("-a8" if self.activations == 8 else "")
 
 
 FUSED = {"attention.wqkv": ["q", "k", "v"], "attention.wo": ["o"], "feed_forward.w13": ["gate", "up"],
@@ -227,9 +228,12 @@ def load_model(
     max_seq_len: int | None = None,
     with_tokenizer: bool = True,
     pack: bool = True,
+    activations: int = 16,
 ) -> LoadedModel:
     if quant not in QUANTS:
         raise BadInput(f"unknown quantization {quant!r} (choose from {', '.join(QUANTS)})")
+    if activations not in ACTIVATIONS or (activations == 8 and quant == "none"):
+        raise BadInput(f"activations {activations}: choose 16, or 8 with int4/int8 weights (got quant {quant!r})")
     dtype = dtype or default_dtype(quant)
     parse_dtype(dtype)
     if quant == "int4" and group_size not in (32, 64, 128, 256):
@@ -261,6 +265,7 @@ def load_model(
         cfg.max_seq_len = min(cfg.max_seq_len, max_seq_len)
     model = build_model(cfg, tensors, grids, dtype=dtype, quant=quant, group_size=group_size, device=device,
                         pack=pack, consume=True)
+    use_activation_bits(model, activations)
     return LoadedModel(
         model=model,
         tokenizer=tok,
@@ -274,4 +279,5 @@ def load_model(
         weight_bytes=weight_bytes(model),
         load_s=time.perf_counter() - t0,
         extra=extra,
+        activations=activations,
     )

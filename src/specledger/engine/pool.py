@@ -13,19 +13,20 @@ import weakref
 from typing import Any, Callable, Hashable, Iterable, TypeVar
 
 T = TypeVar("T")
-Key = tuple  # (model key, dtype, quant, int4 group size or None, device[, max_seq_len])
+Key = tuple  # (model key, dtype, quant, int4 group size or None, device, activation bits[, max_seq_len])
 
 
-def model_pool_key(model: str, dtype: str, quant: str, group_size: int | None, device: str) -> Key:
+def model_pool_key(model: str, dtype: str, quant: str, group_size: int | None, device: str,
+                   activations: int = 16) -> Key:
     """The key of a model before it is loaded: the same file however it was named, the same precision."""
     from specledger.engine.registry import model_key
 
-    return (model_key(model), dtype, quant, group_size if quant == "int4" else None, device)
+    return (model_key(model), dtype, quant, group_size if quant == "int4" else None, device, activations)
 
 
 def key_of(lm: Any) -> Key:
     """The key of a loaded model (engine.loader.LoadedModel)."""
-    return (lm.source, lm.dtype, lm.quant, lm.group_size if lm.quant == "int4" else None, lm.device)
+    return (lm.source, lm.dtype, lm.quant, lm.group_size if lm.quant == "int4" else None, lm.device, lm.activations)
 
 
 class ModelPool:

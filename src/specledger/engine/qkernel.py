@@ -150,12 +150,6 @@ def requested_isa() -> int:
     return {"avx2": 1, "vnni": 2, "amx": 3}.get(os.environ.get("SPECLEDGER_QKERNEL", "").lower(), 0)
 
 
-def activation_digits() -> int:
-    """Int8 digits per activation inside the product: 2 (~15 bits, the default) or 1 (SPECLEDGER_QKERNEL_ACT=int8,
-    llama.cpp's activation precision: faster, a little less agreement with the unquantized model)."""
-    return 1 if os.environ.get("SPECLEDGER_QKERNEL_ACT", "").lower() in ("int8", "8", "1") else 2
-
-
 def describe() -> str:
     """Which CPU product path serves quantized (and AVX2 bf16) products in this process, for run.json, the report
     and /health: the engine's kernel and its instruction set, or PyTorch's kernels and why."""

@@ -21,6 +21,9 @@ from specledger.engine.model import direct_call
 from specledger.errors import BadInput
 
 QUANTS = ("none", "int8", "int4")
+# bits of an activation inside the kernel's products: 16 (two int8 digits, ~15 bits: the default) or 8 (one digit,
+# as llama.cpp's Q4/Q8 products quantize them: half the integer work of a many-row product, e.g. a prefill)
+ACTIVATIONS = (16, 8)
 BLOCK = 32  # the int8 grid's block and the kernel's activation block (GGUF's QK)
 
 
@@ -143,7 +146,7 @@ class _Quantized(nn.Module):
 
     def _use_kernel(self, device: torch.device, fits: bool) -> bool:
         """The kernel serves where it is loaded for `device`, the inputs come in blocks of 32 and the scales fit."""
-        self.isa, self.digits = qkernel.requested_isa(), qkernel.activation_digits()
+        self.isa, self.digits = qkernel.requested_isa(), 2
         self._op = resolve(device).qmm if fits and self.in_features % BLOCK == 0 else None
         self.backend = "kernel" if self._op is not None else "torch"
         return self._op is not None
@@ -178,6 +181,19 @@ class _Quantized(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._product(x).reshape(*x.shape[:-1], self.out_features)
+
+
+def use_activation_bits(model: nn.Module, bits: int) -> None:
+    """Every kernel product of `model` quantizes its activations to `bits` (ACTIVATIONS). Int8 is a precision of the
+    kernel's: where PyTorch's kernels serve (CUDA, no kernel built) it is refused rather than silently not applied."""
+    if bits not in ACTIVATIONS:
+        raise BadInput(f"activations must be 16 or 8 bits (got {bits})")
+    served = [m for m in model.modules() if isinstance(m, _Quantized) and m._op is not None]
+    if bits == 8 and not served:
+        raise BadInput("int8 activations need quantized weights (int4/int8) served by the engine's CPU kernel "
+                       f"({qkernel.describe()})")
+    for m in served:
+        m.digits = 1 if bits == 8 else 2
 
 
 @direct_call

@@ -45,7 +45,7 @@ class InProcessBackend(Backend):
 
         def load(spec: ModelSpec) -> Any:
             return load_model(spec.model, dtype=spec.dtype, quant=spec.quant, group_size=spec.group_size,
-                              device=c.device)
+                              device=c.device, activations=spec.activations)
 
         if "target" not in self.models:
             self.models["target"] = load(c.target)
