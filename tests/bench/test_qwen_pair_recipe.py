@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from specledger.bench.config import load_run_config, parse_run_config
+from specledger.bench.config import config_baselines, load_run_config, parse_run_config
 from specledger.bench.managed import find_llama_server, render_command
 from specledger.bench.results import load_run, read_requests
 from specledger.bench.runner import run_benchmark
@@ -37,7 +37,8 @@ DATA = ROOT / "tests" / "data"
 STREAM = DATA / "llama_server_draft_simple_stream.txt"  # a streamed /v1/chat/completions, as received
 METRICS = DATA / "llama_server_draft_simple_metrics.txt"  # /metrics after that one request
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
-IN_PROCESS = {"ar-fp32", "ar-bf16", "ar-w4", "draft-w4", "draft-w4-fixed", "hier-w4", "lookup-w4"}
+IN_PROCESS = {"ar-fp32", "ar-bf16", "ar-w4", "draft-w4", "draft-w4-fixed", "hier-w4", "lookup-w4", "ar-w4a8",
+              "lookup-w4a8"}
 SERVERS = {"llama-ar", "llama-ngram", "llama-draft"}
 
 
@@ -67,9 +68,11 @@ def test_the_shipped_pair_recipe_validates_and_every_arm_resolves(monkeypatch):
     assert {c.max_tokens for c in run.configs} == {32} and all(c.greedy for c in run.configs)
     assert all(c.model == TARGET for c in run.configs)
     # the in-process arms: the precisions and strategies the issue asks for, on registry models
-    assert {(c.strategy, c.dtype, c.quant) for c in run.configs if c.backend == "inprocess"} == {
-        ("ar", "fp32", "none"), ("ar", "bf16", "none"), ("ar", "bf16", "int4"), ("draft", "bf16", "int4"),
-        ("hier", "bf16", "int4"), ("lookup", "bf16", "int4")}
+    assert {(c.strategy, c.dtype, c.quant, c.activations) for c in run.configs if c.backend == "inprocess"} == {
+        ("ar", "fp32", "none", 16), ("ar", "bf16", "none", 16), ("ar", "bf16", "int4", 16),
+        ("draft", "bf16", "int4", 16), ("hier", "bf16", "int4", 16), ("lookup", "bf16", "int4", 16),
+        ("ar", "bf16", "int4", 8), ("lookup", "bf16", "int4", 8)}  # W4A8: llama.cpp's activation precision
+    assert config_baselines(run.configs)["lookup-w4a8"] == "ar-w4a8"
     assert by_name["draft-w4"].draft.model == DRAFT and by_name["draft-w4"].draft.quant == "int8"
     assert by_name["hier-w4"].intermediate.model == DRAFT and by_name["hier-w4"].params.drafter == "lookup"
     for c in run.configs:
