@@ -120,7 +120,7 @@ class LedgerResult(BaseModel):
     samples: int = 0
     seed: int = 0
     measurements: list[ConfigMeasurement] = Field(default_factory=list)
-    calculator: dict = Field(default_factory=dict)  # what the page's calculator starts from
+    calculator: dict = Field(default_factory=dict)  # what the page's calculator starts from (with scenarios: each one's inputs)
     answer: Answer | None = None  # the decision per scenario, shown before everything else (ledger/answer.py)
 
     def config(self, name: str) -> ConfigCost:
@@ -275,6 +275,7 @@ def price_measurements(
                 out.answer.scenarios += other.answer.scenarios
         if out.answer is not None:
             link_scenarios(out.answer)
+        out.calculator["scenarios"] = {name: inputs.scenario(name).base.central() for name in names}
         return out
     levels, all_chosen = choose_levels(ms, inputs)
     rows = [c[0] for c in all_chosen]

@@ -13,7 +13,6 @@ from markupsafe import escape
 
 from specledger.bench.results import RunResult, SteadyState, load_run
 from specledger.ledger.answer import Answer, ScenarioAnswer, Threshold
-from specledger.ledger.inputs import load_inputs
 from specledger.ledger.price import ConfigCost, LedgerResult
 from specledger.ledger.verdicts import MATERIAL
 from specledger.report import charts
@@ -316,24 +315,6 @@ def answer_cards(ledger: LedgerResult) -> list[dict]:
     return cards
 
 
-def calculator_data(ledger: LedgerResult) -> dict:
-    """What the page's calculator starts from: the ledger's data plus each scenario's inputs (central values).
-    The ledger's data names the scenarios' inputs when it has them; otherwise they are read again from the cost
-    file, used only when that file still gives the headline scenario's inputs as priced."""
-    data = dict(ledger.calculator)
-    data["scenario"] = ledger.scenario
-    if "scenarios" in data or not ledger.scenario or not data.get("base"):
-        return data
-    try:
-        inputs = load_inputs(ledger.inputs_source)
-        scenarios = {name: inputs.scenario(name).base.central() for name in inputs.scenarios}
-    except Exception:  # the file moved or no longer parses: the calculator offers the headline scenario only
-        return data
-    if scenarios.get(ledger.scenario) == data["base"]:
-        data["scenarios"] = scenarios
-    return data
-
-
 def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> str:
     run = _load(run_dir or ledger.run_dir)
     run_id, created, conditions = _conditions(run, run_dir or ledger.run_dir)
@@ -376,7 +357,7 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
         tornado_load=next((r.load for r in ledger.configs if r.name == tornado_config), ""), chart_sections=chart_sections(first_level_words(ledger)), first_level=first_level_words(ledger),
         workload=_workload(run), positions=position_table(run) if run is not None else None,
         interaction_rows=inter, interaction_table=inter_table, precisions=precisions, reference=ledger.reference,
-        data_json=_json_for_script(_clean({"calculator": calculator_data(ledger)})),
+        data_json=_json_for_script(_clean({"calculator": ledger.calculator | {"scenario": ledger.scenario}})),
         calculator_js=(ASSETS / "calculator.js").read_text(encoding="utf-8"),
         page_js=(ASSETS / "page.js").read_text(encoding="utf-8"),
     )
