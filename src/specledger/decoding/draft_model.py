@@ -5,7 +5,7 @@ draws its own next token, in one ragged pass over every sequence still drafting,
 
 from __future__ import annotations
 
-from specledger.decoding.drafter import Stateless
+from specledger.decoding.drafter import Drafter
 from specledger.decoding.hierarchy import HierDrafter, agreement_prior, check_same_tokenizer
 from specledger.decoding.strategy import Strategy
 from specledger.engine.loader import LoadedModel
@@ -28,6 +28,6 @@ class DraftModel(Strategy):
 
     def batch_drafter(self, n_slots: int) -> HierDrafter:
         """Chains of k tokens (min_chain = max_chain = k); its prior: its agreement with the target."""
-        return HierDrafter(self.draft_lm, Stateless(), self.name, min_chain=self.k, max_chain=self.k, n_slots=n_slots,
+        return HierDrafter(self.draft_lm, Drafter(), self.name, min_chain=self.k, max_chain=self.k, n_slots=n_slots,
                            max_len=self.target.config.max_seq_len, prior=agreement_prior(self.target, self.draft_lm),
                            params=self.params())

@@ -5,8 +5,8 @@ Hugging Face's candidate generators): `begin` a sequence (its prompt is cached b
 token pending), `propose` a tree for each of several sequences within a budget of nodes, `accept` once the
 verifier has kept part of it (the sequence's tokens have grown), `end` when it leaves. A chain is a tree.
 
-Drafters: prompt lookup (lookup.py), a draft model (draft_model.py: an intermediate model over `Stateless`, its own
-slot cache), an EAGLE head (eagle.py; the verifier's features). A strategy (strategy.py) names its drafter
+Drafters: prompt lookup (lookup.py), a draft model (draft_model.py: an intermediate model over the base, which
+proposes nothing; its own slot cache), an EAGLE head (eagle.py; the verifier's features). A strategy (strategy.py) names its drafter
 (`batch_drafter`); the scheduler (scheduler.py) drives it for one sequence or many, each step's budget from the
 draft_length policy (draft_policy.py), and a hierarchy (hierarchy.py) puts a drafter under a stack of verifiers.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -36,8 +35,10 @@ class DraftSeq:
     gen: torch.Generator | None = None
 
 
-class Drafter(Protocol):
-    """Proposes draft trees for sequences followed from `begin` to `end` (module docstring).
+class Drafter:
+    """Proposes draft trees for sequences followed from `begin` to `end` (module docstring). As it is, it follows
+    nothing, costs nothing and proposes nothing: under an intermediate (hierarchy.HierDrafter) that makes a draft
+    model (each round the model verifies an empty proposal, which is its own next token); drafters override.
 
     features: the verifier's final-normed hidden states of the tokens it newly cached (for `begin`: the prompt;
     for `accept`: the run it fed and the accepted path), ending before the pending token; only drafters with
@@ -45,45 +46,11 @@ class Drafter(Protocol):
     before children, so any prefix of the nodes is a tree too (a planner may cut one short).
     """
 
-    name: str
-    wants_features: bool
-    tree: bool  # proposes trees with several children (else chains)
-    prior: float | None  # its measured per-token acceptance before any draft is verified (None: not measured)
-
-    @property
-    def max_nodes(self) -> int:  # read-only: a plain attribute or a property satisfies it
-        """The most nodes one proposal may hold."""
-        ...
-
-    def params(self) -> dict: ...
-
-    def begin(self, seq: DraftSeq, features: torch.Tensor | None) -> None: ...
-
-    def propose(self, seqs: list[DraftSeq], budgets: list[int]) -> list[Tree]: ...
-
-    def accept(self, seq: DraftSeq, features: torch.Tensor | None) -> None: ...
-
-    def end(self, seq: DraftSeq) -> None: ...
-
-    def candidates(self, seqs: list[DraftSeq], caps: list[int]) -> list[int]:
-        """How many nodes each sequence could be proposed now, at most `caps` (a planner's upper bound)."""
-        ...
-
-    def draft_cost(self, budgets: list[int]) -> float:
-        """Estimated seconds to propose `budgets` nodes to the batch's sequences (0 for none)."""
-        ...
-
-
-class Stateless:
-    """A drafter that follows nothing and costs nothing; as it is, it proposes nothing. Under an intermediate
-    (hierarchy.HierDrafter) that makes a draft model: each round the model verifies an empty proposal, which is its
-    own next token. Prompt lookup proposes from the sequence alone (lookup.py); train/data.py records with one."""
-
     name = "none"
     wants_features = False
-    tree = False
-    prior: float | None = None
-    max_nodes = 0
+    tree = False  # proposes trees with several children (else chains)
+    prior: float | None = None  # its measured per-token acceptance before any draft is verified (None: not measured)
+    max_nodes = 0  # the most nodes one proposal may hold
 
     def params(self) -> dict:
         return {}
@@ -101,7 +68,12 @@ class Stateless:
         pass
 
     def candidates(self, seqs: list[DraftSeq], caps: list[int]) -> list[int]:
+        """How many nodes each sequence could be proposed now, at most `caps` (a planner's upper bound)."""
         return [0 for _ in seqs]
 
     def draft_cost(self, budgets: list[int]) -> float:
+        """Estimated seconds to propose `budgets` nodes to the batch's sequences (0 for none)."""
         return 0.0
+
+
+Stateless = Drafter  # the base as it is (a draft model's level below; train/data.py's recorder)

@@ -22,7 +22,7 @@ import torch
 
 from specledger.decoding.eagle_head import EagleHead, draft_lm_head, load_head, shipped_head_dir
 from specledger.decoding.draft_budget import catch_up_share
-from specledger.decoding.drafter import DraftSeq
+from specledger.decoding.drafter import Drafter, DraftSeq
 from specledger.decoding.strategy import Strategy
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel, parse_dtype
@@ -146,7 +146,7 @@ class _Grow:
     fed: int = 0
 
 
-class EagleDrafter:
+class EagleDrafter(Drafter):
     """EAGLE-2 trees for one sequence or a batch: the head's cache has a slot per sequence, and every level of
     every sequence's tree goes through the head in one ragged pass (its frontier under its ancestor mask).
 
@@ -157,7 +157,6 @@ class EagleDrafter:
     name = "eagle"
     wants_features = True
     tree = True
-    prior: float | None = None
 
     def __init__(
         self, head: EagleHead, base: LoadedModel, *, top_k: int = 10, depth: int = 5, total_nodes: int = 59,
@@ -168,7 +167,7 @@ class EagleDrafter:
         self.head, self.base, self.model = head, base, base.model
         self.lm_head = pooled_lm_head(head, base)
         self.vocab = head.draft_vocab.tolist() if head.draft_vocab is not None else None
-        self.top_k, self.depth, self.total_nodes = top_k, depth, total_nodes
+        self.top_k, self.depth, self.max_nodes = top_k, depth, total_nodes
         self.max_len = max_len
         self.cache = head.new_slot_cache(n_slots, max_len + depth * top_k, device=base.model.device)
         self.seqs: dict[Hashable, _HeadSeq] = {}
@@ -176,12 +175,8 @@ class EagleDrafter:
         self.explore = False
         self.price = _DraftPrice()  # the planner's (draft_cost)
 
-    @property
-    def max_nodes(self) -> int:
-        return self.total_nodes
-
     def params(self) -> dict:
-        return {"top_k": self.top_k, "depth": self.depth, "total_nodes": self.total_nodes}
+        return {"top_k": self.top_k, "depth": self.depth, "total_nodes": self.max_nodes}
 
     # --- following the base's sequence ---------------------------------------------------------
 
@@ -260,7 +255,7 @@ class EagleDrafter:
             st.cand_tokens, st.cand_parents, st.cand_logp, st.cand_order = [], [], [], []
         self.price.long_s = 0.0
         self._catch_up(states)
-        keep = [min(self.total_nodes, b) for b in budgets]
+        keep = [min(self.max_nodes, b) for b in budgets]
         grow = [_Grow(st, n, self.cache.lengths[st.slot], [], torch.empty(0), torch.empty(0), torch.empty(0),
                       torch.empty(0)) for st, n in zip(states, keep) if n > 0 and st.root is not None]
         if not grow:
@@ -343,7 +338,7 @@ class EagleDrafter:
         """caps: also the tokens each sequence has left, over which a long catch-up is spread."""
         sts = [self.seqs[s.key] for s in seqs]
         self.price.behind = [catch_up_share(st.n_feats - st.todo, self.depth + 1, c) for st, c in zip(sts, caps)]
-        return [min(c, self.total_nodes) for c in caps]
+        return [min(c, self.max_nodes) for c in caps]
 
     def draft_cost(self, budgets: list[int]) -> float:
         """The depth passes cost about the same whatever is kept, and grow with the sequences drafting; plus the
@@ -385,7 +380,7 @@ def _probe(d: EagleDrafter) -> None:
             e = torch.empty(0)
             for group, times in ((sts[:1], one), (sts, many)):
                 t0 = clock(dev)
-                d._grow([_Grow(st, d.total_nodes, n, [], e, e, e, e) for st in group])
+                d._grow([_Grow(st, d.max_nodes, n, [], e, e, e, e) for st in group])
                 times.append(clock(dev) - t0)
     finally:
         d.explore = explore

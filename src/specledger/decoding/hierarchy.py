@@ -88,7 +88,7 @@ class _Follow:
 PER_ROUND = 2.0  # tokens a round adds to a chain (accepted path + bonus) before any is measured
 
 
-class HierDrafter:
+class HierDrafter(Drafter):
     """An intermediate model turning its inner drafter's proposals into chains, for many sequences at once.
 
     Each round the inner drafter proposes to every sequence still building its chain, and the intermediate
@@ -101,12 +101,9 @@ class HierDrafter:
     prefix cache. An inner drafter that reads features (EAGLE) begins from what the intermediate has cached and
     follows it from there.
 
-    Over a drafter that proposes nothing (drafter.Stateless), it is a draft model: each round the model verifies an
+    Over a drafter that proposes nothing (drafter.Drafter as it is), it is a draft model: each round the model verifies an
     empty proposal, which draws its own next token (its distribution kept as q), until the chain holds min_chain;
     no level below it is reported."""
-
-    wants_features = False
-    tree = False
 
     def __init__(self, mid: LoadedModel, inner: Drafter, name: str, *, min_chain: int, max_chain: int,
                  n_slots: int = 1, max_len: int | None = None, prior: float | None = None,
@@ -146,9 +143,6 @@ class HierDrafter:
         self.seqs[seq.key] = st = _Follow(m, inner, LevelStats(name=self.inner.name, steps=0, drafts=0, time_s=0.0))
         self.inner.begin(st.inner, runner.features(m) if wants else None)
         st.inner.tokens = m.tokens
-
-    def accept(self, seq: DraftSeq, features: torch.Tensor | None) -> None:
-        pass  # the next proposal syncs to the verifier's tokens (keeping the common prefix)
 
     def end(self, seq: DraftSeq) -> None:
         st = self.seqs.pop(seq.key)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specledger.decoding.drafter import DraftSeq, Stateless
+from specledger.decoding.drafter import Drafter, DraftSeq
 from specledger.decoding.strategy import Strategy
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel
@@ -30,7 +30,7 @@ def check_lookup(num_tokens: int, max_ngram: int, min_ngram: int) -> None:
         raise BadInput(f"lookup num_tokens must be in 1..128 (got {num_tokens})")
 
 
-class LookupDrafter(Stateless):
+class LookupDrafter(Drafter):
     """Prompt lookup as a drafter: each sequence's chain is the continuation of its own last n-gram's latest
     earlier occurrence. Keeps no state, and a search in the sequence costs nothing next to a forward pass;
     num_tokens caps a chain (a planner may draft less of it)."""
