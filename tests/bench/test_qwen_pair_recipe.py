@@ -37,8 +37,8 @@ DATA = ROOT / "tests" / "data"
 STREAM = DATA / "llama_server_draft_simple_stream.txt"  # a streamed /v1/chat/completions, as received
 METRICS = DATA / "llama_server_draft_simple_metrics.txt"  # /metrics after that one request
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
-IN_PROCESS = {"ar-fp32", "ar-bf16", "ar-w4", "draft-w4", "draft-w4-fixed", "hier-w4", "lookup-w4", "ar-w4a8",
-              "lookup-w4a8"}
+IN_PROCESS = {"ar-fp32", "ar-bf16", "ar-w4", "ar-w4-twin", "draft-w4", "draft-w4-fixed", "hier-w4", "lookup-w4",
+              "ar-w4a8", "lookup-w4a8"}
 SERVERS = {"llama-ar", "llama-ngram", "llama-draft"}
 
 
@@ -73,6 +73,7 @@ def test_the_shipped_pair_recipe_validates_and_every_arm_resolves(monkeypatch):
         ("draft", "bf16", "int4", 16), ("hier", "bf16", "int4", 16), ("lookup", "bf16", "int4", 16),
         ("ar", "bf16", "int4", 8), ("lookup", "bf16", "int4", 8)}  # W4A8: llama.cpp's activation precision
     assert config_baselines(run.configs)["lookup-w4a8"] == "ar-w4a8"
+    assert config_baselines(run.configs)["ar-w4-twin"] == "ar-w4"  # the A/A twin, measured against its elder
     assert by_name["draft-w4"].draft.model == DRAFT and by_name["draft-w4"].draft.quant == "int8"
     assert by_name["hier-w4"].intermediate.model == DRAFT and by_name["hier-w4"].params.drafter == "lookup"
     for c in run.configs:
