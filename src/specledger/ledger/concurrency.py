@@ -69,6 +69,12 @@ def _fmt(c: float) -> str:
     return f"{c:.3g}"
 
 
+def _interval(b: ConcurrencyBreakEven, cs: Sequence[int]) -> str:
+    """" (95%: 1.4 to 2.8)", an end open where its bound does not cross within the sweep."""
+    lo = "≤ " + _fmt(cs[0]) if b.low is None else _fmt(b.low)
+    return f" (95%: {lo} to {'≥ ' + _fmt(cs[-1]) if b.high is None else _fmt(b.high)})"
+
+
 def break_even_concurrency(levels: Sequence[LevelRow]) -> list[ConcurrencyBreakEven]:
     """For every non-autoregressive configuration measured at two or more concurrencies with a speed-up."""
     by_name: dict[str, list[LevelRow]] = {}
@@ -93,31 +99,23 @@ def break_even_concurrency(levels: Sequence[LevelRow]) -> list[ConcurrencyBreakE
         if has_ci:  # a bound that never crosses (the low one already under 1 at the first level): open
             b.low, b.high = _crossing(cs, lows), _crossing(cs, highs)
         lo_c, hi_c = cs[0], cs[-1]
-        ci = "" if not has_ci else (f" (95%: {'≤ ' + _fmt(lo_c) if b.low is None else _fmt(b.low)} to "
-                                    f"{'≥ ' + _fmt(hi_c) if b.high is None else _fmt(b.high)})")
-        if all(y >= 1.0 for y in ys):
-            b.status = "pays throughout"
-            sure = has_ci and all((v or 0.0) > 1.0 for v in lows)
-            b.note = (f"faster than {b.base or 'autoregressive'} at every concurrency measured ({lo_c}–{hi_c})"
-                      + ("" if sure or not has_ci else "; not distinguishable from 1 at some levels")
-                      + f": no break-even within the levels measured (if there is one, it is above {hi_c})")
-        elif all(y < 1.0 for y in ys):
-            b.status = "never pays"
-            sure = has_ci and all((v or 0.0) < 1.0 for v in highs)
-            b.note = (f"slower than {b.base or 'autoregressive'} at every concurrency measured ({lo_c}–{hi_c})"
-                      + ("" if sure or not has_ci else "; not distinguishable from 1 at some levels")
-                      + f": no break-even within the levels measured (if there is one, it is below {lo_c})")
+        faster = ys[0] >= 1.0
+        if all((y >= 1.0) == faster for y in ys):  # one side of 1 throughout: no break-even in the sweep
+            b.status = "pays throughout" if faster else "never pays"
+            sure = all((v or 0.0) > 1.0 for v in lows) if faster else all((v or 0.0) < 1.0 for v in highs)
+            b.note = (f"{'faster' if faster else 'slower'} than {b.base or 'autoregressive'} at every concurrency "
+                      f"measured ({lo_c}–{hi_c})" + ("" if sure or not has_ci else "; not distinguishable from 1 at "
+                      "some levels") + ": no break-even within the levels measured (if there is one, it is "
+                      + (f"above {hi_c})" if faster else f"below {lo_c})"))
         elif b.value is not None:
             b.status = "stops paying"
-            b.note = f"speed-up crosses 1 at concurrency ≈ {_fmt(b.value)}{ci}"
+            b.note = f"speed-up crosses 1 at concurrency ≈ {_fmt(b.value)}{_interval(b, cs) if has_ci else ''}"
         else:  # slower at low concurrency, faster at high: where it starts paying (the high bound crosses first)
             b.status = "starts paying"
             b.value = _crossing(cs, ys, up=True)
             if has_ci:
                 b.low, b.high = _crossing(cs, highs, up=True), _crossing(cs, lows, up=True)
-            ci = "" if not has_ci else (f" (95%: {'≤ ' + _fmt(lo_c) if b.low is None else _fmt(b.low)} to "
-                                        f"{'≥ ' + _fmt(hi_c) if b.high is None else _fmt(b.high)})")
             b.note = (f"slower at low concurrency, faster at high: speed-up crosses 1 upwards at concurrency "
-                      f"≈ {_fmt(b.value or 0.0)}{ci}")
+                      f"≈ {_fmt(b.value or 0.0)}{_interval(b, cs) if has_ci else ''}")
         out.append(b)
     return out
