@@ -172,59 +172,25 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
             mine = [r for r in records if r.config == c.name and r.load == lr.load]
             grades = graded if graded is not None else item_grades(mine)
             kind_grades = {k: item_grades([r for r in mine if r.kind == k]) for k in lr.by_kind}
-            reqs = [
-                RequestPoint(
-                    ttft_s=r.ttft_s,
-                    tpot_s=r.tpot_s,
-                    e2e_s=r.e2e_s,
-                    service_s=None if r.e2e_s is None else max(r.e2e_s - r.queue_s, 0.0),
-                    output_tokens=r.output_tokens,
-                    key=f"{r.question_id}|t{r.turn}|r{r.repeat}",
-                )
-                for r in mine
-            ]
-            out.append(
-                ConfigMeasurement(
-                    name=c.name,
-                    strategy=c.strategy,
-                    model=c.model,
-                    backend=c.backend,
-                    precision=arm.precision,
-                    where=arm.where,
-                    sampling=arm.sampling,
-                    load=lr.load,
-                    concurrency=lr.concurrency,
-                    rate=lr.rate,
-                    requests_completed=a.requests_ok,
-                    requests_failed=a.requests_failed,
-                    errors=a.errors,
-                    wall_s=a.wall_s,
-                    device_count=device_count,
-                    output_tokens=a.output_tokens,
-                    tok_s=a.output_tok_s,
-                    **{f"{lat}_{p}": getattr(getattr(a, lat), p) for lat in ("ttft", "tpot", "e2e")
-                       for p in ("p50", "p95", "p99")},
-                    requests=reqs,
-                    tau=a.tau,
-                    passes=sum(grades.values()),
-                    graded=_attempts_judged(len(grades), a.requests_failed),
-                    comparable=c.comparable,
-                    comparable_reason=c.comparable_reason,
-                    energy_j=a.energy_j,
-                    energy_method=energy_method,
-                    steady_req_s=lr.steady_state.steady_req_s if lr.steady_state else None,
-                    steady_j_per_request=lr.steady_state.steady_j_per_request if lr.steady_state else None,
-                    by_kind={
-                        k: KindMeasurement(requests=g.requests_ok, tok_s=g.output_tok_s, tau=g.tau,
-                                           passes=sum(kind_grades.get(k, {}).values()),
-                                           graded=_attempts_judged(len(kind_grades.get(k, {})), g.requests_failed))
-                        for k, g in lr.by_kind.items()
-                    },
-                    verify_curve=curve,
-                    grades=grades,
-                    outputs=_digest(mine),
-                )
-            )
+            reqs = [RequestPoint(ttft_s=r.ttft_s, tpot_s=r.tpot_s, e2e_s=r.e2e_s, output_tokens=r.output_tokens,
+                                 service_s=None if r.e2e_s is None else max(r.e2e_s - r.queue_s, 0.0),
+                                 key=f"{r.question_id}|t{r.turn}|r{r.repeat}") for r in mine]
+            ss = lr.steady_state
+            out.append(ConfigMeasurement(
+                **{k: getattr(c, k) for k in ("name", "strategy", "model", "backend", "comparable", "comparable_reason")},
+                **{k: getattr(arm, k) for k in ("precision", "where", "sampling")},
+                **{k: getattr(lr, k) for k in ("load", "concurrency", "rate")},
+                **{k: getattr(a, k) for k in ("errors", "wall_s", "output_tokens", "tau", "energy_j")},
+                **{f"{lat}_{p}": getattr(getattr(a, lat), p) for lat in ("ttft", "tpot", "e2e") for p in ("p50", "p95", "p99")},
+                requests_completed=a.requests_ok, requests_failed=a.requests_failed, device_count=device_count,
+                tok_s=a.output_tok_s, requests=reqs, passes=sum(grades.values()),
+                graded=_attempts_judged(len(grades), a.requests_failed), energy_method=energy_method,
+                steady_req_s=ss.steady_req_s if ss else None, steady_j_per_request=ss.steady_j_per_request if ss else None,
+                by_kind={k: KindMeasurement(requests=g.requests_ok, tok_s=g.output_tok_s, tau=g.tau,
+                                            passes=sum(kind_grades.get(k, {}).values()),
+                                            graded=_attempts_judged(len(kind_grades.get(k, {})), g.requests_failed))
+                         for k, g in lr.by_kind.items()},
+                verify_curve=curve, grades=grades, outputs=_digest(mine)))
     if not out:
         raise BadInput(f"{run_dir / RUN_FILE}: no configuration with a measured load level")
     return out
