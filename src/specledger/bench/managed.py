@@ -14,6 +14,7 @@ import asyncio
 import atexit
 import functools
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -174,6 +175,15 @@ class ManagedServer:
         self.argv: list[str] = []
         self.proc: subprocess.Popen | None = None
         self._log: Any = None
+
+    @classmethod
+    def for_config(cls, config: Any, log_dir: Path) -> "ManagedServer":
+        """The server of a configuration's openai.server settings, its log `server-<config>.log` in log_dir."""
+        s = config.openai.server
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", config.name)
+        return cls(s.command, model=config.model, log_path=log_dir / f"server-{safe}.log", host=s.host, port=s.port,
+                   health=s.health, startup_timeout_s=s.startup_timeout_s, stop_grace_s=s.stop_grace_s, env=s.env,
+                   name=config.name, draft_model=s.draft_model)
 
     @property
     def base_url(self) -> str:

@@ -177,11 +177,7 @@ class Runner:
             return self.backend_factory(bc)
         if bc.backend == "inprocess":
             return make_backend(bc, meter=self.meter, models=self.models.for_config(bc))
-        if bc.openai is not None and bc.openai.server is not None:  # a server started and stopped for it
-            from specledger.bench.backends.managed_openai import ManagedOpenAIBackend
-
-            return ManagedOpenAIBackend(bc, log_dir=self.rec.run_dir)
-        return make_backend(bc)
+        return make_backend(bc, log_dir=self.rec.run_dir)  # a server the configuration names is started there
 
     async def _start(self, bc: BenchConfig, cr: ConfigResult) -> Backend | None:
         """A started backend, shared models kept and the target probed; None: an optional one skipped."""

@@ -1,4 +1,5 @@
-"""Any OpenAI-compatible server over HTTP, streaming (/v1/chat/completions, /v1/completions).
+"""Any OpenAI-compatible server over HTTP, streaming (/v1/chat/completions, /v1/completions), or one specledger
+starts for the configuration (openai.server: bench/managed.py) and stops when the backend closes.
 
 TTFT is the first chunk with content. Token counts come from the server's usage (requested with
 stream_options.include_usage), else from a tokenizer if one is configured, else one per chunk;
@@ -21,6 +22,7 @@ from specledger.bench.backends.base import Backend, Completion
 from specledger.bench.backends.pools import ConnectionPools
 from specledger.bench.backends.sse import Stream, StreamFailure, completion, error_message, unanswered
 from specledger.bench.config import BenchConfig
+from specledger.bench.managed import ManagedServer
 from specledger.bench.telemetry import merge_replica_metrics
 from specledger.errors import BadInput, SpecLedgerError
 
@@ -39,10 +41,12 @@ def transport_backoff_s(retry: int) -> float:
 class OpenAIBackend(Backend):
     serial = False
 
-    def __init__(self, config: BenchConfig):
+    def __init__(self, config: BenchConfig, *, log_dir: str | Path = "."):
+        """`log_dir`: where a managed server's log goes (`server-<config>.log`)."""
         super().__init__(config)
         assert config.openai is not None
         self.s = config.openai
+        self.server = ManagedServer.for_config(config, Path(log_dir)) if self.s.server is not None else None
         self.replicas = self.s.replicas()  # several: round robin, one request to the next replica
         self.base_url = self.replicas[0]
         self.replica_requests = [0] * len(self.replicas)  # requests sent to each replica (first attempts)
@@ -52,7 +56,7 @@ class OpenAIBackend(Backend):
         self._pools = ConnectionPools(len(self.replicas), self.s.keepalive_expiry_s)  # the streamed requests'
         self._headers: dict[str, str] = {}
         self._tokenizer: Any = None
-        self._server: str = ""
+        self._models: str = ""
         self._metrics_ok = self.s.scrape_metrics
         self._status = 0
         self._unauthorized_message = ""
@@ -60,6 +64,17 @@ class OpenAIBackend(Backend):
     # ---- lifecycle ----
 
     async def start(self) -> None:
+        """Start the managed server if there is one, then wait until every replica answers; closed on any failure."""
+        try:
+            if self.server is not None:
+                self.base_url = await self.server.start_async()
+                self.replicas = [self.base_url]
+            await self._connect()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _connect(self) -> None:
         headers = {}
         if self.s.api_key_env:
             key = os.environ.get(self.s.api_key_env)
@@ -75,9 +90,7 @@ class OpenAIBackend(Backend):
             if self._status == 401:
                 break
         if self._status == 401:
-            msg = self._unauthorized_message
-            await self.close()
-            raise Unauthorized(msg)
+            raise Unauthorized(self._unauthorized_message)
         if self.s.tokenizer:
             self._tokenizer = await asyncio.to_thread(load_counting_tokenizer, self.s.tokenizer)
 
@@ -94,13 +107,12 @@ class OpenAIBackend(Backend):
                 if r.status_code == 200:
                     try:
                         ids = [m.get("id") for m in r.json().get("data", [])]
-                        self._server = f"models: {', '.join(map(str, ids))}"
+                        self._models = f"models: {', '.join(map(str, ids))}"
                     except (ValueError, AttributeError):
                         pass
                 return
             except httpx.TransportError:
                 if time.monotonic() >= deadline:
-                    await self.close()
                     raise SpecLedgerError(
                         f"cannot reach {url} after {self.s.connect_timeout_s:g} s "
                         f"(configuration {self.config.name!r}); is the server running?") from None
@@ -121,10 +133,14 @@ class OpenAIBackend(Backend):
                 "variable in openai.api_key_env (or --api-key-env)")
 
     async def close(self) -> None:
-        await self._pools.close()
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        try:
+            await self._pools.close()
+            if self._client is not None:
+                await self._client.aclose()
+                self._client = None
+        finally:
+            if self.server is not None:
+                self.server.stop()
 
     def describe(self) -> str:
         pooling = (f"keep-alive expiry {self.s.keepalive_expiry_s:g} s, transport retries {self.s.transport_retries}, "
@@ -132,7 +148,8 @@ class OpenAIBackend(Backend):
         where = self.base_url if len(self.replicas) == 1 else f"round robin over {', '.join(self.replicas)}"
         if self.s.metrics_urls:
             where += f" (metrics per replica: {', '.join(self.s.metrics_urls)})"
-        return f"openai-http {where} api={self.s.api} {self._server} ({pooling})".replace("  ", " ")
+        managed = f"managed `{' '.join(self.server.argv)}`; " if self.server is not None else ""
+        return f"{managed}openai-http {where} api={self.s.api} {self._models} ({pooling})".replace("  ", " ")
 
     def _metrics_targets(self) -> list[str]:
         if self.s.metrics_urls:
