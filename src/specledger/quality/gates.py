@@ -36,17 +36,8 @@ def pass_rate_gate(results: list[bool | None], *, min_rate: float | None = None)
     graded = [r for r in results if r is not None]
     n, passes = len(graded), sum(1 for r in graded if r)
     low, high = wilson_interval(passes, n)
-    rate = passes / n if n else None
-    figures = {
-        "passes": passes,
-        "graded": n,
-        "ungraded": len(results) - n,
-        "rate": rate,
-        "ci_low": low,
-        "ci_high": high,
-        "confidence": 0.95,
-        "min_rate": min_rate,
-    }
+    figures = {"passes": passes, "graded": n, "ungraded": len(results) - n, "rate": passes / n if n else None,
+               "ci_low": low, "ci_high": high, "confidence": 0.95, "min_rate": min_rate}
     if n == 0:
         ok = min_rate is None
         return _gate("pass_rate", ok, "no graded answers" + ("" if ok else f", minimum {min_rate:.2f}"), figures)
@@ -82,20 +73,13 @@ def lossless_gate(
         if pos is not None:
             positions[key] = pos
     n, identical = len(keys), len(keys) - len(positions)
-    share = identical / n if n else None
     divs = [positions[k] for k in keys if k in positions]
     missing_in_candidate = sorted(k for k in reference if k not in candidate)
-    figures = {
-        "compared": n,
-        "identical": identical,
-        "share_identical": share,
-        "first_divergence": divs,
-        "first_divergence_mean": sum(divs) / len(divs) if divs else None,
-        "first_divergence_min": min(divs) if divs else None,
-        "diverged": [k for k in keys if k in positions],
-        "missing_in_candidate": missing_in_candidate,
-        "missing_in_reference": sorted(k for k in candidate if k not in reference),
-    }
+    figures = {"compared": n, "identical": identical, "share_identical": identical / n if n else None,
+               "first_divergence": divs, "first_divergence_mean": sum(divs) / len(divs) if divs else None,
+               "first_divergence_min": min(divs) if divs else None, "diverged": [k for k in keys if k in positions],
+               "missing_in_candidate": missing_in_candidate,
+               "missing_in_reference": sorted(k for k in candidate if k not in reference)}
     missing = len(missing_in_candidate)
     note = f"; {missing} request(s) missing from the candidate" if missing else ""
     if n == 0:

@@ -184,9 +184,7 @@ def _check_rule(rule: str, answer: str) -> tuple[bool | None, float | None, str]
         raise ValueError(f"not a rule: {rule!r}")
     name, arg = m.groups()
     if name == "contains":
-        alternatives = [a.strip() for a in arg.split("|")]
-        hit = contains_any(answer, alternatives)
-        return hit is not None, float(hit is not None), f"contains {hit!r}" if hit else f"missing {arg!r}"
+        return _contains(answer, [a.strip() for a in arg.split("|")], f"missing {arg!r}")
     if name in ("word", "caps"):  # the first word is one of the alternatives (caps: exactly, case included)
         alternatives = [a.strip() for a in arg.split("|")]
         got = first_word(answer)
@@ -194,6 +192,11 @@ def _check_rule(rule: str, answer: str) -> tuple[bool | None, float | None, str]
                                   else got.lower() in {a.lower() for a in alternatives})
         return ok, float(ok), f"first word {got!r} vs {arg!r}"
     return _final_numbers(arg, answer, f"rule {rule!r}")
+
+
+def _contains(answer: str, alternatives: list[str], missing: str) -> tuple[bool | None, float | None, str]:
+    hit = contains_any(answer, alternatives)
+    return hit is not None, float(hit is not None), f"contains {hit!r}" if hit else missing
 
 
 def _final_numbers(reference: str, answer: str, what: str) -> tuple[bool | None, float | None, str]:
@@ -216,10 +219,8 @@ def _check_kind(kind: str, reference: str, answer: str) -> tuple[bool | None, fl
         score = chrf(answer, reference)
         return score >= CHRF_MIN, score / 100, f"chrf {score:.1f}"
     alternatives = [a.strip() for a in reference.split("|")]
-    hit = contains_any(answer, alternatives)
-    exact = any(normalize(answer) == normalize(a) for a in alternatives)
-    detail = "exact match" if exact else f"contains {hit!r}" if hit else "reference not found"
-    return hit is not None, float(hit is not None), detail
+    ok, score, detail = _contains(answer, alternatives, "reference not found")
+    return ok, score, "exact match" if any(normalize(answer) == normalize(a) for a in alternatives) else detail
 
 
 def _alternatives(entry: str | tuple[str, ...]) -> list[str]:
@@ -235,9 +236,7 @@ def _check_entry(kind: str, entry: str | tuple[str, ...], answer: str) -> tuple[
     """One turn against its reference entry: a string, or acceptable answers of which any may match."""
     alts = _alternatives(entry)
     if len(alts) > 1 and kind in ("qa", "rag") and not any(_is_rule(a) for a in alts):
-        hit = contains_any(answer, alts)
-        return (hit is not None, float(hit is not None),
-                f"contains {hit!r}" if hit else f"none of {len(alts)} acceptable answers found")
+        return _contains(answer, alts, f"none of {len(alts)} acceptable answers found")
     results = [_check_rule(a, answer) if _is_rule(a) else _check_kind(kind, a, answer) for a in alts]
     graded = [r for r in results if r[0] is not None]
     if not graded:
@@ -352,13 +351,8 @@ def grade(question: Question, answers: list[str], user_grader: str | None = None
     if not refs:
         reason = "no reference" if not question.reference else f"no grader for kind {question.kind} without rules"
         return GradeResult(passed=None, score=None, grader="none", detail=reason)
-    rules = [_entry_is_rule(r) for _, r in refs]
-    if all(rules):
-        grader = "rules"
-    elif kind_grader is None:  # unreachable: refs keeps a non-rule reference only when its kind has a grader
-        raise ValueError(f"no grader for kind {question.kind}")
-    else:
-        grader = kind_grader if not any(rules) else f"{kind_grader}+rules"
+    rules = [_entry_is_rule(r) for _, r in refs]  # (refs keeps a non-rule reference only when its kind has a grader)
+    grader = "rules" if all(rules) else f"{kind_grader}+rules" if any(rules) else str(kind_grader)
     checks: list[tuple[int, bool | None, float | None, str]] = []
     for i, ref in refs:
         if i >= len(answers) or answers[i] is None:
