@@ -194,7 +194,7 @@ def _check_rule(rule: str, answer: str) -> tuple[bool | None, float | None, str]
     return _final_numbers(arg, answer, f"rule {rule!r}")
 
 
-def _contains(answer: str, alternatives: list[str], missing: str) -> tuple[bool | None, float | None, str]:
+def _contains(answer: str, alternatives: list[str], missing: str) -> tuple[bool, float, str]:
     hit = contains_any(answer, alternatives)
     return hit is not None, float(hit is not None), f"contains {hit!r}" if hit else missing
 
