@@ -9,8 +9,12 @@ function) makes the record unusable here.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
 from typing import Any
 
+from specledger.bench.formats.lines import BadLines, first_record, json_array_records, jsonl_records, read_questions_from
 from specledger.bench.formats.spec_bench import parse_reference
 from specledger.bench.question import Question, ReadOptions
 
@@ -109,3 +113,13 @@ def kind_hint(obj: Any, opts: ReadOptions) -> str:
     explicit = obj.get("kind") if isinstance(obj, dict) else None
     return opts.kind_for(category if isinstance(category, str) else None,
                          explicit if isinstance(explicit, str) else None)
+
+
+def read_conversations(path: Path, bad: BadLines, opts: ReadOptions,
+                       parse: Callable[..., Question]) -> Iterator[Question]:
+    """A file of recorded conversations, a JSON array or JSONL, each record through `parse`; a repeated id gets
+    "~2", "~3" appended."""
+    shape, _ = first_record(path)
+    records = json_array_records(path) if shape == "array" else jsonl_records(path)
+    return read_questions_from(path, records, partial(parse, opts=opts), bad, kind_hint=partial(kind_hint, opts=opts),
+                               duplicates="rename")

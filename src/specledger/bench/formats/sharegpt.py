@@ -9,18 +9,11 @@ in some dumps: a repeated id gets "~2", "~3" appended.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from specledger.bench.formats.conversation import kind_hint, record_id, to_question
-from specledger.bench.formats.lines import (
-    BadLines,
-    first_record,
-    json_array_records,
-    jsonl_records,
-    read_questions_from,
-)
+from specledger.bench.formats.conversation import read_conversations, record_id, to_question
+from specledger.bench.formats.lines import BadLines
 from specledger.bench.question import Question, ReadOptions
 
 
@@ -41,7 +34,4 @@ def parse_record(obj: Any, lineno: int, opts: ReadOptions) -> Question:
 
 
 def read(path: Path, bad: BadLines, opts: ReadOptions) -> Iterator[Question]:
-    shape, _ = first_record(path)
-    records = json_array_records(path) if shape == "array" else jsonl_records(path)
-    return read_questions_from(path, records, partial(parse_record, opts=opts), bad,
-                               kind_hint=partial(kind_hint, opts=opts), duplicates="rename")
+    return read_conversations(path, bad, opts, parse_record)
