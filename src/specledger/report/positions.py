@@ -29,31 +29,19 @@ class PositionRow:
 
 
 def _row(config: str, load: str, source: str, a: LevelStats) -> PositionRow | None:
-    if not a.position_rates:
-        if not a.proposed:
-            return None
-        return PositionRow(config=config, load=load,
-                           source=f"{source}: {a.name} ({a.accepted / a.proposed:.0%} accepted; {TOTALS_ONLY})",
-                           drafts=a.drafts, proposed=a.proposed, accepted=a.accepted)
-    return PositionRow(config=config, load=load, source=f"{source}: {a.name}", drafts=a.drafts, proposed=a.proposed,
-                       accepted=a.accepted, rates=list(a.position_rates))
+    if not a.position_rates and not a.proposed:
+        return None
+    totals = "" if a.position_rates else f" ({a.accepted / a.proposed:.0%} accepted; {TOTALS_ONLY})"
+    return PositionRow(config=config, load=load, source=f"{source}: {a.name}{totals}", drafts=a.drafts,
+                       proposed=a.proposed, accepted=a.accepted, rates=list(a.position_rates))
 
 
 def position_rows(run: RunResult) -> list[PositionRow]:
     """Every (configuration, load level, source, drafting level) that proposed drafts: with its acceptance per
     position where the source gives it, else its totals."""
-    rows = []
-    for c in run.configs:
-        for lr in c.loads:
-            for a in lr.telemetry_levels:
-                row = _row(c.name, lr.load, "server counters", a)
-                if row:
-                    rows.append(row)
-            for a in lr.aggregate.acceptance:
-                row = _row(c.name, lr.load, "per request", a)
-                if row:
-                    rows.append(row)
-    return rows
+    return [row for c in run.configs for lr in c.loads
+            for source, levels in (("server counters", lr.telemetry_levels), ("per request", lr.aggregate.acceptance))
+            for a in levels if (row := _row(c.name, lr.load, source, a))]
 
 
 def position_table(run: RunResult) -> dict | None:
