@@ -14,7 +14,7 @@ import pytest
 import torch
 from tests.varied_model import BATCHING_VOCAB, CharTokenizer, alone, batching_model
 
-from specledger.decoding.batch_runner import BatchItem, BatchRunner
+from specledger.decoding.batch_runner import BatchItem, BatchRunner, common_prefix
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
 from specledger.decoding.tree import Tree
@@ -59,6 +59,14 @@ def test_slot_cache_rollback_compaction_and_growth_stay_in_their_slot():
 
 
 # ---- one ragged pass ------------------------------------------------------------------------------
+
+
+def test_common_prefix_counts_shared_leading_tokens_up_to_the_limit():
+    """What a slot keeps on sync and an EAGLE head keeps on accept: whole when one sequence extends the other."""
+    assert common_prefix([1, 2, 3], [1, 2, 3, 4], 10) == 3
+    assert common_prefix([1, 2, 3, 4], [1, 2, 3, 4], 3) == 3
+    assert common_prefix([1, 2, 5, 4], [1, 2, 3, 4], 10) == 2
+    assert common_prefix([], [1], 5) == 0 and common_prefix([7], [8], 5) == 0
 
 
 def test_ragged_pass_equals_each_sequence_run_alone(lm):

@@ -43,8 +43,10 @@ SIMILAR = 0.5  # a kept prefix this share of the prompt takes its slot (llama-se
 
 
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """How many leading tokens a and b share, at most `limit`."""
+    """How many leading tokens a and b share, at most `limit` (all of them, the usual case, in one comparison)."""
     n = min(len(a), len(b), limit)
+    if a[:n] == b[:n]:
+        return n
     i = 0
     while i < n and a[i] == b[i]:
         i += 1

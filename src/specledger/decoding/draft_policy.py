@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Hashable
-from typing import Protocol
-
 from specledger.decoding.draft_budget import (PRIOR, AcceptanceEMA, CostSurface, FittedSurface, RankAcceptance,
                                                StepOverhead, cost_surface, gain_calibration, pass_calibration,
                                                plan_drafts)
@@ -30,7 +28,9 @@ RELAX = 0.005  # per pass without any draft: the population estimate's pull back
 EVIDENCE = 16.0
 
 
-class DraftPolicy(Protocol):
+class DraftPolicy:
+    """What a policy hears of a batch (each hook a no-op here) and how it plans."""
+
     name: str  # recorded in a run's params as draft_length
 
     def begin(self, key: Hashable) -> None:
@@ -39,7 +39,7 @@ class DraftPolicy(Protocol):
     def plan(self, seqs: list[DraftSeq], caps: list[int], prefill_rows: int) -> list[int]:
         """Nodes each decoding sequence drafts for the next pass (0: none), at most its cap (room, tokens left);
         prefill_rows: the joining prompts' rows in the same pass."""
-        ...
+        raise NotImplementedError
 
     def accepted(self, key: Hashable, drafted: int, path: list[int]) -> None:
         """The sequence's draft of `drafted` nodes was verified and `path` of it kept."""
@@ -52,7 +52,7 @@ class DraftPolicy(Protocol):
         """The request left."""
 
 
-class FixedK:
+class FixedK(DraftPolicy):
     """Every decoding sequence drafts min(k, cap) nodes every step, whatever was accepted and whatever it costs."""
 
     name = "fixed"
@@ -60,24 +60,11 @@ class FixedK:
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def begin(self, key: Hashable) -> None:
-        pass
-
     def plan(self, seqs: list[DraftSeq], caps: list[int], prefill_rows: int) -> list[int]:
         return [min(self.k, c) for c in caps]
 
-    def accepted(self, key: Hashable, drafted: int, path: list[int]) -> None:
-        pass
 
-    def observe(self, step_s: float, forward_s: float, plan_s: float, rows: int, n_seqs: int,
-                n_drafting: int) -> None:
-        pass
-
-    def end(self, key: Hashable) -> None:
-        pass
-
-
-class Adaptive:
+class Adaptive(DraftPolicy):
     """The planner: each step's drafts chosen for the pass's expected tokens per second (draft_budget.py)."""
 
     name = "adaptive"

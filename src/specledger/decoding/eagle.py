@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from specledger.decoding.batch_runner import common_prefix
 from specledger.decoding.eagle_head import EagleHead, draft_lm_head, load_head, shipped_head_dir
 from specledger.decoding.draft_budget import catch_up_share
 from specledger.decoding.drafter import Drafter, DraftSeq
@@ -203,13 +204,7 @@ class EagleDrafter(Drafter):
         fstart = n_cached - features.shape[0]
         if fstart < 0 or fstart > st.n_feats:
             raise ValueError(f"features for tokens {fstart}..{n_cached} leave a gap after the {st.n_feats} known")
-        mine = st.tokens
-        if len(mine) <= len(tokens) and tokens[:len(mine)] == mine:  # the usual case: the base only appended
-            common = len(mine)
-        else:
-            common, lim = 0, min(len(mine), len(tokens))
-            while common < lim and mine[common] == tokens[common]:
-                common += 1
+        common = common_prefix(st.tokens, tokens, len(tokens))
         st.store(fstart, features)
         length = self.cache.lengths[st.slot]
         valid = max(0, min(length, fstart, common - 1))  # entry i needs f_i and token i+1 unchanged
