@@ -64,8 +64,7 @@ def _row(r: ConfigCost, n: int | None) -> dict:
     s = r.cost_shares
     return {
         "name": r.name, "precision": r.precision, "load": r.load, "tok_s": num(r.tok_s, ".1f"),
-        "speedup": num(r.speedup, ".2f", "×") + ("" if r.speedup_low is None else
-                                                 f" [{r.speedup_low:.2f}–{r.speedup_high:.2f}]"), "ttft": f"{num(r.ttft_p50, '.2f')} / {num(r.ttft_p95, '.2f')} (n={n or 0})",
+        "speedup": _speedup(r), "ttft": f"{num(r.ttft_p50, '.2f')} / {num(r.ttft_p95, '.2f')} (n={n or 0})",
         "tau": num(r.tau, ".2f"), "pass_rate": f"{num(r.pass_rate, '.0%')}" + ("" if r.pass_low is None else
                                                       f" [{r.pass_low:.0%}–{r.pass_high:.0%}]")
         + f" ({r.pass_rate_source})",
@@ -99,29 +98,23 @@ def _interaction_table(rows: list[dict]) -> tuple[list[str], list[dict]]:
     return precisions, table
 
 
+def _speedup(r: ConfigCost) -> str:
+    """"1.23× [1.10–1.35]": the speed-up and its paired interval, where measured."""
+    return num(r.speedup, ".2f", "×") + ("" if r.speedup_low is None else f" [{r.speedup_low:.2f}–{r.speedup_high:.2f}]")
+
+
 def _concurrency_table(ledger: LedgerResult) -> dict | None:
     """Every swept configuration: tok/s and paired speed-up at each concurrency, and where it stops paying."""
     from specledger.report.terminal import break_even_cell
 
-    levels, names = concurrency_sweep(ledger)
-    if not names:
+    levels, swept = concurrency_sweep(ledger)
+    if not swept:
         return None
-    at = {(r.name, r.concurrency): r for r in ledger.levels}
-    be = {b.config: b for b in ledger.concurrency}
     rows = []
-    for n in names:
-        first = next(r for r in ledger.levels if r.name == n)
-        cells = []
-        for c in levels:
-            r = at.get((n, c))
-            if r is None or r.tok_s is None:
-                cells.append("–")
-                continue
-            up = "" if r.speedup is None or r.strategy == "ar" else (
-                f"{r.speedup:.2f}×" + ("" if r.speedup_low is None else f" [{r.speedup_low:.2f}–{r.speedup_high:.2f}]"))
-            cells.append(f"{r.tok_s:.1f} tok/s" + (f" · {up}" if up else ""))
-        b = be.get(n)
-        rows.append({"name": n, "strategy": first.strategy, "precision": first.precision, "cells": cells,
+    for first, at, b in swept:
+        cells = ["–" if r is None else f"{r.tok_s:.1f} tok/s" + (
+                 "" if r.speedup is None or r.strategy == "ar" else f" · {_speedup(r)}") for r in at]
+        rows.append({"name": first.name, "strategy": first.strategy, "precision": first.precision, "cells": cells,
                      "break_even": "baseline" if first.strategy == "ar" else
                      (break_even_cell(b).replace("\n[dim]", " (").replace("[/dim]", ")") if b else "–"),
                      "note": b.note if b else ""})

@@ -205,12 +205,21 @@ def break_even_cell(b: ConcurrencyBreakEven) -> str:
     return f"≈{b.value:.2g}\n[dim]{lo}–{hi}[/dim]"
 
 
-def concurrency_sweep(ledger: LedgerResult) -> tuple[list[int], list[str]]:
-    """The concurrencies measured and the configurations measured at two or more of them (else nothing to show)."""
+SweepRow = tuple[ConfigCost, list[ConfigCost | None], ConcurrencyBreakEven | None]
+
+
+def concurrency_sweep(ledger: LedgerResult) -> tuple[list[int], list[SweepRow]]:
+    """The concurrencies measured and each configuration measured at two or more of them (else nothing to show):
+    its first level, its level at each concurrency (None: no throughput there) and its break-even."""
     levels = sorted({r.concurrency for r in ledger.levels if r.concurrency is not None})
     swept = [n for n in dict.fromkeys(r.name for r in ledger.levels)
              if sum(1 for r in ledger.levels if r.name == n and r.concurrency is not None and r.tok_s) >= 2]
-    return (levels, swept) if len(levels) >= 2 and swept else ([], [])
+    if len(levels) < 2 or not swept:
+        return [], []
+    at = {(r.name, r.concurrency): r for r in ledger.levels if r.tok_s is not None}
+    be = {b.config: b for b in ledger.concurrency}
+    return levels, [(next(r for r in ledger.levels if r.name == n), [at.get((n, c)) for c in levels], be.get(n))
+                    for n in swept]
 
 
 def render_concurrency(ledger: LedgerResult) -> Table | None:
@@ -219,7 +228,6 @@ def render_concurrency(ledger: LedgerResult) -> Table | None:
     levels, swept = concurrency_sweep(ledger)
     if not swept:
         return None
-    be = {b.config: b for b in ledger.concurrency}
     t = Table(title="Throughput and speed-up vs concurrency", title_justify="left", header_style="bold",
               caption="tok/s, then speed-up over ar on the same precision at the same concurrency (95%, paired by "
                       "prompt); break-even: where the speed-up crosses 1", caption_justify="left")
@@ -227,20 +235,11 @@ def render_concurrency(ledger: LedgerResult) -> Table | None:
     for c in levels:
         t.add_column(f"c={c}", justify="right", no_wrap=True)
     t.add_column("break-even\n[dim]concurrency[/dim]", justify="right", no_wrap=True)
-    at = {(r.name, r.concurrency): r for r in ledger.levels}
-    for name in swept:
-        cells = []
-        first = next(r for r in ledger.levels if r.name == name)
-        for c in levels:
-            r = at.get((name, c))
-            if r is None or r.tok_s is None:
-                cells.append("–")
-                continue
-            up = "" if r.speedup is None or r.strategy == "ar" else f"\n[dim]{r.speedup:.2f}×" + (
-                "" if r.speedup_low is None else f" {r.speedup_low:.2f}–{r.speedup_high:.2f}") + "[/dim]"
-            cells.append(f"{r.tok_s:.1f}{up}")
-        b = be.get(name)
-        t.add_row(f"{name}\n[dim]{first.precision}[/dim]", *cells,
+    for first, at, b in swept:
+        cells = ["–" if r is None else f"{r.tok_s:.1f}" + ("" if r.speedup is None or r.strategy == "ar" else (
+                 f"\n[dim]{r.speedup:.2f}×" + ("" if r.speedup_low is None else
+                                                f" {r.speedup_low:.2f}–{r.speedup_high:.2f}") + "[/dim]")) for r in at]
+        t.add_row(f"{first.name}\n[dim]{first.precision}[/dim]", *cells,
                   "[dim]baseline[/dim]" if first.strategy == "ar" else (break_even_cell(b) if b else "–"))
     return t
 
