@@ -57,6 +57,20 @@ class One:
     def st(self):
         return self.d.seqs[0]
 
+    def record_logp(self) -> list[float]:
+        """From now on, the head's log-probability of every candidate given its parent, in creation order (with one
+        sequence drafting, its candidates are the rows of each level's top-k, in order)."""
+        logp: list[float] = []
+        top = self.d._top
+
+        def spy(h, k):
+            v, ids = top(h, k)
+            logp.extend(v.reshape(-1).tolist())
+            return v, ids
+
+        self.d._top = spy
+        return logp
+
     @property
     def length(self):
         return self.d.cache.lengths[self.st.slot]
@@ -95,16 +109,20 @@ def test_best_nodes_are_kept():
     feats = prompt_features(lm, [3, 4, 5])
     d = One(head, lm, top_k=4, depth=3, total_nodes=12, max_len=200)
     d.start([3, 4, 5, 6], feats)
+    logp = d.record_logp()
     tree = d.draft(100)
     st = d.st
+    assert len(logp) == len(st.cand_tokens) and len(tree) == 12
     cum = [0.0] * len(st.cand_tokens)
     for c, p in enumerate(st.cand_parents):
-        cum[c] = st.cand_logp[c] + (cum[p] if p >= 0 else 0.0)
-    kept = st.cand_order[:12]  # best first: the tree lists them in this order
-    assert [st.cand_tokens[c] for c in kept] == tree.tokens
-    assert [cum[c] for c in kept] == sorted((cum[c] for c in kept), reverse=True)
+        cum[c] = logp[c] + (cum[p] if p >= 0 else 0.0)
+    kept: list[int] = []  # each tree node's candidate: its parent's child with its token (siblings are distinct)
+    for tok, p in zip(tree.tokens, tree.parents):
+        parent = kept[p] if p >= 0 else -1
+        kept.append(next(c for c, q in enumerate(st.cand_parents) if q == parent and st.cand_tokens[c] == tok))
+    assert [cum[c] for c in kept] == sorted((cum[c] for c in kept), reverse=True)  # best first
     worst_kept = min(cum[c] for c in kept)
-    assert all(cum[c] <= worst_kept + 1e-6 for c in st.cand_order[12:])
+    assert all(cum[c] <= worst_kept + 1e-6 for c in range(len(cum)) if c not in kept)
 
 
 def test_tree_drafting_equals_each_path_run_alone():
@@ -117,8 +135,10 @@ def test_tree_drafting_equals_each_path_run_alone():
     d = One(head, lm, top_k=3, depth=4, total_nodes=40, max_len=100)
     d.start(prompt + [3], feats)
     d.d.explore = True
+    logp = d.record_logp()
     d.draft(40)
     st, cache, committed = d.st, d.d.cache, d.length
+    assert len(logp) == len(st.cand_tokens)
 
     def path_to(c):
         out = []
@@ -140,8 +160,8 @@ def test_tree_drafting_equals_each_path_run_alone():
                                     torch.arange(committed, committed + i + 1), [Segment(st.slot, i + 1)], cache)
                 feats.append(h[-1])
             cache.rollback(st.slot, committed)
-            logp = torch.log_softmax(d.d.lm_head(h[-1:]).float(), -1)[0]
-            assert float(logp[st.cand_tokens[c]]) == pytest.approx(st.cand_logp[c], abs=1e-4)
+            alone = torch.log_softmax(d.d.lm_head(h[-1:]).float(), -1)[0]
+            assert float(alone[st.cand_tokens[c]]) == pytest.approx(logp[c], abs=1e-4)
             checked += 1
     assert checked >= 3 * 3 * 3  # depths 2 to 4 were all expanded
 

@@ -55,12 +55,8 @@ class _HeadSeq:
     tokens: list[int] = field(default_factory=list)
     root: torch.Tensor | None = None  # predicted feature of the pending token
     todo: int = 0  # head entries [todo, n_feats) are still to be fed (the slot holds [0, todo))
-    # the last draft's candidates, in creation order, with the head's log-probability of each given its parent,
-    # and their ranking (best first, closed under parents)
-    cand_tokens: list[int] = field(default_factory=list)
+    cand_tokens: list[int] = field(default_factory=list)  # the last draft's candidates, in creation order
     cand_parents: list[int] = field(default_factory=list)
-    cand_logp: list[float] = field(default_factory=list)
-    cand_order: list[int] = field(default_factory=list)
 
     def store(self, start: int, features: torch.Tensor) -> None:
         """The base's features of tokens start.. (the newest it cached); what came after them is gone."""
@@ -83,7 +79,6 @@ class _HeadSeq:
             if p < 0 or p in kept:
                 kept.add(c)
                 ranked.append(c)
-        self.cand_order = ranked
         chosen = ranked[:n_keep]
         index = {c: i for i, c in enumerate(chosen)}
         parents = [index[self.cand_parents[c]] if self.cand_parents[c] >= 0 else -1 for c in chosen]
@@ -247,7 +242,7 @@ class EagleDrafter(Drafter):
         t0 = clock(self.model.device)
         states = [self.seqs[s.key] for s in seqs]
         for st in states:
-            st.cand_tokens, st.cand_parents, st.cand_logp, st.cand_order = [], [], [], []
+            st.cand_tokens, st.cand_parents = [], []
         self.price.long_s = 0.0
         self._catch_up(states)
         keep = [min(self.max_nodes, b) for b in budgets]
@@ -273,7 +268,6 @@ class EagleDrafter(Drafter):
             st = g.st
             st.cand_tokens += ids[j * k : (j + 1) * k]
             st.cand_parents += [-1] * k
-            st.cand_logp += v[j].tolist()
             g.scores.append(v[j])
             g.front, g.front_score = torch.arange(k), v[j]
             g.front_feat = roots[j][None].expand(k, -1)
@@ -320,7 +314,6 @@ class EagleDrafter(Drafter):
                 base_id = len(st.cand_tokens)
                 st.cand_tokens += ids[row * k : (row + f) * k]
                 st.cand_parents += [c for c in g.front.tolist() for _ in range(k)]
-                st.cand_logp += gv.reshape(-1).tolist()
                 g.scores.append(cum)
                 g.front_score, best = cum.topk(min(k, cum.numel()))
                 g.front = best + base_id
