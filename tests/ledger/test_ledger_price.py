@@ -56,7 +56,7 @@ def test_rows_levels_and_verdicts(run_dir):
     for r in ledger.configs:
         if r in candidates:
             assert r.p5 <= r.mean <= r.p95 and 0 <= r.p_cheapest <= 1
-            assert sum(r.shares.values()) == pytest.approx(1.0)
+            assert sum(r.cost_shares.values()) == pytest.approx(1.0)
         else:
             assert r.p_cheapest is None
     assert sum(r.p_cheapest or 0 for r in ledger.configs) == pytest.approx(1.0)

@@ -83,15 +83,6 @@ class ConfigCost(BaseModel):
     verdict_detail: str = ""
 
     @property
-    def shares(self) -> dict[str, float]:
-        """The three-way split the report's table shows ("compute" counts tool calls too; see cost_shares)."""
-        compute, tools, labour, maintenance = self.compute, self.tools, self.labour, self.maintenance
-        if self.infinite or not self.total or compute is None or tools is None or labour is None or maintenance is None:
-            return {}  # not priced (a priced row has every part; see _cost_row)
-        return {"compute": (compute + tools) / self.total, "labour": labour / self.total,
-                "maintenance": maintenance / self.total}
-
-    @property
     def cost_shares(self) -> dict[str, float]:
         """Engine compute, tools (retrieval, tool calls), labour, maintenance and energy, as shares of the total:
         what the decoding choice can move (the engine's part, its energy) apart from what it cannot."""
@@ -335,9 +326,10 @@ def price_measurements(
 
 
 def _summary(r: ConfigCost) -> dict:
+    s = r.cost_shares  # compute_share: the engine's compute, its energy and the tool calls, as the cost table had it
     return {"name": r.name, "load": r.load, "total": r.total, "p5": r.p5, "p95": r.p95, "verdict": r.verdict,
-            "verdict_detail": r.verdict_detail, "compute_share": r.shares.get("compute"),
-            "labour_share": r.shares.get("labour")} | {f"{k}_share": v for k, v in r.cost_shares.items()}
+            "verdict_detail": r.verdict_detail, "compute_share": s["engine"] + s["energy"] + s["tools"] if s else None,
+            "labour_share": None} | {f"{k}_share": v for k, v in s.items()}
 
 
 def _occupancy(m: ConfigMeasurement) -> float | None:
