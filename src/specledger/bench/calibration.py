@@ -91,10 +91,10 @@ def cpu_counters() -> tuple[float, float, float] | None:
         return None
 
 
-def take_probe(when: str, probe=probe_ms) -> NoiseProbe:
+def take_probe(when: str) -> NoiseProbe:
     counters = cpu_counters()
     clock, busy, own = counters if counters is not None else (None, None, None)
-    return NoiseProbe(when=when, ms=probe(), load_avg=load_average(), clock_s=clock, busy_cpu_s=busy, own_cpu_s=own)
+    return NoiseProbe(when=when, ms=probe_ms(), load_avg=load_average(), clock_s=clock, busy_cpu_s=busy, own_cpu_s=own)
 
 
 def _counters(p: NoiseProbe) -> tuple[float, float, float] | None:
@@ -115,7 +115,7 @@ def _others(noise: Noise) -> list[tuple[str, float]]:
     return out
 
 
-def assess(noise: Noise, *, threshold: float = DRIFT_WARN) -> Noise:
+def assess(noise: Noise) -> Noise:
     """Drift of the probes and, past the threshold or with more runnable processes than cores, a warning
     that names the likely cause."""
     ms = [p.ms for p in noise.probes if p.ms > 0]
@@ -124,7 +124,7 @@ def assess(noise: Noise, *, threshold: float = DRIFT_WARN) -> Noise:
     loads = [p.load_avg[0] for p in noise.probes if p.load_avg]
     busy = max(loads, default=0.0)
     causes = []
-    if noise.drift is not None and noise.drift > threshold:
+    if noise.drift is not None and noise.drift > DRIFT_WARN:
         slow = max(noise.probes, key=lambda p: p.ms)
         causes.append(f"the calibration probe drifted {noise.drift:.0%} (slowest {slow.when} the run)")
     others = _others(noise)

@@ -46,9 +46,8 @@ def candidates(n_cores: int) -> list[int]:
     return sorted(out)
 
 
-def time_forwards(models: dict[str, Any], counts: list[int], *, sizes: tuple[int, ...] = SIZES,
-                  context: int = CONTEXT, rounds: int = ROUNDS) -> list[ThreadProbe]:
-    """Median seconds of each model's forward of n new tokens on `context` cached ones, at each thread count.
+def time_forwards(models: dict[str, Any], counts: list[int]) -> list[ThreadProbe]:
+    """Median seconds of each model's forward of n new tokens (SIZES) on CONTEXT cached ones, at each thread count.
     Each round visits every count (in a rotated order); after a switch one forward is left untimed (the pool
     spins up). A count already DROP times slower than one thread after the first round is not timed again
     (on a loaded machine extra threads can be many times slower, and the probe should stay short)."""
@@ -62,20 +61,20 @@ def time_forwards(models: dict[str, Any], counts: list[int], *, sizes: tuple[int
                 m = lm.model
                 dev = m.device
                 gen = torch.Generator().manual_seed(0)
-                cache = m.new_cache(context + max(sizes))
-                m.hidden(torch.randint(0, m.cfg.vocab_size, (1, context), generator=gen).to(dev), cache)
-                xs = {n: torch.randint(0, m.cfg.vocab_size, (1, n), generator=gen).to(dev) for n in sizes}
+                cache = m.new_cache(CONTEXT + max(SIZES))
+                m.hidden(torch.randint(0, m.cfg.vocab_size, (1, CONTEXT), generator=gen).to(dev), cache)
+                xs = {n: torch.randint(0, m.cfg.vocab_size, (1, n), generator=gen).to(dev) for n in SIZES}
                 live = list(counts)
-                for r in range(rounds):
+                for r in range(ROUNDS):
                     for t in live[r % len(live):] + live[:r % len(live)]:
                         torch.set_num_threads(t)
-                        _forward(m, cache, xs[sizes[0]], context)  # untimed: the pool spins up after a switch
-                        for n in sizes:
-                            times.setdefault((label, n, t), []).append(_forward(m, cache, xs[n], context))
+                        _forward(m, cache, xs[SIZES[0]], CONTEXT)  # untimed: the pool spins up after a switch
+                        for n in SIZES:
+                            times.setdefault((label, n, t), []).append(_forward(m, cache, xs[n], CONTEXT))
                     if r == 0:  # counts already far slower than one thread: not timed again
-                        one = {n: times[(label, n, counts[0])][0] for n in sizes}
+                        one = {n: times[(label, n, counts[0])][0] for n in SIZES}
                         live = [t for t in live if t == counts[0]
-                                or min(times[(label, n, t)][0] / one[n] for n in sizes) < DROP]
+                                or min(times[(label, n, t)][0] / one[n] for n in SIZES) < DROP]
     finally:
         torch.set_num_threads(before)
     return [ThreadProbe(model=label, tokens=n, threads=t, ms=round(1000 * statistics.median(v), 3))
