@@ -11,7 +11,7 @@ from rich.console import Console
 
 from specledger.bench.metrics import aggregate
 from specledger.bench.results import (
-    SCHEMA_VERSION, SUMMARY_COLUMNS, Conditions, ConfigResult, GateOutcome, LoadResult, RequestGrade,
+    SCHEMA_VERSION, SUMMARY_COLUMNS, Conditions, ConfigResult, Dist, GateOutcome, LoadResult, RequestGrade,
     RequestLog, RequestRecord, RunResult, load_run, read_requests, write_run, write_summary,
 )
 from specledger.spec_stats import LevelStats
@@ -81,6 +81,15 @@ def test_run_json_round_trip_and_summary(tmp_path):
     assert rows[0]["config"] == "ar" and float(rows[0]["tau"]) == pytest.approx(2.5)
     assert rows[0]["acceptance"] == "draft=0.7500"
     assert float(rows[0]["output_tok_s"]) == pytest.approx(10.0)
+
+    # every latency column holds its own distribution's statistic (the figures made distinct to tell them apart)
+    for i, metric in enumerate(("ttft", "tpot", "itl", "e2e")):
+        setattr(run.configs[0].loads[0].aggregate, metric, Dist(n=4, mean=i + 0.1, p50=i + 0.2, p90=i + 0.3,
+                                                                p95=i + 0.4, p99=i + 0.5))
+    write_summary(tmp_path, run)
+    row = next(csv.DictReader(open(tmp_path / "summary.csv")))
+    assert [float(row[f"{m}_{s}"]) for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", "p50", "p90", "p95", "p99")
+            ] == pytest.approx([i + j / 10 for i in range(4) for j in range(1, 6)])
 
 
 def test_load_run_errors(tmp_path):

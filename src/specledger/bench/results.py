@@ -504,15 +504,11 @@ def load_run(run_dir: str | Path) -> RunResult:
         raise BadInput(f"{path}: {describe(exc)}") from None
 
 
+_LATENCY_COLUMNS = [f"{m}_{s}" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", "p50", "p90", "p95", "p99")]
 SUMMARY_COLUMNS = [
     "run_id", "config", "backend", "model", "strategy", "dtype", "quant", "load", "concurrency", "rate",
     "requests_ok", "requests_failed", "failure_rate", "error_kinds", "retries", "transport_retries",
-    "output_tokens", "wall_s",
-    "ttft_mean", "ttft_p50", "ttft_p90", "ttft_p95", "ttft_p99",
-    "tpot_mean", "tpot_p50", "tpot_p90", "tpot_p95", "tpot_p99",
-    "itl_mean", "itl_p50", "itl_p90", "itl_p95", "itl_p99",
-    "e2e_mean", "e2e_p50", "e2e_p90", "e2e_p95", "e2e_p99",
-    "queue_mean", "output_tok_s", "requests_s", "goodput_rps", "tau", "acceptance",
+    "output_tokens", "wall_s", *_LATENCY_COLUMNS, "queue_mean", "output_tok_s", "requests_s", "goodput_rps", "tau", "acceptance",
     "energy_j", "energy_j_per_token", "peak_rss_bytes", "cuda_max_allocated_bytes",
     "pass_rate", "comparable", "comparable_reason",
 ]
@@ -538,10 +534,7 @@ def summary_rows(run: RunResult) -> Iterable[dict[str, Any]]:
             row |= {"run_id": run.run_id, "config": c.name, "failure_rate": failure_rate(a),
                     "error_kinds": error_kinds(a), "queue_mean": a.queue.mean,
                     "acceptance": ";".join(f"{x.name}={x.rate:.4f}" for x in a.acceptance if x.rate is not None)}
-            for metric in ("ttft", "tpot", "itl", "e2e"):
-                d: Dist = getattr(a, metric)
-                for stat in ("mean", "p50", "p90", "p95", "p99"):
-                    row[f"{metric}_{stat}"] = getattr(d, stat)
+            row |= {f"{m}_{s}": getattr(getattr(a, m), s) for m, s in (c.split("_") for c in _LATENCY_COLUMNS)}
             yield row
 
 
