@@ -42,13 +42,10 @@ def main() -> None:
     except click_errors.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except typer.Abort:
-        typer.echo("interrupted", err=True)
-        sys.exit(130)
     except SpecLedgerError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except (typer.Abort, KeyboardInterrupt):
         typer.echo("interrupted", err=True)
         sys.exit(130)
     sys.exit(rc if isinstance(rc, int) else 0)

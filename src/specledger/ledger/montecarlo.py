@@ -169,13 +169,6 @@ def draws(cases: list[tuple[Case, Resolved, ConfigMeasurement]], samples: int,
     return uniforms, shared_draws([m for _, _, m in cases], samples, rng)
 
 
-def sample_all(cases: list[tuple[Case, Resolved, ConfigMeasurement]], uniforms: dict[tuple, np.ndarray],
-               shared: SharedDraws, samples: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Cost and feasibility samples of every case over the same draws (the i-th case's own stream: [seed, i+1])."""
-    return [sample_case(case, res, m, uniforms, samples, np.random.default_rng([seed, i + 1]), shared)
-            for i, (case, res, m) in enumerate(cases)]
-
-
 def draw_all(cases: list[tuple[Case, Resolved, ConfigMeasurement]], samples: int,
              seed: int) -> list[tuple[dict, OperatingPoint]]:
     """Every case's drawn inputs and operating point, exactly as `simulate` prices them."""
@@ -195,7 +188,8 @@ def simulate(
     uniforms, shared = draws(cases, samples, seed)
     out: dict[str, Interval] = {}
     costs: dict[str, np.ndarray] = {}
-    for (case, _, _), (c, f) in zip(cases, sample_all(cases, uniforms, shared, samples, seed)):
+    for i, (case, res, m) in enumerate(cases):  # the i-th case's own stream: [seed, i+1]
+        c, f = sample_case(case, res, m, uniforms, samples, np.random.default_rng([seed, i + 1]), shared)
         costs[case.name] = c
         finite = c[np.isfinite(c)]
         mean = float(c.mean()) if finite.size == c.size else float("inf")

@@ -14,7 +14,8 @@ level, with fewer samples than the table (`SEARCH_SAMPLES`), the same seed at ev
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -68,23 +69,6 @@ class Crossing:
     searched_high: float
 
 
-@dataclass
-class _Row:
-    """A candidate re-priced at another input value (verdicts.Row)."""
-
-    name: str
-    total: float | None
-    ttft_p95: float | None
-    e2e_p95: float | None
-    comparable: bool = True
-    comparable_reason: str = ""
-    infinite: bool = False
-    feasible: bool = True
-    misses: list[str] = field(default_factory=list)
-    verdict: str = ""
-    verdict_detail: str = ""
-
-
 def state_of(rows: Sequence[Row]) -> str:
     """The answer the verdicts give: the one "cheapest" configuration, TIE, or DIFFERS."""
     best = [r.name for r in rows if r.verdict == "cheapest"]
@@ -124,7 +108,9 @@ class Search:
 
     def state(self, path: tuple, v: float, n: int = SEARCH_SAMPLES) -> str:
         """The verdicts' answer with the input at v, from the first n samples."""
-        rows: list[Row] = [_Row(r.name, t, r.ttft_p95, r.e2e_p95) for r, t in zip(self.rows, self.points(path, v))]
+        rows: list[Row] = [copy.copy(r) for r in self.rows]  # the candidates re-priced (they are in the running)
+        for r, t in zip(rows, self.points(path, v)):
+            r.total, r.verdict, r.verdict_detail = t, "", ""
         c = self.costs(path, v)[:, :n]
         tested_verdicts(rows, {r.name: c[i] for i, r in enumerate(rows)})
         return state_of(rows)

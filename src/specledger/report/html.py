@@ -12,7 +12,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import escape
 
 from specledger.bench.results import RunResult, SteadyState, load_run
-from specledger.ledger.answer import Answer, ScenarioAnswer, Threshold
+from specledger.ledger.answer import Answer, ScenarioAnswer
 from specledger.ledger.price import ConfigCost, LedgerResult
 from specledger.ledger.verdicts import MATERIAL
 from specledger.report import charts
@@ -253,17 +253,6 @@ def _money_range(lo: float | None, hi: float | None) -> str:
     return "" if lo is None or hi is None else f"{money(lo)} to {money(hi)}"
 
 
-def _threshold(t: Threshold) -> dict:
-    """The ledger's sentence for one threshold (it carries its interval), or one made from the numbers."""
-    unit = f" {t.unit}" if t.unit else ""
-    if t.change:
-        return {"crosses": t.value is not None, "text": t.change}
-    if t.value is None:
-        return {"crosses": False, "text": f"no change with {t.label} from {t.searched_low:.3g} to {t.searched_high:.3g}{unit}"}
-    interval = "" if t.low is None or t.high is None else f" (95%: {t.low:.3g} to {t.high:.3g}{unit})"
-    return {"crosses": True, "text": f"{t.label} {t.side} {t.value:.3g}{unit}: {t.after}{interval}"}
-
-
 def _curve_note(sa: ScenarioAnswer) -> str:
     """What the answer chart marks, in words (and when it has no threshold to mark)."""
     th = next((t for t in sa.thresholds if t.input == sa.curve_input), None)
@@ -296,13 +285,14 @@ def answer_cards(ledger: LedgerResult) -> list[dict]:
             mine = next((h for h in sa.human if h.config == sa.recommended), None)
             human = f"A person doing the task costs {money(sa.human_cost)}" + (
                 "" if mine is None or mine.ratio is None else f"; {sa.recommended} costs {mine.ratio:.2g}× that") + "."
-        ths = [_threshold(t) for t in sa.thresholds]
         cards.append({
             "scenario": sa.scenario, "recommended": sa.recommended, "verdict": sa.verdict, "headline": sa.headline,
             "cost": money(sa.cost) if sa.cost is not None else "–",
             "interval": _money_range(sa.cost_low, sa.cost_high), "saving": saving, "confidence": sa.confidence,
             "tied_with": sa.tied_with, "tie": sa.tie, "tie_reason": sa.tie_reason, "shares": shares, "human": human,
-            "thresholds": [t["text"] for t in ths if t["crosses"]], "no_change": [t["text"] for t in ths if not t["crosses"]],
+            # each threshold's sentence is the ledger's (ledger/answer.py: threshold_model, its interval in it)
+            "thresholds": [t.change for t in sa.thresholds if t.value is not None],
+            "no_change": [t.change for t in sa.thresholds if t.value is None],
             "chart": charts.answer_curve(sa), "chart_note": _curve_note(sa),
         })
     return cards
