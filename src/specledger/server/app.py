@@ -39,7 +39,7 @@ import socket
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -350,9 +350,8 @@ class ServerState:
 
 
 def _failure(ev: Failed) -> ApiError:
-    if ev.status >= 500:
-        return ApiError(ev.status, ev.message, type="server_error", code=ev.code)
-    return ApiError(ev.status, ev.message, code=ev.code)
+    return ApiError(ev.status, ev.message, type="server_error" if ev.status >= 500 else "invalid_request_error",
+                    code=ev.code)
 
 
 async def _disconnected(request: Request) -> None:
@@ -393,18 +392,13 @@ def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None =
     app = FastAPI(title="specledger", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
 
-    def too_large(path: str) -> None:
-        if path in (CHAT, COMPLETIONS):
-            state.metrics.request(path, 413)
+    def refused(status: int) -> Callable[[str], None]:  # a middleware's refusal, counted as the routes' are
+        return lambda path: state.metrics.request(path, status) if path in (CHAT, COMPLETIONS) else None
 
-    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes, on_refused=too_large)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes, on_refused=refused(413))
     if api_keys:  # (added last: outermost, so a request without a key is refused before its body is read)
-        def refused(path: str) -> None:
-            if path in (CHAT, COMPLETIONS):
-                state.metrics.request(path, 401)
-
         app.add_middleware(ApiKeyMiddleware, keys=list(api_keys), protect_metrics=metrics_require_key,
-                           on_refused=refused)
+                           on_refused=refused(401))
     elif metrics_require_key:
         raise SpecLedgerError("closing /metrics to requests without a key needs a key (--api-key)")
 
@@ -451,10 +445,9 @@ def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None =
     async def health() -> Response:
         w = state.worker
         body = {"status": "ok" if w.accepting else "draining", "model": state.name, "strategy": strategy.name,
-                "running": w.running, "waiting": w.waiting, "max_queue": w.max_queue, "kernel": state.kernel}
-        body["max_batch"] = w.scheduler.max_batch
-        body["prefill_chunk"] = w.scheduler.prefill_chunk
-        body["prefix_cache"] = w.scheduler.prefix_cache
+                "running": w.running, "waiting": w.waiting, "max_queue": w.max_queue, "kernel": state.kernel,
+                "max_batch": w.scheduler.max_batch, "prefill_chunk": w.scheduler.prefill_chunk,
+                "prefix_cache": w.scheduler.prefix_cache}
         return _json(body, 200 if w.accepting else 503)
 
     @app.get("/metrics")

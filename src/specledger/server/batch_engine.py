@@ -30,7 +30,6 @@ log = logging.getLogger("specledger.server")
 @dataclass
 class Delta:
     text: str
-    t: float
 
 
 @dataclass
@@ -63,7 +62,6 @@ class Job:
     text: TextStream | None = None  # set for streaming requests
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
-    started: float | None = None
     first_token: float | None = None
     generated: int = 0
     on_cancel: Callable[[], None] | None = None  # set on submission: stop the request in the batch
@@ -140,8 +138,7 @@ class BatchEngineWorker:
         with self._lock:
             if not self._accepting:
                 raise Draining()
-            free = s.max_batch - s.n_running - s.n_waiting
-            if free <= 0 and s.n_waiting - (s.max_batch - s.n_running) >= self.max_queue:
+            if s.n_running + s.n_waiting >= s.max_batch + self.max_queue:  # no free place and max_queue waiting
                 raise QueueFull()
             rid, fut = self._worker.submit(job.prompt_ids, job.sp, on_tokens=lambda new, t: self._tokens(job, new, t))
             self._live[rid] = job
@@ -159,7 +156,7 @@ class BatchEngineWorker:
             self.metrics.ttft.observe(t - job.arrival)
         job.generated += len(new)
         if job.text is not None and (piece := job.text.push(new)):
-            job.emit(Delta(piece, t))
+            job.emit(Delta(piece))
 
     def _done(self, rid: int, job: Job, fut: Future[ScheduledResult]) -> None:
         with self._lock:
@@ -187,7 +184,6 @@ class BatchEngineWorker:
             self._count_partial(job)
             job.emit(Failed(f"internal error during generation: {msg}", 500, "internal_error"))
             return
-        job.started = job.arrival + r.queue_s
         self.metrics.queue_time.observe(r.queue_s)
         if r.finish_reason == "cancelled":
             self._count_partial(job)
