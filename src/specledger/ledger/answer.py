@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from specledger.ledger.cost_model import Case
 from specledger.ledger.inputs import Resolved
 from specledger.ledger.measurements import ConfigMeasurement
-from specledger.ledger.paired import Difference, difference
+from specledger.ledger.paired import difference
 from specledger.ledger.thresholds import (DIFFERS, INPUTS, OWNED_PRICE, REVIEW, TIE, Crossing, Search, curve, find)
 from specledger.ledger.verdicts import MATERIAL, Row
 
@@ -220,19 +220,6 @@ def threshold_model(c: Crossing) -> Threshold:
     return t
 
 
-def _saving(costs: dict[str, np.ndarray] | None, base: str, rec: str, tpm: np.ndarray | float) -> Difference | None:
-    """Monthly saving of rec against base, from the paired samples (volume drawn with them)."""
-    if costs is None or base not in costs or rec not in costs:
-        return None
-    return difference(costs[base] * tpm, costs[rec] * tpm)
-
-
-def _volume_draws(search: Search) -> np.ndarray:
-    """Tasks per month as the Monte Carlo drew it (with the cost samples)."""
-    x, _ = search.drawn[0]
-    return np.broadcast_to(np.asarray(x["volume"]["tasks_per_month"], dtype=np.float64), (search.n,))
-
-
 def _curve_values(current: float, value: float | None) -> list[float]:
     """Review minutes from none to a few times today's: a second of review, then half-decade steps."""
     top = max(1.0, 3 * current)
@@ -269,7 +256,10 @@ def scenario_answer(scenario: str, rows: Sequence[Priced], chosen: list[tuple[Pr
         out.baseline_cost = base.total
         out.saving_per_task = base.total - (rec.total or 0.0)
         out.saving_per_month = out.saving_per_task * tpm
-        d = None if search is None else _saving(costs, base.name, rec.name, _volume_draws(search))
+        d = None  # the monthly saving's interval: the paired cost samples times tasks per month as drawn with them
+        if search is not None and costs is not None and base.name in costs and rec.name in costs:
+            tpm_drawn = np.broadcast_to(np.asarray(search.drawn[0][0]["volume"]["tasks_per_month"], np.float64), (search.n,))
+            d = difference(costs[base.name] * tpm_drawn, costs[rec.name] * tpm_drawn)
         if d is not None:
             out.saving_low, out.saving_high = d.low, d.high
     _human(out, rows, case)

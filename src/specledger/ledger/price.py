@@ -165,12 +165,9 @@ def _case(m: ConfigMeasurement, res: Resolved, inputs: CostInputs, sweep: list[t
 
 
 def _reference(ms: list[ConfigMeasurement]) -> str | None:
-    ar = [m for m in ms if m.strategy == "ar"]
-    for prec in UNQUANTIZED_DTYPES:
-        for m in ar:
-            if m.precision == prec:
-                return m.name
-    return ar[0].name if ar else (ms[0].name if ms else None)
+    """The autoregressive configuration on fp32, else bf16, else fp16, else any; else the first configuration."""
+    ar = [m.name for p in UNQUANTIZED_DTYPES for m in ms if m.strategy == "ar" and m.precision == p]
+    return next(iter(ar + [m.name for m in ms if m.strategy == "ar"] + [m.name for m in ms]), None)
 
 
 def speedups(ms: list[ConfigMeasurement]) -> dict[tuple[str, str], float]:
@@ -283,13 +280,7 @@ def price_measurements(
             r.p_cheapest = i.p_cheapest if r.name in eligible else None
         cost_samples = {n: i.costs for n, i in mc.items() if i.costs is not None}
         tested_verdicts(rows, cost_samples)
-    _paired_speedups(levels, ms, seed=seed)
-    level_of = {(r.name, r.load): r for r in levels}
-    for r in rows:  # each priced row is one of its configuration's levels
-        lv = level_of.get((r.name, r.load))
-        if lv is not None:
-            r.speedup, r.speedup_low, r.speedup_high, r.speedup_base = (lv.speedup, lv.speedup_low, lv.speedup_high,
-                                                                        lv.speedup_base)
+    _paired_speedups(levels, ms, seed=seed)  # (each priced row is one of `levels`, the same object)
 
     ref = _reference([c[3] for c in chosen])
     # thresholds need the Monte Carlo: without samples (point estimates) the answer has none
