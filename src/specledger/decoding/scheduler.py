@@ -341,14 +341,13 @@ class Scheduler:
                 lv.emit(new, now, self.lm.tokenizer)
             except Exception as exc:  # noqa: BLE001 - fail this request alone
                 lv.fail(exc)
-        keep: list[_Live] = []
-        for lv in self._running:
-            if lv.finish is not None:
-                finished.append(_retire(self, lv, now))
-            else:
-                keep.append(lv)
-        self._running = keep
-        return finished
+        return finished + self._retire_finished(now)
+
+    def _retire_finished(self, now: float) -> list[ScheduledResult]:
+        """The running requests that finished leave the batch, in its order."""
+        done = [lv for lv in self._running if lv.finish is not None]
+        self._running = [lv for lv in self._running if lv.finish is None]
+        return [_retire(self, lv, now) for lv in done]
 
     def _advance(self, lv: _Live, it: BatchItem, fwd: BatchForward) -> list[int]:
         """One request's share of a pass: its first token, or its verified draft; the tokens it gains."""
@@ -411,14 +410,10 @@ class Scheduler:
             admit: list[_Live] = []
             while self._waiting and len(self._running) + len(admit) < self.max_batch:
                 admit.append(self._waiting.popleft())
-        keep: list[_Live] = []
         for lv in self._running:
             if lv.rid in cancel:
                 lv.finish = "cancelled"
-                finished.append(_retire(self, lv, now))
-            else:
-                keep.append(lv)
-        self._running = keep
+        finished += self._retire_finished(now)
         for lv in admit:
             lv.admitted = now
             try:  # a request that cannot start (its seed, its slot) fails alone
