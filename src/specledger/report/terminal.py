@@ -38,6 +38,14 @@ def failed_cell(r: ConfigCost) -> str:
     return f"{r.failed}/{r.requests}" + (f" ({kinds})" if kinds else "")
 
 
+def _table(title: str, *columns: str, **options) -> Table:
+    """A table with its title on the left and unwrapped columns; a column named ">..." is right-aligned."""
+    t = Table(title=title, title_justify="left", header_style="bold", **options)
+    for c in columns:
+        t.add_column(c.removeprefix(">"), justify="right" if c.startswith(">") else "left", no_wrap=True)
+    return t
+
+
 def _speed(r: ConfigCost) -> str:
     tok = num(r.tok_s, ".1f")
     return tok if r.speedup is None else f"{tok}\n[dim]{r.speedup:.2f}×[/dim]"
@@ -64,13 +72,9 @@ def render_cost_table(ledger: LedgerResult, scenario: str | None = None) -> Tabl
     """The priced configurations in 80 columns: whole names, two lines per row (the HTML report has the rest:
     TTFT, τ, $/1M tokens, P(cheapest))."""
     label = f" — {ledger.scenario}" if ledger.scenario else ""
-    t = Table(title=f"Cost per accepted task{label}", title_justify="left", header_style="bold",
-              caption=f"run {ledger.run_dir or 'measurements'}; inputs {ledger.inputs_source}", caption_justify="left")
-    t.add_column("configuration", no_wrap=True)
-    t.add_column("tok/s\n[dim]×ar[/dim]", justify="right", no_wrap=True)
-    t.add_column("pass", justify="right", no_wrap=True)
-    t.add_column("$/task\n[dim]90%[/dim]", justify="right", no_wrap=True)
-    t.add_column("verdict\n[dim]engine/tools/\nlabour/maint[/dim]", no_wrap=True)
+    t = _table(f"Cost per accepted task{label}", "configuration", ">tok/s\n[dim]×ar[/dim]", ">pass",
+               ">$/task\n[dim]90%[/dim]", "verdict\n[dim]engine/tools/\nlabour/maint[/dim]",
+               caption=f"run {ledger.run_dir or 'measurements'}; inputs {ledger.inputs_source}", caption_justify="left")
     for r in ledger.configs:
         s = r.cost_shares  # the engine's compute (its energy included) apart from tool calls
         share = (f"{s['engine'] + s['energy']:.0%}/{s['tools']:.0%}/{s['labour']:.0%}/{s['maintenance']:.0%}"
@@ -108,11 +112,7 @@ def render_notes(ledger: LedgerResult) -> Text:
 
 def render_scenario(ledger: LedgerResult, name: str) -> Table:
     """Another scenario of the cost file, summarised (its full table: price the run with that scenario alone)."""
-    t = Table(title=f"Cost per accepted task — {name}", title_justify="left", header_style="bold")
-    t.add_column("configuration", no_wrap=True)
-    t.add_column("$/task\n[dim]90%[/dim]", justify="right", no_wrap=True)
-    t.add_column("engine\nshare", justify="right", no_wrap=True)
-    t.add_column("verdict", no_wrap=True)
+    t = _table(f"Cost per accepted task — {name}", "configuration", ">$/task\n[dim]90%[/dim]", ">engine\nshare", "verdict")
     for r in ledger.scenarios[name]:
         verdict = r["verdict"]
         span = f"\n[dim]{money(r['p5'], 2)}–{money(r['p95'], 2).lstrip('$')}[/dim]" if r["p5"] is not None else ""
@@ -133,12 +133,8 @@ def render_break_even(ledger: LedgerResult) -> Table | None:
     crossing = [b for b in ledger.break_even if b.value is not None]
     if not crossing:
         return None
-    t = Table(title="Break-even (where two configurations cost the same)", title_justify="left", header_style="bold")
-    t.add_column("configuration", no_wrap=True)
-    t.add_column("input", no_wrap=True)
-    t.add_column("now", justify="right", no_wrap=True)
-    t.add_column("break-even", justify="right", no_wrap=True)
-    t.add_column("cheaper", no_wrap=True)
+    t = _table("Break-even (where two configurations cost the same)", "configuration", "input", ">now", ">break-even",
+               "cheaper")
     for b in crossing:
         side = "below" if f"{b.config_a} is cheaper below" in b.note else "above"
         t.add_row(f"{b.config_a}\n[dim]vs {b.config_b}[/dim]", _SHORT.get(b.field, b.field), num(b.current, ".4g"),
@@ -153,10 +149,8 @@ def render_sensitivity(ledger: LedgerResult, config: str | None = None, top: int
     swings = ledger.sensitivity.get(name or "", [])
     if not swings:
         return None
-    t = Table(title=f"What moves the cost of {name} most", title_justify="left", header_style="bold")
-    t.add_column("input\n[dim]low → high (basis)[/dim]", no_wrap=True)
-    t.add_column("cost at low → high", justify="right", no_wrap=True)
-    t.add_column("swing", justify="right", no_wrap=True)
+    t = _table(f"What moves the cost of {name} most", "input\n[dim]low → high (basis)[/dim]", ">cost at low → high",
+               ">swing")
     for s in swings[:top]:
         t.add_row(f"{s['label']}\n[dim]{s['low']:.4g} → {s['high']:.4g} ({s['basis']})[/dim]",
                   f"{money(s['cost_low'])} → {money(s['cost_high'])}", money(s["swing"]))
@@ -228,13 +222,10 @@ def render_concurrency(ledger: LedgerResult) -> Table | None:
     levels, swept = concurrency_sweep(ledger)
     if not swept:
         return None
-    t = Table(title="Throughput and speed-up vs concurrency", title_justify="left", header_style="bold",
-              caption="tok/s, then speed-up over ar on the same precision at the same concurrency (95%, paired by "
-                      "prompt); break-even: where the speed-up crosses 1", caption_justify="left")
-    t.add_column("configuration", no_wrap=True)
-    for c in levels:
-        t.add_column(f"c={c}", justify="right", no_wrap=True)
-    t.add_column("break-even\n[dim]concurrency[/dim]", justify="right", no_wrap=True)
+    t = _table("Throughput and speed-up vs concurrency", "configuration", *(f">c={c}" for c in levels),
+               ">break-even\n[dim]concurrency[/dim]", caption="tok/s, then speed-up over ar on the same precision at "
+               "the same concurrency (95%, paired by prompt); break-even: where the speed-up crosses 1",
+               caption_justify="left")
     for first, at, b in swept:
         cells = ["–" if r is None else f"{r.tok_s:.1f}" + ("" if r.speedup is None or r.strategy == "ar" else (
                  f"\n[dim]{r.speedup:.2f}×" + ("" if r.speedup_low is None else
