@@ -66,9 +66,7 @@ def _cost_at(case: Case, field: str, v: float, is_a: bool) -> float:
                 return task_cost(with_value(case.x, ("acceptance", "pass_rate"), v), case.op).total
             return task_cost(case.x, case.with_op(pass_rate=v).op).total
         if field == "device_seconds_per_call":
-            scale = v / case.op.device_seconds_per_call
-            return task_cost(case.x, case.with_op(device_seconds_per_call=v,
-                                                  requests_per_s=case.op.requests_per_s / scale).op).total
+            return case.with_device_seconds(v).cost().total
         conc, rps = zip(*sorted(case.sweep))
         r = np.interp(v, conc, rps)
         return task_cost(case.x, case.with_op(device_seconds_per_call=case.op.device_count / r, requests_per_s=r).op).total

@@ -251,3 +251,8 @@ class Case:
 
     def with_op(self, **changes) -> Case:
         return replace(self, op=replace(self.op, **changes))
+
+    def with_device_seconds(self, v: float) -> Case:
+        """Another device time per call, the throughput scaled with it."""
+        scale = v / self.op.device_seconds_per_call
+        return self.with_op(device_seconds_per_call=v, requests_per_s=self.op.requests_per_s / scale)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from scipy.stats import beta
@@ -56,6 +57,11 @@ def _label(x: dict, path: tuple) -> str:
     return ".".join(str(p) for p in path)
 
 
+def _measured(label: str, path: str, lo: float, hi: float, at: Callable[[float], Case]) -> Swing:
+    """A measured figure swung over its 90% interval (`at`: the case with the figure at a value)."""
+    return Swing(label, path, lo, hi, at(lo).cost().total, at(hi).cost().total, "measured 90%")
+
+
 def sensitivity(case: Case, resolved: Resolved, m: ConfigMeasurement, *, seed: int = 0) -> list[Swing]:
     """Swings of cost per accepted task for one configuration, largest first."""
     base = task_cost(case.x, case.op).total
@@ -77,27 +83,17 @@ def sensitivity(case: Case, resolved: Resolved, m: ConfigMeasurement, *, seed: i
             lo, hi = max(lo, 1e-9), min(hi, 1.0)
         if path == ("volume", "tasks_per_month"):
             lo = max(lo, 1e-9)
-        c_lo = task_cost(with_value(case.x, path, lo), case.op).total
-        c_hi = task_cost(with_value(case.x, path, hi), case.op).total
+        c_lo, c_hi = (task_cost(with_value(case.x, path, v), case.op).total for v in (lo, hi))
         swings.append(Swing(_label(case.x, path), ".".join(map(str, path)), lo, hi, c_lo, c_hi, basis))
-
     if case.x["acceptance"]["pass_rate"] is None and m.graded and m.passes:
-        lo, hi = beta.ppf([0.05, 0.95], m.passes + 0.5, m.graded - m.passes + 0.5)
-        swings.append(Swing("pass rate (measured)", "measured.pass_rate", float(lo), float(hi),
-                            task_cost(case.x, case.with_op(pass_rate=float(lo)).op).total,
-                            task_cost(case.x, case.with_op(pass_rate=float(hi)).op).total, "measured 90%"))
+        lo, hi = (float(q) for q in beta.ppf([0.05, 0.95], m.passes + 0.5, m.graded - m.passes + 0.5))
+        swings.append(_measured("pass rate (measured)", "measured.pass_rate", lo, hi, lambda q: case.with_op(pass_rate=q)))
     service = np.asarray([r.service_s for r in m.requests if r.service_s is not None])
     if service.size >= 2:
         rng = np.random.default_rng(seed)
         means = service[rng.integers(0, service.size, size=(1000, service.size))].mean(axis=1) / service.mean()
-        r_lo, r_hi = np.percentile(means, [5, 95])
-        d = case.op.device_seconds_per_call
-        swings.append(Swing("device-seconds per call (measured)", "measured.device_seconds_per_call",
-                            float(d * r_lo), float(d * r_hi),
-                            task_cost(case.x, case.with_op(device_seconds_per_call=d * r_lo,
-                                                           requests_per_s=case.op.requests_per_s / r_lo).op).total,
-                            task_cost(case.x, case.with_op(device_seconds_per_call=d * r_hi,
-                                                           requests_per_s=case.op.requests_per_s / r_hi).op).total,
-                            "measured 90%"))
+        lo, hi = (float(case.op.device_seconds_per_call * r) for r in np.percentile(means, [5, 95]))
+        swings.append(_measured("device-seconds per call (measured)", "measured.device_seconds_per_call", lo, hi,
+                                case.with_device_seconds))
     swings.sort(key=lambda s: s.swing, reverse=True)
     return swings
