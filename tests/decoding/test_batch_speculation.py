@@ -40,6 +40,21 @@ def plan_chains(available: list[int], accept: list[float], base_rows: int, base_
     return plan_drafts([AcceptanceEMA(a).gains(n) for n, a in zip(available, accept)], base_rows, base_tokens, cost)
 
 
+def drafted_per_plan(sched: Scheduler) -> list[int]:
+    """Draft tokens of each of the scheduler's plans from now on (the step's own last while its pass runs)."""
+    assert sched.spec is not None
+    out: list[int] = []
+    plan = sched.spec.plan
+
+    def spy(*args):
+        trees = plan(*args)
+        out.append(sum(len(t) for t in trees))
+        return trees
+
+    sched.spec.plan = spy  # type: ignore[method-assign]
+    return out
+
+
 def repetitive_prompts() -> list[list[int]]:
     g = torch.Generator().manual_seed(0)
     out = []
@@ -220,12 +235,13 @@ def test_the_scheduler_measures_the_step_overhead_of_drafting_passes(lm):
 
     class Recorder(StepOverhead):
         def observe(self, seconds, n_seqs, n_drafting):
-            seen.append((seconds, n_seqs, n_drafting, sched.last_batch, sched.last_drafted, sched.last_rows))
+            seen.append((seconds, n_seqs, n_drafting, sched.last_batch, drafted[-1], sched.last_rows))
             super().observe(seconds, n_seqs, n_drafting)
 
     sched = Scheduler(lm, max_batch=3, prefill_chunk=8, drafter=LookupDrafter(4), cost=FLAT)  # prompts over passes
     assert sched.spec is not None
     sched.spec.policy.overhead = Recorder()
+    drafted = drafted_per_plan(sched)
     for p in repetitive_prompts()[:5]:  # the last two join while the first decode
         sched.add(p, SamplingParams(max_tokens=12, temperature=0.0))
     sched.run()
@@ -260,7 +276,8 @@ def test_the_scheduler_fits_its_measured_surface_to_decode_passes(lm):
     assert sched.spec is not None and isinstance(sched.spec.policy.fit, FittedSurface) and sched.spec.policy.cost is sched.spec.policy.fit
     seen = []
     observe = sched.spec.policy.fit.observe
-    sched.spec.policy.fit.observe = lambda rows, s: seen.append((rows, sched.last_batch, sched.last_drafted)) or observe(rows, s)
+    drafted = drafted_per_plan(sched)
+    sched.spec.policy.fit.observe = lambda rows, s: seen.append((rows, sched.last_batch, drafted[-1])) or observe(rows, s)
     for p in repetitive_prompts()[:5]:
         sched.add(p, SamplingParams(max_tokens=12, temperature=0.0))
     sched.run()
@@ -493,7 +510,8 @@ def test_the_scheduler_prices_drafting_at_what_its_drafting_passes_took(lm):
     assert sched.spec is not None
     seen = []
     observe = sched.spec.policy.pass_price.observe
-    sched.spec.policy.pass_price.observe = lambda pred, meas: seen.append((pred, meas, sched.last_drafted)) or observe(pred, meas)
+    drafted = drafted_per_plan(sched)
+    sched.spec.policy.pass_price.observe = lambda pred, meas: seen.append((pred, meas, drafted[-1])) or observe(pred, meas)
     for p in repetitive_prompts()[:3]:
         sched.add(p, sp)
     sched.run()

@@ -42,7 +42,6 @@ class BatchDrafting:
         self.drafter = drafter
         self.device = lm.model.device
         self.policy = make_policy(draft_length, lm, drafter, max_batch, cost)
-        self.last_drafted = 0  # draft tokens in the latest pass
         self.last_plan_s = 0.0  # seconds the latest plan took (proposals included)
 
     def observe(self, step_s: float, forward_s: float, rows: int, n_seqs: int, n_drafting: int) -> None:
@@ -73,7 +72,6 @@ class BatchDrafting:
         if drafting:
             for i, t in zip(drafting, self.drafter.propose([seqs[i] for i in drafting], [ks[i] for i in drafting])):
                 trees[i] = t
-        self.last_drafted = sum(len(t) for t in trees)
         self.last_plan_s = time.perf_counter() - t0
         for s in states:
             s.draft_s += self.last_plan_s / len(states)

@@ -376,11 +376,6 @@ class Scheduler:
         caps = [max(0, min(self.runner.room(lv.running_seq), lv.max_tokens - len(lv.out) - 1)) for lv in decoding]
         return {lv.rid: t for lv, t in zip(decoding, self.spec.plan(states, caps, prefill_rows)) if len(t)}
 
-    @property
-    def last_drafted(self) -> int:
-        """Draft tokens in the latest pass."""
-        return self.spec.last_drafted if self.spec is not None else 0
-
     def abort(self, error: str, *, waiting: bool = True) -> list[ScheduledResult]:
         """Fail the running requests (a pass raised: which one caused it cannot be told), and the waiting ones
         too unless waiting=False: each finishes with reason "error"."""
