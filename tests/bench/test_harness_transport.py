@@ -319,3 +319,24 @@ def test_connections_that_failed_before_a_response_are_not_kept(stale_server):
 
     pools, retries = asyncio.run(go())
     assert retries == 1 and pools == 1  # one request in flight at a time: one pool, however many went stale
+
+
+def test_template_tokens_are_known_only_with_a_chat_tokenizer():
+    """A trace sizes whole prompts: the completions API sends the text raw (0); chat adds the server's template,
+    measured where the backend has a tokenizer with one (the configured counting tokenizer), else unknown."""
+    from specledger.bench.synthetic import template_overhead
+
+    def make(**openai) -> OpenAIBackend:
+        return OpenAIBackend(BenchConfig(name="t", backend="openai", model="m", openai=openai))
+
+    assert make(api="completions").template_tokens() == 0
+    chat = make()
+    assert chat.template_tokens() is None
+    try:
+        from specledger.engine.registry import resolve_model
+        from specledger.engine.tokenizer import Tokenizer
+
+        chat._tokenizer = Tokenizer.from_gguf(resolve_model("smollm2-135m"), set())
+    except Exception as exc:  # model package not installed
+        pytest.skip(f"embedded tokenizer unavailable: {exc}")
+    assert chat.template_tokens() == template_overhead(chat._tokenizer) > 0

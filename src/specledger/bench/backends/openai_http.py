@@ -23,6 +23,7 @@ from specledger.bench.backends.pools import ConnectionPools
 from specledger.bench.backends.sse import Stream, StreamFailure, completion, error_message, unanswered
 from specledger.bench.config import BenchConfig
 from specledger.bench.managed import ManagedServer
+from specledger.bench.synthetic import template_overhead
 from specledger.bench.telemetry import merge_replica_metrics
 from specledger.errors import BadInput, SpecLedgerError
 
@@ -56,6 +57,7 @@ class OpenAIBackend(Backend):
         self._pools = ConnectionPools(len(self.replicas), self.s.keepalive_expiry_s)  # the streamed requests'
         self._headers: dict[str, str] = {}
         self._tokenizer: Any = None
+        self._template_tokens: int | None = None  # tokens the chat template adds (the tokenizer's, where it has one)
         self._models: str = ""
         self._metrics_ok = self.s.scrape_metrics
         self._status = 0
@@ -84,7 +86,10 @@ class OpenAIBackend(Backend):
             headers["Authorization"] = f"Bearer {key}"
         self._headers = headers
         self._hosts = [httpx.URL(u).netloc for u in self.replicas]
-        self._client = self._new_client()
+        self._client = httpx.AsyncClient(  # control requests
+            base_url=self.base_url, headers=self._headers, verify=self._pools.ssl_context(),
+            timeout=httpx.Timeout(self.s.timeout_s, connect=self.s.connect_timeout_s),
+            limits=httpx.Limits(keepalive_expiry=self.s.keepalive_expiry_s))
         for url in self.replicas:
             await self._wait_reachable(url)
             if self._status == 401:
@@ -118,13 +123,6 @@ class OpenAIBackend(Backend):
                         f"(configuration {self.config.name!r}); is the server running?") from None
                 await asyncio.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
-    def _new_client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=self.base_url, headers=self._headers, verify=self._pools.ssl_context(),
-            timeout=httpx.Timeout(self.s.timeout_s, connect=self.s.connect_timeout_s),
-            limits=httpx.Limits(keepalive_expiry=self.s.keepalive_expiry_s),
-        )
-
     def _auth_error(self, detail: str) -> str:
         where = f"configuration {self.config.name!r}: {self.base_url} answered HTTP 401 ({detail})"
         if self.s.api_key_env:
@@ -151,20 +149,14 @@ class OpenAIBackend(Backend):
         managed = f"managed `{' '.join(self.server.argv)}`; " if self.server is not None else ""
         return f"{managed}openai-http {where} api={self.s.api} {self._models} ({pooling})".replace("  ", " ")
 
-    def _metrics_targets(self) -> list[str]:
-        if self.s.metrics_urls:
-            return self.s.metrics_urls
-        if len(self.replicas) > 1:
-            return [f"{u}/metrics" for u in self.replicas]
-        return [self.s.metrics_url or "/metrics"]
-
     async def scrape_metrics(self) -> str | None:
         """The server's /metrics; with several replicas, each one's, every sample labelled with its replica
         (counters are then summed over replicas; the client's own per-replica request counts are added as
         `specledger_client:replica_requests_total`). None when any replica cannot be read."""
         if not self._metrics_ok or self._client is None:
             return None
-        targets = self._metrics_targets()
+        targets = self.s.metrics_urls or ([f"{u}/metrics" for u in self.replicas] if len(self.replicas) > 1
+                                          else [self.s.metrics_url or "/metrics"])
         if len(targets) == 1 and not self.s.metrics_urls:
             return await self._scrape(targets[0])
         texts = await asyncio.gather(*(self._scrape(u) for u in targets))
@@ -246,59 +238,49 @@ class OpenAIBackend(Backend):
 
     async def _stream(self, path: str, body: dict, st: Stream, *, fresh: bool = False, replica: int = 0) -> None:
         """One streamed request on a pooled connection to `replica` (`fresh`: a new one, never an idle one)."""
-        pool = self._pools.checkout(replica, fresh=fresh)
-        keep = True
-        try:
-            await self._stream_on(pool, path, body, st, replica)
-        except (httpcore.NetworkError, httpcore.ProtocolError):
-            keep = st.headers  # its connection failed before a response: the retry's fresh pool replaces it
-            raise
-        finally:
-            await self._pools.checkin(pool, replica, keep=keep)
-
-    async def _stream_on(self, pool: httpcore.AsyncConnectionPool, path: str, body: dict, st: Stream,
-                         replica: int = 0) -> None:
         content = json.dumps(body).encode()
         headers = [(b"Host", self._hosts[replica]), (b"Content-Type", b"application/json"), (b"Accept", b"text/event-stream"),
                    (b"Accept-Encoding", b"identity"), (b"Content-Length", str(len(content)).encode())]
         headers += [(k.encode(), v.encode()) for k, v in self._headers.items()]
         timeout = {"connect": self.s.connect_timeout_s, "read": self.s.timeout_s, "write": self.s.timeout_s,
                    "pool": self.s.timeout_s}
-        async with pool.stream("POST", self.replicas[replica] + path, headers=headers, content=content,
-                               extensions={"timeout": timeout}) as resp:
-            st.headers = True
-            if resp.status >= 400:
-                raw = b""
-                async for data in resp.aiter_stream():
-                    raw += data
-                    if len(raw) > 2000:
-                        break
-                detail = error_message(raw[:2000].decode('utf-8', 'replace'))
-                if resp.status == 401:
-                    raise Unauthorized(self._auth_error(detail))
-                raise StreamFailure(f"HTTP {resp.status}: {detail}", retry=resp.status in _RETRY_STATUS,
-                                    kind=f"http_{resp.status}")
-            await st.read(resp, chat=self.s.api == "chat")
+        pool = self._pools.checkout(replica, fresh=fresh)
+        keep = True
+        try:
+            async with pool.stream("POST", self.replicas[replica] + path, headers=headers, content=content,
+                                   extensions={"timeout": timeout}) as resp:
+                st.headers = True
+                if resp.status >= 400:
+                    raw = b""
+                    async for data in resp.aiter_stream():
+                        raw += data
+                        if len(raw) > 2000:
+                            break
+                    detail = error_message(raw[:2000].decode('utf-8', 'replace'))
+                    if resp.status == 401:
+                        raise Unauthorized(self._auth_error(detail))
+                    raise StreamFailure(f"HTTP {resp.status}: {detail}", retry=resp.status in _RETRY_STATUS,
+                                        kind=f"http_{resp.status}")
+                await st.read(resp, chat=self.s.api == "chat")
+        except (httpcore.NetworkError, httpcore.ProtocolError):
+            keep = st.headers  # its connection failed before a response: the retry's fresh pool replaces it
+            raise
+        finally:
+            await self._pools.checkin(pool, replica, keep=keep)
         if not st.done:
             raise StreamFailure("stream ended before [DONE] (connection dropped)", retry=True, kind="dropped")
 
     def template_tokens(self) -> int | None:
         """Completions: one message goes as raw text (0). Chat: the server applies its template; known where the
         backend has a tokenizer with that template."""
-        from specledger.bench.synthetic import template_overhead
-
         if self.s.api != "chat":
             return 0
-        if not hasattr(self._tokenizer, "chat"):
-            return None
-        if getattr(self, "_template_tokens", None) is None:
-            self._template_tokens: int | None = template_overhead(self._tokenizer)
+        if self._template_tokens is None and hasattr(self._tokenizer, "chat"):
+            self._template_tokens = template_overhead(self._tokenizer)
         return self._template_tokens
 
     def count_tokens(self, text: str) -> int | None:
-        if self._tokenizer is None:
-            return None
-        return _count(self._tokenizer, text)
+        return None if self._tokenizer is None else _count(self._tokenizer, text)
 
 def request_body(config: BenchConfig, model_name: str | None, messages: list[dict[str, str]], max_tokens: int,
                  min_tokens: int | None, tokenizer: Any = None) -> dict:
