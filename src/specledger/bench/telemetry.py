@@ -251,18 +251,3 @@ def peak_rss_bytes() -> int | None:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
     except (ImportError, OSError):
         return None
-
-
-def reset_cuda_peak() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-
-
-def cuda_max_allocated() -> int | None:
-    import torch
-
-    if torch.cuda.is_available():
-        return int(torch.cuda.max_memory_allocated())
-    return None

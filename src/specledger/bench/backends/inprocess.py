@@ -12,11 +12,14 @@ import asyncio
 import time
 from typing import Any
 
+import torch
+
+import specledger
 from specledger.bench.backends.base import Backend, Completion
 from specledger.bench.config import BenchConfig, ModelSpec
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.metrics import chunks_from_token_times
-from specledger.bench.telemetry import cuda_max_allocated, peak_rss_bytes, reset_cuda_peak, reset_peak_rss
+from specledger.bench.telemetry import peak_rss_bytes, reset_peak_rss
 from specledger.engine import threads
 from specledger.errors import SpecLedgerError
 
@@ -95,10 +98,6 @@ class InProcessBackend(Backend):
         return self._template_tokens
 
     def describe(self) -> str:
-        import torch
-
-        import specledger
-
         lm = self.models.get("target")
         label = getattr(lm, "label", self.config.model)
         return f"inprocess specledger {specledger.__version__} torch {torch.__version__} {label}"
@@ -119,7 +118,7 @@ class InProcessBackend(Backend):
         if not self.worker.scheduler.has_work():  # peaks are per request where requests do not overlap
             reset_peak_rss()
             if self._cuda:
-                reset_cuda_peak()
+                torch.cuda.reset_peak_memory_stats()
         e0 = self.meter.read() if self.meter else None
         arrival = time.perf_counter()
         try:
@@ -147,6 +146,6 @@ class InProcessBackend(Backend):
             levels=[lv.model_copy(deep=True) for lv in result.levels],
             draft_s=result.draft_s, verify_s=result.verify_s, prefill_s=result.prefill_s,
             draft_prefill_s=result.draft_prefill_s, cached_prompt_tokens=result.cached_tokens,
-            peak_rss_bytes=peak_rss_bytes(), cuda_max_allocated_bytes=cuda_max_allocated() if self._cuda else None,
+            peak_rss_bytes=peak_rss_bytes(), cuda_max_allocated_bytes=int(torch.cuda.max_memory_allocated()) if self._cuda else None,
             energy_j=(e1 - e0) if e0 is not None and e1 is not None else None,
         )
