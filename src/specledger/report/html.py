@@ -16,7 +16,7 @@ from specledger.ledger.answer import Answer, ScenarioAnswer
 from specledger.ledger.price import ConfigCost, LedgerResult
 from specledger.ledger.verdicts import MATERIAL
 from specledger.report import charts
-from specledger.report.interaction import interaction_axes, interaction_rows
+from specledger.report.interaction import interaction_grid, interaction_rows
 from specledger.report.positions import position_table
 from specledger.report.terminal import concurrency_sweep, failed_cell, money, num
 
@@ -78,24 +78,17 @@ def _row(r: ConfigCost, n: int | None) -> dict:
     }
 
 
+def _interaction_cell(h: dict) -> str:
+    ref = "" if h["vs_reference"] is None else f" · {h['vs_reference']:.2f}× vs ref."
+    flag = "" if h["comparable"] else ", not comparable"
+    return f"{h['speedup']:.2f}×{ref} <span class=\"note\">{escape(h['name'])}{flag}</span>"
+
+
 def _interaction_table(rows: list[dict]) -> tuple[list[str], list[dict]]:
-    precisions, methods = interaction_axes(rows)
-    table = []
-    for s in methods:
-        cells = []
-        for p in precisions:
-            hits = [r for r in rows if r["strategy"] == s and r["precision"] == p]
-            if not hits:
-                cells.append('<span class="note">not measured</span>')
-                continue
-            parts = []
-            for h in hits:
-                ref = "" if h["vs_reference"] is None else f" · {h['vs_reference']:.2f}× vs ref."
-                flag = "" if h["comparable"] else ", not comparable"
-                parts.append(f"{h['speedup']:.2f}×{ref} <span class=\"note\">{escape(h['name'])}{flag}</span>")
-            cells.append("<br>".join(parts))
-        table.append({"method": "autoregressive (quantization alone)" if s == "ar" else s, "cells": cells})
-    return precisions, table
+    precisions, grid = interaction_grid(rows)
+    return precisions, [{"method": "autoregressive (quantization alone)" if s == "ar" else s,
+                         "cells": ["<br>".join(map(_interaction_cell, hits)) or '<span class="note">not measured</span>'
+                                   for hits in cells]} for s, cells in grid]
 
 
 def _speedup(r: ConfigCost) -> str:

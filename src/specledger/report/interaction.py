@@ -23,6 +23,13 @@ def interaction_axes(rows: list[dict]) -> tuple[list[str], list[str]]:
             sorted({r["strategy"] for r in rows}, key=lambda s: (s != "ar", s)))
 
 
+def interaction_grid(rows: list[dict]) -> tuple[list[str], list[tuple[str, list[list[dict]]]]]:
+    """The precisions, and per method the rows measured at each of them (a cell may hold several)."""
+    precisions, methods = interaction_axes(rows)
+    return precisions, [(s, [[r for r in rows if r["strategy"] == s and r["precision"] == p] for p in precisions])
+                        for s in methods]
+
+
 def interaction_rows(ledger: LedgerResult) -> list[dict]:
     """Per configuration at its lowest load: speed-up over ar on its own precision and over the reference."""
     ms = first_level(ledger.measurements)

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from specledger.ledger.concurrency import ConcurrencyBreakEven
 from specledger.ledger.price import ConfigCost, LedgerResult
-from specledger.report.interaction import interaction_axes, interaction_rows
+from specledger.report.interaction import interaction_grid, interaction_rows
 
 VERDICT_STYLE = {"cheapest": "bold green", "dominated": "dim", "trade-off": "yellow", "infeasible": "red",
                  "not comparable": "magenta", "infinite cost": "red", "indistinguishable": "cyan"}
@@ -163,7 +163,7 @@ def render_interaction(ledger: LedgerResult) -> Table | None:
     rows = interaction_rows(ledger)
     if not any(r["strategy"] != "ar" for r in rows):
         return None
-    precisions, methods = interaction_axes(rows)
+    precisions, grid = interaction_grid(rows)
     caption = f"every cell is a measured configuration; ar row: vs {ledger.reference}"
     if any(not r["comparable"] for r in rows):
         caption += "; * not comparable (a quality gate failed)"
@@ -172,15 +172,11 @@ def render_interaction(ledger: LedgerResult) -> Table | None:
     t.add_column("method")
     for p in precisions:
         t.add_column(p, justify="right")
-    for m in methods:
-        cells = []
-        for p in precisions:
-            hits = [r for r in rows if r["strategy"] == m and r["precision"] == p]
-            cells.append(" ".join(
-                ("–" if (m == "ar" and h["vs_reference"] is None) else
-                 f"{h['vs_reference'] if m == 'ar' else h['speedup']:.2f}×")
-                + ("" if h["comparable"] else "*") for h in hits) or "[dim]not measured[/dim]")
-        t.add_row(m, *cells)
+    for m, cells in grid:
+        t.add_row(m, *(" ".join(("–" if (m == "ar" and h["vs_reference"] is None) else
+                                 f"{h['vs_reference'] if m == 'ar' else h['speedup']:.2f}×")
+                                + ("" if h["comparable"] else "*") for h in hits) or "[dim]not measured[/dim]"
+                       for hits in cells))
     return t
 
 
