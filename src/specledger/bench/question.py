@@ -72,9 +72,7 @@ class ReadOptions:
     def kind_for(self, category: str | None = None, explicit: str | None = None) -> str:
         if explicit in KINDS:
             return explicit
-        if category:
-            return kind_of(category, self.kind)
-        return self.kind or "multi_turn"
+        return kind_of(category, self.kind) if category else self.kind or "multi_turn"
 
 
 def kind_of(category: str, explicit: str | None = None) -> str:

@@ -13,12 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from specledger.bench.formats.lines import (
-    BadLines,
-    csv_header,
-    csv_rows,
-    read_questions_from,
-)
+from specledger.bench.formats.lines import BadLines, csv_header, csv_rows, read_questions_from
 from specledger.bench.question import Question, ReadOptions
 from specledger.errors import BadInput
 
@@ -49,16 +44,19 @@ def columns(path: Path, opts: ReadOptions, delimiter: str) -> dict[str, str | No
             "max_tokens": _find(header, ("max_tokens", "max_new_tokens"))}
 
 
+def _cell(row: Any, cols: dict[str, str | None], name: str) -> str:
+    """The stripped text of a row's optional column ("" where the file has no such column)."""
+    column = cols[name]
+    return (row.get(column) or "").strip() if column and isinstance(row, dict) else ""
+
+
 def parse_row(row: dict, lineno: int, cols: dict[str, str | None], opts: ReadOptions) -> Question:
     if None in row:
         raise ValueError(f"{len(row) - 1 + len(row[None])} fields, the header names {len(row) - 1}")
     prompt = row.get(cols["prompt"]) or ""
     if not prompt.strip():
         raise ValueError(f"column {cols['prompt']!r}: empty prompt")
-
-    def cell(name: str) -> str:
-        return (row.get(cols[name]) or "").strip() if cols[name] else ""
-
+    cell = partial(_cell, row, cols)
     limit = None
     if cell("max_tokens"):
         try:
@@ -77,8 +75,7 @@ def parse_row(row: dict, lineno: int, cols: dict[str, str | None], opts: ReadOpt
 
 
 def _hint(row: Any, cols: dict[str, str | None], opts: ReadOptions) -> str:
-    get = (lambda name: (row.get(cols[name]) or "").strip() if cols[name] and isinstance(row, dict) else "")
-    return opts.kind_for(get("category") or None, get("kind") or None)
+    return opts.kind_for(_cell(row, cols, "category") or None, _cell(row, cols, "kind") or None)
 
 
 def read(path: Path, bad: BadLines, opts: ReadOptions) -> Iterator[Question]:
