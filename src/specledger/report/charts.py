@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import re
-from collections import defaultdict
 from typing import Sequence
 
 import numpy as np
@@ -14,7 +13,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
 from specledger.bench.results import SteadyState
 from specledger.ledger.answer import ScenarioAnswer
-from specledger.ledger.measurements import ConfigMeasurement, measurement_baselines
+from specledger.ledger.measurements import measurement_baselines
 from specledger.ledger.price import LedgerResult
 from specledger.report.interaction import first_level, interaction_axes
 
@@ -149,40 +148,35 @@ def latency_distributions(ledger: LedgerResult) -> str | None:
 
 
 def concurrency_sweep(ledger: LedgerResult) -> str | None:
-    by_name: dict[str, list[tuple[int, float, ConfigMeasurement]]] = defaultdict(list)  # (concurrency, tok/s, m)
-    for m in ledger.measurements:
-        if m.concurrency is not None and m.tok_s:
-            by_name[m.name].append((m.concurrency, m.tok_s, m))
-    swept = {k: sorted(v, key=lambda p: p[0]) for k, v in by_name.items() if len(v) >= 2}
+    from specledger.report.terminal import concurrency_sweep as swept_levels
+
+    levels, swept = swept_levels(ledger)
     if not swept:
         return None
     fig = _figure(7.5, 3.6)
     ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    speed = {(r.name, r.load): r for r in ledger.levels}
-    crossing = {b.config: b.value for b in ledger.concurrency if b.value is not None}
-    for i, (name, points) in enumerate(swept.items()):
-        c = [n for n, _, _ in points]
-        levels = [m for _, _, m in points]
+    ticks: set[int] = set()
+    for i, (first, at, b) in enumerate(swept):
+        c, rows = zip(*[(c, r) for c, r in zip(levels, at) if r is not None])
+        ticks.update(c)
         color = PALETTE[i % len(PALETTE)]
-        ax1.plot(c, [tok_s for _, tok_s, _ in points], marker="o", label=name, color=color)
-        rows = [speed.get((name, m.load)) for m in levels]
-        ups = [np.nan if r is None or r.speedup is None else r.speedup for r in rows]
-        if levels[0].strategy == "ar" or all(np.isnan(ups)):
+        ax1.plot(c, [r.tok_s for r in rows], marker="o", label=first.name, color=color)
+        ups = [np.nan if r.speedup is None else r.speedup for r in rows]
+        if first.strategy == "ar" or all(np.isnan(ups)):
             continue
-        lo = [0.0 if r is None or r.speedup_low is None else u - r.speedup_low for r, u in zip(rows, ups)]
-        hi = [0.0 if r is None or r.speedup_high is None else r.speedup_high - u for r, u in zip(rows, ups)]
-        ax2.errorbar(c, ups, yerr=[lo, hi], marker="o", capsize=3, label=name, color=color)
-        if name in crossing:  # where it stops paying
-            ax2.plot([crossing[name]], [1.0], marker="x", ms=8, color=color)
+        lo = [0.0 if r.speedup_low is None else u - r.speedup_low for r, u in zip(rows, ups)]
+        hi = [0.0 if r.speedup_high is None else r.speedup_high - u for r, u in zip(rows, ups)]
+        ax2.errorbar(c, ups, yerr=[lo, hi], marker="o", capsize=3, label=first.name, color=color)
+        if b is not None and b.value is not None:  # where it stops paying
+            ax2.plot([b.value], [1.0], marker="x", ms=8, color=color)
     ax1.set_xlabel("concurrency")
     ax1.set_ylabel("output tok/s")
     ax2.set_xlabel("concurrency")
     ax2.set_ylabel("speed-up over autoregressive\n(95% paired; x: break-even)")
     ax2.axhline(1.0, color="#444", lw=0.8, ls="--")
-    ticks = sorted({n for v in swept.values() for n, _, _ in v})
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
         ax.minorticks_off()
     _legend_below(fig, ax1, len(swept))
     return svg(fig)
