@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Iterator, Literal, Union
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
@@ -170,9 +170,7 @@ class Resolved(_Section):
 
     def ranges(self) -> dict[tuple, Range]:
         """Every ranged leaf, keyed by its path, e.g. ('acceptance', 'wage_per_hour')."""
-        out: dict[tuple, Range] = {}
-        _walk(self.model_dump(), (), lambda p, v: out.__setitem__(p, Range(**v)) if _is_range(v) else None)
-        return out
+        return {p: Range(**v) for p, v in leaves(self.model_dump()) if _is_range(v)}
 
 
 class CostInputs(BaseModel):
@@ -212,15 +210,13 @@ def _map_leaves(d: Any, fn) -> Any:
     return fn(d)
 
 
-def _walk(d: Any, path: tuple, fn) -> None:
-    if _is_range(d):
-        fn(path, d)
-    elif isinstance(d, dict):
-        for k, v in d.items():
-            _walk(v, path + (k,), fn)
-    elif isinstance(d, list):
-        for i, v in enumerate(d):
-            _walk(v, path + (i,), fn)
+def leaves(d: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+    """(path, value) of every leaf of nested inputs, a range {low, mode, high} counting as one leaf."""
+    if isinstance(d, (dict, list)) and not _is_range(d):
+        for k, v in d.items() if isinstance(d, dict) else enumerate(d):
+            yield from leaves(v, path + (k,))
+    else:
+        yield path, d
 
 
 def _merge(base: dict, over: dict) -> dict:

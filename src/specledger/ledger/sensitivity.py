@@ -13,9 +13,9 @@ from typing import Callable
 import numpy as np
 from scipy.stats import beta
 
-from specledger.ledger.inputs import Resolved
+from specledger.ledger.inputs import Resolved, leaves
 from specledger.ledger.measurements import ConfigMeasurement
-from specledger.ledger.cost_model import Case, get_value, task_cost, with_value
+from specledger.ledger.cost_model import Case, task_cost, with_value
 
 POINT_SWING = 0.2
 _SKIP = {("acceptance", "retries"), ("hardware", "device_count")}
@@ -37,20 +37,6 @@ class Swing:
         return abs(self.cost_high - self.cost_low)
 
 
-def _numeric_leaves(x: dict, prefix: tuple = ()) -> list[tuple]:
-    out = []
-    for k, v in x.items():
-        p = prefix + (k,)
-        if isinstance(v, dict):
-            out += _numeric_leaves(v, p)
-        elif isinstance(v, list):
-            for i, item in enumerate(v):
-                out += _numeric_leaves(item, p + (i,))
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out.append(p)
-    return out
-
-
 def _label(x: dict, path: tuple) -> str:
     if path[:2] == ("task", "tools"):
         return f"{x['task']['tools'][path[2]]['name']} {path[3]}"
@@ -69,10 +55,9 @@ def sensitivity(case: Case, resolved: Resolved, m: ConfigMeasurement, *, seed: i
         return []
     ranges = resolved.ranges()
     swings: list[Swing] = []
-    for path in _numeric_leaves(case.x):
-        if path[0] == "latency" or path in _SKIP:
+    for path, v in leaves(case.x):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or path[0] == "latency" or path in _SKIP:
             continue
-        v = get_value(case.x, path)
         if path in ranges:
             lo, hi, basis = ranges[path].low, ranges[path].high, "range"
         elif v:
