@@ -118,7 +118,7 @@ class Levels:
         n = len(qs) if level.questions else self.items_per_pass * self.cfg.repeats
         done = self.rec.done_items(bc, lv.label)
         check = load.steady_state if level.questions is None else None
-        steady = SteadyStateCheck(check.window, check.tolerance, check.span) if check else None
+        steady: SteadyStateCheck | None = None  # made when the level starts
         counter = iter(range(max(n, check.max_requests) if check else n))
 
         def next_index() -> int | None:
@@ -152,8 +152,8 @@ class Levels:
         before = await backend.scrape_metrics()
         e0 = self.meter.read()
         started = now()
-        if steady is not None:
-            steady.begin(time.perf_counter(), e0)
+        if check is not None:
+            steady = SteadyStateCheck(check.window, check.tolerance, check.span, time.perf_counter(), energy_start=e0)
         with ConditionSampler(t0=steady.start) if steady is not None else contextlib.nullcontext() as sampler:
             if lv.replay is not None:
                 await replay(job, next_index, arrival_s, lv.replay, max_in_flight=load.max_in_flight)

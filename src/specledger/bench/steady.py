@@ -65,11 +65,6 @@ class SteadyStateCheck:
     def __post_init__(self) -> None:
         self._window_start = self.start
 
-    def begin(self, t: float, energy_j: float | None) -> None:
-        """The level starts now (perf_counter t), with the energy meter at energy_j."""
-        self.start = self._window_start = t
-        self.energy_start = energy_j
-
     def completed(self, tokens: int, t: float, energy_j: float | None = None) -> None:
         """One conversation finished at perf_counter t with `tokens` output tokens; energy_j: the meter now."""
         self._tokens += tokens
