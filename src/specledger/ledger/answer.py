@@ -110,14 +110,10 @@ class Answer(BaseModel):
 
     scenarios: list[ScenarioAnswer] = Field(default_factory=list)
 
-    def scenario(self, name: str) -> ScenarioAnswer:
-        return next(s for s in self.scenarios if s.scenario == name)
-
 
 class Priced(Row, Protocol):  # the fields of ledger.price.ConfigCost read here
     p5: float | None
     p95: float | None
-    labour: float | None
 
     @property
     def cost_shares(self) -> dict[str, float]: ...
