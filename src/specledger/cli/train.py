@@ -58,10 +58,10 @@ def train_draft(
         raise BadInput("epochs, max-tokens, samples and gen-batch must be >= 1, batch-tokens >= 64, draft-vocab >= 0")
     if temperature <= 0:
         raise BadInput(f"--temperature must be > 0 (got {temperature})")
-    if labels not in ("hard", "soft") or unroll < 1:
-        raise BadInput(f"--labels must be hard or soft and --unroll >= 1 (got {labels!r}, {unroll})")
     if dtype not in ("fp32", "bf16"):
         raise BadInput(f"--dtype must be fp32 or bf16 (got {dtype!r})")
+    cfg = TrainConfig(epochs=epochs, lr=lr, batch_tokens=batch_tokens, noise=noise, seed=seed, draft_vocab=draft_vocab,
+                      labels=labels, unroll=unroll)
     if threads:
         torch.set_num_threads(threads)
     t0 = time.perf_counter()
@@ -88,8 +88,6 @@ def train_draft(
         raise BadInput(f"{work_dir / 'data'}: no training data (every prompt longer than the context?)")
     if lm.dtype != "fp32":  # train against the fp32 LM head and embeddings
         lm = load_model(model, dtype="fp32")
-    cfg = TrainConfig(epochs=epochs, lr=lr, batch_tokens=batch_tokens, noise=noise, seed=seed, draft_vocab=draft_vocab,
-                      labels=labels, unroll=unroll)
     with _progress() as bar:
         task = bar.add_task("training head", total=None, info="")
 

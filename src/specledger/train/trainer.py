@@ -47,6 +47,12 @@ class TrainConfig:
     prompt_loss: bool = False  # also learn on prompt positions (needs soft labels: the target did not write them)
     unroll: int = 1  # steps fed the head's own predictions (1 = EAGLE-1; more trains deeper tree levels)
 
+    def __post_init__(self) -> None:  # refused before the target spends minutes answering prompts
+        if self.labels not in ("hard", "soft") or self.unroll < 1:
+            raise BadInput(f"labels must be hard or soft and unroll >= 1 (got {self.labels!r}, {self.unroll})")
+        if self.prompt_loss and self.labels != "soft":
+            raise BadInput("learning on prompt positions needs soft labels (the target did not write the prompt)")
+
 
 @dataclass
 class Batch:
@@ -295,12 +301,6 @@ def train_head(
     on_step: Callable[[int, int, dict], None] | None = None,
 ) -> tuple[EagleHead, dict]:
     """Train a fresh head (or resume from work_dir/checkpoint.pt); return it and a summary."""
-    if cfg.labels not in ("hard", "soft"):
-        raise BadInput(f"labels must be 'hard' or 'soft' (got {cfg.labels!r})")
-    if cfg.unroll < 1:
-        raise BadInput(f"unroll must be >= 1 (got {cfg.unroll})")
-    if cfg.prompt_loss and cfg.labels != "soft":
-        raise BadInput("learning on prompt positions needs soft labels (the target did not write the prompt)")
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     ckpt_path = work / "checkpoint.pt"
