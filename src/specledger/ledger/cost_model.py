@@ -122,8 +122,11 @@ def tool_cost(task: dict):
     return sum(t["calls"] * t["price"] for t in task["tools"])
 
 
-def tool_latency(task: dict):
-    return sum(t["calls"] * t["latency_s"] for t in task["tools"])
+def task_latency(x: dict, op: OperatingPoint) -> float | None:
+    """A task's calls at the median end-to-end latency, plus its tool calls' (None: e2e not measured)."""
+    if op.e2e_p50 is None:
+        return None
+    return x["task"]["calls_per_task"] * op.e2e_p50 + sum(t["calls"] * t["latency_s"] for t in x["task"]["tools"])
 
 
 def maintenance_per_task(x: dict, retrains: bool):
@@ -185,12 +188,9 @@ def task_cost(x: dict, op: OperatingPoint) -> Breakdown:
     elif infinite:
         total = math.inf
     per_m = per_call / op.output_tokens_per_call * 1e6 if np.all(np.asarray(op.output_tokens_per_call) > 0) else math.nan
-    latency = None
-    if op.e2e_p50 is not None:
-        latency = task["calls_per_task"] * op.e2e_p50 + tool_latency(task)
     energy = attempts * task["calls_per_task"] * energy_per_call(hw, op)
-    return Breakdown(per_call, attempt, attempts, esc, compute, tools, labour, maint, total, per_m, latency, q, infinite,
-                     energy)
+    return Breakdown(per_call, attempt, attempts, esc, compute, tools, labour, maint, total, per_m, task_latency(x, op), q,
+                     infinite, energy)
 
 
 def objective_misses(x: dict, op: OperatingPoint) -> list[str]:
@@ -207,10 +207,9 @@ def objective_misses(x: dict, op: OperatingPoint) -> list[str]:
             if value is not None and label.split()[1].lower() in op.p95_from_p99:
                 have = f"<= p99 {have} (p95 not measured)"
             misses.append(f"{label} {have} > {_g3(limit)} s")
-    if lat["task_s"] is not None and op.e2e_p50 is not None:
-        t = x["task"]["calls_per_task"] * op.e2e_p50 + tool_latency(x["task"])
-        if t > lat["task_s"]:
-            misses.append(f"task latency {_g3(t)} s > {_g3(lat['task_s'])} s")
+    t = task_latency(x, op)
+    if lat["task_s"] is not None and t is not None and t > lat["task_s"]:
+        misses.append(f"task latency {_g3(t)} s > {_g3(lat['task_s'])} s")
     return misses
 
 

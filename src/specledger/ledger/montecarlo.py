@@ -21,7 +21,7 @@ from scipy.stats import triang
 
 from specledger.ledger.inputs import Range, Resolved
 from specledger.ledger.measurements import ConfigMeasurement
-from specledger.ledger.cost_model import Case, OperatingPoint, task_cost, tool_latency, with_value
+from specledger.ledger.cost_model import Case, OperatingPoint, task_cost, task_latency, with_value
 
 
 @dataclass
@@ -120,8 +120,9 @@ def sample_case(case: Case, resolved: Resolved, m: ConfigMeasurement, uniforms: 
         point = getattr(op, attr.replace("_s", "_p95"))
         p95 = np.percentile(boot, 95, axis=1) if boot is not None else np.full(n, np.inf if point is None else point)
         feasible &= p95 <= limit
-    if lat["task_s"] is not None and op.e2e_p50 is not None:
-        feasible &= np.asarray(x["task"]["calls_per_task"] * op.e2e_p50 + tool_latency(x["task"])) <= lat["task_s"]
+    t = task_latency(x, op)
+    if lat["task_s"] is not None and t is not None:
+        feasible &= np.asarray(t) <= lat["task_s"]
     return costs.copy(), feasible
 
 
