@@ -79,14 +79,8 @@ class _Recorder(Stateless):
 
 
 @torch.inference_mode()
-def answer_stream(
-    lm: LoadedModel,
-    prompts: list[list[int]],
-    max_tokens: int,
-    batch_size: int = 64,
-    temperatures: list[float] | None = None,
-    seed: int = 0,
-) -> Iterator[tuple[int, Sample]]:
+def answer_stream(lm: LoadedModel, prompts: list[list[int]], max_tokens: int, batch_size: int = 64,
+                  temperatures: list[float] | None = None, seed: int = 0) -> Iterator[tuple[int, Sample]]:
     """Answers with the features of every fed token, yielded (prompt index, sample) as they finish: the engine's
     one decoding loop (the scheduler, batch_size sequences at once) with a drafter that only records.
 
@@ -158,20 +152,10 @@ def _read_shards(data_dir: Path) -> list[tuple[int, Sample]]:
     return out
 
 
-def generate_data(
-    lm: LoadedModel,
-    prompts: list[str],
-    out_dir: str | Path,
-    *,
-    max_tokens: int = 192,
-    batch_size: int = 64,
-    shard_size: int = 64,
-    max_prompt_tokens: int = 512,
-    samples: int = 1,
-    temperature: float = 0.8,
-    seed: int = 0,
-    on_progress: Callable[[int, int], None] | None = None,
-) -> tuple[dict, list[Sample]]:
+def generate_data(lm: LoadedModel, prompts: list[str], out_dir: str | Path, *, max_tokens: int = 192,
+                  batch_size: int = 64, shard_size: int = 64, max_prompt_tokens: int = 512, samples: int = 1,
+                  temperature: float = 0.8, seed: int = 0,
+                  on_progress: Callable[[int, int], None] | None = None) -> tuple[dict, list[Sample]]:
     """Answer every prompt (chat template) and write shards; answers recorded in earlier runs are kept.
 
     Returns the data's description (also written to meta.json) and the answers, in job order.
@@ -231,18 +215,11 @@ def generate_data(
         if buf:
             flush()
     answers = [recorded[i] for i in sorted(recorded) if i < len(jobs)]
-    meta = {
-        "generation_s": round(shard_seconds(out), 1),
-        "key": key if samples == 1 else f"{key}-{samples}x{temperature:g}-{seed}",
-        "jobs": len(jobs),
-        "model": lm.label,
-        "sequences": len(answers),
-        "skipped_long_prompts": skipped,
-        "tokens": sum(len(s.tokens) for s in answers),
-        "response_tokens": sum(len(s.tokens) - s.prompt_len for s in answers),
-        "max_tokens": max_tokens,
-        "samples_per_prompt": samples,
-        "temperature": temperature if samples > 1 else None,
-    }
+    meta = {"generation_s": round(shard_seconds(out), 1),
+            "key": key if samples == 1 else f"{key}-{samples}x{temperature:g}-{seed}", "jobs": len(jobs),
+            "model": lm.label, "sequences": len(answers), "skipped_long_prompts": skipped,
+            "tokens": sum(len(s.tokens) for s in answers),
+            "response_tokens": sum(len(s.tokens) - s.prompt_len for s in answers), "max_tokens": max_tokens,
+            "samples_per_prompt": samples, "temperature": temperature if samples > 1 else None}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta, answers

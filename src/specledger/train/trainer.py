@@ -177,9 +177,8 @@ def train_hidden(head: EagleHead, base: LoadedModel, tokens: torch.Tensor, featu
     return x.to(head.dtype)
 
 
-def unrolled(
-    head: EagleHead, base: LoadedModel, tokens: torch.Tensor, f_in: torch.Tensor, steps: int, start: int = 0
-) -> list[torch.Tensor]:
+def unrolled(head: EagleHead, base: LoadedModel, tokens: torch.Tensor, f_in: torch.Tensor, steps: int,
+             start: int = 0) -> list[torch.Tensor]:
     """The head's predicted features at each unroll step over whole sequences (B, L).
 
     Step 1, entry i: (f_i, token i+1) at position i, causal (EAGLE-1): (B, L - 2, H). Step s,
@@ -201,9 +200,8 @@ def unrolled(
     return out
 
 
-def head_loss(
-    head: EagleHead, base: LoadedModel, batch: Batch, cfg: TrainConfig, gen: torch.Generator | None = None
-) -> tuple[torch.Tensor, dict]:
+def head_loss(head: EagleHead, base: LoadedModel, batch: Batch, cfg: TrainConfig,
+              gen: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
     """EAGLE-1 loss on one batch, averaged over `cfg.unroll` steps in which the head is fed its
     own predicted features; also the head's top-1 agreement with the target's answer tokens."""
     B, L = batch.tokens.shape
@@ -290,16 +288,9 @@ def evaluate(head: EagleHead, base: LoadedModel, samples: list[Sample], batches:
     return {k: v / max(n, 1) for k, v in tot.items()}
 
 
-def train_head(
-    base: LoadedModel,
-    samples: list[Sample],
-    cfg: TrainConfig,
-    work_dir: str | Path,
-    *,
-    resume: bool = False,
-    data_key: str = "",
-    on_step: Callable[[int, int, dict], None] | None = None,
-) -> tuple[EagleHead, dict]:
+def train_head(base: LoadedModel, samples: list[Sample], cfg: TrainConfig, work_dir: str | Path, *,
+               resume: bool = False, data_key: str = "",
+               on_step: Callable[[int, int, dict], None] | None = None) -> tuple[EagleHead, dict]:
     """Train a fresh head (or resume from work_dir/checkpoint.pt); return it and a summary."""
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -358,14 +349,8 @@ def train_head(
         if step % cfg.checkpoint_every == 0 or step == total:
             save_ckpt()
     head.eval().requires_grad_(False)
-    summary = {
-        "steps": total,
-        "draft_vocab": head.cfg.draft_vocab,
-        "draft_vocab_coverage": _coverage(val_s or train_s, head.draft_vocab),
-        "train_sequences": len(train_s),
-        "val_sequences": len(val_s),
-        "train_time_s": round(time.perf_counter() - t_start, 1),
-        "history": history,
-        "final": history[-1] if history else {},
-    }
-    return head, summary
+    return head, {"steps": total, "draft_vocab": head.cfg.draft_vocab,
+                  "draft_vocab_coverage": _coverage(val_s or train_s, head.draft_vocab),
+                  "train_sequences": len(train_s), "val_sequences": len(val_s),
+                  "train_time_s": round(time.perf_counter() - t_start, 1), "history": history,
+                  "final": history[-1] if history else {}}
