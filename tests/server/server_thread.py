@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -35,7 +36,7 @@ class ServerThread:
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
-        self.server.stop()
+        self.server.handle_exit(signal.SIGTERM, None)  # what SIGTERM does
         self.thread.join(timeout)
 
     def __enter__(self) -> "ServerThread":

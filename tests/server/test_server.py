@@ -4,6 +4,7 @@ official openai client and raw httpx (streaming and not, stops, errors, queue, d
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -275,7 +276,7 @@ def test_graceful_shutdown_finishes_in_flight_and_refuses_new(smollm):
     with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as s:
         lines = s.iter_lines()
         next(line for line in lines if line.startswith("data:"))
-        srv.server.stop()  # what SIGTERM does
+        srv.server.handle_exit(signal.SIGTERM, None)  # what SIGTERM does
         try:
             refused = httpx.post(srv.url + "/v1/completions", json={**body, "stream": False}, timeout=10).status_code
         except httpx.TransportError:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import socket
 import subprocess
 import sys
@@ -403,7 +404,7 @@ def test_shutdown_tells_every_stream_it_cuts(smollm):
                     if line.startswith("data:"):
                         got.append(line[5:].strip())
                         break
-            await asyncio.to_thread(s.server.stop)  # what SIGTERM does
+            await asyncio.to_thread(s.server.handle_exit, signal.SIGTERM, None)  # what SIGTERM does
 
             async def rest(it, got: list[str]) -> None:
                 async for line in it:

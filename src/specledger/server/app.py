@@ -490,10 +490,6 @@ class Server(uvicorn.Server):
         self.app_state.worker.drain()
         super().handle_exit(sig, frame)
 
-    def stop(self) -> None:
-        self.app_state.worker.drain()
-        self.should_exit = True
-
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         timeout = self.config.timeout_graceful_shutdown or 0.0
         # the margin leaves the cut requests time to send their last event before uvicorn cancels them
