@@ -189,18 +189,15 @@ def task_cost(x: dict, op: OperatingPoint) -> Breakdown:
         total = math.inf
     per_m = per_call / op.output_tokens_per_call * 1e6 if np.all(np.asarray(op.output_tokens_per_call) > 0) else math.nan
     energy = attempts * task["calls_per_task"] * energy_per_call(hw, op)
-    return Breakdown(per_call, attempt, attempts, esc, compute, tools, labour, maint, total, per_m, task_latency(x, op), q,
-                     infinite, energy)
+    return Breakdown(per_call, attempt, attempts, esc, compute, tools, labour, maint, total, per_m, task_latency(x, op),
+                     q, infinite, energy)
 
 
 def objective_misses(x: dict, op: OperatingPoint) -> list[str]:
     """Latency objectives this operating point misses (empty: feasible)."""
     lat, misses = x["latency"], []
-    for key, value, label in (
-        ("ttft_p95_s", op.ttft_p95, "p95 TTFT"),
-        ("tpot_p95_s", op.tpot_p95, "p95 TPOT"),
-        ("e2e_p95_s", op.e2e_p95, "p95 e2e"),
-    ):
+    for key, value, label in (("ttft_p95_s", op.ttft_p95, "p95 TTFT"), ("tpot_p95_s", op.tpot_p95, "p95 TPOT"),
+                              ("e2e_p95_s", op.e2e_p95, "p95 e2e")):
         limit = lat[key]
         if limit is not None and (value is None or value > limit):
             have = "not measured" if value is None else f"{_g3(value)} s"

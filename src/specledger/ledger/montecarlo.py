@@ -178,13 +178,8 @@ def draw_all(cases: list[tuple[Case, Resolved, ConfigMeasurement]], samples: int
             for i, (case, res, m) in enumerate(cases)]
 
 
-def simulate(
-    cases: list[tuple[Case, Resolved, ConfigMeasurement]],
-    *,
-    eligible: set[str],
-    samples: int = 2000,
-    seed: int = 0,
-) -> dict[str, Interval]:
+def simulate(cases: list[tuple[Case, Resolved, ConfigMeasurement]], *, eligible: set[str], samples: int = 2000,
+             seed: int = 0) -> dict[str, Interval]:
     """Mean and 90% interval of cost per accepted task per configuration, and P(cheapest) among `eligible`."""
     uniforms, shared = draws(cases, samples, seed)
     out: dict[str, Interval] = {}

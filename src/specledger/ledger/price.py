@@ -236,16 +236,8 @@ def cases_for(run_dir: str | Path, inputs: CostInputs | str | Path | None = None
     return {row.name: case for row, case, _, _ in chosen if case is not None}
 
 
-def price_measurements(
-    ms: list[ConfigMeasurement],
-    inputs: CostInputs,
-    *,
-    samples: int = 2000,
-    seed: int = 0,
-    run_dir: str = "",
-    scenario: str = "",
-    thresholds: bool = True,
-) -> LedgerResult:
+def price_measurements(ms: list[ConfigMeasurement], inputs: CostInputs, *, samples: int = 2000, seed: int = 0,
+                       run_dir: str = "", scenario: str = "", thresholds: bool = True) -> LedgerResult:
     """Point costs, verdicts, Monte Carlo intervals, break-evens and sensitivity for a set of measurements, and the
     answer first (ledger/answer.py). With scenarios in the cost file, the first is priced in full and the others
     summarised; the answer has one entry per scenario. `thresholds=False` skips the answer's threshold search and

@@ -58,9 +58,8 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def lossless_gate(
-    reference: dict[str, list[int]], candidate: dict[str, list[int]], *, min_share: float = 1.0
-) -> GateOutcome:
+def lossless_gate(reference: dict[str, list[int]], candidate: dict[str, list[int]], *,
+                  min_share: float = 1.0) -> GateOutcome:
     """Greedy token ids of a strategy vs autoregressive decoding of the same target and precision, per request.
 
     Requests present on one side only are counted, not compared. In bf16/fp16 a few divergences are expected
@@ -94,9 +93,8 @@ def lossless_gate(
     return _gate("lossless", share >= min_share, summary, figures)
 
 
-def quantization_gate(
-    top1_agreement: float, mean_kl: float, *, min_agreement: float = 0.95, max_kl: float | None = None
-) -> GateOutcome:
+def quantization_gate(top1_agreement: float, mean_kl: float, *, min_agreement: float = 0.95,
+                      max_kl: float | None = None) -> GateOutcome:
     """Teacher-forced top-1 agreement (and optionally mean KL) of a quantized model vs the unquantized one."""
     if not 0.0 <= top1_agreement <= 1.0:
         raise ValueError(f"top1_agreement must lie in [0, 1], got {top1_agreement}")

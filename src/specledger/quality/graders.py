@@ -247,13 +247,8 @@ def _check_entry(kind: str, entry: str | tuple[str, ...], answer: str) -> tuple[
     return best[0], best[1], f"{best[2]} (best of {len(alts)} acceptable answers)"
 
 
-_KIND_GRADER = {
-    "math": "final-number",
-    "summarization": f"rouge-l>={ROUGE_L_MIN:g}",
-    "translation": f"chrf>={CHRF_MIN:g}",
-    "qa": "contains",
-    "rag": "contains",
-}
+_KIND_GRADER = {"math": "final-number", "summarization": f"rouge-l>={ROUGE_L_MIN:g}",
+                "translation": f"chrf>={CHRF_MIN:g}", "qa": "contains", "rag": "contains"}
 
 
 def _combine(grader: str, checks: list[tuple[int, bool | None, float | None, str]]) -> GradeResult:
