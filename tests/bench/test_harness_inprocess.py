@@ -162,3 +162,26 @@ def test_inprocess_reports_energy_draft_prefill_and_why_a_request_failed(tmp_pat
     assert ok.draft_prefill_s is not None and ok.draft_prefill_s >= 0.05
     assert not too_long.ok and too_long.error_kind == "rejected" and "context" in (too_long.error or "")
     assert not broken.ok and broken.error_kind == "exception" and "the drafter broke" in (broken.error or "")
+
+
+def test_inprocess_backend_hands_each_role_its_loaded_model():
+    """The models a run's pool already holds go to the strategy in their roles (here a draft model as the drafter),
+    and the answers stay the target's (greedy, lossless)."""
+    import asyncio
+
+    lm, small = tiny_model(seed=3), tiny_model(seed=4)
+    lm.tokenizer = CharTokenizer(lm.config.vocab_size)  # (the draft needs none: it trades token ids)
+    cfg = parse_run_config({"configs": [{"name": "d", "strategy": "draft", "draft": {"model": "smollm2-135m"},
+                                         "max_tokens": 8}]}).configs[0]
+    backend = InProcessBackend(cfg, models={"target": lm, "draft": small})
+
+    async def go():
+        await backend.start()
+        try:
+            return await backend.complete([{"role": "user", "content": "abc abc"}], max_tokens=8)
+        finally:
+            await backend.close()
+
+    c = asyncio.run(go())
+    assert backend.strategy.draft_lm is small and backend.models["draft"] is small
+    assert c.ok and c.output_tokens == 8

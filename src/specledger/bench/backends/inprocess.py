@@ -16,7 +16,7 @@ import torch
 
 import specledger
 from specledger.bench.backends.base import Backend, Completion
-from specledger.bench.config import BenchConfig, ModelSpec
+from specledger.bench.config import BenchConfig
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.metrics import chunks_from_token_times
 from specledger.bench.telemetry import peak_rss_bytes, reset_peak_rss
@@ -41,40 +41,27 @@ class InProcessBackend(Backend):
         await asyncio.wrap_future(threads.future(self._load))
 
     def _load(self) -> None:
+        from specledger.decoding.batch_worker import BatchWorker
         from specledger.decoding.factory import make_strategy
+        from specledger.decoding.scheduler import Scheduler
         from specledger.engine.loader import load_model
 
         c = self.config
-
-        def load(spec: ModelSpec) -> Any:
-            return load_model(spec.model, dtype=spec.dtype, quant=spec.quant, group_size=spec.group_size,
-                              device=c.device, activations=spec.activations)
-
-        if "target" not in self.models:
-            self.models["target"] = load(c.target)
-        roles: dict[str, Any] = {}
-        for role in ("draft", "intermediate"):
-            spec = getattr(c, role)
-            if spec is not None:
-                if role not in self.models:
-                    self.models[role] = load(spec)
-                roles[role] = self.models[role]
+        for role, spec in (("target", c.target), ("draft", c.draft), ("intermediate", c.intermediate)):
+            if spec is not None and role not in self.models:  # not already loaded by the run's model pool
+                self.models[role] = load_model(spec.model, dtype=spec.dtype, quant=spec.quant,
+                                               group_size=spec.group_size, device=c.device, activations=spec.activations)
+        roles = {role: self.models[role] for role in ("draft", "intermediate") if getattr(c, role) is not None}
         if self.models["target"].tokenizer is None:
             raise SpecLedgerError(f"configuration {c.name!r}: model {c.model!r} has no tokenizer")
         try:
             self.strategy = make_strategy(c.strategy, target=self.models["target"], **roles, **c.params.given())
+            drafter = self.strategy.batch_drafter(c.batch_size)
         except SpecLedgerError as exc:
             raise SpecLedgerError(f"configuration {c.name!r}: {exc}") from None
         except ImportError as exc:  # a strategy whose module is not in this build
             raise SpecLedgerError(f"configuration {c.name!r}: strategy {c.strategy!r} is not available "
                                   f"in this build ({exc})") from None
-        from specledger.decoding.batch_worker import BatchWorker
-        from specledger.decoding.scheduler import Scheduler
-
-        try:
-            drafter = self.strategy.batch_drafter(c.batch_size)
-        except SpecLedgerError as exc:
-            raise SpecLedgerError(f"configuration {c.name!r}: {exc}") from None
         self.worker = BatchWorker(Scheduler(self.models["target"], max_batch=c.batch_size,
                                             prefill_chunk=c.prefill_chunk, drafter=drafter,
                                             prefix_cache=c.prefix_cache,
