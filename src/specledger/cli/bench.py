@@ -86,7 +86,26 @@ def build_config(
 
 
 def register(app: typer.Typer) -> None:
-    register_import(app)
+    @app.command("import")
+    def import_results(
+        fmt: str = typer.Argument(..., metavar="FORMAT", help="vllm-bench (a `vllm bench serve --save-result` JSON), guidellm (its JSON "
+                                 "report), aiperf (profile_export.jsonl or its artifact directory)"),
+        file: Path = typer.Argument(..., help="the tool's result file"),
+        run_dir: Optional[Path] = typer.Option(None, help="run directory to create (default: runs/<file name>)"),
+        name: Optional[str] = typer.Option(None, help="configuration name (default: label/backend + model)"),
+    ) -> None:
+        """Turn another tool's benchmark results into a run directory the ledger and report read."""
+        from specledger.bench.importers import import_vllm_bench
+        from specledger.bench.peer_imports import import_aiperf, import_guidellm
+        from specledger.bench.tables import print_run
+
+        readers = {"vllm-bench": import_vllm_bench, "guidellm": import_guidellm, "aiperf": import_aiperf}
+        if fmt not in readers:
+            raise BadInput(f"import: unknown format {fmt!r} (known: {', '.join(readers)})")
+        target = run_dir or Path("runs") / file.stem
+        run = readers[fmt](file, target, name=name)
+        print_run(run)
+        Console().print(f"results: {target}")
 
     @app.command("bench")
     def bench(
@@ -207,30 +226,3 @@ def register(app: typer.Typer) -> None:
         from specledger.bench.tables import diff_table
 
         Console().print(diff_table(load_run(run_a), load_run(run_b)))
-
-
-
-IMPORT_FORMATS = ("vllm-bench", "guidellm", "aiperf")
-
-
-def register_import(app: typer.Typer) -> None:
-    @app.command("import")
-    def import_results(
-        fmt: str = typer.Argument(..., metavar="FORMAT", help="vllm-bench (a `vllm bench serve --save-result` JSON), guidellm (its JSON "
-                                 "report), aiperf (profile_export.jsonl or its artifact directory)"),
-        file: Path = typer.Argument(..., help="the tool's result file"),
-        run_dir: Optional[Path] = typer.Option(None, help="run directory to create (default: runs/<file name>)"),
-        name: Optional[str] = typer.Option(None, help="configuration name (default: label/backend + model)"),
-    ) -> None:
-        """Turn another tool's benchmark results into a run directory the ledger and report read."""
-        from specledger.bench.importers import import_vllm_bench
-        from specledger.bench.peer_imports import import_aiperf, import_guidellm
-        from specledger.bench.tables import print_run
-
-        if fmt not in IMPORT_FORMATS:
-            raise BadInput(f"import: unknown format {fmt!r} (known: {', '.join(IMPORT_FORMATS)})")
-        target = run_dir or Path("runs") / file.stem
-        reader = {"vllm-bench": import_vllm_bench, "guidellm": import_guidellm, "aiperf": import_aiperf}[fmt]
-        run = reader(file, target, name=name)
-        print_run(run)
-        Console().print(f"results: {target}")

@@ -260,11 +260,9 @@ def scenario_answer(scenario: str, rows: Sequence[Priced], chosen: list[tuple[Pr
             out.saving_low, out.saving_high = d.low, d.high
     _human(out, rows, case)
     if search is not None and thresholds and len(cands) > 1:
-        for inp in INPUTS if case.x["hardware"]["kind"] == "rented" else INPUTS[:4] + (OWNED_PRICE, INPUTS[5]):
-            c = find(search, inp)
-            if c is not None:
-                out.thresholds.append(threshold_model(c))
-        out.thresholds.sort(key=lambda t: t.value is None)
+        inputs = INPUTS if case.x["hardware"]["kind"] == "rented" else INPUTS[:4] + (OWNED_PRICE, INPUTS[5])
+        out.thresholds = sorted((threshold_model(c) for inp in inputs if (c := find(search, inp)) is not None),
+                                key=lambda t: t.value is None)
         review = next((t for t in out.thresholds if t.input == REVIEW_PATH), None)
         now = search.current(REVIEW) or 0.0
         out.curve = [CurveSeries(config=name, points=[CurvePoint(x=x, cost=c, low=lo, high=hi) for x, c, lo, hi in pts])

@@ -122,13 +122,8 @@ def tested_verdicts(rows: list[Row], costs: dict[str, np.ndarray]) -> None:
     for r in eligible:
         if r.verdict == "indistinguishable" or r is best:
             continue
-        better = []
-        for o in eligible:
-            if o is r:
-                continue
-            d = difference(costs[r.name], costs[o.name])
-            if d is not None and d.low > MATERIAL * _total(o) and _no_slower(o, r):
-                better.append((o, d))
+        better = [(o, d) for o in eligible if o is not r and _no_slower(o, r)
+                  and (d := difference(costs[r.name], costs[o.name])) is not None and d.low > MATERIAL * _total(o)]
         if better:
             o, d = min(better, key=lambda od: _total(od[0]))
             r.verdict, r.verdict_detail = "dominated", (f"by {o.name}: {_money(d.low)[1:]} to {_money(d.high)[1:]} "
