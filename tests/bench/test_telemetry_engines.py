@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from specledger.spec_stats import LevelStats
-from specledger.bench.results import ConfigResult, LoadResult, Aggregate, RunResult, Conditions, now
+from specledger.bench.results import ConfigResult, LoadResult, Aggregate, RequestRecord, RunResult, Conditions, now
 from specledger.bench.tables import server_speculation_table
 from specledger.bench.telemetry import response_levels, telemetry_delta
 
@@ -139,8 +139,6 @@ def test_server_speculation_table_lists_positions_and_flags_gauges():
 
 
 def _record(i: int, proposed: int, accepted: int, steps: int | None, positions=None):
-    from specledger.bench.results import RequestRecord
-
     return RequestRecord(run_id="r", config="c", request_id=f"c|c=1|{i}|t1", item=i, question_id=str(i), category="x",
                          kind="qa", turn=1, turns=1, load="c=1", status="ok", arrival_t=0.0, end_t=1.0,
                          levels=[LevelStats(name="draft", proposed=proposed, accepted=accepted, steps=steps,
@@ -149,7 +147,10 @@ def _record(i: int, proposed: int, accepted: int, steps: int | None, positions=N
 
 
 def test_per_request_positions_sum_only_when_every_drafting_request_has_them():
-    from specledger.bench.metrics import acceptance
+    from specledger.bench.metrics import aggregate
+
+    def acceptance(records: list[RequestRecord]) -> list[LevelStats]:
+        return aggregate(records, resamples=0).acceptance
 
     # 4 + 6 drafting steps; positions of different lengths are summed element by element
     (a,) = acceptance([_record(0, 12, 7, 4, [4, 2, 1]), _record(1, 12, 5, 6, [3, 2]), _record(2, 0, 0, 0)])

@@ -13,7 +13,7 @@ import numpy as np
 
 from specledger.bench.config import SLO
 from specledger.bench.results import Aggregate, Dist, RequestRecord
-from specledger.spec_stats import LevelStats, merge_levels
+from specledger.spec_stats import merge_levels
 
 STATS = ("mean", "p50", "p90", "p95", "p99")
 _QUANTILES = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99}
@@ -214,7 +214,7 @@ def aggregate(
     if stepped:
         steps = a.steps = sum(n for _, n in stepped)
         a.tau = sum((r.tau if r.tau is not None else r.output_tokens / n) * n for r, n in stepped) / steps
-    a.acceptance = acceptance(ok)
+    a.acceptance = merge_levels(r.levels for r in ok)
     if any(r.draft_s is not None for r in ok):
         a.draft_s = sum(r.draft_s or 0.0 for r in ok)
     if any(r.verify_s is not None for r in ok):
@@ -233,10 +233,6 @@ def aggregate(
     a.graded = len(graded)
     a.passed = sum(bool(g.passed) for g in graded)
     return a
-
-
-def acceptance(records: Iterable[RequestRecord]) -> list[LevelStats]:
-    return merge_levels(r.levels for r in records)
 
 
 def group_by(records: Iterable[RequestRecord], key: str) -> dict[str, list[RequestRecord]]:
