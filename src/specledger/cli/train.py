@@ -99,26 +99,15 @@ def train_draft(
         head, summary = train_head(lm, data, cfg, work_dir, resume=resume, data_key=meta["key"], on_step=on_step)
     save_head(head, out_dir)
     total_s = time.perf_counter() - t0
-    info = {
-        "command": "specledger " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        "target": lm.name,
-        "data_dtype": dtype,
-        "seed": seed,
-        "prompts": str(prompts or DEFAULT_PROMPTS.name),
-        "data": {k: meta[k] for k in ("sequences", "tokens", "response_tokens", "max_tokens", "samples_per_prompt",
-                                       "temperature", "skipped_long_prompts")},
-        "train_config": cfg.__dict__,
-        "generation_s": meta["generation_s"],
-        "generation_this_run_s": round(gen_s, 1),
-        "train_s": summary["train_time_s"],
-        "data_plus_train_s": round(meta["generation_s"] + summary["train_time_s"], 1),
-        "total_s": round(total_s, 1),
-        "threads": torch.get_num_threads(),
-        "draft_vocab": summary["draft_vocab"],
-        "draft_vocab_coverage": summary["draft_vocab_coverage"],
-        "final": summary["final"],
-        "history": summary["history"],
-    }
+    info = {"command": "specledger " + " ".join(shlex.quote(a) for a in sys.argv[1:]), "target": lm.name,
+            "data_dtype": dtype, "seed": seed, "prompts": str(prompts or DEFAULT_PROMPTS.name),
+            "data": {k: meta[k] for k in ("sequences", "tokens", "response_tokens", "max_tokens", "samples_per_prompt",
+                                           "temperature", "skipped_long_prompts")},
+            "train_config": cfg.__dict__, "generation_s": meta["generation_s"],
+            "generation_this_run_s": round(gen_s, 1), "train_s": summary["train_time_s"],
+            "data_plus_train_s": round(meta["generation_s"] + summary["train_time_s"], 1), "total_s": round(total_s, 1),
+            "threads": torch.get_num_threads(),
+            **{k: summary[k] for k in ("draft_vocab", "draft_vocab_coverage", "final", "history")}}
     (out_dir / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
     fin = summary["final"].get("val") or summary["final"].get("train") or {}
     console.print(

@@ -51,10 +51,9 @@ def _speed(r: ConfigCost) -> str:
     return tok if r.speedup is None else f"{tok}\n[dim]{r.speedup:.2f}×[/dim]"
 
 
-def _short_interval(r: ConfigCost) -> str:
-    if r.p5 is None or r.p95 is None:
-        return ""
-    return f"{money(r.p5, 2)}–{money(r.p95, 2).lstrip('$')}"
+def _span(p5: float | None, p95: float | None) -> str:
+    """A cost's 90% interval on the line under it ("" without one)."""
+    return "" if p5 is None or p95 is None else f"\n[dim]{money(p5, 2)}–{money(p95, 2).lstrip('$')}[/dim]"
 
 
 def _pass(r: ConfigCost) -> str:
@@ -84,7 +83,7 @@ def render_cost_table(ledger: LedgerResult, scenario: str | None = None) -> Tabl
             f"{r.name}\n[dim]{r.precision} @{r.load}[/dim]",
             _speed(r),
             _pass(r),
-            ("∞" if r.infinite else money(r.total)) + (f"\n[dim]{_short_interval(r)}[/dim]" if r.p5 is not None else ""),
+            ("∞" if r.infinite else money(r.total)) + _span(r.p5, r.p95),
             f"{verdict}\n[dim]{share}[/dim]",
         )
     return t
@@ -112,11 +111,11 @@ def render_notes(ledger: LedgerResult) -> Text:
 
 def render_scenario(ledger: LedgerResult, name: str) -> Table:
     """Another scenario of the cost file, summarised (its full table: price the run with that scenario alone)."""
-    t = _table(f"Cost per accepted task — {name}", "configuration", ">$/task\n[dim]90%[/dim]", ">engine\nshare", "verdict")
+    t = _table(f"Cost per accepted task — {name}", "configuration", ">$/task\n[dim]90%[/dim]", ">engine\nshare",
+               "verdict")
     for r in ledger.scenarios[name]:
         verdict = r["verdict"]
-        span = f"\n[dim]{money(r['p5'], 2)}–{money(r['p95'], 2).lstrip('$')}[/dim]" if r["p5"] is not None else ""
-        t.add_row(r["name"], (money(r["total"]) if r["total"] is not None else "–") + span,
+        t.add_row(r["name"], (money(r["total"]) if r["total"] is not None else "–") + _span(r["p5"], r["p95"]),
                   num(None if r.get("engine_share") is None else r["engine_share"] + r.get("energy_share", 0.0),
                        ".0%"),
                   f"[{VERDICT_STYLE[verdict]}]{verdict}[/]" if verdict in VERDICT_STYLE else verdict)
@@ -225,7 +224,8 @@ def render_concurrency(ledger: LedgerResult) -> Table | None:
     for first, at, b in swept:
         cells = ["–" if r is None else f"{r.tok_s:.1f}" + ("" if r.speedup is None or r.strategy == "ar" else (
                  f"\n[dim]{r.speedup:.2f}×" + ("" if r.speedup_low is None else
-                                                f" {r.speedup_low:.2f}–{r.speedup_high:.2f}") + "[/dim]")) for r in at]
+                                                f" {r.speedup_low:.2f}–{r.speedup_high:.2f}") + "[/dim]"))
+                 for r in at]
         t.add_row(f"{first.name}\n[dim]{first.precision}[/dim]", *cells,
                   "[dim]baseline[/dim]" if first.strategy == "ar" else (break_even_cell(b) if b else "–"))
     return t
