@@ -37,10 +37,6 @@ from specledger.quality.graders import grading_rules
 BackendFactory = Callable[[BenchConfig], Backend]
 
 
-def new_run_id() -> str:
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-
-
 class Runner:
     def __init__(
         self,
@@ -270,7 +266,7 @@ class Runner:
 def run_benchmark(config: RunConfig, *, run_dir: str | Path | None = None, console: Console | None = None,
                   show_progress: bool = True) -> tuple[RunResult, Path]:
     """Start a new run; returns its results and directory."""
-    run_id = config.run_id or new_run_id()
+    run_id = config.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     path = Path(run_dir) if run_dir is not None else Path(config.output_dir) / run_id
     result = Runner(config, path, console=console, show_progress=show_progress).run()
     return result, path

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specledger.bench.config import result_baselines
-from specledger.bench.results import Aggregate, RunResult, error_kinds
+from specledger.bench.results import RunResult, error_kinds
 
 
 def _ms(x: float | None) -> str:
@@ -23,10 +23,6 @@ def _ms_short(x: float | None) -> str:
 
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
-
-
-def _acc(a: Aggregate) -> str:
-    return " ".join(f"{x.name} {x.rate:.0%}" for x in a.acceptance if x.rate is not None) or "-"
 
 
 def conditions_line(run: RunResult) -> str:
@@ -62,10 +58,11 @@ def run_table(run: RunResult, width: int = WIDE) -> Table:
             a = lr.aggregate
             pass_rate = "-" if c.pass_rate is None else f"{c.pass_rate:.0%}"
             comp = Text("yes", style="green") if c.comparable else Text("no", style="red")
+            acc = " ".join(f"{x.name} {x.rate:.0%}" for x in a.acceptance if x.rate is not None) or "-"
             t.add_row(c.name, c.strategy, lr.load, f"{a.requests_ok}/{a.requests_failed}",
                       _ms(a.ttft.p50), _ms(a.ttft.p99), _ms(a.tpot.p50), _ms(a.itl.p50), _ms(a.itl.p99),
                       _ms(a.e2e.p50), _f(a.output_tok_s, "{:.1f}"), _f(a.requests_s), _f(a.goodput_rps),
-                      _f(a.tau), _acc(a), pass_rate, comp)
+                      _f(a.tau), acc, pass_rate, comp)
     return t
 
 
@@ -120,10 +117,6 @@ def category_table(run: RunResult, width: int = WIDE) -> Table:
                 else:
                     t.add_row(c.name, lr.load, cat, *values)
     return t
-
-
-def _has_server_speculation(run: RunResult) -> bool:
-    return any(lr.telemetry_levels or (lr.telemetry or {}).get("gauges") for c in run.configs for lr in c.loads)
 
 
 def server_speculation_table(run: RunResult) -> Table:
@@ -260,7 +253,7 @@ def render_run(run: RunResult, *, categories: bool = True, width: int = WIDE) ->
         parts.append(steady)
     if categories and any(lr.by_category for c in run.configs for lr in c.loads):
         parts.append(category_table(run, width))
-    if _has_server_speculation(run):
+    if any(lr.telemetry_levels or (lr.telemetry or {}).get("gauges") for c in run.configs for lr in c.loads):
         parts.append(server_speculation_table(run))
     parts.append(gates_text(run))
     parts.append(workload_text(run))
