@@ -191,9 +191,8 @@ def _span(low: float | None, high: float | None, fmt: Callable[[float], str], no
 
 def threshold_model(c: Crossing) -> Threshold:
     """A crossing as the answer block holds it, with its sentence."""
-    t = Threshold(input=".".join(map(str, c.input.path)), label=c.input.label, unit=c.input.unit, current=c.current,
-                  value=c.value, low=c.low, high=c.high, side=c.side, searched_low=c.searched_low,
-                  searched_high=c.searched_high, before=c.before, after=c.after)
+    t = Threshold(input=".".join(map(str, c.input.path)), label=c.input.label, unit=c.input.unit,
+                  **{k: v for k, v in vars(c).items() if k != "input"})  # the crossing's own fields, by name
     unit = c.input.unit
     if TIE in (c.before, c.after) and c.value is not None:
         t.matters_side = c.side if c.before == TIE else ("above" if c.side == "below" else "below")

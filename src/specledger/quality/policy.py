@@ -38,12 +38,10 @@ def apply_gates(run: RunResult, records: list[RequestRecord], cfg: RunConfig) ->
         gates: list[GateOutcome] = []
         if bc is not None and bc.strategy != "ar":
             ref = specs.get(pairs.get(bc.name, ""))
-            if not bc.greedy:
-                gates.append(GateOutcome(name="lossless", passed=None,
-                                         reason="not checked: sampling (temperature > 0); checked on greedy runs"))
-            elif ref is None:
-                gates.append(GateOutcome(name="lossless", passed=None, reason="not checked: no greedy 'ar' "
-                                         "configuration of the same target and precision in this run"))
+            if not bc.greedy or ref is None:
+                why = ("sampling (temperature > 0); checked on greedy runs" if not bc.greedy else
+                       "no greedy 'ar' configuration of the same target and precision in this run")
+                gates.append(GateOutcome(name="lossless", passed=None, reason=f"not checked: {why}"))
             elif ref.name in by_config and recs:
                 ref_out, ref_ids = _outputs([r for r in by_config[ref.name] if r.load != QUALITY_LEVEL])
                 cand_out, cand_ids = _outputs([r for r in recs if r.load != QUALITY_LEVEL])
