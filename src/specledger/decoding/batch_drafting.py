@@ -48,10 +48,6 @@ class BatchDrafting:
         """A pass without prefill: its forward's rows and seconds, and its time outside forward and plan."""
         self.policy.observe(step_s, forward_s, self.last_plan_s, rows, n_seqs, n_drafting)
 
-    @property
-    def wants_features(self) -> bool:
-        return self.drafter.wants_features
-
     def begin(self, key: Hashable, tokens: list[int], sp: SamplingParams, gen: torch.Generator | None,
               features: torch.Tensor | None) -> DraftState:
         """Follow a request once its prompt is cached and its first token drawn (the drafter's prefill counts in

@@ -197,13 +197,12 @@ class BatchRunner:
                 raise BadInput(f"draft of {n_tree} tokens does not fit the remaining context "
                                f"({self.max_len - start - n_run})")
             toks.extend(seq.tokens[start : start + n_run])
+            if tree:
+                toks.extend(tree.tokens)
             if tree is None or tree.is_chain():
-                if tree:
-                    toks.extend(tree.tokens)
                 pos.append(torch.arange(start, start + n_run + n_tree, device=dev))
                 segs.append(Segment(seq.slot, n_run + n_tree))
             else:
-                toks.extend(tree.tokens)
                 p, m = tree_rows(start, n_run, tree, dev)
                 pos.append(p)
                 segs.append(Segment(seq.slot, n_run + n_tree, m))

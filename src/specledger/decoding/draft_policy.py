@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Hashable
+
 from specledger.decoding.draft_budget import (PRIOR, AcceptanceEMA, CostSurface, FittedSurface, RankAcceptance,
                                                StepOverhead, cost_surface, gain_calibration, pass_calibration,
                                                plan_drafts)

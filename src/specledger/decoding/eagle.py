@@ -128,16 +128,16 @@ class _DraftPrice:
 
 @dataclass
 class _Grow:
-    """One sequence's tree while it grows, level by level."""
+    """One sequence's tree while it grows, level by level (the tensors set from its root's top-k on)."""
 
     st: _HeadSeq
     n_keep: int
     committed: int
-    scores: list[torch.Tensor]
-    front: torch.Tensor  # candidate ids of the frontier
-    front_score: torch.Tensor
-    front_feat: torch.Tensor
-    anc: torch.Tensor  # ancestor rows over the tree slots fed into the head cache
+    scores: list[torch.Tensor] = field(default_factory=list)
+    front: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # candidate ids of the frontier
+    front_score: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    front_feat: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    anc: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # ancestor rows over the tree's head slots
     slot_of: dict[int, int] = field(default_factory=dict)
     fed: int = 0
 
@@ -246,8 +246,7 @@ class EagleDrafter(Drafter):
         self.price.long_s = 0.0
         self._catch_up(states)
         keep = [min(self.max_nodes, b) for b in budgets]
-        grow = [_Grow(st, n, self.cache.lengths[st.slot], [], torch.empty(0), torch.empty(0), torch.empty(0),
-                      torch.empty(0)) for st, n in zip(states, keep) if n > 0 and st.root is not None]
+        grow = [_Grow(st, n, self.cache.lengths[st.slot]) for st, n in zip(states, keep) if n > 0 and st.root is not None]
         if not grow:
             return [Tree() for _ in states]
         self._grow(grow)
@@ -365,10 +364,9 @@ def _probe(d: EagleDrafter) -> None:
             rows.append((clock(dev) - t0) / (n * m))
             sts = [_HeadSeq(sl, torch.zeros(0, h), n_feats=n, tokens=[0] * (n + 1), root=out[n * (i + 1) - 1],
                             todo=n) for i, sl in enumerate(slots)]
-            e = torch.empty(0)
             for group, times in ((sts[:1], one), (sts, many)):
                 t0 = clock(dev)
-                d._grow([_Grow(st, d.max_nodes, n, [], e, e, e, e) for st in group])
+                d._grow([_Grow(st, d.max_nodes, n) for st in group])
                 times.append(clock(dev) - t0)
     finally:
         d.explore = explore

@@ -1,19 +1,10 @@
 """HierSpec-style hierarchy: a tree drafter, intermediate verifiers that turn trees into chains,
 and the target that verifies only the final chain.
 
-Level 0 is the drafter (an EAGLE head or prompt lookup); it proposes trees to the lowest
-intermediate model, which verifies them (one masked pass each) and appends accepted path +
-bonus token to a chain until the chain holds `min_chain` tokens. Each higher intermediate
-verifies the chain of the one below the same way, and the target verifies the top chain in
-one causal pass. Every level is a lossless verifier of the one below, so the output is the
-target's (greedy: identical; sampling: each chain token carries its model's distribution as q).
-The point: the wide tree is checked by a model whose verification is cheap, while the
-expensive (e.g. quantized, compute-bound) target sees a short chain.
-
-The hierarchy is a stack of drafters: each intermediate is a `HierDrafter` whose inner drafter is the level
-below (the EAGLE head or prompt lookup at the bottom), so the same drafter serves one request (generate())
-and a continuous batch (scheduler.py), where every round of a level is one pass of its model over every
-sequence still building its chain.
+A stack of drafters: the EAGLE head or prompt lookup at the bottom, then one `HierDrafter` per intermediate
+model, each a lossless verifier of the level below, so the output is the target's. The point: the wide tree is
+checked by a model whose verification is cheap, while the expensive (e.g. quantized, compute-bound) target sees
+a short chain.
 """
 
 from __future__ import annotations
@@ -101,9 +92,8 @@ class HierDrafter(Drafter):
     prefix cache. An inner drafter that reads features (EAGLE) begins from what the intermediate has cached and
     follows it from there.
 
-    Over a drafter that proposes nothing (drafter.Drafter as it is), it is a draft model: each round the model verifies an
-    empty proposal, which draws its own next token (its distribution kept as q), until the chain holds min_chain;
-    no level below it is reported."""
+    Over a drafter that proposes nothing (drafter.Drafter as it is), it is a draft model (draft_model.py); no level
+    below it is reported."""
 
     def __init__(self, mid: LoadedModel, inner: Drafter, name: str, *, min_chain: int, max_chain: int,
                  n_slots: int = 1, max_len: int | None = None, prior: float | None = None,
@@ -301,10 +291,9 @@ class Hierarchy(Strategy):
             check_tree_params(top_k, depth, total_nodes)
             self.head, self.head_source = resolve_head(self.mids[0], head)
         else:
-            from specledger.decoding.lookup import check_lookup
+            from specledger.decoding.lookup import LookupDrafter
 
-            check_lookup(lookup_tokens, 3, 1)
-            self.lookup_tokens = lookup_tokens
+            self.lookup = LookupDrafter(lookup_tokens)  # (it keeps no state: one serves every scheduler)
         self.level_names = [drafter] + [f"mid{i}:{m.label}" for i, m in enumerate(self.mids)]
 
     def params(self) -> dict:
@@ -313,7 +302,7 @@ class Hierarchy(Strategy):
         if self.drafter_kind == "eagle":
             p |= self.tree_params | {"head": self.head_source}
         else:
-            p["lookup_tokens"] = self.lookup_tokens
+            p["lookup_tokens"] = self.lookup.max_nodes
         return p
 
     def batch_drafter(self, n_slots: int) -> HierDrafter:
@@ -325,9 +314,7 @@ class Hierarchy(Strategy):
 
             inner = EagleDrafter(self.head, self.mids[0], max_len=max_len, n_slots=n_slots, **self.tree_params)
         else:
-            from specledger.decoding.lookup import LookupDrafter
-
-            inner = LookupDrafter(self.lookup_tokens)
+            inner = self.lookup
         top = len(self.mids) - 1
         for i, m in enumerate(self.mids):
             # the top's per-token acceptance: its greedy chains are its own continuations, so its agreement with

@@ -23,13 +23,6 @@ def find_continuation(tokens: list[int], max_ngram: int, min_ngram: int, k: int)
     return []
 
 
-def check_lookup(num_tokens: int, max_ngram: int, min_ngram: int) -> None:
-    if not 1 <= min_ngram <= max_ngram:
-        raise BadInput(f"lookup n-gram sizes need 1 <= min_ngram <= max_ngram (got {min_ngram}, {max_ngram})")
-    if not 1 <= num_tokens <= 128:
-        raise BadInput(f"lookup num_tokens must be in 1..128 (got {num_tokens})")
-
-
 class LookupDrafter(Drafter):
     """Prompt lookup as a drafter: each sequence's chain is the continuation of its own last n-gram's latest
     earlier occurrence. Keeps no state, and a search in the sequence costs nothing next to a forward pass;
@@ -38,7 +31,10 @@ class LookupDrafter(Drafter):
     name = "lookup"
 
     def __init__(self, num_tokens: int = 8, max_ngram: int = 3, min_ngram: int = 1) -> None:
-        check_lookup(num_tokens, max_ngram, min_ngram)
+        if not 1 <= min_ngram <= max_ngram:
+            raise BadInput(f"lookup n-gram sizes need 1 <= min_ngram <= max_ngram (got {min_ngram}, {max_ngram})")
+        if not 1 <= num_tokens <= 128:
+            raise BadInput(f"lookup num_tokens must be in 1..128 (got {num_tokens})")
         self.max_nodes, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
 
     def params(self) -> dict:

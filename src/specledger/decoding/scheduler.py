@@ -7,26 +7,14 @@ of the prompt for sequences still prefilling (at most `prefill_chunk` prompt row
 pass in all, so a long prompt does not stall the others for long). Finished and cancelled
 requests leave at the end of the step and free their slot.
 
-Every request keeps its own sampling parameters and random generator, so its tokens are
-those it would get alone (the same verifier, the same sequence of draws); stops (eos,
-stop strings, max tokens) are the engine's only copy of them (generate() is this scheduler holding one
-request). Timing is per request: queue time,
-TTFT from arrival (queue and every prefill chunk included), and the time each token
-became available.
+Every request keeps its own sampling parameters and random generator, so its tokens are those it would get
+alone (the same verifier, the same draws); stops (eos, stop strings, max tokens) are the engine's only copy of
+them (generate() is this scheduler holding one request). Timing is per request: queue time, TTFT from arrival
+(queue and every prefill chunk included), and the time each token became available.
 
-Batched speculation: with a drafter (decoding/drafter.py: prompt lookup, a draft model with its
-own slot cache, an EAGLE head over the target's features), each step the planner
-(draft_budget.plan_drafts) decides how many nodes each decoding sequence drafts, zero included,
-from the measured verification-cost surface T(rows), the drafter's own cost and the sequence's
-running acceptance (per chain position, or per tree rank); the drafter then proposes for every
-sequence at once and the pass verifies every draft with the same verifier, keeping each
-sequence's accepted path in its slot.
-
-Prefix cache (on by default, as in llama-server and vLLM): a finished request's slot keeps its
-entries, and a new request whose prompt starts with the same tokens (the next turn of a
-conversation, a shared system prompt, the same prompt again) prefills only the rest
-(batch_runner.py). A drafter that reads the target's features (EAGLE) gets the whole prompt's,
-reused prefix included: the runner keeps every cached token's features in its slot.
+With a drafter (drafter.py), each step's drafts are sized by its draft_length policy (draft_policy.py) and
+proposed for every decoding sequence at once (batch_drafting.py); the pass verifies them all with the one
+verifier. The prefix cache (on by default, as in llama-server and vLLM) is the runner's (batch_runner.py).
 
 Failure isolation: an exception in one request's part of a step (admission: its slot, its seed's
 generator; its first token, its verification, its drafter's bookkeeping, its callbacks, its retirement)
@@ -356,7 +344,7 @@ class Scheduler:
             first = lv.first_token(fwd.logits[0])
             lv.running_seq.tokens.append(first)
             if self.spec is not None:
-                feats = self.runner.features(lv.running_seq) if self.spec.wants_features else None
+                feats = self.runner.features(lv.running_seq) if self.spec.drafter.wants_features else None
                 lv.draft = self.spec.begin(lv.rid, lv.running_seq.tokens, lv.sp, lv.gen, feats)
             return [first]
         assert it.tree is not None  # a decoding item always carries a tree (maybe empty)
