@@ -102,11 +102,6 @@ def answer_stream(lm: LoadedModel, prompts: list[list[int]], max_tokens: int, ba
             yield i, Sample(tokens, len(prompts[i]), feats)
 
 
-def _plan_key(lm: LoadedModel, prompts: list[list[int]], max_tokens: int) -> str:
-    h = hashlib.sha1(json.dumps([lm.label, max_tokens, prompts]).encode()).hexdigest()
-    return h[:16]
-
-
 def save_shard(path: Path, samples: list[Sample], seconds: float = 0.0, index: list[int] | None = None) -> None:
     """One safetensors file: tokens, lengths, prompt lengths, bf16 features, and prompt indices."""
     from safetensors.torch import save_file
@@ -174,7 +169,7 @@ def generate_data(lm: LoadedModel, prompts: list[str], out_dir: str | Path, *, m
     ids.sort(key=len)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    key = _plan_key(lm, ids, max_tokens)
+    key = hashlib.sha1(json.dumps([lm.label, max_tokens, ids]).encode()).hexdigest()[:16]  # what the answers depend on
     plan = out / "plan.json"
     old = json.loads(plan.read_text()) if plan.exists() else {}
     sampling = {"temperature": temperature, "seed": seed}
@@ -195,25 +190,18 @@ def generate_data(lm: LoadedModel, prompts: list[str], out_dir: str | Path, *, m
     t0 = time.perf_counter()
     if on_progress:
         on_progress(len(recorded), len(jobs))
-
-    def flush() -> None:
-        nonlocal n_shard, buf, t0
-        path = out / f"shard_{n_shard:05d}.safetensors"
-        save_shard(path, [s for _, s in buf], time.perf_counter() - t0, [i for i, _ in buf])
-        n_shard, buf, t0 = n_shard + 1, [], time.perf_counter()
-
-    if todo:
+    if todo:  # a shard every shard_size answers, and one for the last few
         stream = answer_stream(lm, [jobs[i] for i in todo], max_tokens, batch_size,
                                temperatures=[temps[i] for i in todo], seed=seed + len(recorded))
-        for j, sample in stream:
+        for done, (j, sample) in enumerate(stream, 1):
             buf.append((todo[j], sample))
             recorded[todo[j]] = sample
             if on_progress:
                 on_progress(len(recorded), len(jobs))
-            if len(buf) >= shard_size:
-                flush()
-        if buf:
-            flush()
+            if len(buf) >= shard_size or done == len(todo):
+                save_shard(out / f"shard_{n_shard:05d}.safetensors", [s for _, s in buf], time.perf_counter() - t0,
+                           [i for i, _ in buf])
+                n_shard, buf, t0 = n_shard + 1, [], time.perf_counter()
     answers = [recorded[i] for i in sorted(recorded) if i < len(jobs)]
     meta = {"generation_s": round(shard_seconds(out), 1),
             "key": key if samples == 1 else f"{key}-{samples}x{temperature:g}-{seed}", "jobs": len(jobs),
