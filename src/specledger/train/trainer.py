@@ -317,12 +317,6 @@ def train_head(base: LoadedModel, samples: list[Sample], cfg: TrainConfig, work_
             opt.load_state_dict(ck["opt"])
             step, elapsed, history = ck["step"], ck["elapsed"], ck["history"]
 
-    def save_ckpt() -> None:
-        tmp = ckpt_path.with_suffix(".tmp")
-        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
-                    "history": history, "config": asdict(cfg), "data_key": data_key}, tmp)
-        tmp.rename(ckpt_path)
-
     t_start = time.perf_counter() - elapsed
     window: list[dict] = []
     while step < total:
@@ -346,8 +340,10 @@ def train_head(base: LoadedModel, samples: list[Sample], cfg: TrainConfig, work_
             history.append({"epoch": step // len(train_b), "step": step, "train": avg, "val": ev, "elapsed_s": elapsed})
         if on_step:
             on_step(step, total, avg)
-        if step % cfg.checkpoint_every == 0 or step == total:
-            save_ckpt()
+        if step % cfg.checkpoint_every == 0 or step == total:  # written aside, then moved into place
+            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
+                        "history": history, "config": asdict(cfg), "data_key": data_key}, ckpt_path.with_suffix(".tmp"))
+            ckpt_path.with_suffix(".tmp").rename(ckpt_path)
     head.eval().requires_grad_(False)
     return head, {"steps": total, "draft_vocab": head.cfg.draft_vocab,
                   "draft_vocab_coverage": _coverage(val_s or train_s, head.draft_vocab),
