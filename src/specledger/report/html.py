@@ -12,13 +12,16 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import escape
 
 from specledger.bench.results import RunResult, SteadyState, load_run
+from specledger.bench.tables import kind_passes
+from specledger.bench.threads import describe
 from specledger.ledger.answer import Answer, ScenarioAnswer
 from specledger.ledger.price import ConfigCost, LedgerResult
 from specledger.ledger.verdicts import MATERIAL
+from specledger.quality.graders import GRADING_NOTE
 from specledger.report import charts
 from specledger.report.interaction import interaction_grid, interaction_rows
 from specledger.report.positions import position_table
-from specledger.report.terminal import concurrency_sweep, failed_cell, money, num
+from specledger.report.terminal import break_even_cell, concurrency_sweep, failed_cell, money, num
 
 ASSETS = Path(__file__).with_name("assets")
 SHARE_NAMES = ("engine", "tools", "labour", "maintenance", "energy")  # the ledger's cost split (cost_shares)
@@ -98,8 +101,6 @@ def _speedup(r: ConfigCost) -> str:
 
 def _concurrency_table(ledger: LedgerResult) -> dict | None:
     """Every swept configuration: tok/s and paired speed-up at each concurrency, and where it stops paying."""
-    from specledger.report.terminal import break_even_cell
-
     levels, swept = concurrency_sweep(ledger)
     if not swept:
         return None
@@ -130,8 +131,6 @@ def _noise(run: RunResult | None) -> dict | None:
     n = run.noise
     probes = ", ".join(f"{p.when} {p.ms:.2f} ms" + (f" (load {p.load_avg[0]:g})" if p.load_avg else "")
                        for p in n.probes)
-    from specledger.bench.threads import describe
-
     return {"warning": n.warning, "probes": probes, "drift": num(n.drift, ".0%"),
             "threads": ", ".join(f"{k} {v}" for k, v in n.threads.items()),
             "chosen": describe(n.thread_choice) if n.thread_choice is not None else None,
@@ -197,14 +196,10 @@ def _conditions(run: RunResult | None, run_dir: str | Path) -> tuple[str, str, s
 
 def _workload(run: RunResult | None) -> dict | None:
     """The run's workload: format, what was read and skipped per kind, how each kind is graded."""
-    from specledger.bench.tables import kind_passes
-
     w = run.workload if run is not None else None
     if run is None or w is None:
         return None
     kinds = sorted(set(w.by_kind) | set(w.skipped) | set(w.grading))
-    from specledger.quality.graders import GRADING_NOTE
-
     user = all(g.startswith("user grader") for g in w.grading.values())
     return {"info": w, "skipped_total": sum(w.skipped.values()), "note": "" if user else GRADING_NOTE,
             "rows": [{"kind": k, "questions": w.by_kind.get(k, 0), "with_reference": w.with_reference.get(k, 0),
