@@ -48,7 +48,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
-from specledger.decoding.scheduler import GenerationResult
+from specledger.decoding.scheduler import GenerationResult, Scheduler
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.strategy import Strategy
 from specledger.engine.loader import LoadedModel
@@ -127,8 +127,6 @@ class ServerState:
         self.max_prompt_chars = max_prompt_chars
         self.open: dict[int, tuple[Job, asyncio.Queue]] = {}  # requests being answered, for shutdown to tell
         self.metrics = ServerMetrics(strategy.level_names)
-        from specledger.decoding.scheduler import Scheduler
-
         # the strategy's drafter, batched; how much each sequence drafts: its draft_length policy, per step
         scheduler = Scheduler(lm, max_batch=max_batch, prefill_chunk=prefill_chunk,
                               drafter=strategy.batch_drafter(max_batch), prefix_cache=prefix_cache,

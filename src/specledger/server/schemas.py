@@ -125,6 +125,10 @@ class _Sampling(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def max_tokens_asked(self) -> int | None:  # max_completion_tokens (chat's newer name) or max_tokens (None: neither)
+        return getattr(self, "max_completion_tokens", None) or self.max_tokens
+
 
 def _text_content(v: Any) -> Any:
     """Message content: a string, or a list of {"type": "text", "text": ...} parts joined."""
@@ -165,10 +169,6 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Annotated[Any, _only(lambda v: v in (None, "none", "auto"), _NO_TOOLS)] = None
     parallel_tool_calls: bool | None = None
 
-    @property
-    def max_tokens_asked(self) -> int | None:  # max_completion_tokens or max_tokens (None: not given)
-        return self.max_completion_tokens or self.max_tokens
-
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int]
@@ -188,7 +188,3 @@ class CompletionRequest(_Sampling):
         if not isinstance(v, str) and not ids:
             raise ValueError("a prompt must be a string or a list of token ids")
         return _unicode(v) if isinstance(v, str) else v
-
-    @property
-    def max_tokens_asked(self) -> int | None:  # (None: not given)
-        return self.max_tokens
