@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from specledger.errors import BadInput
-from specledger.server.schemas import error_body
+from specledger.server.schemas import send_error
 
 ENV_VAR = "SPECLEDGER_API_KEY"
 
@@ -108,8 +107,4 @@ class ApiKeyMiddleware:
             message, code = "incorrect API key provided", "invalid_api_key"
         else:
             message, code = "missing API key: send it as the header 'Authorization: Bearer <key>'", "missing_api_key"
-        body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"www-authenticate", b"Bearer")]})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 401, message, code, (b"www-authenticate", b"Bearer"))

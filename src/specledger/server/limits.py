@@ -8,12 +8,11 @@ A body within the bound is handed on to the application as it came.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from specledger.server.schemas import error_body
+from specledger.server.schemas import send_error
 
 
 class BodyLimitMiddleware:
@@ -50,11 +49,7 @@ class BodyLimitMiddleware:
             self.on_refused(scope.get("path", ""))
         msg = (f"the request body is too large ({got}); this server takes at most {self.max_bytes} bytes "
                "(--max-body-bytes)")
-        body = json.dumps(error_body(msg, "invalid_request_error", None, "request_too_large")).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 413, msg, "request_too_large", (b"connection", b"close"))
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -12,6 +12,7 @@ Extensions as in vLLM: `top_k`, `min_tokens`, `ignore_eos`.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Callable, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
@@ -35,6 +36,14 @@ class ApiError(Exception):
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+async def send_error(send: Callable, status: int, message: str, code: str, header: tuple[bytes, bytes]) -> None:
+    """An error answered by ASGI middleware, before any route (or the body's parsing) runs."""
+    body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), header]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _only(ok: Callable[[Any], bool], message: str) -> AfterValidator:
