@@ -1,12 +1,10 @@
 """A Scheduler stepped by its own thread, so async callers (a server, the bench backend) await futures.
 
-submit() -- the one hand-off from a caller's thread (a server's event loop, the bench backend's) to the
-worker -- hands back a concurrent.futures.Future of the request's ScheduledResult (wrap it
-with asyncio.wrap_future); the thread steps while anything is waiting or running and sleeps
-otherwise. A request whose own part of a step raises (admission, sampling, its callbacks) fails alone
-(the scheduler sees to it); a shared pass that raises fails the requests running in it (finish_reason
-"error"), and the worker carries on with the waiting ones and new ones. Each pass runs on the process's torch thread (engine/threads.py), so
-several workers (interleaved configurations) never hold more OpenMP teams than there are cores.
+submit() -- the one hand-off from a caller's thread (a server's event loop, the bench backend's) to the worker --
+hands back a concurrent.futures.Future of the request's ScheduledResult (wrap it with asyncio.wrap_future); the
+thread steps while anything is waiting or running and sleeps otherwise. A shared pass that raises fails the requests
+running in it (the scheduler's failure isolation), and the worker carries on. Each pass runs on the process's torch
+thread (engine/threads.py), so several workers never hold more OpenMP teams than there are cores.
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@ token pending), `propose` a tree for each of several sequences within a budget o
 verifier has kept part of it (the sequence's tokens have grown), `end` when it leaves. A chain is a tree.
 
 Drafters: prompt lookup (lookup.py), a draft model (draft_model.py: an intermediate model over the base, which
-proposes nothing; its own slot cache), an EAGLE head (eagle.py; the verifier's features). A strategy (strategy.py) names its drafter
-(`batch_drafter`); the scheduler (scheduler.py) drives it for one sequence or many, each step's budget from the
-draft_length policy (draft_policy.py), and a hierarchy (hierarchy.py) puts a drafter under a stack of verifiers.
+proposes nothing), an EAGLE head (eagle.py; the verifier's features), and a hierarchy (hierarchy.py: a drafter
+under a stack of verifiers).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""What names a decoding strategy: its target, its parameters, and the drafter it decodes with.
-
-Every strategy decodes on the scheduler (scheduler.py), alone (generate()) or in a batch: the strategy gives
-the drafter (`batch_drafter`: None for autoregressive decoding) and how its drafts are sized (`draft_length`),
-so autoregressive decoding, prompt lookup, draft chains, EAGLE trees and hierarchies are run, measured and
-compared the same way.
+"""What names a decoding strategy: its target, its parameters, the drafter it decodes with (`batch_drafter`: None
+for autoregressive decoding) and how its drafts are sized (`draft_length`); every strategy runs on the scheduler
+(scheduler.py), alone (generate()) or in a batch, so all are run, measured and compared the same way.
 """
 
 from __future__ import annotations
