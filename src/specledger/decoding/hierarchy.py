@@ -60,10 +60,6 @@ def agreement_prior(target: LoadedModel, draft: LoadedModel, n: int = AGREEMENT_
     return POOL.derived(key_of(draft), ("agreement_prior", key_of(target), n), measure, owner=draft.model)
 
 
-def _as_list(x) -> list:
-    return list(x) if isinstance(x, (list, tuple)) else [x]
-
-
 @dataclass
 class _Follow:
     """One sequence at one level: its slot in the intermediate's cache, the sequence its inner drafter follows
@@ -110,8 +106,7 @@ class HierDrafter(Drafter):
         self._inner_k: list[int] = []  # per sequence of the latest candidates(): what the inner drafter could propose
 
     def params(self) -> dict:
-        return self._params or {"intermediate": self.lm.label, "min_chain": self.min_chain,
-                                "max_chain": self.max_nodes}
+        return self._params or {}  # (what the strategy reports: only the top level's are read)
 
     @property
     def level_names(self) -> list[str]:
@@ -273,10 +268,10 @@ class Hierarchy(Strategy):
         draft_length: str = "adaptive",
     ) -> None:
         super().__init__(target, draft_length)
-        self.mids = _as_list(intermediate)
+        self.mids = list(intermediate) if isinstance(intermediate, (list, tuple)) else [intermediate]
         for m in self.mids:
             check_same_tokenizer(target, m)
-        self.min_chain = _as_list(min_chain) * (len(self.mids) if not isinstance(min_chain, list) else 1)
+        self.min_chain = list(min_chain) if isinstance(min_chain, (list, tuple)) else [min_chain] * len(self.mids)
         if len(self.min_chain) != len(self.mids) or any(c < 1 for c in self.min_chain):
             raise BadInput(f"min_chain needs one value >= 1 per intermediate level (got {min_chain})")
         if max_chain < max(self.min_chain):
