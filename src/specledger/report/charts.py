@@ -13,7 +13,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
 from specledger.bench.results import SteadyState
 from specledger.ledger.answer import ScenarioAnswer
-from specledger.ledger.measurements import measurement_baselines
+from specledger.ledger.measurements import ConfigMeasurement, measurement_baselines
 from specledger.ledger.price import LedgerResult
 from specledger.report.interaction import first_level, interaction_axes
 
@@ -78,16 +78,13 @@ def speedup_by_kind(ledger: LedgerResult) -> str | None:
     pairs = measurement_baselines(ms)
     base = {m.name: m for m in ms}
     kinds = sorted({k for m in ms for k in m.by_kind})
-    series = {}
-    for m in ms:
-        b = base.get(pairs.get(m.name, ""))
-        if m.strategy == "ar" or b is None or b.load != m.load:
-            continue
-        vals = []
-        for k in kinds:
-            mk, bk = m.by_kind.get(k), b.by_kind.get(k)
-            vals.append(mk.tok_s / bk.tok_s if mk and bk and mk.tok_s and bk.tok_s else None)
-        series[m.name] = vals
+
+    def ratio(m: ConfigMeasurement, b: ConfigMeasurement, k: str) -> float | None:
+        mk, bk = m.by_kind.get(k), b.by_kind.get(k)
+        return mk.tok_s / bk.tok_s if mk and bk and mk.tok_s and bk.tok_s else None
+
+    series = {m.name: [ratio(m, b, k) for k in kinds] for m in ms
+              if m.strategy != "ar" and (b := base.get(pairs.get(m.name, ""))) is not None and b.load == m.load}
     if not series or not kinds:
         return None
     return _bars_over_one(kinds, series, "speed-up over autoregressive\n(same precision)")

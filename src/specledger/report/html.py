@@ -294,15 +294,10 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
     tornado_config = recommended or cheapest or next((r.name for r in ledger.configs if r.total is not None), None)
     inter = interaction_rows(ledger)
     precisions, inter_table = _interaction_table(inter)
-    figs = {
-        "tornado": charts.tornado(ledger, tornado_config) if tornado_config else None,
-        "interaction": charts.interaction(inter),
-        "speedup_by_kind": charts.speedup_by_kind(ledger),
-        "tau_by_kind": charts.tau_by_kind(ledger),
-        "latency": charts.latency_distributions(ledger),
-        "concurrency": charts.concurrency_sweep(ledger),
-        "verify_curves": charts.verify_curves(ledger),
-    }
+    figs = {"tornado": charts.tornado(ledger, tornado_config) if tornado_config else None,
+            "interaction": charts.interaction(inter), "speedup_by_kind": charts.speedup_by_kind(ledger),
+            "tau_by_kind": charts.tau_by_kind(ledger), "latency": charts.latency_distributions(ledger),
+            "concurrency": charts.concurrency_sweep(ledger), "verify_curves": charts.verify_curves(ledger)}
     ns = latency_n(ledger)
     levels = [{"name": r.name, "load": r.load, "n": ns.get((r.name, r.load), 0), "tok_s": num(r.tok_s, ".1f"),
                "speedup": num(r.speedup, ".2f", "×"), "ttft_p95": num(r.ttft_p95, ".2f"),
