@@ -51,11 +51,6 @@ def first_level_words(ledger: LedgerResult) -> str:
     return words
 
 
-def latency_n(ledger: LedgerResult) -> dict[tuple[str, str], int]:
-    """(configuration, load) -> the requests its latency percentiles rest on."""
-    return {(m.name, m.load): sum(1 for r in m.requests if r.ttft_s is not None) for m in ledger.measurements}
-
-
 def _shares(s: Mapping[str, float | None]) -> str:
     """The five-way split as percentages without their signs (the column header says %): "0 · 1 · 98 · 1 · 0"."""
     if not s or any(s.get(k) is None for k in SHARE_NAMES):
@@ -298,7 +293,8 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
             "interaction": charts.interaction(inter), "speedup_by_kind": charts.speedup_by_kind(ledger),
             "tau_by_kind": charts.tau_by_kind(ledger), "latency": charts.latency_distributions(ledger),
             "concurrency": charts.concurrency_sweep(ledger), "verify_curves": charts.verify_curves(ledger)}
-    ns = latency_n(ledger)
+    # (configuration, load) -> the requests its latency percentiles rest on
+    ns = {(m.name, m.load): sum(1 for q in m.requests if q.ttft_s is not None) for m in ledger.measurements}
     levels = [{"name": r.name, "load": r.load, "n": ns.get((r.name, r.load), 0), "tok_s": num(r.tok_s, ".1f"),
                "speedup": num(r.speedup, ".2f", "×"), "ttft_p95": num(r.ttft_p95, ".2f"),
                "tpot_p95": num(r.tpot_p95, ".3f"), "dsec": num(r.device_seconds_per_call, ".3g"),
