@@ -172,14 +172,11 @@ class BatchEngineWorker:
             self.metrics.tokens(len(job.prompt_ids), job.generated)
 
     def _answer(self, job: Job, fut: Future[ScheduledResult]) -> None:
-        """Turn the request's end into its last event: Done, or Failed (500 for an error, 499 when cancelled)."""
-        try:
-            r = fut.result()
-        except Exception as exc:  # noqa: BLE001 - the future never fails today; answer rather than hang
-            r = None
-            err = f"{type(exc).__name__}: {exc}"
-        if r is None or r.finish_reason == "error":
-            msg = err if r is None else (r.error or "unknown")
+        """Turn the request's end into its last event: Done, or Failed (500 for an error, 499 when cancelled); a
+        future that raised is answered by _done."""
+        r = fut.result()
+        if r.finish_reason == "error":
+            msg = r.error or "unknown"
             log.error("generation failed: %s", msg)
             self._count_partial(job)
             job.emit(Failed(f"internal error during generation: {msg}", 500, "internal_error"))
