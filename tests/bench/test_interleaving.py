@@ -60,8 +60,10 @@ def test_drift_halfway_is_a_phantom_speedup_only_when_sequential(tmp_path):
         a, b = (result.config(x).loads[0].aggregate.output_tok_s for x in ("twin-a", "twin-b"))
         return a / b
 
-    seq, _, _ = _run(tmp_path, "seq", n=n, interleave=False, seconds=slow_later)
-    inter, _, _ = _run(tmp_path, "int", n=n, interleave=True, seconds=slow_later)
+    seq, seq_recs, _ = _run(tmp_path, "seq", n=n, interleave=False, seconds=slow_later)
+    inter, inter_recs, _ = _run(tmp_path, "int", n=n, interleave=True, seconds=slow_later)
+    # sequential: each configuration's level through the load loop, no blocks; interleaved: a block per item
+    assert all(r.block is None for r in seq_recs) and all(r.block == r.item for r in inter_recs)
     assert ratio(seq) > 1.8  # twin-a ran before the slowdown, twin-b after
     assert 0.6 < ratio(inter) < 1.6
 

@@ -95,13 +95,14 @@ class Runner:
             with self.progress:
                 self._choose_threads()
                 self._noise_probe("before")
+                rng = random.Random(cfg.seed)
                 if self.interleaving:
-                    await self._run_interleaved()
+                    await self._run_configs(cfg.configs, rng)
                 else:
                     for i, bc in enumerate(cfg.configs):
                         if i == len(cfg.configs) // 2 and i > 0:
                             self._noise_probe("during")
-                        await self._run_config(bc)
+                        await self._run_configs([bc], rng)
                 self._noise_probe("after")
             result.status = "complete"
         except (KeyboardInterrupt, asyncio.CancelledError):
@@ -207,48 +208,29 @@ class Runner:
         return Level(LoadLevel(QUALITY_LEVEL, concurrency=q.concurrency if q is not None else 1),
                      questions=self.quality_questions)
 
-    async def _run_config(self, bc: BenchConfig) -> None:
-        cr = self.rec.config_result(bc)
-        levels = [lv for lv in self.cfg.load.levels() if lv.label not in self.rec.complete(bc)]
-        quality = self._needs_quality(bc)
-        if not levels and not quality:
-            return
-        backend = await self._start(bc, cr)
-        if backend is None:
-            return
-        try:
-            await self.levels.warmup(backend, bc)
-            for lv in levels:
-                await self.levels.run(backend, bc, Level(lv))
-            if quality:
-                await self.levels.run(backend, bc, self._quality_level())
-        finally:
-            await backend.close()
-
-    async def _run_interleaved(self) -> None:
-        """Every configuration up at once (shared weights), a warm-up each, then each load level: one at a time
-        (concurrency 1) request by request in seeded random block order; other levels configuration by
-        configuration in seeded random order."""
+    async def _run_configs(self, configs: list[BenchConfig], rng: random.Random) -> None:
+        """These configurations up at once (shared weights; one at a time when not interleaving), a warm-up each,
+        then each load level they have not completed: interleaving, one at a time (concurrency 1) request by request
+        in seeded random block order; other levels configuration by configuration in seeded random order."""
         cfg = self.cfg
-        rng = random.Random(cfg.seed)
         backends: dict[str, Backend] = {}
         all_levels = {lv.label for lv in cfg.load.levels()}
         try:
-            for bc in cfg.configs:
+            for bc in configs:
                 cr = self.rec.config_result(bc)
                 if all_levels <= self.rec.complete(bc) and not self._needs_quality(bc):
                     continue
                 backend = await self._start(bc, cr)
                 if backend is not None:
                     backends[bc.name] = backend
-            live = [bc for bc in cfg.configs if bc.name in backends]
+            live = [bc for bc in configs if bc.name in backends]
             for bc in rng.sample(live, len(live)):
                 await self.levels.warmup(backends[bc.name], bc)
             for lv in cfg.load.levels():
                 todo = [bc for bc in live if lv.label not in self.rec.complete(bc)]
                 if not todo:
                     continue
-                if lv.concurrency == 1 and not cfg.load.steady_state and lv.replay is None:
+                if self.interleaving and lv.concurrency == 1 and not cfg.load.steady_state and lv.replay is None:
                     await self.levels.interleaved(backends, todo, Level(lv), rng)
                 else:
                     for bc in rng.sample(todo, len(todo)):
