@@ -257,11 +257,8 @@ class EagleDrafter(Drafter):
     def _grow(self, grow: list[_Grow]) -> None:
         k = min(self.top_k, len(self.vocab) if self.vocab else self.base.config.vocab_size)
         dev = self.model.device
-        roots: list[torch.Tensor] = []
-        for g in grow:
-            if g.st.root is None:  # callers grow only sequences that have a root
-                raise ValueError(f"sequence in slot {g.st.slot} has no root to draft from")
-            roots.append(g.st.root)
+        roots = [g.st.root for g in grow if g.st.root is not None]
+        assert len(roots) == len(grow)  # callers grow only sequences that have a root
         v, ids = self._top(torch.stack(roots), k)  # (B, k): depth 1 from every root
         for j, g in enumerate(grow):
             st = g.st

@@ -185,8 +185,7 @@ class HierDrafter(Drafter):
                 feats = runner.accept(st.mseq, fwd, verdict.path, new)
                 self.inner.accept(st.inner, feats if self.inner.wants_features else None)
                 if not s.sp.greedy:
-                    if verdict.probs is None:  # verify() returns the intermediate's rows whenever it samples
-                        raise RuntimeError("sampling verification returned no distribution")
+                    assert verdict.probs is not None  # verify() returns the intermediate's rows whenever it samples
                     qs[i].extend(verdict.probs[r] for r in verdict.rows())
                 chains[i].extend(new)
                 st.level.observe(len(tree), len(verdict.path))
