@@ -194,8 +194,8 @@ class ServerState:
         try:
             self.worker.enqueue(job)
         except QueueFull:
-            w = self.worker
-            queued, running = w.queued, w.running + w.waiting - w.queued  # (starting: admitted at the next step)
+            w, s = self.worker, self.worker.scheduler
+            queued, running = w.queued, s.n_running + s.n_waiting - w.queued  # (starting: admitted at the next step)
             wait = min(60, max(1, math.ceil(self.avg_e2e_s * (queued + 1))))
             raise ApiError(503, f"the server is busy ({running} requests running or starting, {queued} queued, "
                            f"at most {w.max_queue} may queue); retry later",
@@ -441,11 +441,10 @@ def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None =
 
     @app.get("/health")
     async def health() -> Response:
-        w = state.worker
+        w, s = state.worker, state.worker.scheduler
         body = {"status": "ok" if w.accepting else "draining", "model": state.name, "strategy": strategy.name,
-                "running": w.running, "waiting": w.waiting, "max_queue": w.max_queue, "kernel": state.kernel,
-                "max_batch": w.scheduler.max_batch, "prefill_chunk": w.scheduler.prefill_chunk,
-                "prefix_cache": w.scheduler.prefix_cache}
+                "running": s.n_running, "waiting": s.n_waiting, "max_queue": w.max_queue, "kernel": state.kernel,
+                "max_batch": s.max_batch, "prefill_chunk": s.prefill_chunk, "prefix_cache": s.prefix_cache}
         return _json(body, 200 if w.accepting else 503)
 
     @app.get("/metrics")

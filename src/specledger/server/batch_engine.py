@@ -97,14 +97,6 @@ class BatchEngineWorker:
         return self._accepting
 
     @property
-    def waiting(self) -> int:
-        return self.scheduler.n_waiting
-
-    @property
-    def running(self) -> int:
-        return self.scheduler.n_running
-
-    @property
     def queued(self) -> int:
         """Waiting beyond the batch's free places (those within them start at the next step)."""
         s = self.scheduler
