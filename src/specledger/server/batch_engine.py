@@ -79,7 +79,7 @@ class BatchEngineWorker:
         self.metrics = metrics
         self.max_queue = max_queue
         self._lock = threading.Lock()
-        self._accepting = True
+        self.accepting = True  # until drained (set under the lock, so no job is admitted after)
         self.scheduler = scheduler
         self._live: dict[int, Job] = {}
         self._worker: BatchWorker | None = None
@@ -93,10 +93,6 @@ class BatchEngineWorker:
         self._worker = BatchWorker(self.scheduler, name="specledger-engine")
 
     @property
-    def accepting(self) -> bool:
-        return self._accepting
-
-    @property
     def queued(self) -> int:
         """Waiting beyond the batch's free places (those within them start at the next step)."""
         s = self.scheduler
@@ -105,7 +101,7 @@ class BatchEngineWorker:
     def drain(self) -> None:
         """Refuse new jobs; those admitted still run."""
         with self._lock:
-            self._accepting = False
+            self.accepting = False
 
     def stop(self, timeout: float) -> None:
         """Refuse new jobs, cancel the admitted ones, wait (bounded) for them to leave, stop the thread."""
@@ -128,7 +124,7 @@ class BatchEngineWorker:
         assert self._worker is not None, "start() the worker first"
         s = self.scheduler
         with self._lock:
-            if not self._accepting:
+            if not self.accepting:
                 raise Draining()
             if s.n_running + s.n_waiting >= s.max_batch + self.max_queue:  # no free place and max_queue waiting
                 raise QueueFull()
