@@ -321,8 +321,7 @@ class ServerState:
                     if isinstance(ev, Failed):
                         if ev.status != 499:
                             outcome["status"] = str(ev.status)
-                            err = _failure(ev)
-                            yield _sse(err.body())
+                            yield _sse(_failure(ev).body())
                             yield "data: [DONE]\n\n"
                         return
                     assert isinstance(ev, Done)
@@ -332,8 +331,7 @@ class ServerState:
                     last = chunk(None, ev.result.finish_reason)
                     if with_usage:
                         yield _sse(last)
-                        last = {"id": rid, "object": last["object"], "created": created, "model": self.name,
-                                "choices": [], "usage": usage(ev.result)}
+                        last = {**last, "choices": [], "usage": usage(ev.result)}  # the usage chunk
                     last["specledger"] = extension(ev.result, ev.queue_s)
                     outcome["status"] = "200"
                     yield _sse(last)
