@@ -77,7 +77,8 @@ def gone(pid: int, within: float = 5.0) -> bool:
 
 def test_fake_server_started_probed_and_stopped(tmp_path):
     log = tmp_path / "srv.log"
-    s = ManagedServer("{python} " + FAKE + " --port {port}", model="m", log_path=log, startup_timeout_s=30)
+    s = ManagedServer(ServerSettings(command="{python} " + FAKE + " --port {port}", startup_timeout_s=30), model="m",
+                      log_path=log)
     with s as url:
         pid, port = s.proc.pid, s.port
         assert url == f"http://127.0.0.1:{port}"
@@ -92,7 +93,7 @@ def test_fake_server_started_probed_and_stopped(tmp_path):
 
 def test_server_that_dies_is_one_line_with_its_last_log_lines(tmp_path):
     cmd = "{python} -c \"import sys; print('loading weights'); print('bad flag --frobnicate'); sys.exit(3)\""
-    s = ManagedServer(cmd, model="m", log_path=tmp_path / "x.log", startup_timeout_s=30)
+    s = ManagedServer(ServerSettings(command=cmd, startup_timeout_s=30), model="m", log_path=tmp_path / "x.log")
     with pytest.raises(SpecLedgerError) as e:
         s.start()
     msg = str(e.value)
@@ -102,7 +103,8 @@ def test_server_that_dies_is_one_line_with_its_last_log_lines(tmp_path):
 
 def test_server_never_healthy_times_out_and_is_stopped(tmp_path):
     cmd = "{python} -c \"import time; print('still loading', flush=True); time.sleep(120)\""
-    s = ManagedServer(cmd, model="m", log_path=tmp_path / "x.log", startup_timeout_s=1.5, stop_grace_s=2)
+    s = ManagedServer(ServerSettings(command=cmd, startup_timeout_s=1.5, stop_grace_s=2), model="m",
+                      log_path=tmp_path / "x.log")
     t0 = time.monotonic()
     with pytest.raises(SpecLedgerError, match=r"not healthy after 1.5 s .*still loading"):
         s.start()
@@ -114,8 +116,8 @@ def test_sigterm_ignored_means_sigkill_to_the_whole_group(tmp_path):
     script = tmp_path / "stubborn.py"
     script.write_text(STUBBORN)
     pidfile = tmp_path / "child.pid"
-    s = ManagedServer(f"{{python}} {script} {{port}} {pidfile}", model="m", log_path=tmp_path / "s.log",
-                      health="/health", startup_timeout_s=30, stop_grace_s=0.5)
+    s = ManagedServer(ServerSettings(command=f"{{python}} {script} {{port}} {pidfile}", health="/health",
+                                     startup_timeout_s=30, stop_grace_s=0.5), model="m", log_path=tmp_path / "s.log")
     s.start()
     pid, child = s.proc.pid, int(pidfile.read_text())
     assert alive(child)
@@ -133,8 +135,10 @@ def _parent_script(tmp_path: Path) -> Path:
     p.write_text(textwrap.dedent(f"""
         import signal, sys, time
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        from specledger.bench.config import ServerSettings
         from specledger.bench.managed import ManagedServer
-        s = ManagedServer("{{python}} {FAKE} --port {{port}}", model="m", log_path=sys.argv[1], startup_timeout_s=60)
+        s = ManagedServer(ServerSettings(command="{{python}} {FAKE} --port {{port}}", startup_timeout_s=60), model="m",
+                          log_path=sys.argv[1])
         s.start()
         print(s.proc.pid, s.port, flush=True)
         time.sleep(600)
@@ -268,9 +272,10 @@ def test_twenty_start_stop_cycles_leave_nothing_behind(tmp_path):
             ports.append(port)
             seen[str(kind)] += 1
             continue
-        s = ManagedServer("{python} " + FAKE + " --port {port}", model="m", log_path=tmp_path / f"{i}.log",
-                          health="/health-that-404s" if kind == "abandoned" else None,
-                          startup_timeout_s=1.0 if kind == "abandoned" else 30)
+        s = ManagedServer(ServerSettings(command="{python} " + FAKE + " --port {port}",
+                                         health="/health-that-404s" if kind == "abandoned" else None,
+                                         startup_timeout_s=1.0 if kind == "abandoned" else 30),
+                          model="m", log_path=tmp_path / f"{i}.log")
         try:
             s.start()
             pids.append(s.proc.pid)

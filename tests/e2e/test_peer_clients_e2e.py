@@ -44,6 +44,7 @@ import pytest
 import yaml
 
 from specledger.bench.backends.openai_http import load_counting_tokenizer
+from specledger.bench.config import ServerSettings
 from specledger.bench.managed import ManagedServer, repo_cache
 from specledger.bench.peer_imports import import_aiperf, import_guidellm
 from specledger.bench.metrics import dist
@@ -85,8 +86,9 @@ def served(tmp_path_factory):
                                               for p in prompts))
     command = " ".join(SERVER_CPU + ["{python} -m specledger.cli serve --model {model} --quant int4 --host {host} "
                                      "--port {port} --served-model-name smollm2-135m --log-level warning"])
-    srv = ManagedServer(command, model="smollm2-135m", log_path=d / "serve.log", startup_timeout_s=300,
-                        name="serve", env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")})
+    settings = ServerSettings(command=command, startup_timeout_s=300,
+                              env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")})
+    srv = ManagedServer(settings, model="smollm2-135m", log_path=d / "serve.log", name="serve")
     url = srv.start()
     try:
         for i in range(2):  # first requests pay one-off costs (kernels, allocator); no run should see them

