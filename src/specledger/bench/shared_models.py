@@ -83,27 +83,22 @@ class SharedModels:
         self.pool.retain(self.pool.keys() - keys)
         self.mine -= keys
 
-    async def probe(self, bc: BenchConfig, backend: Backend, cr: ConfigResult, progress: Progress | None) -> None:
+    async def probe(self, bc: BenchConfig, backend: Backend, cr: ConfigResult, progress: Progress) -> None:
         """Once per target: its verification-cost curve and, unless it is the fp32 model, its agreement."""
         key = self.keys(bc)["target"] if bc.backend == "inprocess" else ("configuration", bc.name)
         lm = (getattr(backend, "models", None) or {}).get("target")
-        todo = []
-        if self.cfg.verify_curve and key not in self.curves:
-            todo.append("verification-cost curve")
-        if (self.cfg.gates.quantization and needs_agreement(bc) and lm is not None
-                and key not in self.agreements):
-            todo.append("agreement with fp32")
-        task = None
-        if todo and progress is not None:
-            task = progress.add_task(f"{bc.name}: {' + '.join(todo)}", total=None)
-        try:
-            if "verification-cost curve" in todo:
-                self.curves[key] = await backend.verify_curve() or []
-            if "agreement with fp32" in todo:
-                ref = await asyncio.wrap_future(threads.future(self.reference, bc))
-                self.agreements[key] = await asyncio.wrap_future(threads.future(measure_agreement, ref, lm))
-        finally:
-            if task is not None and progress is not None:
+        curve = self.cfg.verify_curve and key not in self.curves
+        agree = self.cfg.gates.quantization and needs_agreement(bc) and lm is not None and key not in self.agreements
+        if curve or agree:
+            what = " + ".join(w for w, on in (("verification-cost curve", curve), ("agreement with fp32", agree)) if on)
+            task = progress.add_task(f"{bc.name}: {what}", total=None)
+            try:
+                if curve:
+                    self.curves[key] = await backend.verify_curve() or []
+                if agree:
+                    ref = await asyncio.wrap_future(threads.future(self.reference, bc))
+                    self.agreements[key] = await asyncio.wrap_future(threads.future(measure_agreement, ref, lm))
+            finally:
                 progress.remove_task(task)
         cr.verify_curve = [CurvePoint(**p) for p in self.curves.get(key, [])] or cr.verify_curve
         cr.agreement = self.agreements.get(key, cr.agreement)
