@@ -60,8 +60,6 @@ class OpenAIBackend(Backend):
         self._template_tokens: int | None = None  # tokens the chat template adds (the tokenizer's, where it has one)
         self._models: str = ""
         self._metrics_ok = self.s.scrape_metrics
-        self._status = 0
-        self._unauthorized_message = ""
 
     # ---- lifecycle ----
 
@@ -77,14 +75,12 @@ class OpenAIBackend(Backend):
             raise
 
     async def _connect(self) -> None:
-        headers = {}
         if self.s.api_key_env:
             key = os.environ.get(self.s.api_key_env)
             if not key:
                 raise BadInput(f"configuration {self.config.name!r}: environment variable "
                                f"{self.s.api_key_env} (api_key_env) is not set")
-            headers["Authorization"] = f"Bearer {key}"
-        self._headers = headers
+            self._headers["Authorization"] = f"Bearer {key}"
         self._hosts = [httpx.URL(u).netloc for u in self.replicas]
         self._client = httpx.AsyncClient(  # control requests
             base_url=self.base_url, headers=self._headers, verify=self._pools.ssl_context(),
@@ -92,23 +88,19 @@ class OpenAIBackend(Backend):
             limits=httpx.Limits(keepalive_expiry=self.s.keepalive_expiry_s))
         for url in self.replicas:
             await self._wait_reachable(url)
-            if self._status == 401:
-                break
-        if self._status == 401:
-            raise Unauthorized(self._unauthorized_message)
         if self.s.tokenizer:
             self._tokenizer = await asyncio.to_thread(load_counting_tokenizer, self.s.tokenizer)
 
     async def _wait_reachable(self, url: str) -> None:
-        """Poll until the server at `url` answers anything at all, for at most connect_timeout_s."""
+        """Poll until the server at `url` answers anything at all, for at most connect_timeout_s (401: Unauthorized,
+        every request would fail the same way)."""
         assert self._client is not None
         deadline = time.monotonic() + self.s.connect_timeout_s
         while True:
             try:
                 r = await self._client.get(f"{url}/v1/models", timeout=self.s.connect_timeout_s)
-                self._status = r.status_code
                 if r.status_code == 401:
-                    self._unauthorized_message = self._auth_error(error_message(r.text))
+                    raise Unauthorized(self._auth_error(error_message(r.text)))
                 if r.status_code == 200:
                     try:
                         ids = [m.get("id") for m in r.json().get("data", [])]
