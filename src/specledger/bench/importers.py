@@ -123,8 +123,8 @@ def import_vllm_bench(path: str | Path, run_dir: str | Path, *, name: str | None
     spec = {k: v for k, v in data.items() if not isinstance(v, (list, dict))}
     loads = [LoadResult(load=label, concurrency=conc, rate=rate, aggregate=agg, complete=True)]
     describe = f"vllm bench serve ({data.get('endpoint_type') or data.get('backend')}) model {model}, dated {data.get('date')}"
-    return write_imported(run_dir, imported_run(run_dir, path, "vllm bench serve", name, model, loads, notes, describe,
-                                                spec, backend="vllm-bench-serve"), records)
+    return write_imported(run_dir, path, "vllm bench serve", name, model, loads, records, notes, describe, spec,
+                          backend="vllm-bench-serve")
 
 
 # ---- shared by every importer (peer_imports.py too) ----------------------------------------------------
@@ -154,20 +154,18 @@ def record(name: str, run_id: str, label: str, conc: int | None, rate: float | N
         itl_s=itl if ok else [], output_text=text)
 
 
-def imported_run(run_dir: Path, path: Path, tool: str, name: str, model: str, loads: list[LoadResult],
-                 notes: list[str], describe: str, spec: dict[str, Any], *, backend: str | None = None) -> RunResult:
-    """The run.json of an import: one configuration as served, not graded here."""
+def write_imported(run_dir: Path, path: Path, tool: str, name: str, model: str, loads: list[LoadResult],
+                   records: list[RequestRecord], notes: list[str], describe: str, spec: dict[str, Any], *,
+                   backend: str | None = None) -> RunResult:
+    """An import as a run directory the ledger and report read: one configuration as served, not graded here
+    (requests.jsonl only when per-request)."""
     cr = ConfigResult(name=name, backend=backend or tool, model=model, strategy="as served", spec=spec, loads=loads,
                       comparable_reason="imported: quality not graded here")
-    return RunResult(run_id=run_dir.name, created=now(), status="complete",
-                     conditions=Conditions(python="unknown", specledger=specledger.__version__,
-                                           platform="unknown (imported)", backends={name: describe},
-                                           config={"imported_from": str(path), "tool": tool, **spec}),
-                     configs=[cr], notes=[f"imported from {tool}: {path}", *notes])
-
-
-def write_imported(run_dir: Path, run: RunResult, records: list[RequestRecord]) -> RunResult:
-    """An imported run as a run directory the ledger and report read (requests.jsonl only when per-request)."""
+    run = RunResult(run_id=run_dir.name, created=now(), status="complete",
+                    conditions=Conditions(python="unknown", specledger=specledger.__version__,
+                                          platform="unknown (imported)", backends={name: describe},
+                                          config={"imported_from": str(path), "tool": tool, **spec}),
+                    configs=[cr], notes=[f"imported from {tool}: {path}", *notes])
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specledger.bench.importers import NO_SPECULATION, NOT_GRADED, fresh, imported_run, read_json, record, write_imported
+from specledger.bench.importers import NO_SPECULATION, NOT_GRADED, fresh, read_json, record, write_imported
 from specledger.bench.metrics import aggregate
 from specledger.bench.results import LoadResult, RequestRecord, RunResult
 from specledger.errors import BadInput
@@ -82,10 +82,10 @@ def import_guidellm(path: str | Path, run_dir: str | Path, *, name: str | None =
                                 aggregate=aggregate(level, wall_s=wall, resamples=200)))
         records += level
     notes = [*_COMMON, "no per-token times: ITL distributions are empty (TPOT per request is kept)"]
-    return write_imported(run_dir, imported_run(run_dir, path, "guidellm", name, model, loads, notes,
-                                f"guidellm {data.get('metadata', {}).get('guidellm_version', '?')} "
-                                f"({backend.get('kind')}) {backend.get('target')} model {model}",
-                                {"guidellm_version": (data.get("metadata") or {}).get("guidellm_version")}), records)
+    return write_imported(run_dir, path, "guidellm", name, model, loads, records, notes,
+                          f"guidellm {data.get('metadata', {}).get('guidellm_version', '?')} "
+                          f"({backend.get('kind')}) {backend.get('target')} model {model}",
+                          {"guidellm_version": (data.get("metadata") or {}).get("guidellm_version")})
 
 
 # ---- AIPerf ------------------------------------------------------------------------------------------------
@@ -167,5 +167,5 @@ def import_aiperf(path: str | Path, run_dir: str | Path, *, name: str | None = N
     notes = [*_COMMON, f"the export does not record the run's concurrency or rate: labelled c={conc}, the peak "
              "number of requests in flight", "no generated text (AIPerf's export keeps none by default)",
              "ITL from AIPerf's inter-chunk gaps where a request has one token per chunk"]
-    return write_imported(run_dir, imported_run(run_dir, path, "aiperf", name, model, loads, notes,
-                                f"aiperf profile export, model {model}", {}), records)
+    return write_imported(run_dir, path, "aiperf", name, model, loads, records, notes,
+                          f"aiperf profile export, model {model}", {})
