@@ -67,3 +67,8 @@ def test_replica_urls_validated(tmp_path):
            "workload": {"spec": wl}}
     with pytest.raises(SpecLedgerError, match="base_urls must start with http"):
         parse_run_config(bad)
+    # per-replica metrics endpoints: full URLs, each once
+    for urls, why in ((["127.0.0.1:1/metrics"], "metrics_urls must start with http"),
+                      (["http://r1/metrics", "http://r1/metrics"], "metrics_urls names a replica twice")):
+        with pytest.raises(SpecLedgerError, match=why):
+            parse_run_config({**bad, "configs": [{"name": "s", "backend": "openai", "openai": {"metrics_urls": urls}}]})

@@ -138,21 +138,13 @@ class OpenAISettings(_Strict):
     def _url(cls, v: str) -> str:
         return _http_url(v, "base_url")
 
-    @field_validator("base_urls")
+    @field_validator("base_urls", "metrics_urls")
     @classmethod
-    def _urls(cls, v: list[str]) -> list[str]:
-        out = [_http_url(u, "base_urls") for u in v]
+    def _urls(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        out = [_http_url(u, str(info.field_name)) for u in v]
         if len(set(out)) != len(out):
-            raise ValueError(f"base_urls names a replica twice: {out}")
+            raise ValueError(f"{info.field_name} names a replica twice: {out}")
         return out
-
-    @field_validator("metrics_urls")
-    @classmethod
-    def _metrics_urls(cls, v: list[str]) -> list[str]:
-        for u in v:
-            if not u.startswith(("http://", "https://")):
-                raise ValueError(f"metrics_urls must be full URLs (http://host:port/metrics), got {u!r}")
-        return v
 
     def replicas(self) -> list[str]:
         """The base URLs requests go to, in round-robin order."""
