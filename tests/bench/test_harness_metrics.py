@@ -139,3 +139,16 @@ def test_aggregate_wall_defaults_to_busy_time_and_energy_sums():
     assert a.wall_s == pytest.approx(2.0)  # [100,101] and [101,102]
     assert a.energy_j == pytest.approx(4.0) and a.energy_j_per_token == pytest.approx(0.2)
     assert a.ttft.ci == {}
+
+
+def test_aggregate_sums_phases_and_keeps_memory_peaks():
+    """Draft and verification seconds sum over the requests that report them (None when none does); memory is the
+    peak over requests."""
+    records = [rec(0), rec(1), rec(2)]
+    records[0].draft_s, records[1].draft_s, records[1].verify_s = 0.5, 0.25, 1.5
+    records[0].peak_rss_bytes, records[2].peak_rss_bytes, records[1].cuda_max_allocated_bytes = 10, 30, 7
+    a = aggregate(records, resamples=0)
+    assert (a.draft_s, a.verify_s) == pytest.approx((0.75, 1.5))
+    assert (a.peak_rss_bytes, a.cuda_max_allocated_bytes) == (30, 7)
+    none = aggregate([rec(0)], resamples=0)
+    assert (none.draft_s, none.verify_s, none.peak_rss_bytes, none.cuda_max_allocated_bytes) == (None,) * 4

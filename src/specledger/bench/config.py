@@ -412,7 +412,6 @@ class RunConfig(_Strict):
         if self.quality is None:
             return None
         if bc.greedy and bc.strategy != "ar":
-
             return config_baselines(self.configs).get(bc.name, bc.name)
         return bc.name
 

@@ -215,20 +215,18 @@ def aggregate(
         steps = a.steps = sum(n for _, n in stepped)
         a.tau = sum((r.tau if r.tau is not None else r.output_tokens / n) * n for r, n in stepped) / steps
     a.acceptance = merge_levels(r.levels for r in ok)
-    if any(r.draft_s is not None for r in ok):
-        a.draft_s = sum(r.draft_s or 0.0 for r in ok)
-    if any(r.verify_s is not None for r in ok):
-        a.verify_s = sum(r.verify_s or 0.0 for r in ok)
+    for phase in ("draft_s", "verify_s"):  # summed where any request reports the phase
+        if any(getattr(r, phase) is not None for r in ok):
+            setattr(a, phase, sum(getattr(r, phase) or 0.0 for r in ok))
     energies = [r.energy_j for r in ok if r.energy_j is not None]
     if energy_j is None and ok and len(energies) == len(ok):
         energy_j = sum(energies)
     if energy_j is not None:
         a.energy_j = energy_j
         a.energy_j_per_token = energy_j / out_tokens if out_tokens else None
-    rss = [r.peak_rss_bytes for r in records if r.peak_rss_bytes is not None]
-    a.peak_rss_bytes = max(rss) if rss else None
-    cuda = [r.cuda_max_allocated_bytes for r in records if r.cuda_max_allocated_bytes is not None]
-    a.cuda_max_allocated_bytes = max(cuda) if cuda else None
+    a.peak_rss_bytes = max((r.peak_rss_bytes for r in records if r.peak_rss_bytes is not None), default=None)
+    a.cuda_max_allocated_bytes = max((r.cuda_max_allocated_bytes for r in records
+                                      if r.cuda_max_allocated_bytes is not None), default=None)
     graded = [r.grade for r in records if r.grade is not None and r.grade.passed is not None]
     a.graded = len(graded)
     a.passed = sum(bool(g.passed) for g in graded)

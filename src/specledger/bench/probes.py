@@ -17,13 +17,12 @@ from specledger.bench.config import BenchConfig
 UNQUANTIZED = ("fp32", "none")  # (dtype, quant) of the reference the quantization gate compares with
 
 
-def measure_verify_curve(lm: Any, *, context: int = 256, sizes: tuple[int, ...] | None = None,
-                         reps: int = 5) -> list[dict[str, float]]:
-    """[{tokens, ms}]: the median forward time of n new tokens after `context` cached ones
-    (sizes default: engine.timing.CURVE_SIZES, the sizes the tree-size chooser measures too)."""
+def measure_verify_curve(lm: Any) -> list[dict[str, float]]:
+    """[{tokens, ms}]: the median forward time of n new tokens after 256 cached ones, for n in
+    engine.timing.CURVE_SIZES (the sizes the tree-size chooser measures too)."""
     from specledger.engine.timing import CURVE_SIZES, forward_time_curve
 
-    curve = forward_time_curve(lm, context=context, sizes=sizes or CURVE_SIZES, reps=reps)
+    curve = forward_time_curve(lm, context=256, sizes=CURVE_SIZES, reps=5)
     return [{"tokens": n, "ms": round(1000 * s, 3)} for n, s in curve.items()]
 
 

@@ -194,10 +194,9 @@ def response_levels(body: dict[str, Any]) -> tuple[list[LevelStats], int | None,
             # The first token comes from the prompt pass; every later step appends its accepted drafts + 1.
             steps = max(1, timings["predicted_n"] - 1 - accepted)
             tau = (timings["predicted_n"] - 1) / steps
-        if "draft_n" in timings:
-            lv = LevelStats(name="draft", proposed=int(timings["draft_n"]), accepted=accepted, steps=steps)
-            return [lv], steps, tau, raw
-        return [], steps, tau, raw
+        levels = [LevelStats(name="draft", proposed=int(timings["draft_n"]), accepted=accepted, steps=steps)
+                  ] if "draft_n" in timings else []
+        return levels, steps, tau, raw
     return [], None, None, {}
 
 
