@@ -185,3 +185,23 @@ def test_inprocess_backend_hands_each_role_its_loaded_model():
     c = asyncio.run(go())
     assert backend.strategy.draft_lm is small and backend.models["draft"] is small
     assert c.ok and c.output_tokens == 8
+
+
+def test_a_crash_is_recorded_as_failed_naming_the_exception(tmp_path):
+    """An unexpected exception stops the run and run.json says so (a SpecLedgerError is 'stopped: <its line>')."""
+    from specledger.bench.results import load_run
+
+    class Crashing(InProcessBackend):
+        async def complete(self, *args, **kwargs):
+            raise RuntimeError("boom")
+
+    lm = tiny_model(seed=3)
+    lm.tokenizer = CharTokenizer(lm.config.vocab_size)
+    cfg = parse_run_config({"configs": [{"name": "ar"}], "load": {"warmup": 0}, "verify_curve": False,
+                            "workload": {"spec": workload(tmp_path, [{"question_id": 1, "category": "qa",
+                                                                      "turns": ["a"]}])}})
+    with pytest.raises(RuntimeError, match="boom"):
+        Runner(cfg, tmp_path / "run", show_progress=False,
+               backend_factory=lambda bc: Crashing(bc, models={"target": lm})).run()
+    run = load_run(tmp_path / "run")
+    assert run.status == "failed" and run.notes[-1] == "crashed: RuntimeError: boom"

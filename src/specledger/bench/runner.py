@@ -96,25 +96,20 @@ class Runner:
                 self._choose_threads()
                 self._noise_probe("before")
                 rng = random.Random(cfg.seed)
-                if self.interleaving:
-                    await self._run_configs(cfg.configs, rng)
-                else:
-                    for i, bc in enumerate(cfg.configs):
-                        if i == len(cfg.configs) // 2 and i > 0:
-                            self._noise_probe("during")
-                        await self._run_configs([bc], rng)
+                groups = [cfg.configs] if self.interleaving else [[bc] for bc in cfg.configs]
+                for i, group in enumerate(groups):
+                    if i == len(groups) // 2 and i > 0:  # (interleaved: halfway through each level instead)
+                        self._noise_probe("during")
+                    await self._run_configs(group, rng)
                 self._noise_probe("after")
             result.status = "complete"
         except (KeyboardInterrupt, asyncio.CancelledError):
             result.status = "interrupted"
             raise
-        except SpecLedgerError as exc:
-            result.status = "failed"
-            result.notes.append(f"stopped: {exc}")
-            raise
         except Exception as exc:
             result.status = "failed"
-            result.notes.append(f"crashed: {type(exc).__name__}: {exc}")
+            result.notes.append(f"stopped: {exc}" if isinstance(exc, SpecLedgerError) else
+                                f"crashed: {type(exc).__name__}: {exc}")
             raise
         finally:
             self.rec.close()
