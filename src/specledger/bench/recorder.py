@@ -163,13 +163,8 @@ class RunRecorder:
         """Aggregates of one configuration at one level, over this segment's and earlier segments' records.
         Interleaved: its device time is the time its own requests were in service (the other configurations'
         requests ran in between)."""
-        merged: dict[str, RequestRecord] = {}
-        for r in self.previous:
-            if r.config == bc.name and r.load == level.label:
-                merged[r.request_id] = r
-        for r in records:
-            merged[r.request_id] = r
-        recs = list(merged.values())
+        recs = list({r.request_id: r for r in [*self.previous, *records]  # a request measured again: its last record
+                     if r.config == bc.name and r.load == level.label}.values())
         by_segment = group_by(recs, "segment")
         wall = None if interleaved else sum(max(r.end_t for r in rs) - min(r.arrival_t for r in rs)
                                             for rs in by_segment.values())
