@@ -180,11 +180,8 @@ def aggregate(
     def d(vals: list[float], groups: list[int] | None = None) -> Dist:
         return dist(vals, groups, resamples=resamples, seed=seed)
 
-    itl_vals: list[float] = []
-    itl_groups: list[int] = []
-    for i, r in enumerate(ok):
-        itl_vals.extend(r.itl_s)
-        itl_groups.extend([i] * len(r.itl_s))
+    itl_vals = [x for r in ok for x in r.itl_s]
+    itl_groups = [i for i, r in enumerate(ok) for _ in r.itl_s]  # the request each gap belongs to
 
     out_tokens = sum(r.output_tokens for r in ok)
     a = Aggregate(

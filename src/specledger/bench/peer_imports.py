@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specledger.bench.formats.lines import Unreadable, jsonl_records
 from specledger.bench.importers import NO_SPECULATION, NOT_GRADED, fresh, read_json, record, write_imported
 from specledger.bench.metrics import aggregate
 from specledger.bench.results import LoadResult, RequestRecord, RunResult
@@ -123,13 +124,9 @@ def import_aiperf(path: str | Path, run_dir: str | Path, *, name: str | None = N
     if not path.is_file():
         raise BadInput(f"{path}: no such file (give AIPerf's profile_export.jsonl or its artifact directory)")
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            raise BadInput(f"{path}:{n}: not JSON (expected AIPerf's profile_export.jsonl, one record a line)") from None
+    for n, r in jsonl_records(path):
+        if isinstance(r, Unreadable):
+            raise BadInput(f"{path}:{n}: not JSON (expected AIPerf's profile_export.jsonl, one record a line)")
         meta = r.get("metadata") if isinstance(r, dict) else None
         if not isinstance(meta, dict) or "request_start_ns" not in meta:
             raise BadInput(f"{path}:{n}: not an AIPerf record (no metadata.request_start_ns)")
