@@ -80,8 +80,23 @@ def test_models_and_health(server):
     assert [m["id"] for m in models["data"]] == [MODEL]
     assert health(server.url) == {"status": "ok", "model": MODEL, "strategy": "lookup", "running": 0,
                                   "waiting": 0, "max_queue": 1, "max_batch": 8, "prefill_chunk": 256,
-                                  "prefix_cache": True, "kernel": qkernel.describe()}
+                                  "prefix_cache": True, "kernel": qkernel.describe(), "weights": "smollm2-135m:fp32"}
     assert health(server.url)["kernel"].startswith(("specledger kernel, avx", "PyTorch's kernels ("))
+
+
+@pytest.mark.skipif(qkernel.op() is None, reason="int8 activations are a precision of the engine's CPU kernel")
+def test_health_names_the_served_precision_with_int8_activations():
+    """`serve --quant int4 --activations 8`: /health says W4A8 was loaded, and it answers as in process."""
+    from specledger.engine.loader import load_model
+
+    lm = load_model("smollm2-135m", quant="int4", activations=8)
+    with ServerThread(create_app(lm, make_strategy("ar", target=lm))) as srv:
+        assert health(srv.url)["weights"] == "smollm2-135m:bf16-int4g32-a8"
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json={
+            "model": MODEL, "max_tokens": 8, "temperature": 0, "messages": [{"role": "user",
+                                                                           "content": "Name a colour."}]})
+    assert r.json()["choices"][0]["message"]["content"] == in_process(
+        lm, lm.tokenizer.chat([{"role": "user", "content": "Name a colour."}]), max_tokens=8).text
 
 
 def test_chat_greedy_equals_in_process_and_metrics_move(server, client, smollm):

@@ -132,10 +132,9 @@ class ServerState:
                               drafter=strategy.batch_drafter(max_batch), prefix_cache=prefix_cache,
                               draft_length=strategy.draft_length)
         self.worker = BatchEngineWorker(scheduler, self.metrics, max_queue)
-        from specledger.engine import qkernel
-
-        on_gpu = next(lm.model.parameters()).device.type != "cpu"
-        self.kernel = "PyTorch's kernels on the GPU" if on_gpu else qkernel.describe()  # said by /health
+        # said by /health: the kernels the model's table holds (chosen at load: engine/cpu_ops.resolve) and its
+        # precision (lm.label: dtype, quantization, int8 activations)
+        self.kernel, self.weights = lm.model.ops.path, lm.label
         self.created = int(time.time())
         self.avg_e2e_s = 1.0  # running mean of served requests, for Retry-After
 
@@ -442,7 +441,7 @@ def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None =
         w, s = state.worker, state.worker.scheduler
         body = {"status": "ok" if w.accepting else "draining", "model": state.name, "strategy": strategy.name,
                 "running": s.n_running, "waiting": s.n_waiting, "max_queue": w.max_queue, "kernel": state.kernel,
-                "max_batch": s.max_batch, "prefill_chunk": s.prefill_chunk, "prefix_cache": s.prefix_cache}
+                "weights": state.weights, "max_batch": s.max_batch, "prefill_chunk": s.prefill_chunk, "prefix_cache": s.prefix_cache}
         return _json(body, 200 if w.accepting else 503)
 
     @app.get("/metrics")
