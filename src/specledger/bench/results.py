@@ -469,12 +469,9 @@ def read_requests(run_dir: str | Path, *, latest_only: bool = True) -> list[Requ
                       "resumed after a kill without cutting it): read the whole one", file=sys.stderr)
                 continue
             raise BadInput(f"{path}:{i}: not a request record ({describe(exc)})") from None
-    if latest_only:
-        by_id: dict[str, RequestRecord] = {}
-        for r in records:
-            by_id.pop(r.request_id, None)
-            by_id[r.request_id] = r
-        records = list(by_id.values())
+    if latest_only:  # each request at the place of its last record
+        last = {r.request_id: i for i, r in enumerate(records)}
+        records = [r for i, r in enumerate(records) if last[r.request_id] == i]
     return records
 
 
