@@ -20,6 +20,7 @@ from specledger.bench.config import BenchConfig
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.metrics import chunks_from_token_times
 from specledger.bench.telemetry import peak_rss_bytes, reset_peak_rss
+from specledger.decoding.sampling import SamplingParams
 from specledger.engine import threads
 from specledger.errors import SpecLedgerError
 
@@ -89,19 +90,14 @@ class InProcessBackend(Backend):
         label = getattr(lm, "label", self.config.model)
         return f"inprocess specledger {specledger.__version__} torch {torch.__version__} {label}"
 
-    def _sampling(self, max_tokens: int, min_tokens: int | None) -> Any:
-        from specledger.decoding.sampling import SamplingParams
-
-        sp = self.config.sampling
-        return SamplingParams(max_tokens=max_tokens, temperature=sp.temperature, top_p=sp.top_p,
-                              top_k=sp.top_k, seed=sp.seed, stop=list(sp.stop), min_tokens=min_tokens or 0)
-
     async def complete(self, messages: list[dict[str, str]], *, max_tokens: int,
                        min_tokens: int | None = None) -> Completion:
         """Hand the request to the batch worker and await the result; times come from the scheduler (arrival = add)."""
         lm = self.models["target"]
         prompt_ids = lm.tokenizer.chat(messages)  # a model without a chat template is a setup error: raise
-        params = self._sampling(max_tokens, min_tokens)
+        sp = self.config.sampling
+        params = SamplingParams(max_tokens=max_tokens, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
+                                seed=sp.seed, stop=list(sp.stop), min_tokens=min_tokens or 0)
         if not self.worker.scheduler.has_work():  # peaks are per request where requests do not overlap
             reset_peak_rss()
             if self._cuda:
