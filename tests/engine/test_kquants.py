@@ -172,9 +172,10 @@ def test_the_real_files_if_here(name):
     assert checked > 0
 
 
-def test_quality_command_reads_one_model_at_a_time(tmp_path):
+@pytest.mark.parametrize("activations", [16, 8])
+def test_quality_command_reads_one_model_at_a_time(tmp_path, activations):
     """`specledger quality` loads the reference, reads the text, lets it go, then the candidate: same figures as
-    both at once (teacher_forced_agreement)."""
+    both at once (teacher_forced_agreement), at either activation precision (--activations 8: W8A8)."""
     import json
 
     from typer.testing import CliRunner
@@ -187,10 +188,12 @@ def test_quality_command_reads_one_model_at_a_time(tmp_path):
     d = save_qwen(tmp_path / "q", "qwen2", **HIDDEN)
     save_tokenizer(d)
     out = tmp_path / "a.json"
-    r = CliRunner().invoke(app, ["quality", "--model", str(d), "--quant", "int8", "--json", str(out)])
+    r = CliRunner().invoke(app, ["quality", "--model", str(d), "--quant", "int8", "--activations", str(activations),
+                                 "--json", str(out)])
     assert r.exit_code == 0, r.output
     got = json.loads(out.read_text())
-    ref, cand = load_model(str(d)), load_model(str(d), quant="int8")
+    ref, cand = load_model(str(d)), load_model(str(d), quant="int8", activations=activations)
+    assert cand.label.endswith("-a8") == (activations == 8)
     want = teacher_forced_agreement(ref, cand, ref.tokenizer.encode(quality_text()))
     assert got["tokens"] == want.tokens and got["reference"] == ref.label and got["candidate"] == cand.label
     assert abs(got["mean_kl"] - want.mean_kl) < 1e-6 and got["top1_agreement"] == want.top1_agreement

@@ -91,6 +91,8 @@ def quality(
     quant: str = typer.Option("int4", help="quantization to measure: int8 | int4 | none"),
     dtype: Optional[str] = typer.Option(None, help="candidate activations dtype (default: bf16 when quantized)"),
     group_size: int = typer.Option(32, help="int4 group size (must divide the input widths)"),
+    activations: int = typer.Option(16, help="16 | 8: bits of an activation inside the quantized products (8: W4A8 "
+                                    "/ W8A8, as llama.cpp multiplies)"),
     reference_dtype: str = typer.Option("fp32", help="dtype of the unquantized reference"),
     text: Optional[str] = typer.Option(None, help="text file to read (default: a built-in mixed-domain text)"),
     json_out: Optional[str] = typer.Option(None, "--json", help="also write the figures to this JSON file"),
@@ -120,7 +122,7 @@ def quality(
     del ref
     gc.collect()
     with console.status("loading the candidate"):
-        cand = load_model(model, dtype=dtype, quant=quant, group_size=group_size)
+        cand = load_model(model, dtype=dtype, quant=quant, group_size=group_size, activations=activations)
     with console.status(f"reading {len(ids)} tokens with the candidate"):
         a = agreement_of(lp_ref, logprobs(cand, ids), ids)
     t = Table(title=f"{cand.label} vs {ref_label}")
