@@ -452,16 +452,12 @@ def load_run_config(path: str | Path) -> RunConfig:
     path = Path(path)
     if not path.exists():
         raise BadInput(f"config file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
+    text, toml = path.read_text(encoding="utf-8"), path.suffix == ".toml"
     try:
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        else:
-            data = yaml.safe_load(text)
+        data = tomllib.loads(text) if toml else yaml.safe_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
         first = str(exc).strip().splitlines()
-        raise BadInput(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'YAML'}: "
-                       f"{' '.join(first[:1])}") from None
+        raise BadInput(f"{path}: not valid {'TOML' if toml else 'YAML'}: {' '.join(first[:1])}") from None
     return parse_run_config(data, source=str(path))
 
 
