@@ -97,6 +97,20 @@ def test_the_run_takes_threads_as_given(tmp_path):
     assert (c.source, c.threads, c.probes) == ("given", 1, []) and threads.count() == 1
 
 
+def test_the_calibration_probe_runs_on_the_torch_thread(tmp_path, monkeypatch):
+    """Its product on the main thread, in a run whose thread count was given, left the engine's decode 1.7x slower
+    for the rest of the run (the 1.5B W4A16: TPOT 40 against 24 ms), so it goes where every torch op goes."""
+    import specledger.bench.runner as runner_mod
+
+    where: list[bool] = []
+    real = runner_mod.take_probe
+    monkeypatch.setattr(runner_mod, "take_probe", lambda when: (where.append(threads.on_torch_thread()), real(when))[1])
+    r = _runner(tmp_path, threads=1, calibration=True)
+    r._choose_threads()
+    r._noise_probe("before")
+    assert where == [True] and [p.when for p in r.rec.result.noise.probes] == ["before"]
+
+
 def test_the_engine_ops_run_on_one_torch_thread_with_the_count():
     seen = {threads.run(threading.current_thread) for _ in range(3)}
     assert len(seen) == 1 and threading.current_thread() not in seen  # one long-lived thread, not the caller's

@@ -154,8 +154,13 @@ class Runner:
         """Time the calibration probe; the run keeps every probe and the drift between them."""
         if not self.cfg.calibration:
             return
+        from specledger.engine import threads
+
+        # on the torch thread, as every torch op of the process (engine/threads.py): the probe's product on the main
+        # thread, in a run whose thread count was given (no thread probe before it), left the engine's decode 1.7x
+        # slower for the rest of the run (1.5B W4A16: TPOT 40 against 24 ms; BENCHMARKS.md, session 22)
         try:
-            p = take_probe(when)
+            p = threads.run(take_probe, when)
         except ImportError:  # no torch: an HTTP-only install
             return
         noise = self.rec.result.noise or Noise(threads=thread_settings())
