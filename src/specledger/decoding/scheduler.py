@@ -94,7 +94,6 @@ class ScheduledResult(GenerationResult):
     request_id: int = 0
     arrival: float = 0.0  # perf_counter time of add()
     queue_s: float = 0.0  # arrival -> admitted into the batch
-    mean_batch: float = 0.0  # mean number of sequences in the passes this request took part in
     error: str | None = None  # finish_reason "error": this request's part of a step failed, or the shared pass
     exception: Exception | None = field(default=None, repr=False, compare=False)  # what failed it, when one raised
 
@@ -136,8 +135,6 @@ class _Live:
     steps: int = 0
     appended: int = 0
     verify_s: float = 0.0
-    passes: int = 0
-    batch_sum: int = 0
     error: str | None = None
     exception: Exception | None = None
     draft: DraftState | None = None  # batched speculation, from the first token on
@@ -208,7 +205,6 @@ class Scheduler:
         self._cancel: set[int] = set()
         self._running: list[_Live] = []
         self._next_id = 0
-        self.passes = 0
         self.last_batch = 0  # sequences in the latest pass (a gauge for /metrics)
         self.last_rows = 0  # rows (tokens) in the latest pass
         self.drafter = drafter
@@ -301,7 +297,6 @@ class Scheduler:
         if not items:
             return finished
         self.last_batch = len(items)
-        self.passes += 1
         t_fwd = clock(self.runner.device)
         fwds = self.runner.forward(items)
         t_fwd = clock(self.runner.device) - t_fwd  # (clock waits for the device: the pass, not its launch)
@@ -318,8 +313,6 @@ class Scheduler:
         if self.spec is not None and decoding and not runs:  # (a prefill's pass also begins drafters: not measured)
             self.spec.observe(time.perf_counter() - t0, t_fwd, self.last_rows, len(decoding), len(chains))
         for lv in live_in:
-            lv.passes += 1
-            lv.batch_sum += len(items)
             if not lv.prefilling:
                 lv.verify_s += now - t0
         for lv, new in emitted:
@@ -460,8 +453,7 @@ def _result(sched: Scheduler, lv: _Live, now: float) -> ScheduledResult:
         draft_prefill_s=draft_prefill_s, total_s=now - lv.arrival,
         token_times=lv.times, steps=lv.steps, appended=lv.appended, levels=levels, draft_s=draft_s,
         verify_s=lv.verify_s, strategy=sched.strategy_name, params=sched.params(),
-        request_id=lv.rid, arrival=lv.arrival, queue_s=admitted - lv.arrival,
-        mean_batch=lv.batch_sum / lv.passes if lv.passes else 0.0, error=lv.error, exception=lv.exception,
+        request_id=lv.rid, arrival=lv.arrival, queue_s=admitted - lv.arrival, error=lv.error, exception=lv.exception,
     )
     if lv.on_done:
         lv.on_done(res)
