@@ -56,13 +56,12 @@ def run_table(run: RunResult, width: int = WIDE) -> Table:
     for c in run.configs:
         for lr in c.loads:
             a = lr.aggregate
-            pass_rate = "-" if c.pass_rate is None else f"{c.pass_rate:.0%}"
             comp = Text("yes", style="green") if c.comparable else Text("no", style="red")
             acc = " ".join(f"{x.name} {x.rate:.0%}" for x in a.acceptance if x.rate is not None) or "-"
             t.add_row(c.name, c.strategy, lr.load, f"{a.requests_ok}/{a.requests_failed}",
                       _ms(a.ttft.p50), _ms(a.ttft.p99), _ms(a.tpot.p50), _ms(a.itl.p50), _ms(a.itl.p99),
                       _ms(a.e2e.p50), _f(a.output_tok_s, "{:.1f}"), _f(a.requests_s), _f(a.goodput_rps),
-                      _f(a.tau), acc, pass_rate, comp)
+                      _f(a.tau), acc, _f(c.pass_rate, "{:.0%}"), comp)
     return t
 
 
@@ -76,7 +75,6 @@ def _run_table_stacked(run: RunResult) -> Table:
                  "pass\n[dim]accepted[/dim]"):
         t.add_column(head, justify="left" if head.startswith("configuration") else "right", no_wrap=True)
     for c in run.configs:
-        pass_rate = "-" if c.pass_rate is None else f"{c.pass_rate:.0%}"
         mark = "" if c.comparable else "\n[red]not comparable[/red]"  # a line of its own: names stay whole
         for lr in c.loads:
             a = lr.aggregate
@@ -86,7 +84,7 @@ def _run_table_stacked(run: RunResult) -> Table:
                       f"{_ms_short(a.tpot.p50)}\n[dim]{_ms_short(a.itl.p99)}[/dim]",
                       f"{_ms_short(a.e2e.p50)}\n[dim]{_f(a.requests_s)}[/dim]",
                       f"{_f(a.output_tok_s, '{:.1f}')}\n[dim]{_f(a.tau)}[/dim]",
-                      f"{pass_rate}\n[dim]{acc}[/dim]")
+                      f"{_f(c.pass_rate, '{:.0%}')}\n[dim]{acc}[/dim]")
     return t
 
 
@@ -245,12 +243,7 @@ def workload_text(run: RunResult) -> Text:
 def render_run(run: RunResult, *, categories: bool = True, width: int = WIDE) -> Group:
     """Everything `bench` and `show` print of a run, laid out for a console `width` columns wide."""
     parts: list[RenderableType] = [Text(conditions_line(run), style="dim"), run_table(run, width)]
-    failures = failures_text(run)
-    if failures:
-        parts.append(failures)
-    steady = steady_text(run)
-    if steady:
-        parts.append(steady)
+    parts += [t for t in (failures_text(run), steady_text(run)) if t]  # each only where it has a line
     if categories and any(lr.by_category for c in run.configs for lr in c.loads):
         parts.append(category_table(run, width))
     if any(lr.telemetry_levels or (lr.telemetry or {}).get("gauges") for c in run.configs for lr in c.loads):

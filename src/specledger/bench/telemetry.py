@@ -128,12 +128,6 @@ def server_counters(samples: Samples) -> dict[str, float]:
     return dict(out)
 
 
-def _acceptance(level: str, d: dict[str, Any]) -> LevelStats:
-    n = max(d["per_pos"], default=-1) + 1
-    return LevelStats(name=level, proposed=int(d["num_draft_tokens"]), accepted=int(d["num_accepted_tokens"]),
-                      drafts=int(d["num_drafts"]), accepted_per_position=[int(d["per_pos"].get(i, 0)) for i in range(n)])
-
-
 def telemetry_delta(before: str | None, after: str | None) -> tuple[dict[str, Any] | None, list[LevelStats]]:
     """Compare two /metrics scrapes: raw deltas plus speculation counters as per-level (and per-position)
     acceptance. Gauges are reported as read after the window (flagged instantaneous)."""
@@ -151,7 +145,9 @@ def telemetry_delta(before: str | None, after: str | None) -> tuple[dict[str, An
         if d["per_pos"]:
             spec[level]["accepted_per_pos"] = [d["per_pos"][p] for p in sorted(d["per_pos"])]
         if d["num_draft_tokens"] > 0 or d["num_drafts"] > 0:
-            levels.append(_acceptance(level, d))
+            per_pos = [int(d["per_pos"].get(i, 0)) for i in range(max(d["per_pos"], default=-1) + 1)]
+            levels.append(LevelStats(name=level, proposed=int(d["num_draft_tokens"]), accepted=int(d["num_accepted_tokens"]),
+                                     drafts=int(d["num_drafts"]), accepted_per_position=per_pos))
     cb, ca = server_counters(b), server_counters(a)
     deltas = {k: ca[k] - cb.get(k, 0.0) for k in ca if k != "process_resident_memory_bytes"}
     info: dict[str, Any] = {"spec_decode": spec, "counters": deltas}
