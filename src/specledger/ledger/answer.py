@@ -251,12 +251,11 @@ def scenario_answer(scenario: str, rows: Sequence[Priced], chosen: list[tuple[Pr
         out.baseline_cost = base.total
         out.saving_per_task = base.total - (rec.total or 0.0)
         out.saving_per_month = out.saving_per_task * tpm
-        d = None  # the monthly saving's interval: the paired cost samples times tasks per month as drawn with them
+        # the monthly saving's interval: the paired cost samples times tasks per month as drawn with them
         if search is not None and costs is not None and base.name in costs and rec.name in costs:
             tpm_drawn = np.broadcast_to(np.asarray(search.drawn[0][0]["volume"]["tasks_per_month"], np.float64), (search.n,))
-            d = difference(costs[base.name] * tpm_drawn, costs[rec.name] * tpm_drawn)
-        if d is not None:
-            out.saving_low, out.saving_high = d.low, d.high
+            if (d := difference(costs[base.name] * tpm_drawn, costs[rec.name] * tpm_drawn)) is not None:
+                out.saving_low, out.saving_high = d.low, d.high
     _human(out, rows, case)
     if search is not None and thresholds and len(cands) > 1:
         inputs = INPUTS if case.x["hardware"]["kind"] == "rented" else INPUTS[:4] + (OWNED_PRICE, INPUTS[5])

@@ -69,14 +69,6 @@ class Crossing:
     searched_high: float
 
 
-def state_of(rows: Sequence[Row]) -> str:
-    """The answer the verdicts give: the one "cheapest" configuration, TIE, or DIFFERS."""
-    best = [r.name for r in rows if r.verdict == "cheapest"]
-    if best:
-        return best[0]
-    return TIE if all(r.verdict == "indistinguishable" for r in rows) else DIFFERS
-
-
 class Search:
     """The candidates of one scenario, re-priced at changed values of one input at a time, on the very draws the
     table's Monte Carlo priced (so at today's value the answer is the table's)."""
@@ -107,13 +99,15 @@ class Search:
         return [float(task_cost(with_value(c.x, path, v), c.op).total) for c, _, _ in self.cases]
 
     def state(self, path: tuple, v: float, n: int = SEARCH_SAMPLES) -> str:
-        """The verdicts' answer with the input at v, from the first n samples."""
+        """The verdicts' answer with the input at v, from the first n samples: the one "cheapest" configuration,
+        TIE, or DIFFERS."""
         rows: list[Row] = [copy.copy(r) for r in self.rows]  # the candidates re-priced (they are in the running)
         for r, t in zip(rows, self.points(path, v)):
             r.total, r.verdict, r.verdict_detail = t, "", ""
         c = self.costs(path, v)[:, :n]
         tested_verdicts(rows, {r.name: c[i] for i, r in enumerate(rows)})
-        return state_of(rows)
+        best = next((r.name for r in rows if r.verdict == "cheapest"), None)
+        return best if best is not None else TIE if all(r.verdict == "indistinguishable" for r in rows) else DIFFERS
 
     def names(self) -> list[str]:
         return [r.name for r in self.rows]
@@ -199,12 +193,11 @@ def reached(search: Search, inp: Input, now: float, value: float, before: str,
         return (*search.pair(p, value), True)
     if after == TIE:  # it stops mattering: the pair that was apart before it
         return (*search.pair(p, now), False)
-    names = search.names()
     if before == DIFFERS:  # after: one configuration clear of its nearest rival
         return (*search.pair(p, value, after, closest=True), True)
     if after == DIFFERS:  # the clear choice meets its nearest rival
         return (*search.pair(p, value, before, closest=True), False)
-    return names.index(after), names.index(before), True  # one clear choice gives way to another
+    return search.names().index(after), search.names().index(before), True  # one clear choice gives way to another
 
 
 def interval(search: Search, inp: Input, now: float, values: list[float], value: float, before: str,
@@ -219,15 +212,11 @@ def interval(search: Search, inp: Input, now: float, values: list[float], value:
         sep = separated(search.costs(path, v), a, b)
         return sep if apart else ~sep
 
-    walk = [now] + values
     inside = np.full(n, np.nan)  # last value still before the crossing, per sample
     outside = np.full(n, np.nan)  # first value past it
-    prev = None
-    for v in walk:
+    for prev, v in zip([now, now, *values], [now, *values]):  # today's value, then the walk
         new = there(v) & np.isnan(outside)
-        outside[new] = v
-        inside[new] = v if prev is None else prev
-        prev = v
+        outside[new], inside[new] = v, prev
     hit = ~np.isnan(outside)
     if hit.any():
         lo, hi = inside[hit].copy(), outside[hit].copy()
