@@ -166,7 +166,7 @@ class Resolved(_Section):
 
     def central(self) -> dict:
         """Nested dict of plain numbers: ranges replaced by their mode (the point estimate)."""
-        return _map_leaves(self.model_dump(), lambda v: Range(**v).centre if _is_range(v) else v)
+        return central_values(self.model_dump())
 
     def ranges(self) -> dict[tuple, Range]:
         """Every ranged leaf, keyed by its path, e.g. ('acceptance', 'wage_per_hour')."""
@@ -200,14 +200,13 @@ def _is_range(v: Any) -> bool:
     return isinstance(v, dict) and "low" in v and "high" in v
 
 
-def _map_leaves(d: Any, fn) -> Any:
+def central_values(d: Any) -> Any:
+    """Nested inputs with each range {low, mode, high} replaced by its centre (the point estimate)."""
     if _is_range(d):
-        return fn(d)
+        return Range(**d).centre
     if isinstance(d, dict):
-        return {k: _map_leaves(v, fn) for k, v in d.items()}
-    if isinstance(d, list):
-        return [_map_leaves(v, fn) for v in d]
-    return fn(d)
+        return {k: central_values(v) for k, v in d.items()}
+    return [central_values(v) for v in d] if isinstance(d, list) else d
 
 
 def leaves(d: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:

@@ -14,9 +14,7 @@ from specledger.errors import BadInput
 from specledger.ledger.answer import Answer, link_scenarios, scenario_answer
 from specledger.ledger.breakeven import BreakEven, break_even
 from specledger.ledger.concurrency import ConcurrencyBreakEven, break_even_concurrency
-from specledger.ledger.inputs import (
-    DEFAULT_COSTS, CostInputs, Range, Resolved, _is_range, _map_leaves, load_inputs,
-)
+from specledger.ledger.inputs import DEFAULT_COSTS, CostInputs, Resolved, central_values, load_inputs
 from specledger.ledger.measurements import ConfigMeasurement, measurement_baselines, measurements_from_run
 from specledger.ledger.cost_model import Breakdown, Case, objective_misses, replicas_needed
 from specledger.ledger.montecarlo import simulate
@@ -182,11 +180,6 @@ def speedups(ms: list[ConfigMeasurement]) -> dict[tuple[str, str], float]:
     return out
 
 
-def _override_central(inputs: CostInputs) -> dict:
-    return {name: _map_leaves(over, lambda v: Range(**v).centre if _is_range(v) else v)
-            for name, over in inputs.overrides.items()}
-
-
 def choose_levels(ms: list[ConfigMeasurement], inputs: CostInputs):
     """Price every load level; per configuration keep its cheapest feasible level (else its least-missing one)."""
     names = list(dict.fromkeys(m.name for m in ms))
@@ -289,7 +282,7 @@ def price_measurements(ms: list[ConfigMeasurement], inputs: CostInputs, *, sampl
 
     calculator = {
         "base": inputs.base.central(),
-        "overrides": _override_central(inputs),
+        "overrides": {name: central_values(over) for name, over in inputs.overrides.items()},
         "configs": [
             {"name": r.name, "load": r.load, "strategy": r.strategy, "precision": r.precision,
              "comparable": r.comparable, "comparable_reason": r.comparable_reason,
