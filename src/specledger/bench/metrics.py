@@ -60,10 +60,7 @@ def percentiles(values: Sequence[float]) -> dict[str, float | None]:
     if len(values) == 0:
         return {s: None for s in STATS}
     x = np.asarray(values, dtype=np.float64)
-    out: dict[str, float | None] = {"mean": float(x.mean())}
-    for name, q in _QUANTILES.items():
-        out[name] = float(np.percentile(x, 100 * q))
-    return out
+    return {"mean": float(x.mean()), **{name: float(np.percentile(x, 100 * q)) for name, q in _QUANTILES.items()}}
 
 
 def bootstrap_ci(
@@ -104,16 +101,15 @@ def bootstrap_ci(
         stats["mean"].append((w * xs).sum(axis=1) / total)
         cum = np.cumsum(w, axis=1)  # integer-valued
         stride = xs.size * (n_groups + 1) + 1.0
-        offsets = np.arange(w.shape[0])[:, None] * stride
-        flat = (cum + offsets).ravel()
+        rows = np.arange(w.shape[0])
+        offsets = rows * stride
+        flat = (cum + offsets[:, None]).ravel()
         for name, q in _QUANTILES.items():
             h = q * (total - 1)  # position in the resampled sorted sequence (numpy "linear")
             k0 = np.floor(h)
             k1 = np.minimum(k0 + 1, total - 1)
-            j0 = np.searchsorted(flat, k0 + offsets[:, 0], side="right") - np.arange(w.shape[0]) * xs.size
-            j1 = np.searchsorted(flat, k1 + offsets[:, 0], side="right") - np.arange(w.shape[0]) * xs.size
-            j0 = np.clip(j0, 0, xs.size - 1)
-            j1 = np.clip(j1, 0, xs.size - 1)
+            j0, j1 = (np.clip(np.searchsorted(flat, k + offsets, side="right") - rows * xs.size, 0, xs.size - 1)
+                      for k in (k0, k1))
             stats[name].append(xs[j0] + (h - k0) * (xs[j1] - xs[j0]))
     lo, hi = 100 * (1 - level) / 2, 100 * (1 + level) / 2
     out = {}
