@@ -541,7 +541,6 @@ def write_summary(run_dir: str | Path, run: RunResult) -> Path:
     with open(tmp, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS)
         w.writeheader()
-        for row in summary_rows(run):
-            w.writerow({k: "" if v is None else v for k, v in row.items()})
+        w.writerows({k: "" if v is None else v for k, v in row.items()} for row in summary_rows(run))
     os.replace(tmp, path)
     return path
