@@ -22,7 +22,6 @@ class ModelConfig:
     rms_eps: float = 1e-5
     tie_embeddings: bool = True
     rope_scaling: dict | None = None
-    bos_id: int | None = None
     eos_ids: list[int] = field(default_factory=list)
     arch: str = "llama"  # llama | qwen2 | qwen3 (what the flags below mean for a file's names and layout)
     qkv_bias: bool = False

@@ -161,7 +161,6 @@ def read_config(reader: GGUFFile, path: Path) -> ModelConfig:
         rope_theta=float(g("rope.freq_base", 10000.0)),
         rms_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
         tie_embeddings="output.weight" not in names,
-        bos_id=reader.fields.get("tokenizer.ggml.bos_token_id"),
         eos_ids=[int(eos)] if eos is not None else [],
         arch=str(arch),
         qkv_bias="blk.0.attn_q.bias" in names,

@@ -113,7 +113,6 @@ def read_config(path: Path) -> ModelConfig:
         rms_eps=c.rms_norm_eps,
         tie_embeddings=bool(c.tie_word_embeddings),
         rope_scaling=scaling,
-        bos_id=c.bos_token_id,
         eos_ids=eos if isinstance(eos, list) else ([eos] if eos is not None else []),
         arch=c.model_type if c.model_type in ("qwen2", "qwen3") else "llama",
         qkv_bias=c.model_type == "qwen2",

