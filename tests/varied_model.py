@@ -24,7 +24,7 @@ from specledger.decoding.draft_budget import CostSurface
 from specledger.decoding.eagle_head import EagleHead, HeadConfig
 from specledger.decoding.generate import GenerationResult, generate, solo_scheduler
 from specledger.decoding.sampling import SamplingParams
-from specledger.decoding.scheduler import Scheduler
+from specledger.decoding.scheduler import ScheduledResult, Scheduler
 from specledger.engine.config import ModelConfig
 from specledger.engine.loader import LoadedModel, build_model, weight_bytes
 
@@ -65,6 +65,14 @@ def varied_prompts(vocab: int = 16, n: int = 3, length: int = 8, seed: int = 0) 
     """Random prompts, each repeated once so that prompt lookup finds matches."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (length,), generator=g).tolist() * 2 for _ in range(n)]
+
+
+def run_all(sched: Scheduler) -> list[ScheduledResult]:
+    """Step until nothing is waiting or running; the results in the order they finished."""
+    done: list[ScheduledResult] = []
+    while sched.has_work():
+        done.extend(sched.step())
+    return done
 
 
 FLAT = CostSurface((1,), (1.0,))  # every pass costs the same: a planner finds every draft worth verifying

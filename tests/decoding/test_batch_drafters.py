@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tests.conftest import TEMP, chi2_pvalue, exact_joint, tiny_model
-from tests.varied_model import FLAT, alone, prompt_features, random_head, run_joining, varied_model, varied_prompts
+from tests.varied_model import FLAT, alone, prompt_features, random_head, run_all, run_joining, varied_model, varied_prompts
 
 from specledger.decoding.draft_budget import CostSurface
 from specledger.decoding.drafter import DraftSeq
@@ -104,11 +104,11 @@ def test_batched_eagle_keeps_the_prefix_cache_with_the_whole_prompts_features():
     sp = SamplingParams(max_tokens=30, temperature=0.0)
     p1 = prompts_of_lengths()[2]  # one the untrained head drafts well for
     sched.add(p1, sp)
-    (r1,) = sched.run()
+    (r1,) = run_all(sched)
     assert r1.cached_tokens == 0 and 0 < r1.levels[0].accepted  # some of the answer came from accepted drafts
     p2 = p1 + r1.token_ids + [3, 1, 4]
     sched.add(p2, sp)
-    (r2,) = sched.run()
+    (r2,) = run_all(sched)
     assert sched.prefix_cache and r2.cached_tokens == len(p1) + len(r1.token_ids) - 1
     assert r2.token_ids == alone(lm, p2, sp).token_ids
     fresh = prompt_features(lm, p2)
@@ -132,7 +132,7 @@ def test_batched_drafter_never_drafts_when_every_row_costs_its_share(name):
         drafter.head.ragged = lambda *a, **kw: passes.append(len(a[4])) or head_pass(*a, **kw)
     for p in prompts_of_lengths()[:3]:
         sched.add(p, SamplingParams(max_tokens=10, temperature=0.0))
-    assert all(r.levels[0].proposed == 0 and r.tau == 1.0 for r in sched.run())
+    assert all(r.levels[0].proposed == 0 and r.tau == 1.0 for r in run_all(sched))
     assert passes == []
 
 
@@ -151,7 +151,7 @@ def test_batched_sampling_follows_target_distribution(name):
     for seed in range(n_samples):
         sched.add(prompt, SamplingParams(max_tokens=n, temperature=TEMP, seed=seed))
     counts = torch.zeros(vocab**n, dtype=torch.float64)
-    results = sched.run()
+    results = run_all(sched)
     assert len(results) == n_samples and max(r.mean_batch for r in results) > 4
     for r in results:
         counts[sum(t * vocab ** (n - 1 - i) for i, t in enumerate(r.token_ids))] += 1
@@ -257,7 +257,7 @@ def test_sampled_drafting_in_a_batch_is_reproducible_per_seed(name):
         assert sched.spec is not None
         sched.spec.policy.evidence = 1e9
         ids = [sched.add(p, sp) for p in ps]
-        got = {r.request_id: r for r in sched.run()}
+        got = {r.request_id: r for r in run_all(sched)}
         return [got[i] for i in ids]
 
     prompts = prompts_of_lengths()[:3]

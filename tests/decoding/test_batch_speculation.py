@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tests.varied_model import BATCHING_VOCAB, FLAT, alone, batching_model, run_joining
+from tests.varied_model import BATCHING_VOCAB, FLAT, alone, batching_model, run_all, run_joining
 
 from specledger.decoding.draft_budget import (
     PRIOR,
@@ -91,7 +91,7 @@ def test_lookup_batch_never_drafts_when_every_row_costs_its_share(lm):
     sched = Scheduler(lm, max_batch=3, drafter=LookupDrafter(8), cost=lambda n: float(n))
     for p in prompts:
         sched.add(p, SamplingParams(max_tokens=15, temperature=0.0))
-    results = sched.run()
+    results = run_all(sched)
     assert all(r.levels[0].proposed == 0 and r.tau == 1.0 for r in results)
 
 
@@ -196,7 +196,7 @@ def test_one_sequence_tries_the_drafter_until_its_acceptance_is_known(lm):
     spec.plan = plan
     for p in repetitive_prompts()[:5]:  # prompts over several 8-row chunks; the last two join mid-run
         sched.add(p, SamplingParams(max_tokens=20, temperature=0.0))
-    sched.run()
+    run_all(sched)
     early = [(n, chunk) for n, evidence, chunk in drafting if evidence < EVIDENCE]
     assert all(n <= (0 if chunk else 1) for n, chunk in early) and any(chunk for _, chunk in early)
     assert max(n for n, *_ in drafting) > 1
@@ -244,7 +244,7 @@ def test_the_scheduler_measures_the_step_overhead_of_drafting_passes(lm):
     drafted = drafted_per_plan(sched)
     for p in repetitive_prompts()[:5]:  # the last two join while the first decode
         sched.add(p, SamplingParams(max_tokens=12, temperature=0.0))
-    sched.run()
+    run_all(sched)
     assert seen and any(d for _, _, d, *_ in seen) and any(not d for _, _, d, *_ in seen)
     for seconds, n, d, batch, drafted, rows in seen:
         assert seconds > 0 and n == batch and 0 <= d <= min(n, drafted) and rows == n + drafted  # no prefill rows
@@ -280,7 +280,7 @@ def test_the_scheduler_fits_its_measured_surface_to_decode_passes(lm):
     sched.spec.policy.fit.observe = lambda rows, s: seen.append((rows, sched.last_batch, drafted[-1])) or observe(rows, s)
     for p in repetitive_prompts()[:5]:
         sched.add(p, SamplingParams(max_tokens=12, temperature=0.0))
-    sched.run()
+    run_all(sched)
     assert seen and all(rows == batch + drafted for rows, batch, drafted in seen)
     assert any(q is not None for q in sched.spec.policy.fit.ratio)
     given = Scheduler(lm, max_batch=3, drafter=LookupDrafter(4), cost=FLAT)
@@ -314,7 +314,7 @@ def test_a_sequence_whose_drafts_fail_stops_drafting(lm):
     surface = CostSurface((1, 2, 3, 9), (1.0, 1.3, 1.6, 3.4))
     sched = Scheduler(lm, max_batch=1, drafter=WrongDrafter(4), cost=surface)
     sched.add(repetitive_prompts()[0], SamplingParams(max_tokens=40, temperature=0.0))
-    [r] = sched.run()
+    [r] = run_all(sched)
     lv = r.levels[0]
     assert 0 < lv.proposed <= 10 and lv.steps >= 30
     assert r.token_ids == alone(lm, repetitive_prompts()[0], SamplingParams(max_tokens=40, temperature=0.0)).token_ids
@@ -327,7 +327,7 @@ def test_a_new_request_starts_from_what_the_drafters_recent_requests_accepted(lm
     sched = Scheduler(lm, max_batch=1, drafter=WrongDrafter(4), cost=surface)
     sp = SamplingParams(max_tokens=40, temperature=0.0)
     sched.add(repetitive_prompts()[0], sp)
-    [r] = sched.run()
+    [r] = run_all(sched)
     first = r.levels[0].proposed
     assert sched.spec is not None and first > 0
     learnt = sched.spec.policy.population.a
@@ -336,13 +336,13 @@ def test_a_new_request_starts_from_what_the_drafters_recent_requests_accepted(lm
     sched.step()  # the prompt's pass: its first token, and its drafting state begun
     [live] = sched._running
     assert live.draft is not None and sched.spec.policy.acc[live.rid].a == pytest.approx(learnt)
-    [r] = sched.run()
+    [r] = run_all(sched)
     assert r.levels[0].proposed <= first
     # passes that draft nothing (here every row costs its share) teach nothing: the estimate drifts back up
     low = sched.spec.policy.population.a
     sched.spec.policy.cost = lambda n: float(n)
     sched.add(repetitive_prompts()[1], sp)
-    [r] = sched.run()
+    [r] = run_all(sched)
     assert r.levels[0].proposed == 0 and low < sched.spec.policy.population.a < PRIOR
 
 
@@ -412,7 +412,7 @@ def test_sampled_lookup_in_a_batch_is_reproducible_per_seed(lm):
         assert sched.spec is not None
         sched.spec.policy.evidence = 1e9
         ids = [sched.add(p, sp) for p in ps]
-        got = {r.request_id: r for r in sched.run()}
+        got = {r.request_id: r for r in run_all(sched)}
         return [got[i] for i in ids]
 
     together = run(prompts)
@@ -471,7 +471,7 @@ def proposed_fresh_and_burnt(lm, burn) -> tuple[int, int]:
         if burnt:
             burn(sched.spec)
         sched.add(repetitive_prompts()[4], sp)
-        [r] = sched.run()
+        [r] = run_all(sched)
         proposed.append(r.levels[0].proposed)
     return proposed[0], proposed[1]
 
@@ -514,7 +514,7 @@ def test_the_scheduler_prices_drafting_at_what_its_drafting_passes_took(lm):
     sched.spec.policy.pass_price.observe = lambda pred, meas: seen.append((pred, meas, drafted[-1])) or observe(pred, meas)
     for p in repetitive_prompts()[:3]:
         sched.add(p, sp)
-    sched.run()
+    run_all(sched)
     assert seen and all(pred > 0 and drafted > 0 for pred, _, drafted in seen)
 
     def burn(spec):
@@ -547,6 +547,6 @@ def test_a_drafter_with_a_measured_prior_is_tried_where_the_default_prior_is_not
         pop.relax(0.5)
         assert pop.a == pytest.approx(prior or PRIOR)
         sched.add(repetitive_prompts()[4], sp)
-        [r] = sched.run()
+        [r] = run_all(sched)
         proposed.append(r.levels[0].proposed)
     assert proposed[0] == 0 and proposed[1] > 0

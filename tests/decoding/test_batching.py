@@ -12,7 +12,7 @@ import itertools
 
 import pytest
 import torch
-from tests.varied_model import BATCHING_VOCAB, CharTokenizer, alone, batching_model
+from tests.varied_model import BATCHING_VOCAB, CharTokenizer, alone, batching_model, run_all
 
 from specledger.decoding.batch_runner import BatchItem, BatchRunner, common_prefix
 from specledger.decoding.sampling import SamplingParams
@@ -261,7 +261,7 @@ def test_prefix_cache_reuses_earlier_requests_and_stays_lossless(lm):
 
     def run(prompt: list[int]):
         s.add(prompt, sp)
-        (r,) = s.run()
+        (r,) = run_all(s)
         assert r.token_ids == alone(lm, prompt, sp).token_ids
         return r
 
@@ -278,7 +278,7 @@ def test_prefix_cache_reuses_earlier_requests_and_stays_lossless(lm):
     s = Scheduler(lm, max_batch=2, prefill_chunk=64, prefix_cache=False)
     for p in (p1, p1):
         s.add(p, sp)
-        assert s.run()[0].cached_tokens == 0
+        assert run_all(s)[0].cached_tokens == 0
 
 
 def test_prompts_sharing_only_a_template_keep_each_others_entries(lm):
@@ -292,7 +292,7 @@ def test_prompts_sharing_only_a_template_keep_each_others_entries(lm):
     cached = []
     for p in prompts + prompts:
         s.add(p, sp)
-        (r,) = s.run()
+        (r,) = run_all(s)
         assert r.token_ids == alone(lm, p, sp).token_ids
         cached.append(r.cached_tokens)
     assert cached == [0, 0, 0] + [len(p) - 1 for p in prompts]
@@ -359,11 +359,11 @@ def test_seeded_sampling_in_a_batch_equals_alone(lm):
     refs = [alone(lm, p, sp).token_ids for p, sp in zip(ps, sps)]
     s = Scheduler(lm, max_batch=3, prefill_chunk=16)
     ids = [s.add(p, sp) for p, sp in zip(ps, sps)]
-    got = {r.request_id: r.token_ids for r in s.run()}
+    got = {r.request_id: r.token_ids for r in run_all(s)}
     assert [got[i] for i in ids] == refs
     # a different seed gives a different sequence (the seed is really per request)
     s.add(ps[0], SamplingParams(max_tokens=15, temperature=0.9, seed=99))
-    assert s.run()[0].token_ids != refs[0]
+    assert run_all(s)[0].token_ids != refs[0]
 
 
 def test_stops_in_a_batch_follow_generate():
@@ -384,7 +384,7 @@ def test_stops_in_a_batch_follow_generate():
     assert refs[2].finish_reason == "stop" and refs[2].text == text[:6]
     s = Scheduler(lm_eos, max_batch=4, prefill_chunk=8)
     ids = [s.add(p, sp) for p, sp in zip(ps, sps)]
-    got = {r.request_id: r for r in s.run()}
+    got = {r.request_id: r for r in run_all(s)}
     for rid, ref in zip(ids, refs):
         assert (got[rid].token_ids, got[rid].text, got[rid].finish_reason) == (ref.token_ids, ref.text,
                                                                                 ref.finish_reason)
@@ -406,7 +406,7 @@ def test_cancel_frees_the_slot_and_leaves_the_others_untouched(lm):
     for _ in range(4):
         done |= {r.request_id: r for r in s.step()}
     s.cancel(a)
-    done |= {r.request_id: r for r in s.run()}
+    done |= {r.request_id: r for r in run_all(s)}
     assert done[a].finish_reason == "cancelled" and 0 < len(done[a].token_ids) < 20
     assert done[a].token_ids == refs[0][: len(done[a].token_ids)] == streamed
     assert done[b].token_ids == refs[1] and done[c].token_ids == refs[2]
@@ -508,5 +508,5 @@ def test_embedded_model_batch_equals_alone(smollm):
     refs = [alone(smollm, p, sp).token_ids for p, sp in zip(ps, sps)]
     s = Scheduler(smollm, max_batch=3, prefill_chunk=24)
     ids = [s.add(p, sp) for p, sp in zip(ps, sps)]
-    got = {r.request_id: r.token_ids for r in s.run()}
+    got = {r.request_id: r.token_ids for r in run_all(s)}
     assert [got[i] for i in ids] == refs

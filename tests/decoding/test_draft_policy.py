@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from typer.testing import CliRunner
-from tests.varied_model import BATCHING_VOCAB, alone, random_head, run_joining, varied_model, varied_prompts
+from tests.varied_model import BATCHING_VOCAB, alone, random_head, run_all, run_joining, varied_model, varied_prompts
 
 from specledger.decoding.draft_budget import CostSurface
 from specledger.decoding.draft_policy import Adaptive, FixedK
@@ -55,7 +55,7 @@ def test_fixed_k_drafts_k_every_step_whatever_is_accepted(lm, max_batch):
         sched.spec.plan = record  # type: ignore[method-assign]
         for p in prompts():
             sched.add(p, SamplingParams(max_tokens=30, temperature=0.0))
-        results = sched.run()
+        results = run_all(sched)
         levels = [r.levels[0] for r in results]
         proposed[policy] = sum(lv.proposed for lv in levels)
         if policy == "fixed":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tests.conftest import TEMP, chi2_pvalue, exact_joint, tiny_model
-from tests.varied_model import FLAT, alone, random_head, run_joining, varied_model, varied_prompts
+from tests.varied_model import FLAT, alone, random_head, run_all, run_joining, varied_model, varied_prompts
 
 from specledger.decoding.draft_budget import CostSurface
 from specledger.decoding.drafter import DraftSeq
@@ -136,7 +136,7 @@ def test_batched_hierarchy_sampling_follows_target_distribution():
     for seed in range(n_samples):
         sched.add(prompt, SamplingParams(max_tokens=n + 2, temperature=TEMP, seed=seed, ignore_eos=True))
     counts = torch.zeros(vocab**n, dtype=torch.float64)
-    results = sched.run()
+    results = run_all(sched)
     assert len(results) == n_samples and max(r.mean_batch for r in results) > 4
     assert any(len(r.levels[-1].accepted_per_position) >= 2 for r in results)  # chains of 2 kept whole
     for r in results:
@@ -220,7 +220,7 @@ def test_embedded_hierarchy_batched_equals_alone(smollm, smollm_int4):
     st = make_strategy("hier", smollm, intermediate=smollm_int4, drafter="lookup", min_chain=3, max_chain=6)
     sched = Scheduler(smollm, max_batch=3, prefill_chunk=64, drafter=st.batch_drafter(3), cost=FLAT)
     rids = [sched.add(p, sp) for p, sp in zip(ps, sps)]
-    got = {r.request_id: r for r in sched.run()}
+    got = {r.request_id: r for r in run_all(sched)}
     for rid, p, sp in zip(rids, ps, sps):
         assert got[rid].token_ids == alone(smollm, p, sp).token_ids
     top = [got[rid].levels[-1] for rid in rids]

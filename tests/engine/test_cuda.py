@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from tests.varied_model import alone, assert_lossless_and_mixed, batching_model, varied_model, varied_prompts
+from tests.varied_model import alone, assert_lossless_and_mixed, batching_model, run_all, varied_model, varied_prompts
 from specledger.decoding.autoregressive import Autoregressive
 from specledger.decoding.eagle_head import EagleHead, HeadConfig
 from specledger.decoding.factory import make_strategy
@@ -100,7 +100,7 @@ def test_a_batch_on_cuda_equals_each_request_alone(drafter):
          else make_strategy("eagle", lm, head=_head(lm), top_k=4, depth=3, total_nodes=10).batch_drafter(3))
     s = Scheduler(lm, max_batch=3, prefill_chunk=8, drafter=d)
     ids = [s.add(p, sp) for p, sp in zip(ps, sps)]
-    got = {r.request_id: r.token_ids for r in s.run()}
+    got = {r.request_id: r.token_ids for r in run_all(s)}
     assert [got[i] for i in ids] == refs
 
 

@@ -25,6 +25,7 @@ from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import Scheduler
 from specledger.server.app import ServerState, create_app
 from tests.server.server_thread import ServerThread
+from tests.varied_model import run_all
 from specledger.server.batch_engine import Job
 from specledger.server.schemas import ApiError
 
@@ -142,7 +143,7 @@ def test_scheduler_fails_one_request_alone_at_admission_and_in_its_callbacks(tin
         raise RuntimeError("the caller's on_done broke")
 
     sched.add([8, 9], SamplingParams(max_tokens=2, ignore_eos=True), on_done=bad_done)
-    done = {r.request_id: r for r in sched.run()}
+    done = {r.request_id: r for r in run_all(sched)}
     assert {rid: done[rid].finish_reason for rid in good} == {rid: "length" for rid in good}
     assert all(len(done[rid].token_ids) == 5 for rid in good)
     assert done[bad_seed].finish_reason == "error" and "Overflow" in (done[bad_seed].error or "")
@@ -152,7 +153,7 @@ def test_scheduler_fails_one_request_alone_at_admission_and_in_its_callbacks(tin
     assert sched.n_running == sched.n_waiting == 0
     # the slots came back: the next batch runs whole
     again = [sched.add([1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True)) for _ in range(4)]
-    assert {r.request_id: r.finish_reason for r in sched.run()} == {rid: "length" for rid in again}
+    assert {r.request_id: r.finish_reason for r in run_all(sched)} == {rid: "length" for rid in again}
 
 
 def test_a_failed_pass_fails_its_requests_not_the_waiting_ones(tiny):

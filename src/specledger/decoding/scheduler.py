@@ -94,6 +94,7 @@ class ScheduledResult(GenerationResult):
     request_id: int = 0
     arrival: float = 0.0  # perf_counter time of add()
     queue_s: float = 0.0  # arrival -> admitted into the batch
+    mean_batch: float = 0.0  # mean number of sequences in the passes this request took part in
     error: str | None = None  # finish_reason "error": this request's part of a step failed, or the shared pass
     exception: Exception | None = field(default=None, repr=False, compare=False)  # what failed it, when one raised
 
@@ -135,6 +136,8 @@ class _Live:
     steps: int = 0
     appended: int = 0
     verify_s: float = 0.0
+    passes: int = 0
+    batch_sum: int = 0
     error: str | None = None
     exception: Exception | None = None
     draft: DraftState | None = None  # batched speculation, from the first token on
@@ -260,13 +263,6 @@ class Scheduler:
         return bool(self._cancel)
 
     # ---- the stepping thread ------------------------------------------------------------------
-    def run(self) -> list[ScheduledResult]:
-        """Step until nothing is waiting or running; the results in the order they finished."""
-        done: list[ScheduledResult] = []
-        while self.has_work():
-            done.extend(self.step())
-        return done
-
     def step(self) -> list[ScheduledResult]:
         """Admit, run one pass over every running sequence, retire; the requests finished."""
         finished = self._admit_and_cancel()
@@ -313,6 +309,8 @@ class Scheduler:
         if self.spec is not None and decoding and not runs:  # (a prefill's pass also begins drafters: not measured)
             self.spec.observe(time.perf_counter() - t0, t_fwd, self.last_rows, len(decoding), len(chains))
         for lv in live_in:
+            lv.passes += 1
+            lv.batch_sum += len(items)
             if not lv.prefilling:
                 lv.verify_s += now - t0
         for lv, new in emitted:
@@ -453,7 +451,8 @@ def _result(sched: Scheduler, lv: _Live, now: float) -> ScheduledResult:
         draft_prefill_s=draft_prefill_s, total_s=now - lv.arrival,
         token_times=lv.times, steps=lv.steps, appended=lv.appended, levels=levels, draft_s=draft_s,
         verify_s=lv.verify_s, strategy=sched.strategy_name, params=sched.params(),
-        request_id=lv.rid, arrival=lv.arrival, queue_s=admitted - lv.arrival, error=lv.error, exception=lv.exception,
+        request_id=lv.rid, arrival=lv.arrival, queue_s=admitted - lv.arrival,
+        mean_batch=lv.batch_sum / lv.passes if lv.passes else 0.0, error=lv.error, exception=lv.exception,
     )
     if lv.on_done:
         lv.on_done(res)
