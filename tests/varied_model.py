@@ -15,6 +15,7 @@ on its own, which every batched request must equal.
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import torch
 
@@ -22,7 +23,8 @@ from tests.conftest import tiny_config, tiny_tensors
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.draft_budget import CostSurface
 from specledger.decoding.eagle_head import EagleHead, HeadConfig
-from specledger.decoding.generate import GenerationResult, generate, solo_scheduler
+from specledger.decoding import generate as solo
+from specledger.decoding.generate import GenerationResult, generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import ScheduledResult, Scheduler
 from specledger.engine.config import ModelConfig
@@ -86,8 +88,11 @@ def random_head(lm: LoadedModel, seed: int = 0) -> EagleHead:
 
 def drafting(strategy):
     """The strategy, its generate() planning with FLAT costs: it drafts every step, so acceptance, rejection and
-    rollback are exercised (a measured tiny model's cost can make drafting not pay at all)."""
-    solo_scheduler(strategy, cost=FLAT)
+    rollback are exercised (a measured tiny model's cost can make drafting not pay at all). Its batch-of-one
+    scheduler is made here as generate.solo_scheduler makes it, with the FLAT cost in place of a measured one."""
+    sched = solo._SOLO[strategy] = Scheduler(strategy.target, max_batch=1, drafter=strategy.batch_drafter(1),
+                                             cost=FLAT, prefix_cache=False, draft_length=strategy.draft_length)
+    solo._LOCKS[sched] = threading.Lock()
     return strategy
 
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
 
-from specledger.decoding.draft_budget import CostSurface
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.scheduler import GenerationResult, OnTokens, ScheduledResult, Scheduler
 from specledger.decoding.strategy import Strategy
@@ -25,14 +23,13 @@ _LOCKS: weakref.WeakKeyDictionary[Scheduler, threading.Lock] = weakref.WeakKeyDi
 _MAKING = threading.Lock()
 
 
-def solo_scheduler(strategy: Strategy, cost: CostSurface | Callable[[int], float] | None = None) -> Scheduler:
-    """The strategy's batch-of-one scheduler, made on first use (or again with `cost`: the verification-cost
-    model its planner drafts by; default measured)."""
+def solo_scheduler(strategy: Strategy) -> Scheduler:
+    """The strategy's batch-of-one scheduler, made on first use."""
     with _MAKING:
         sched = _SOLO.get(strategy)
-        if sched is None or cost is not None:
+        if sched is None:
             sched = _SOLO[strategy] = Scheduler(strategy.target, max_batch=1, drafter=strategy.batch_drafter(1),
-                                                cost=cost, prefix_cache=False, draft_length=strategy.draft_length)
+                                                prefix_cache=False, draft_length=strategy.draft_length)
             _LOCKS[sched] = threading.Lock()
     return sched
 
