@@ -1,16 +1,13 @@
 """How many tokens each sequence in a batch drafts this step, zero included.
 
-In a batch, one verification pass carries every sequence's drafted rows, so its time grows
-with the whole batch: T(rows), the verification-cost surface, measured once per model,
-precision and device by a short probe of ragged passes and kept for the process. Each
-sequence has a running estimate a of the chance that its next drafted token is accepted (an
-exponential moving average over the chain positions it has had verified); drafting k tokens
-is then worth E[accepted | k] = a + a^2 + ... + a^k tokens. The planner takes draft tokens in
-order of expected gain across the whole batch and keeps as many as maximise the pass's
-expected tokens per second, E / T(rows): a token is worth its rows only while its gain per
-marginal second beats the rate of the pass without it. Once the
-pass is compute-bound (T grows with every row), rejected rows cost real throughput and
-drafting turns itself down; when the batch drains, rows are cheap again and it comes back.
+In a batch, one verification pass carries every sequence's drafted rows, so its time grows with the whole batch:
+T(rows), the verification-cost surface, measured once per model, precision and device by a short probe of ragged
+passes and kept for the process. Each sequence has a running estimate a of the chance that its next drafted token
+is accepted (an exponential moving average over the chain positions it has had verified); drafting k tokens is then
+worth E[accepted | k] = a + a^2 + ... + a^k tokens. plan_drafts keeps the draft tokens, best first across the batch,
+that maximise the pass's expected tokens per second. Once the pass is compute-bound (T grows with every row),
+rejected rows cost real throughput and drafting turns itself down; when the batch drains, rows are cheap again and
+drafting comes back.
 """
 
 from __future__ import annotations
