@@ -72,22 +72,14 @@ def serve(
         raise BadInput(f"--port must be in 0..65535 (got {port})")
     if not shutdown_timeout >= 0:  # (NaN too)
         raise BadInput(f"--shutdown-timeout must be >= 0 seconds (got {shutdown_timeout})")
-    if max_body_bytes < 1:
-        raise BadInput(f"--max-body-bytes must be >= 1 (got {max_body_bytes})")
-    if max_prompt_chars < 1:
-        raise BadInput(f"--max-prompt-chars must be >= 1 (got {max_prompt_chars})")
     if log_level.upper() not in LOG_LEVELS:
         raise BadInput(f"unknown --log-level {log_level!r} (choose from {', '.join(x.lower() for x in LOG_LEVELS)})")
-    if max_seq_len is not None and max_seq_len < 2:
-        raise BadInput(f"--max-seq-len must be >= 2 (got {max_seq_len})")
-    if group_size < 1:
-        raise BadInput(f"--group-size must be >= 1 (got {group_size})")
-    if max_queue < 0:
-        raise BadInput(f"--max-queue must be >= 0 (got {max_queue})")
-    if max_batch < 1:
-        raise BadInput(f"--max-batch must be >= 1 (got {max_batch})")
-    if prefill_chunk < 1:
-        raise BadInput(f"--prefill-chunk must be >= 1 (got {prefill_chunk})")
+    for flag, value, least in (("--max-body-bytes", max_body_bytes, 1), ("--max-prompt-chars", max_prompt_chars, 1),
+                               ("--max-seq-len", max_seq_len, 2), ("--group-size", group_size, 1),
+                               ("--max-queue", max_queue, 0), ("--max-batch", max_batch, 1),
+                               ("--prefill-chunk", prefill_chunk, 1)):
+        if value is not None and value < least:
+            raise BadInput(f"{flag} must be >= {least} (got {value})")
     if strategy not in STRATEGIES:
         raise BadInput(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
     params = parse_params(strategy_param, "--strategy-param")
