@@ -74,13 +74,10 @@ def generate_cmd(
     stream: bool = typer.Option(True, help="stream tokens to the terminal"),
 ) -> None:
     """Generate text with the native engine and print tau, per-level acceptance and speed after it."""
-    from specledger.decoding.factory import check_params, make_strategy
+    from specledger.decoding.factory import STRATEGIES, check_params, make_strategy
     from specledger.decoding.generate import generate
     from specledger.decoding.sampling import SamplingParams
-    from specledger.engine.loader import load_model
-
-    from specledger.decoding.factory import STRATEGIES
-    from specledger.engine.loader import DTYPES, QUANTS
+    from specledger.engine.loader import DTYPES, QUANTS, load_model
 
     if not prompt.strip():
         raise BadInput("empty prompt")
