@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specledger.engine.registry import KNOWN_MODELS, known_model_path
+from specledger.errors import BadInput, SpecLedgerError
 
 console = Console()
 
@@ -42,7 +43,6 @@ def models(
             t.add_row(m.name, "-", size, f"not here: {m.install}", m.description)
             continue
         from specledger.engine import gguf_loader
-        from specledger.errors import SpecLedgerError
 
         try:
             params = f"{gguf_loader.read_config(gguf_loader.open_gguf(p), p).n_params / 1e6:.1f}M"
@@ -99,7 +99,6 @@ def quality(
 ) -> None:
     """Teacher-forced top-1 agreement, mean KL and perplexity of a quantized/low-precision model vs the reference."""
     from specledger.engine.loader import load_model
-    from specledger.errors import BadInput
     from specledger.data import quality_text
     from specledger.quality.agreement import agreement_of, logprobs
 
