@@ -104,6 +104,16 @@ def run_batched(lm, prompts: list[list[int]], sp: SamplingParams, n: int, n_requ
     elif method in BATCH_METHODS:
         drafter = make_strategy(method, target=lm, **BATCH_METHODS[method]).batch_drafter(n)
     s = Scheduler(lm, max_batch=n, prefill_chunk=chunk, drafter=drafter, cost=cost)
+    planned: list[int] = []  # draft tokens of each pass's plan
+    if s.spec is not None:
+        plan = s.spec.plan
+
+        def counted(*args):
+            trees = plan(*args)
+            planned.append(sum(len(t) for t in trees))
+            return trees
+
+        s.spec.plan = counted
     submitted = 0
     results = []
     t0 = time.perf_counter()
@@ -114,7 +124,7 @@ def run_batched(lm, prompts: list[list[int]], sp: SamplingParams, n: int, n_requ
     while s.has_work():
         done = s.step()
         batches.append(s.last_batch)
-        drafted.append(s.last_drafted / max(1, s.last_batch))
+        drafted.append((planned.pop() if planned else 0) / max(1, s.last_batch))
         results.extend(done)
         for _ in done:  # closed loop: a new request as each finishes
             if submitted < n_requests:

@@ -22,7 +22,7 @@ from specledger.decoding.eagle import EagleTree, resolve_head
 from specledger.decoding.generate import generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.engine.loader import load_model
-from specledger.train.data import generate_batch
+from specledger.train.data import answer_stream
 from specledger.train.trainer import TrainConfig, collate, head_loss
 
 SHAPES = [(1, 1, 1), (10, 5, 20), (10, 3, "auto"), (10, 6, 60)]  # (top_k, depth, total nodes)
@@ -44,7 +44,8 @@ def main() -> None:
     for q, ids in zip(qs, chat):
         first.setdefault(q.kind, ids)
     per_kind = [first[k] for k in KINDS if k in first]
-    samples = generate_batch(fp32, chat[: a.questions], a.new_tokens, batch_size=a.questions)
+    got = dict(answer_stream(fp32, chat[: a.questions], a.new_tokens, a.questions))
+    samples = [got[i] for i in range(len(got))]
     batch = collate(samples, list(range(len(samples))))
     cfg = TrainConfig(unroll=1, noise=0.0)
     print(f"{len(samples)} questions, {int(batch.mask.sum())} answer positions; tau on bf16 over {len(per_kind)} "

@@ -38,7 +38,7 @@ from specledger.bench.backends.openai_http import OpenAIBackend
 from specledger.bench.config import BenchConfig, OpenAISettings
 from specledger.bench.load import closed_loop
 from specledger.bench.telemetry import parse_prometheus, telemetry_delta
-from specledger.bench.workload import builtin_path, read_questions
+from specledger.bench.workload import load_workload
 
 
 def free_port() -> int:
@@ -212,7 +212,7 @@ def main() -> int:
     if len(args.levels) != len(args.requests):
         ap.error("--levels and --requests need the same number of entries")
 
-    prompts = [q.turns[0] for q in read_questions(builtin_path())]
+    prompts = [q.turns[0] for q in load_workload("builtin", per_category=None)]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     print(f"server: {args.model} strategy={args.strategy} {args.param} max_queue={args.max_queue}; "
