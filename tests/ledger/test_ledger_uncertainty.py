@@ -10,7 +10,7 @@ from specledger.ledger.breakeven import break_even
 from specledger.ledger.inputs import Range, parse_inputs
 from specledger.ledger.measurements import ConfigMeasurement, RequestPoint
 from specledger.ledger.cost_model import Case, task_cost
-from specledger.ledger.montecarlo import simulate, triangular
+from specledger.ledger.montecarlo import draw_all, simulate, triangular
 from specledger.ledger.sensitivity import sensitivity
 
 POINT = """
@@ -198,3 +198,22 @@ def test_break_even_on_concurrency_compares_both_at_the_same_level():
     # B swept over other levels only: the comparison stops at the levels both measured
     b.sweep = [(2.0, 0.5), (8.0, 2.0)]
     assert (break_even(a, b, "concurrency").lo, break_even(a, b, "concurrency").hi) == (2.0, 4.0)
+
+
+def test_an_unkeyed_configuration_resamples_its_own_service_times():
+    """Requests without prompt keys share no draw: each configuration resamples its own, so varied service times
+    spread device seconds per call (and the cost) around the measured value; identical ones leave it a point."""
+    text = POINT.replace("retries: 0,", "retries: 0, pass_rate: 1,")
+    varied = meas("a", 20.0, requests=True)
+    varied.requests = [r.model_copy(update={"service_s": s})
+                       for r, s in zip(varied.requests, [0.5, 1.0, 1.5, 2.0, 2.5, 1.5, 2.5, 3.0, 2.0, 3.5])]
+    assert not any(r.key for r in varied.requests)
+    measured = varied.operating_point().device_seconds_per_call
+    [(_, op)] = draw_all([case_of(varied, text)], samples=4000, seed=5)
+    dev = np.asarray(op.device_seconds_per_call)
+    assert dev.shape == (4000,) and dev.std() > 0.1 * measured  # the ratio is not stuck at 1
+    assert dev.mean() == pytest.approx(measured, rel=0.02)
+    spread = simulate([case_of(varied, text)], eligible={"a"}, samples=4000, seed=5)["a"]
+    flat = simulate([case_of(meas("a", 20.0, requests=True), text)], eligible={"a"}, samples=4000, seed=5)["a"]
+    assert flat.p95 == pytest.approx(flat.p5)
+    assert spread.p95 - spread.p5 > 0.2 * spread.mean
