@@ -39,6 +39,19 @@ def test_guidellm_report(tmp_path):
     assert load_run(tmp_path / "g").configs[0].model == "smollm2-135m"
 
 
+def test_guidellm_report_with_null_metadata(tmp_path):
+    """A report whose "metadata" is null imports all the same, its version unknown."""
+    import json
+
+    data = json.loads((DATA / "guidellm_report.json").read_text())
+    data["metadata"] = None
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    run = import_guidellm(tmp_path / "r.json", tmp_path / "g")
+    assert run.configs[0].loads[0].aggregate.requests_ok == 8
+    assert run.conditions.backends[run.configs[0].name].startswith("guidellm ? (")
+    assert run.configs[0].spec["guidellm_version"] is None
+
+
 def test_aiperf_export(tmp_path):
     run = import_aiperf(DATA / "aiperf_profile_export.jsonl", tmp_path / "a", model="smollm2-135m")
     lr = run.configs[0].loads[0]

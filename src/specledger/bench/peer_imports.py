@@ -83,10 +83,10 @@ def import_guidellm(path: str | Path, run_dir: str | Path, *, name: str | None =
                                 aggregate=aggregate(level, wall_s=wall, resamples=200)))
         records += level
     notes = [*_COMMON, "no per-token times: ITL distributions are empty (TPOT per request is kept)"]
+    version = (data.get("metadata") or {}).get("guidellm_version")  # (a report may write "metadata": null)
     return write_imported(run_dir, path, "guidellm", name, model, loads, records, notes,
-                          f"guidellm {data.get('metadata', {}).get('guidellm_version', '?')} "
-                          f"({backend.get('kind')}) {backend.get('target')} model {model}",
-                          {"guidellm_version": (data.get("metadata") or {}).get("guidellm_version")})
+                          f"guidellm {version or '?'} ({backend.get('kind')}) {backend.get('target')} model {model}",
+                          {"guidellm_version": version})
 
 
 # ---- AIPerf ------------------------------------------------------------------------------------------------
