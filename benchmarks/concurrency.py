@@ -18,7 +18,8 @@ drafts whatever lookup finds, up to 3 tokens, every step (no planning: what spec
 the cost surface does under load); "draft" a chain from the W4A16 copy of the target (not on a W4A16
 target: that would be the target itself) and "eagle" the shipped EAGLE head, "hier" prompt lookup under the
 W4A16 copy as intermediate (not on a W4A16 target either), all batched and planned per sequence per step like
-lookup. Per concurrency: median tok/s over rounds, and each method's
+lookup; "draft-ownkv" and "hier-ownkv" the same with the copy prefilling each prompt itself (share_prompt_kv off:
+it copies the target's prompt entries by default). Per concurrency: median tok/s over rounds, and each method's
 ratio to "ar" paired by round (geometric mean, 95% bootstrap interval over rounds); a difference
 is real only where the interval excludes 1 and the A/A interval is tight.
 
@@ -68,6 +69,8 @@ console = Console(width=160)
 # in-process methods batched through a strategy's own drafter (the draft model: the target's W4A16 copy)
 BATCH_METHODS = {"draft": {"draft": {"model": "target", "quant": "int4", "dtype": "bf16"}}, "eagle": {},
                  "hier": {"intermediate": {"model": "target", "quant": "int4", "dtype": "bf16"}, "drafter": "lookup"}}
+# the same with the self-draft prefilling the prompt itself rather than copying the target's entries (share_prompt_kv)
+BATCH_METHODS |= {f"{m}-ownkv": BATCH_METHODS[m] | {"share_prompt_kv": False} for m in ("draft", "hier")}
 METHODS = ("ar", "ar-aa", "lookup", "lookup-k3", *BATCH_METHODS)
 
 
@@ -102,7 +105,7 @@ def run_batched(lm, prompts: list[list[int]], sp: SamplingParams, n: int, n_requ
         drafter = LookupDrafter(3 if method == "lookup-k3" else 8)
         cost = (lambda rows: 1.0) if method == "lookup-k3" else None  # a flat cost: draft all it finds
     elif method in BATCH_METHODS:
-        drafter = make_strategy(method, target=lm, **BATCH_METHODS[method]).batch_drafter(n)
+        drafter = make_strategy(method.removesuffix("-ownkv"), target=lm, **BATCH_METHODS[method]).batch_drafter(n)
     s = Scheduler(lm, max_batch=n, prefill_chunk=chunk, drafter=drafter, cost=cost)
     planned: list[int] = []  # draft tokens of each pass's plan
     if s.spec is not None:
@@ -200,7 +203,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16, help="requests per level (at least the concurrency)")
     ap.add_argument("--prefill-chunk", type=int, default=256, help="prompt rows per pass at most")
     ap.add_argument("--methods", default=None,
-                    help="comma list of ar, ar-aa, lookup, lookup-k3, draft, eagle, hier: side by side, interleaved "
+                    help="comma list of ar, ar-aa, lookup, lookup-k3, draft(-ownkv), eagle, hier(-ownkv): side by side, interleaved "
                          "(see the docstring)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="with --methods: interleaved rounds (default 3); with --servers: passes over the workload per level (default 1)")
@@ -238,7 +241,7 @@ def main() -> None:
             if unknown or "ar" not in methods:
                 sys.exit(f"error: --methods takes {', '.join(METHODS)} and must include ar (got {a.methods!r})")
             if quant == "int4":  # a draft (intermediate) from the W4A16 copy of a W4A16 target is the target itself
-                methods = [m for m in methods if m not in ("draft", "hier")]
+                methods = [m for m in methods if m.removesuffix("-ownkv") not in ("draft", "hier")]
             surface = cost_surface(lm, max_rows=4 * max(levels), n_seqs=min(8, max(levels)))  # before timing
             console.print(f"cost surface {lm.label}: " + ", ".join(
                 f"T({r})={1e3 * t:.1f}ms" for r, t in zip(surface.rows, surface.seconds)))

@@ -79,7 +79,8 @@ def exact_joint(lm, prompt, n=3, vocab=4):
 def tiny_model(seed: int = 0, dtype: str = "fp32", quant: str = "none", group_size: int = 32, scale: float = 1.0, **cfg_kw) -> LoadedModel:
     cfg = tiny_config(**cfg_kw)
     model = build_model(cfg, tiny_tensors(cfg, seed, scale), dtype=dtype, quant=quant, group_size=group_size)
-    return LoadedModel(model=model, tokenizer=None, config=cfg, name=f"tiny{seed}", source="random", dtype=dtype,
+    return LoadedModel(model=model, tokenizer=None, config=cfg, name=f"tiny{seed}",
+                       source=f"random:tiny:{seed}:{scale}:{sorted(cfg_kw.items())}", dtype=dtype,
                        quant=quant, group_size=group_size if quant == "int4" else None, device="cpu",
                        weight_bytes=weight_bytes(model), load_s=0.0)
 

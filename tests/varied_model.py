@@ -59,7 +59,7 @@ def varied_model(vocab: int = 16, seed: int = 0, noise: float = 0.0, noise_seed:
     cfg = varied_config(vocab)
     model = build_model(cfg, varied_tensors(vocab, seed, noise, noise_seed), dtype=dtype, quant=quant, device=device)
     return LoadedModel(model=model, tokenizer=None, config=cfg, name=f"varied{seed}" + (f"~{noise}" if noise else ""),
-                       source="random", dtype=dtype, quant=quant, group_size=32 if quant == "int4" else None,
+                       source=f"random:varied:{vocab}:{seed}:{noise}:{noise_seed}", dtype=dtype, quant=quant, group_size=32 if quant == "int4" else None,
                        device=device, weight_bytes=weight_bytes(model), load_s=0.0)
 
 
@@ -147,7 +147,8 @@ def untied_tiny_model(seed: int = 0, dtype: str = "fp32", quant: str = "none", *
     g = torch.Generator().manual_seed(seed + 1000)
     tensors = tiny_tensors(cfg, seed) | {"output": torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g)}
     model = build_model(cfg, tensors, dtype=dtype, quant=quant, group_size=32)
-    return LoadedModel(model=model, tokenizer=None, config=cfg, name=f"untied{seed}", source="random", dtype=dtype,
+    return LoadedModel(model=model, tokenizer=None, config=cfg, name=f"untied{seed}",
+                       source=f"random:untied:{seed}:{sorted(cfg_kw.items())}", dtype=dtype,
                        quant=quant, group_size=32 if quant == "int4" else None, device="cpu",
                        weight_bytes=weight_bytes(model), load_s=0.0)
 
@@ -184,7 +185,7 @@ def batching_model(seed: int = 3, eos: list[int] | None = None, tokenizer=None, 
               f"{p}.k": r(32, h, s=0.3), f"{p}.v": r(32, h), f"{p}.o": r(h, h), f"{p}.gate": r(i, h),
               f"{p}.up": r(i, h), f"{p}.down": r(h, i)}
     model = build_model(cfg, t, dtype=dtype, quant=quant, group_size=32, device=device)
-    return LoadedModel(model=model, tokenizer=tokenizer, config=cfg, name=f"untied{seed}", source="random",
+    return LoadedModel(model=model, tokenizer=tokenizer, config=cfg, name=f"untied{seed}", source=f"random:batching:{seed}",
                        dtype=dtype, quant=quant, group_size=32 if quant == "int4" else None, device=device,
                        weight_bytes=weight_bytes(model), load_s=0.0)
 

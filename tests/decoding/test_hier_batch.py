@@ -226,3 +226,42 @@ def test_embedded_hierarchy_batched_equals_alone(smollm, smollm_int4):
     top = [got[rid].levels[-1] for rid in rids]
     assert [x.name for x in got[rids[0]].levels] == st.level_names
     assert sum(x.accepted for x in top) > 0 and max(r.mean_batch for r in got.values()) > 1.5
+
+
+@pytest.mark.parametrize("strategy", ["hier", "draft"])
+def test_a_self_draft_takes_the_prompt_from_its_verifier(strategy):
+    """An intermediate (or draft model) of the target's own weights at another precision begins with the prompt's
+    entries copied from the target's slot, in its own slot for that request (no prefill of its own); one of other
+    weights, or with share_prompt_kv off, has nothing cached until its first proposal feeds the prompt. Lossless
+    either way: every request equals autoregressive decoding alone, the copy's drafts accepted sometimes and
+    rejected sometimes."""
+    lm = varied_model()
+    prompts = varied_prompts(n=3, seed=4)
+    max_new = [20, 14, 24]
+    cases = {"copy": (varied_model(quant="int4"), True), "off": (varied_model(quant="int4"), False),
+             "other weights": (varied_model(noise=0.1), True)}
+    for case, (mid, share) in cases.items():
+        role = {"intermediate": mid, "drafter": "lookup", "lookup_tokens": 3, "min_chain": 2, "max_chain": 4} \
+            if strategy == "hier" else {"draft": mid, "num_tokens": 3}
+        st = make_strategy(strategy, lm, share_prompt_kv=share, **role)
+        assert st.params()["share_prompt_kv"] is share
+        drafter = st.batch_drafter(2)
+        sched = Scheduler(lm, max_batch=2, prefill_chunk=64, drafter=drafter, cost=FLAT)
+        rids = [sched.add(p, SamplingParams(max_tokens=n, temperature=0.0)) for p, n in zip(prompts[:2], max_new)]
+        sched.step()  # both prompts prefilled in one pass and their first tokens drawn: the drafter has begun
+        for rid, p in zip(rids, prompts):
+            m = drafter.seqs[rid].mseq
+            slot = next(lv.running_seq.slot for lv in sched._running if lv.rid == rid)
+            taken = case == "copy"
+            assert drafter.runner.cached(m) == (len(p) if taken else 0), case
+            if taken:
+                mine, theirs = drafter.runner.cache, sched.runner.cache
+                assert torch.equal(mine.k[:, m.slot, :, :len(p)], theirs.k[:, slot, :, :len(p)].to(mine.k.dtype))
+                assert torch.equal(mine.v[:, m.slot, :, :len(p)], theirs.v[:, slot, :, :len(p)].to(mine.v.dtype))
+        sched.add(prompts[2], SamplingParams(max_tokens=max_new[2], temperature=0.0))
+        results = {r.request_id: r for r in run_all(sched)}
+        for i, p in enumerate(prompts):
+            want = alone(lm, p, SamplingParams(max_tokens=max_new[i], temperature=0.0))
+            assert results[i].token_ids == want.token_ids, (case, i)
+        top = [r.levels[-1] for r in results.values()]
+        assert 0 < sum(x.accepted for x in top) < sum(x.proposed for x in top), case

@@ -82,7 +82,8 @@ def _untied(seed: int, dtype: str = "fp32", quant: str = "none") -> LoadedModel:
     tensors = tiny_tensors(cfg, seed) | {
         "output": torch.randn(cfg.vocab_size, cfg.hidden_size, generator=torch.Generator().manual_seed(seed + 1000))}
     model = build_model(cfg, tensors, dtype=dtype, quant=quant, group_size=32)
-    return LoadedModel(model=model, tokenizer=None, config=cfg, name=f"untied{seed}", source="random", dtype=dtype,
+    return LoadedModel(model=model, tokenizer=None, config=cfg, name=f"untied{seed}", source=f"random:compare:{seed}",
+                       dtype=dtype,
                        quant=quant, group_size=32 if quant == "int4" else None, device="cpu",
                        weight_bytes=weight_bytes(model), load_s=0.0)
 

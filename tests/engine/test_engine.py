@@ -61,6 +61,30 @@ def test_cache_writes_land_in_the_cache_after_growing():
     assert c.k[1, 2, 0, 2].eq(5).all() and c.v[1, 0, 0, :2].eq(2).all() and c.k[0].eq(0).all()
 
 
+def test_a_cache_takes_another_caches_entries_into_one_slot():
+    """take(): entries [start, end) of another cache's slot, converted to this cache's dtype, land in this slot alone
+    (growing it first), and the slot then holds `end`; what it held before `start` stays; other shapes are refused."""
+    from specledger.engine.slot_cache import SlotCache
+
+    src = SlotCache(2, 2, 4, 2, 64, initial_len=8)
+    src.alloc(), src.alloc()
+    src.k.normal_(), src.v.normal_()
+    src.lengths[1] = 8
+    dst = SlotCache(2, 2, 4, 3, 64, dtype=torch.bfloat16, initial_len=2)
+    dst.alloc(), dst.alloc()
+    dst.k[:, 1, :, :1] = 7.0
+    dst.lengths[1] = 1
+    dst.take(src, 1, 1, 1, 6)
+    assert dst.lengths == [0, 6, 0] and dst.capacity >= 6
+    assert torch.equal(dst.k[:, 1, :, 1:6], src.k[:, 1, :, 1:6].bfloat16())
+    assert torch.equal(dst.v[:, 1, :, 1:6], src.v[:, 1, :, 1:6].bfloat16())
+    assert dst.k[:, 1, :, 0].eq(7).all() and dst.k[:, 0].eq(0).all() and dst.k[:, 2].eq(0).all()
+    with pytest.raises(ValueError, match="cannot take"):
+        dst.take(src, 1, 1, 0, 9)  # beyond what the source slot holds
+    with pytest.raises(ValueError, match="cannot fill"):
+        SlotCache(2, 1, 4, 1, 64).take(src, 1, 0, 0, 4)  # other KV heads
+
+
 def test_tree_forward_equals_each_path_run_alone():
     lm = tiny_model()
     prefix = [3, 7, 9, 11]

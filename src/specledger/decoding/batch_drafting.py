@@ -20,6 +20,7 @@ from specledger.decoding.drafter import Drafter, DraftSeq
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel
+from specledger.engine.slot_cache import SlotCache
 from specledger.engine.timing import clock
 from specledger.spec_stats import LevelStats
 
@@ -49,11 +50,11 @@ class BatchDrafting:
         self.policy.observe(step_s, forward_s, self.last_plan_s, rows, n_seqs, n_drafting)
 
     def begin(self, key: Hashable, tokens: list[int], sp: SamplingParams, gen: torch.Generator | None,
-              features: torch.Tensor | None) -> DraftState:
+              features: torch.Tensor | None, kv: tuple[SlotCache, int] | None = None) -> DraftState:
         """Follow a request once its prompt is cached and its first token drawn (the drafter's prefill counts in
-        the request's TTFT, as in generate())."""
+        the request's TTFT, as in generate()); kv: the target's cache and the request's slot."""
         t0 = clock(self.device)
-        seq = DraftSeq(key, tokens, sp, gen)
+        seq = DraftSeq(key, tokens, sp, gen, kv)
         self.drafter.begin(seq, features if self.drafter.wants_features else None)
         self.policy.begin(key)
         return DraftState(seq, LevelStats(name=self.drafter.name, steps=0, drafts=0), clock(self.device) - t0)

@@ -6,7 +6,7 @@ draws its own next token, in one ragged pass over every sequence still drafting,
 from __future__ import annotations
 
 from specledger.decoding.drafter import Drafter
-from specledger.decoding.hierarchy import HierDrafter, agreement_prior, check_same_tokenizer
+from specledger.decoding.hierarchy import HierDrafter, agreement_prior, check_same_tokenizer, same_weights
 from specledger.decoding.strategy import Strategy
 from specledger.engine.loader import LoadedModel
 from specledger.errors import BadInput
@@ -16,18 +16,20 @@ class DraftModel(Strategy):
     level_names = ["draft"]
 
     def __init__(self, target: LoadedModel, draft: LoadedModel, num_tokens: int = 4,
-                 draft_length: str = "adaptive") -> None:
+                 draft_length: str = "adaptive", share_prompt_kv: bool = True) -> None:
         super().__init__(target, draft_length)
+        self.share_prompt_kv = share_prompt_kv
         check_same_tokenizer(target, draft)
         if not 1 <= num_tokens <= 64:
             raise BadInput(f"draft num_tokens must be in 1..64 (got {num_tokens})")
         self.draft_lm, self.k = draft, num_tokens
 
     def params(self) -> dict:
-        return {"num_tokens": self.k, "draft": self.draft_lm.label}
+        return {"num_tokens": self.k, "draft": self.draft_lm.label, "share_prompt_kv": self.share_prompt_kv}
 
     def batch_drafter(self, n_slots: int) -> HierDrafter:
         """Chains of k tokens (min_chain = max_chain = k); its prior: its agreement with the target."""
         return HierDrafter(self.draft_lm, Drafter(), self.name, min_chain=self.k, max_chain=self.k, n_slots=n_slots,
                            max_len=self.target.config.max_seq_len, prior=agreement_prior(self.target, self.draft_lm),
-                           params=self.params())
+                           params=self.params(),
+                           share_prompt_kv=self.share_prompt_kv and same_weights(self.draft_lm, self.target))

@@ -19,6 +19,7 @@ import torch
 
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.tree import Tree
+from specledger.engine.slot_cache import SlotCache
 
 
 @dataclass
@@ -26,12 +27,15 @@ class DraftSeq:
     """A sequence as a drafter sees it.
 
     tokens: the verifier's sequence, pending last token included (its list; drafters read it, never change
-    it); sp and gen: the request's sampling, which a stochastic drafter samples its proposals with."""
+    it); sp and gen: the request's sampling, which a stochastic drafter samples its proposals with; kv: the
+    verifier's cache and the sequence's slot in it, for `begin` (a draft model of the verifier's own weights
+    takes the prompt's entries from it: hierarchy.HierDrafter)."""
 
     key: Hashable
     tokens: list[int]
     sp: SamplingParams
     gen: torch.Generator | None = None
+    kv: tuple[SlotCache, int] | None = None
 
 
 class Drafter:

@@ -76,6 +76,7 @@ class DraftParams(StrategyParams):
     roles: ClassVar[tuple[str, ...]] = ("draft",)
     num_tokens: int = 4
     draft_length: DraftLength = "adaptive"
+    share_prompt_kv: bool = True  # a draft of the target's own weights copies the prompt's cache entries
 
 
 class EagleParams(StrategyParams):
@@ -100,6 +101,7 @@ class HierParams(StrategyParams):
     max_chain: int = 10
     lookup_tokens: int = 10
     draft_length: DraftLength = "adaptive"
+    share_prompt_kv: bool = True  # an intermediate of its verifier's own weights copies the prompt's cache entries
 
 
 class OtherParams(StrategyParams):

@@ -336,7 +336,8 @@ class Scheduler:
             lv.running_seq.tokens.append(first)
             if self.spec is not None:
                 feats = self.runner.features(lv.running_seq) if self.spec.drafter.wants_features else None
-                lv.draft = self.spec.begin(lv.rid, lv.running_seq.tokens, lv.sp, lv.gen, feats)
+                lv.draft = self.spec.begin(lv.rid, lv.running_seq.tokens, lv.sp, lv.gen, feats,
+                                           (self.runner.cache, lv.running_seq.slot))
             return [first]
         assert it.tree is not None  # a decoding item always carries a tree (maybe empty)
         verdict = verify(fwd.logits, it.tree, lv.sp, lv.gen)

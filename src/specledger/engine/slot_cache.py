@@ -105,6 +105,21 @@ class SlotCache:
         sv.narrow(1, start, n).copy_(v)
         return sk.narrow(1, 0, start + n), sv.narrow(1, 0, start + n)
 
+    def take(self, src: SlotCache, src_slot: int, slot: int, start: int, end: int) -> None:
+        """Entries [start, end) of `src`'s slot as this slot's, in this cache's dtype; the slot then holds `end`.
+        For a model at another precision of the same weights (a quantized self-draft), which starts from the
+        entries its verifier computed rather than its own prefill."""
+        shape = [(c.k.shape[0], c.k.shape[2], c.k.shape[4]) for c in (src, self)]  # layers, KV heads, head size
+        if shape[0] != shape[1]:
+            raise ValueError(f"cache of shape {tuple(src.k.shape)} cannot fill one of {tuple(self.k.shape)}")
+        if not 0 <= start <= min(self.lengths[slot], end) or end > src.lengths[src_slot]:
+            raise ValueError(f"cannot take entries [{start}, {end}) of a slot of {src.lengths[src_slot]} "
+                             f"into one of {self.lengths[slot]}")
+        self.reserve(end)
+        self.k[:, slot, :, start:end] = src.k[:, src_slot, :, start:end]
+        self.v[:, slot, :, start:end] = src.v[:, src_slot, :, start:end]
+        self.lengths[slot] = end
+
     def rollback(self, slot: int, length: int) -> None:
         if not 0 <= length <= self.lengths[slot]:
             raise ValueError(f"cannot roll slot {slot} back to {length}: it holds {self.lengths[slot]}")
