@@ -91,10 +91,9 @@ class HierDrafter(Drafter):
     Lazy: a sequence's prompt is fed with its first proposal (and priced then), not
     when it begins, so at a batch where drafting does not pay the intermediate never reads it; its slots keep a
     prefix cache. An intermediate of its verifier's own weights (share_prompt_kv) copies the prompt's entries
-    from the verifier instead: a quantized self-draft then never prefills (BENCHMARKS.md, session 23: on the
-    embedded model's W4A16 copy, hier 1.08x / 1.15x the tok/s of its own prefill at c=1 / 4 on an fp32 target,
-    1.19x at c=1 on bf16; acceptance 0.95 -> 0.98). An inner drafter that reads features (EAGLE) begins from what the intermediate has cached and
-    follows it from there.
+    from the verifier instead (0.15 ms for 225 tokens of the embedded model, its W4A16 prefill ~0.15 s): lossless
+    all the same, and hier 1.08x / 1.15x the tok/s at c=1 / 4 on an fp32 target (BENCHMARKS.md, session 23). An
+    inner drafter that reads features (EAGLE) begins from what the intermediate has cached and follows it.
 
     Over a drafter that proposes nothing (drafter.Drafter as it is), it is a draft model (draft_model.py); no level
     below it is reported."""
@@ -102,11 +101,8 @@ class HierDrafter(Drafter):
     def __init__(self, mid: LoadedModel, inner: Drafter, name: str, *, min_chain: int, max_chain: int,
                  n_slots: int = 1, max_len: int | None = None, prior: float | None = None,
                  params: dict | None = None, share_prompt_kv: bool = False) -> None:
-        """min_chain, max_chain: checked by the strategy (Hierarchy), which builds it. share_prompt_kv: the
-        model is its verifier's weights at another precision, so a sequence's prompt entries are copied from the
-        verifier's cache (DraftSeq.kv) instead of computed: 0.15 ms for a 225-token prompt of the embedded model
-        here, against ~0.15 s of its W4A16 prefill. Lossless all the same (the verifier checks every token); what the
-        draft proposes changes by the precisions' difference over the prompt."""
+        """min_chain, max_chain: checked by the strategy (Hierarchy), which builds it. share_prompt_kv: the model
+        is its verifier's weights at another precision (same_weights), so it takes the prompt from DraftSeq.kv."""
         self.lm, self.inner, self.name, self.share_prompt_kv = mid, inner, name, share_prompt_kv
         self.min_chain, self.max_nodes, self.prior = min_chain, max_chain, prior
         self._params = params
