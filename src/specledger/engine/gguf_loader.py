@@ -39,6 +39,8 @@ _LAYER_NAMES = {
     "attn_k_norm": "k_norm",
 }
 _BIASES = {"attn_q": "q_bias", "attn_k": "k_bias", "attn_v": "v_bias"}  # qwen2
+_TOP_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "output",
+              "rope_freqs.weight": "rope_freqs"}
 
 
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}  # GGUF value types
@@ -300,14 +302,8 @@ def read_tensors(reader: GGUFFile, cfg: ModelConfig) -> tuple[LazyTensors, LazyG
     grids: dict = {}
     for t in reader.tensors:
         name = t.name
-        if name == "token_embd.weight":
-            key = "embed"
-        elif name == "output_norm.weight":
-            key = "norm"
-        elif name == "output.weight":
-            key = "output"
-        elif name == "rope_freqs.weight":
-            key = "rope_freqs"
+        if name in _TOP_NAMES:
+            key = _TOP_NAMES[name]
         elif name.startswith("blk."):
             _, idx, part, kind = name.split(".", 3)
             if kind == "bias" and part in _BIASES and cfg.qkv_bias:

@@ -39,6 +39,7 @@ _PARTS = {
     "self_attn.k_norm": "k_norm",
 }
 _BIASES = {"self_attn.q_proj": "q_bias", "self_attn.k_proj": "k_bias", "self_attn.v_proj": "v_bias"}  # Qwen2
+_FIXED = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "output": "lm_head.weight"}
 
 
 def hf_config(path: Path):
@@ -158,31 +159,24 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def _hf_name(key: str) -> str:
     """The HF tensor name of an engine key (for messages)."""
-    fixed = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "output": "lm_head.weight"}
-    if key in fixed:
-        return fixed[key]
+    if key in _FIXED:
+        return _FIXED[key]
     _, idx, part = key.split(".", 2)
-    if part.endswith("_bias"):
-        return f"model.layers.{idx}.{next(k for k, v in _BIASES.items() if v == part)}.bias"
-    return f"model.layers.{idx}.{next(k for k, v in _PARTS.items() if v == part)}.weight"
+    names, kind = (_BIASES, "bias") if part.endswith("_bias") else (_PARTS, "weight")
+    return f"model.layers.{idx}.{next(k for k, v in names.items() if v == part)}.{kind}"
 
 
 def _canonical(name: str) -> str | None:
     """The engine's name for an HF tensor name; None for tensors transformers recomputes (rotary inv_freq)."""
-    if name == "model.embed_tokens.weight":
-        return "embed"
-    if name == "model.norm.weight":
-        return "norm"
-    if name == "lm_head.weight":
-        return "output"
-    if name.startswith("model.layers.") and name.endswith(".weight"):
-        idx, part = name[len("model.layers.") : -len(".weight")].split(".", 1)
-        if part in _PARTS and idx.isdigit():
-            return f"layers.{idx}.{_PARTS[part]}"
-    if name.startswith("model.layers.") and name.endswith(".bias"):
-        idx, part = name[len("model.layers.") : -len(".bias")].split(".", 1)
-        if part in _BIASES and idx.isdigit():
-            return f"layers.{idx}.{_BIASES[part]}"
+    fixed = {v: k for k, v in _FIXED.items()}
+    if name in fixed:
+        return fixed[name]
+    stem, _, kind = name.rpartition(".")
+    if name.startswith("model.layers.") and kind in ("weight", "bias"):
+        idx, part = stem[len("model.layers.") :].split(".", 1)
+        names = _PARTS if kind == "weight" else _BIASES
+        if part in names and idx.isdigit():
+            return f"layers.{idx}.{names[part]}"
     if "rotary_emb" in name:
         return None
     return ""
