@@ -17,15 +17,31 @@ from specledger.engine.quant import Int4Grid, Int8Grid
 
 Grid = Int4Grid | Int8Grid
 G = TypeVar("G", Int4Grid, Int8Grid)
+V = TypeVar("V")
 # (dtype, rows) -> those rows (all where None) of the tensor, in dtype: a fresh tensor the caller owns
 Reader = Callable[[torch.dtype, slice | None], torch.Tensor]
 
 
-class LazyTensors(Mapping[str, torch.Tensor]):
+class _Lazy(Mapping[str, V]):
+    """A mapping over `_readers` (name -> what reads the value); the subclass says how a value is read."""
+
+    def __init__(self, readers: dict[str, tuple]) -> None:
+        self._readers = readers
+
+    def __contains__(self, key: object) -> bool:  # (Mapping's would read the value to find out)
+        return key in self._readers
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._readers)
+
+    def __len__(self) -> int:
+        return len(self._readers)
+
+
+class LazyTensors(_Lazy[torch.Tensor]):
     """Canonical tensors by name, each decoded when read (nothing is cached: read each once)."""
 
-    def __init__(self, readers: dict[str, tuple[tuple[int, ...], Reader]]) -> None:
-        self._readers = readers
+    _readers: dict[str, tuple[tuple[int, ...], Reader]]
 
     def shape(self, key: str) -> tuple[int, ...]:
         return self._readers[key][0]
@@ -36,24 +52,14 @@ class LazyTensors(Mapping[str, torch.Tensor]):
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.read(key)
 
-    def __contains__(self, key: object) -> bool:  # (Mapping's would decode the tensor to find out)
-        return key in self._readers
-
     def __delitem__(self, key: str) -> None:
         del self._readers[key]
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._readers)
 
-    def __len__(self) -> int:
-        return len(self._readers)
-
-
-class LazyGrids(Mapping[str, Grid]):
+class LazyGrids(_Lazy[Grid]):
     """The stored code grids by name, unpacked when read; `kind` says which grid a key holds without unpacking."""
 
-    def __init__(self, readers: dict[str, tuple[type, Callable[[], Grid]]]) -> None:
-        self._readers = readers
+    _readers: dict[str, tuple[type, Callable[[], Grid]]]
 
     def kind(self, key: str) -> type | None:
         entry = self._readers.get(key)
@@ -61,15 +67,6 @@ class LazyGrids(Mapping[str, Grid]):
 
     def __getitem__(self, key: str) -> Grid:
         return self._readers[key][1]()
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._readers
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._readers)
-
-    def __len__(self) -> int:
-        return len(self._readers)
 
 
 def read(tensors: Mapping[str, torch.Tensor], key: str, dtype: torch.dtype, rows: slice | None = None) -> torch.Tensor:
