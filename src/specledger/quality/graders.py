@@ -180,8 +180,7 @@ def _is_rule(ref: str) -> bool:
 
 def _check_rule(rule: str, answer: str) -> tuple[bool | None, float | None, str]:
     m = _RULE_RE.match(rule)
-    if m is None:  # callers check _is_rule first
-        raise ValueError(f"not a rule: {rule!r}")
+    assert m is not None, rule  # callers check _is_rule first
     name, arg = m.groups()
     if name == "contains":
         return _contains(answer, [a.strip() for a in arg.split("|")], f"missing {arg!r}")
@@ -337,23 +336,16 @@ def grade(question: Question, answers: list[str], user_grader: str | None = None
     if user_grader:
         return _grade_user(user_grader, question, answers)
     kind_grader = _KIND_GRADER.get(question.kind)
-    refs = [
-        (i, r)
-        for i, r in enumerate(question.reference or ())
-        if i < len(question.turns) and _alternatives(r) and any(a.strip() for a in _alternatives(r))
-        and (_entry_is_rule(r) or kind_grader)
-    ]
+    refs = [(i, r) for i, r in enumerate(question.reference or ()) if i < len(question.turns)
+            and any(a.strip() for a in _alternatives(r)) and (_entry_is_rule(r) or kind_grader)]
     if not refs:
         reason = "no reference" if not question.reference else f"no grader for kind {question.kind} without rules"
         return GradeResult(passed=None, score=None, grader="none", detail=reason)
     rules = [_entry_is_rule(r) for _, r in refs]  # (refs keeps a non-rule reference only when its kind has a grader)
     grader = "rules" if all(rules) else f"{kind_grader}+rules" if any(rules) else str(kind_grader)
-    checks: list[tuple[int, bool | None, float | None, str]] = []
-    for i, ref in refs:
-        if i >= len(answers) or answers[i] is None:
-            checks.append((i, False, 0.0, "no answer"))
-        else:
-            checks.append((i, *_check_entry(question.kind, ref, answers[i])))
+    checks: list[tuple[int, bool | None, float | None, str]] = [
+        (i, False, 0.0, "no answer") if i >= len(answers) or answers[i] is None
+        else (i, *_check_entry(question.kind, ref, answers[i])) for i, ref in refs]
     return _combine(grader, checks)
 
 
