@@ -289,11 +289,13 @@ def main() -> None:
     ap.add_argument("--tokens-per-chunk", type=int, default=1)
     ap.add_argument("--spec-steps", type=int, default=0, help="> 0: report speculation (see FakeSettings)")
     ap.add_argument("--accepted-per-step", type=int, default=2)
+    ap.add_argument("--api-key", default=None, help="/v1/* without this bearer key gets 401")
     ap.add_argument("--uvloop", action="store_true", help="serve on uvloop's event loop (faster; must be installed)")
     args = ap.parse_args()
     server = FakeOpenAIServer(FakeSettings(ttft_s=args.ttft, chunk_gap_s=args.gap,
                                            tokens_per_chunk=args.tokens_per_chunk, spec_steps=args.spec_steps,
-                                           accepted_per_step=args.accepted_per_step), port=args.port,
+                                           accepted_per_step=args.accepted_per_step, api_key=args.api_key),
+                              port=args.port,
                               fast_loop=args.uvloop).start()
     print(f"PORT {server.port}", flush=True)
     print(json.dumps(asdict(server.settings)), flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specledger.bench.config import ServerSettings, parse_run_config
+from specledger.bench.backends.openai_http import OpenAIBackend, Unauthorized
+from specledger.bench.config import BenchConfig, ServerSettings, parse_run_config
 from specledger.bench.managed import ManagedServer, render_command
 from specledger.bench.results import read_requests
 from specledger.bench.runner import run_benchmark
@@ -198,6 +200,39 @@ def test_bench_run_starts_the_configured_server_and_keeps_its_log(tmp_path):
     port = int(first.split("--port ")[1].split()[0])
     assert port_is_free(port)  # stopped after the run
     assert "managed" in result.conditions.backends["fake srv"]
+
+
+def start_and_close(b: OpenAIBackend) -> str:
+    """Start the backend (its managed server too), close it whatever happens; the models it found."""
+    async def go() -> str:
+        try:
+            await b.start()
+            return b._models
+        finally:
+            await b.close()
+
+    return asyncio.run(go())
+
+
+def test_a_managed_server_answering_401_while_starting_is_unauthorized_at_once(tmp_path, monkeypatch):
+    """A keyed server whose health path is /v1/models answers 401 to the keyless health probe: it is up, and the
+    backend's own wait (with the key) names the refused key, instead of polling until startup_timeout_s and
+    calling the server unhealthy."""
+    monkeypatch.setenv("FAKE_KEY", "stale")
+    server = {"command": "{python} " + FAKE + " --port {port} --api-key k", "startup_timeout_s": 20}
+    bc = BenchConfig(name="keyed", backend="openai", model="fake-model", max_tokens=3,
+                     openai={"server": server, "connect_timeout_s": 5, "api_key_env": "FAKE_KEY",
+                             "scrape_metrics": False})
+    b = OpenAIBackend(bc, log_dir=tmp_path)
+    t0 = time.monotonic()
+    with pytest.raises(Unauthorized, match=r"answered HTTP 401 \(Invalid API key\): the key in the environment "
+                                           r"variable FAKE_KEY \(api_key_env\) was refused"):
+        start_and_close(b)
+    assert time.monotonic() - t0 < 15  # not startup_timeout_s of polling
+    assert b.server is not None and b.server.proc is None  # stopped on the way out
+
+    monkeypatch.setenv("FAKE_KEY", "k")  # the right key: up and reachable
+    assert start_and_close(OpenAIBackend(bc, log_dir=tmp_path)) == "models: fake-model"
 
 
 def test_interleaved_managed_servers_each_keep_their_own_counters(tmp_path):

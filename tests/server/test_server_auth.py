@@ -3,17 +3,20 @@ raw httpx, the official openai client, and the harness's HTTP backend with api_k
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from specledger.bench.config import parse_run_config
+from specledger.bench.backends.openai_http import OpenAIBackend, Unauthorized
+from specledger.bench.config import BenchConfig, parse_run_config
 from specledger.bench.results import load_run, read_requests
 from specledger.bench.runner import Runner, run_benchmark
 from specledger.decoding.factory import make_strategy
@@ -160,6 +163,30 @@ def test_a_401_mid_run_stops_the_run_and_keeps_what_was_measured(tmp_path, monke
     assert len(recs) == 2 and all(r.status == "ok" for r in recs)
     run = load_run(tmp_path / "r")
     assert run.status == "failed" and "FAKE_KEY" in run.notes[-1]
+
+
+def test_a_401_while_waiting_for_the_server_is_unauthorized_before_any_request(monkeypatch):
+    """The readiness wait itself stops on a 401 (not "not up yet", not "cannot reach"): the one probe refused,
+    no completion sent, and the error names the status and the key's variable."""
+    monkeypatch.setenv("FAKE_KEY", "stale")
+    with FakeOpenAIServer(FakeSettings(api_key="k")) as srv:
+        bc = BenchConfig(name="srv", backend="openai", model="fake-model", max_tokens=3,
+                         openai={"base_url": srv.base_url, "connect_timeout_s": 5, "api_key_env": "FAKE_KEY",
+                                 "scrape_metrics": False})
+        b = OpenAIBackend(bc)
+
+        async def start() -> None:
+            try:
+                await b.start()
+            finally:
+                await b.close()
+
+        t0 = time.monotonic()
+        with pytest.raises(Unauthorized, match=r"answered HTTP 401 \(Invalid API key\): the key in the environment "
+                                               r"variable FAKE_KEY \(api_key_env\) was refused"):
+            asyncio.run(start())
+        assert time.monotonic() - t0 < 4  # at once, not after connect_timeout_s of polling
+        assert srv.stats.unauthorized == 1 and srv.stats.requests == 0
 
 
 def test_keys_from_flags_file_and_environment(tmp_path):

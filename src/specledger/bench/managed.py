@@ -190,8 +190,9 @@ class ManagedServer:
             _LIVE.add(self)
 
     async def wait_healthy(self) -> None:
-        """Until the health path answers 200 (a 404/405 moves on to the next path); the process exiting or
-        startup_timeout_s passing first stops it and raises, with the log's last lines."""
+        """Until the health path answers 200 or 401 (a 404/405 moves on to the next path); the process exiting or
+        startup_timeout_s passing first stops it and raises, with the log's last lines. A 401 (a keyed /v1/models
+        refusing this keyless probe) is an answer: the backend's own wait, with the key, tells a wrong key apart."""
         proc = self.proc
         assert proc is not None
         paths = [self.s.health] if self.s.health else list(HEALTH_PATHS)
@@ -200,7 +201,7 @@ class ManagedServer:
             while (rc := proc.poll()) is None and time.monotonic() < deadline:
                 try:
                     status = (await client.get(paths[0])).status_code
-                    if status == 200:
+                    if status in (200, 401):
                         return
                     if status in (404, 405) and len(paths) > 1:
                         paths.pop(0)
