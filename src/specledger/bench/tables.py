@@ -144,10 +144,7 @@ def gates_text(run: RunResult) -> Text:
     for c in run.configs:
         for g in c.gates:
             mark = {True: ("pass", "green"), False: ("FAIL", "red"), None: ("n/a", "dim")}[g.passed]
-            out.append(f"{c.name} ", style="bold")
-            out.append(f"{g.name} ")
-            out.append(mark[0], style=mark[1])
-            out.append(f": {g.reason}\n")
+            out.append(f"{c.name} ", style="bold").append(f"{g.name} ").append(*mark).append(f": {g.reason}\n")
     for n in run.notes:
         out.append(f"note: {n}\n", style="dim")
     return out
@@ -205,12 +202,8 @@ def steady_text(run: RunResult) -> Text:
 
 def kind_passes(run: RunResult, kind: str) -> str:
     """"config passed/graded" for one task kind at each configuration's first load level (graded kinds only)."""
-    parts = []
-    for c in run.configs:
-        a = c.loads[0].by_kind.get(kind) if c.loads else None
-        if a is not None and a.graded:
-            parts.append(f"{c.name} {a.passed}/{a.graded}")
-    return ", ".join(parts)
+    return ", ".join(f"{c.name} {a.passed}/{a.graded}" for c in run.configs
+                     if c.loads and (a := c.loads[0].by_kind.get(kind)) is not None and a.graded)
 
 
 def workload_text(run: RunResult) -> Text:

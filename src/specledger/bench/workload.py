@@ -82,16 +82,10 @@ class Workload:
 
 
 def _selection_text(categories, per_category, sample, limit, seed) -> str:
-    parts = []
-    if categories:
-        parts.append(f"categories {', '.join(categories)}")
-    if per_category:
-        parts.append(f"{per_category} per category (seed {seed})")
-    if sample:
-        parts.append(f"random sample of {sample} (seed {seed})")
-    if limit:
-        parts.append(f"first {limit}")
-    return "; ".join(parts) or "all"
+    parts = [categories and f"categories {', '.join(categories)}",
+             per_category and f"{per_category} per category (seed {seed})",
+             sample and f"random sample of {sample} (seed {seed})", limit and f"first {limit}"]
+    return "; ".join(p for p in parts if p) or "all"
 
 
 def open_workload(
