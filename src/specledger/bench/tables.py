@@ -16,9 +16,7 @@ def _ms(x: float | None) -> str:
 
 def _ms_short(x: float | None) -> str:
     """Milliseconds in at most 6 characters: a decimal only below 100 ms."""
-    if x is None:
-        return "-"
-    return f"{x * 1000:.1f}" if x < 0.1 else f"{x * 1000:.0f}"
+    return "-" if x is None else f"{x * 1000:.1f}" if x < 0.1 else f"{x * 1000:.0f}"
 
 
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:
@@ -27,16 +25,11 @@ def _f(x: float | None, fmt: str = "{:.2f}") -> str:
 
 def conditions_line(run: RunResult) -> str:
     c = run.conditions
-    parts = [f"run {run.run_id} ({run.status})", f"python {c.python}", f"torch {c.torch}",
-             f"specledger {c.specledger}", c.cpu_model or "cpu ?"]
-    if c.torch_threads is not None:  # None: no in-process configuration (HTTP servers choose their own)
-        parts.append(f"{c.torch_threads} threads")
-    if c.gpu:
-        parts.append(c.gpu)
-    if c.kernel:
-        parts.append(f"products: {c.kernel}")
-    parts.append(f"energy: {c.energy}")
-    return " | ".join(str(p) for p in parts)
+    # torch_threads None: no in-process configuration (HTTP servers choose their own)
+    parts = [f"run {run.run_id} ({run.status})", f"python {c.python}", f"torch {c.torch}", f"specledger {c.specledger}",
+             c.cpu_model or "cpu ?", c.torch_threads is not None and f"{c.torch_threads} threads", c.gpu,
+             c.kernel and f"products: {c.kernel}", f"energy: {c.energy}"]
+    return " | ".join(str(p) for p in parts if p)
 
 
 # Below this console width the run's tables are stacked (two lines a row, fewer columns) so that every column
