@@ -146,9 +146,7 @@ class EnergyMeter:
     def method(self) -> str:
         """The method's key in METHOD_SPREAD."""
         parts = (["rapl"] if self._zones else []) + (["nvml"] if self._nvml else [])
-        if parts:
-            return "+".join(parts)
-        return "estimated" if self._watts else "unavailable"
+        return "+".join(parts) or ("estimated" if self._watts else "unavailable")
 
     @property
     def source(self) -> str:

@@ -41,9 +41,7 @@ def parse_duration(text: str) -> float:
 
 def sustain_settings(duration: str | None) -> dict | None:
     """The load.steady_state settings `--sustain DURATION` stands for (None: not given)."""
-    if duration is None:
-        return None
-    return {"duration_s": parse_duration(duration), "max_requests": 1_000_000}
+    return None if duration is None else {"duration_s": parse_duration(duration), "max_requests": 1_000_000}
 
 
 @dataclass

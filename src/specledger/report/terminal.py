@@ -59,10 +59,8 @@ def _span(p5: float | None, p95: float | None) -> str:
 def _pass(r: ConfigCost) -> str:
     """Pass rate, its 95% half-width, and failed requests (each a failed attempt) when there were any."""
     failed = f"[red]{r.failed}/{r.requests} failed[/red]" if r.failed else ""
-    if r.pass_rate is None:
-        return "–" + (f"\n{failed}" if failed else "")
-    if r.pass_low is None or r.pass_high is None:
-        return f"{r.pass_rate:.0%}" + (f"\n{failed}" if failed else "")
+    if r.pass_rate is None or r.pass_low is None or r.pass_high is None:
+        return ("–" if r.pass_rate is None else f"{r.pass_rate:.0%}") + (f"\n{failed}" if failed else "")
     half = f"±{100 * max(r.pass_rate - r.pass_low, r.pass_high - r.pass_rate):.0f}"
     return f"{r.pass_rate:.0%}\n" + (failed if failed else f"[dim]{half}[/dim]")
 
