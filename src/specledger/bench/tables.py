@@ -258,23 +258,16 @@ def diff_table(a: RunResult, b: RunResult) -> Table:
     t = Table(title=f"A = {a.run_id}   B = {b.run_id}", title_justify="left")
     for col in ("config", "load", "metric", "A", "B", "B/A"):
         t.add_column(col, justify="left" if col in ("config", "load", "metric") else "right")
-    matched = 0
-    for ca in a.configs:
-        cb = b.config(ca.name)
-        if cb is None:
-            continue
-        for la in ca.loads:
-            lb = next((x for x in cb.loads if x.load == la.load), None)
-            if lb is None:
-                continue
-            matched += 1
-            for i, (name, get, scale) in enumerate(_DIFF):
-                va, vb = get(la.aggregate), get(lb.aggregate)
-                ratio = f"{vb / va:.2f}" if va and vb is not None else "-"
-                fmt = "{:.1f}" if scale != 1 or name == "tok/s" else "{:.2f}"
-                t.add_row(ca.name if i == 0 else "", la.load if i == 0 else "", name,
-                          _f(None if va is None else va * scale, fmt), _f(None if vb is None else vb * scale, fmt),
-                          ratio, end_section=i == len(_DIFF) - 1)
+    matched = [(ca.name, la, lb) for ca in a.configs if (cb := b.config(ca.name)) is not None for la in ca.loads
+               if (lb := next((x for x in cb.loads if x.load == la.load), None)) is not None]
+    for config, la, lb in matched:
+        for i, (name, get, scale) in enumerate(_DIFF):
+            va, vb = get(la.aggregate), get(lb.aggregate)
+            ratio = f"{vb / va:.2f}" if va and vb is not None else "-"
+            fmt = "{:.1f}" if scale != 1 or name == "tok/s" else "{:.2f}"
+            t.add_row(config if i == 0 else "", la.load if i == 0 else "", name,
+                      _f(None if va is None else va * scale, fmt), _f(None if vb is None else vb * scale, fmt),
+                      ratio, end_section=i == len(_DIFF) - 1)
     if not matched:
         t.caption = "no configuration (name and load level) appears in both runs"
     return t
