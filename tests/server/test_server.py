@@ -3,6 +3,7 @@ official openai client and raw httpx (streaming and not, stops, errors, queue, d
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
@@ -301,6 +302,34 @@ def test_graceful_shutdown_finishes_in_flight_and_refuses_new(smollm):
     assert rest[-1] == "data: [DONE]"
     final = json.loads(rest[-2][5:])
     assert final["choices"][0]["finish_reason"] == "length"
+    srv.thread.join(30)
+    assert not srv.thread.is_alive()
+
+
+def test_exit_refuses_new_requests_at_once_while_the_in_flight_one_finishes(smollm):
+    """Server.handle_exit drains the app before uvicorn even notices the exit (its loop looks every 0.1 s, then
+    closes the socket): a request reaching the app in that moment is a 503 `shutting_down`, /health says
+    draining, and the stream already running still ends normally."""
+    app = create_app(smollm, make_strategy("ar", target=smollm), max_queue=4)
+    srv = ServerThread(app).start()
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "stream": True}
+
+    async def new_requests() -> tuple[httpx.Response, httpx.Response]:
+        """The same app, not through uvicorn's socket: so what answers is the app's own refusal, not a closed port."""
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as c:
+            return await c.get("/health"), await c.post("/v1/completions", json={**body, "stream": False})
+
+    with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as s:
+        lines = s.iter_lines()
+        next(line for line in lines if line.startswith("data:"))
+        srv.server.handle_exit(signal.SIGTERM, None)  # what SIGTERM does
+        health, new = asyncio.run(asyncio.wait_for(new_requests(), timeout=30))
+        assert health.status_code == 503 and health.json()["status"] == "draining"
+        assert new.status_code == 503 and error_of(new)["code"] == "shutting_down"
+        assert new.headers["retry-after"] == "5"
+        rest = [line for line in lines if line.startswith("data:")]
+    assert rest[-1] == "data: [DONE]"
+    assert json.loads(rest[-2][5:])["choices"][0]["finish_reason"] == "length"
     srv.thread.join(30)
     assert not srv.thread.is_alive()
 
