@@ -158,8 +158,8 @@ def failures_text(run: RunResult) -> Text:
                 kinds = error_kinds(a).replace("=", " ").replace(";", ", ")
                 out.append(f"{a.requests_failed}/{n} failed ({kinds})", style="red")
             if a.transport_retries:
-                out.append("; " if a.requests_failed else "")
-                out.append(f"{a.transport_retries} transport retries (stale or refused connections, sent again)")
+                out.append(("; " if a.requests_failed else "") + f"{a.transport_retries} transport retries (stale or "
+                           "refused connections, sent again)")
             out.append("\n")
     return out
 
@@ -218,11 +218,9 @@ def workload_text(run: RunResult) -> Text:
     if any(not g.startswith("user grader") for g in w.grading.values()):
         out.append(f"grading, {GRADING_NOTE}\n", style="dim")
     for k in sorted(w.grading):
-        refs = w.with_reference.get(k, 0)
-        out.append(f"graded {k}: ", style="dim")
         passes = kind_passes(run, k)
-        out.append(f"{w.grading[k]} [{refs} of {w.by_kind.get(k, 0)} questions have a reference]"
-                   + (f"; passed: {passes}" if passes else "") + "\n", style="dim")
+        out.append(f"graded {k}: {w.grading[k]} [{w.with_reference.get(k, 0)} of {w.by_kind.get(k, 0)} questions "
+                   "have a reference]" + (f"; passed: {passes}" if passes else "") + "\n", style="dim")
     return out
 
 
