@@ -169,10 +169,7 @@ class EnergyMeter:
                 now = _read_int(os.path.join(z.path, "energy_uj"))
             except (OSError, ValueError):
                 continue
-            delta = now - z.last_uj
-            if delta < 0:
-                delta += z.max_uj + 1
-            z.total_uj += delta
+            z.total_uj += now - z.last_uj + (z.max_uj + 1 if now < z.last_uj else 0)  # below the last: one wrap
             z.last_uj = now
             total_uj += z.total_uj
         joules = total_uj / 1e6
