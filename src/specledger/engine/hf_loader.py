@@ -40,6 +40,7 @@ _PARTS = {
 }
 _BIASES = {"self_attn.q_proj": "q_bias", "self_attn.k_proj": "k_bias", "self_attn.v_proj": "v_bias"}  # Qwen2
 _FIXED = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "output": "lm_head.weight"}
+_FIXED_KEYS = {v: k for k, v in _FIXED.items()}  # the same, HF name -> engine key
 
 
 def hf_config(path: Path):
@@ -168,9 +169,8 @@ def _hf_name(key: str) -> str:
 
 def _canonical(name: str) -> str | None:
     """The engine's name for an HF tensor name; None for tensors transformers recomputes (rotary inv_freq)."""
-    fixed = {v: k for k, v in _FIXED.items()}
-    if name in fixed:
-        return fixed[name]
+    if name in _FIXED_KEYS:
+        return _FIXED_KEYS[name]
     stem, _, kind = name.rpartition(".")
     if name.startswith("model.layers.") and kind in ("weight", "bias"):
         idx, part = stem[len("model.layers.") :].split(".", 1)
