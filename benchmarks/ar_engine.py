@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import LlamaCpp, long_prompts, machine, median, now, rss  # noqa: E402
 
 from specledger.decoding.factory import make_strategy  # noqa: E402
-from specledger.decoding.generate import generate  # noqa: E402
+from specledger.decoding.loop.generate import generate  # noqa: E402
 from specledger.decoding.sampling import SamplingParams  # noqa: E402
 from specledger.engine.loader import load_model  # noqa: E402
 from specledger.engine.registry import resolve_model  # noqa: E402

@@ -13,7 +13,7 @@ With --methods (e.g. ar,ar-aa,lookup,lookup-k3,draft,eagle) the contenders run s
 instead, interleaved: --rounds rounds, each visiting every concurrency with the contenders in a
 fresh random order, so machine drift hits all alike. "ar-aa" is AR run again (the A/A pair: its
 ratio to "ar" is the noise floor); "lookup" is prompt lookup with the draft length planned per
-sequence per step from the measured cost surface T(rows) (decoding/draft_budget.py); "lookup-k3"
+sequence per step from the measured cost surface T(rows) (decoding/sizing/planner.py); "lookup-k3"
 drafts whatever lookup finds, up to 3 tokens, every step (no planning: what speculation without
 the cost surface does under load); "draft" a chain from the W4A16 copy of the target (not on a W4A16
 target: that would be the target itself) and "eagle" the shipped EAGLE head, "hier" prompt lookup under the
@@ -58,11 +58,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import long_prompts, machine, now  # noqa: E402
 
 from specledger.decoding.factory import make_strategy  # noqa: E402
-from specledger.decoding.draft_budget import cost_surface  # noqa: E402
-from specledger.decoding.generate import generate  # noqa: E402
-from specledger.decoding.lookup import LookupDrafter  # noqa: E402
+from specledger.decoding.sizing.planner import cost_surface  # noqa: E402
+from specledger.decoding.loop.generate import generate  # noqa: E402
+from specledger.decoding.drafters.lookup import LookupDrafter  # noqa: E402
 from specledger.decoding.sampling import SamplingParams  # noqa: E402
-from specledger.decoding.scheduler import Scheduler  # noqa: E402
+from specledger.decoding.loop.scheduler import Scheduler  # noqa: E402
 from specledger.engine.loader import default_dtype, load_model  # noqa: E402
 
 console = Console(width=160)

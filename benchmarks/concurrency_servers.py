@@ -89,7 +89,7 @@ def bench(cfg: dict, out_dir: Path, run_id: str) -> Path:
 
 
 def rows_of(run_dir: Path) -> list[dict[str, Any]]:
-    from specledger.bench.results import load_run
+    from specledger.records.results import load_run
 
     run = load_run(run_dir)
     out = []

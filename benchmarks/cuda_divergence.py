@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import long_prompts, machine, now  # noqa: E402
 
 from specledger.decoding.factory import make_strategy  # noqa: E402
-from specledger.decoding.generate import generate  # noqa: E402
+from specledger.decoding.loop.generate import generate  # noqa: E402
 from specledger.decoding.sampling import SamplingParams  # noqa: E402
 from specledger.engine.loader import load_model  # noqa: E402
 from specledger.quality.gates import first_divergence  # noqa: E402

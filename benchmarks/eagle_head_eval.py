@@ -16,10 +16,10 @@ import argparse
 
 import torch
 
-from specledger.bench.question import KINDS
+from specledger.records.question import KINDS
 from specledger.bench.workload import load_workload
-from specledger.decoding.eagle import EagleTree, resolve_head
-from specledger.decoding.generate import generate
+from specledger.decoding.drafters.eagle import EagleTree, resolve_head
+from specledger.decoding.loop.generate import generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.engine.loader import load_model
 from specledger.train.data import answer_stream

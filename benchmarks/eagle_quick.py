@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from specledger.decoding.autoregressive import Autoregressive
-from specledger.decoding.eagle import EagleTree
-from specledger.decoding.generate import generate
+from specledger.decoding.drafters.eagle import EagleTree
+from specledger.decoding.loop.generate import generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.engine.loader import load_model
 

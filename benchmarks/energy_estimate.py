@@ -24,7 +24,7 @@ import torch
 from common import long_prompts, machine, median, now
 from specledger.bench.energy import EnergyMeter, tree_cpu_seconds
 from specledger.decoding.factory import make_strategy
-from specledger.decoding.generate import generate
+from specledger.decoding.loop.generate import generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.engine.loader import default_dtype, load_model
 

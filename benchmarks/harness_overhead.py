@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=500.0, help="requests/s the harness must sustain")
     args = ap.parse_args()
 
-    from specledger.bench.config import parse_run_config
+    from specledger.records.config import parse_run_config
     from specledger.bench.runner import run_benchmark
 
     server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fake_openai_server.py")],

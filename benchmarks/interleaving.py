@@ -41,7 +41,7 @@ def start_hog(delay: float, seconds: float, procs: list) -> threading.Timer:
 
 
 def measure(interleave: bool, args, out: Path) -> dict:
-    from specledger.bench.config import parse_run_config
+    from specledger.records.config import parse_run_config
     from specledger.bench.runner import run_benchmark
     from specledger.ledger.measurements import measurements_from_run
     from specledger.ledger.paired import paired_speedup

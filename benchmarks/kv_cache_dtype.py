@@ -24,7 +24,7 @@ from rich.console import Console
 
 from common import ab_table, agreement_line, long_prompts, machine, now
 from concurrency import run_batched
-from specledger.decoding.batch_runner import BatchItem, BatchRunner
+from specledger.decoding.loop.runner import RunItem, ModelRunner
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.tree import Tree
 from specledger.engine import cpu_ops
@@ -50,17 +50,17 @@ def pass_cases(lm: LoadedModel) -> dict[str, Callable[[], float]]:
 
     out = {"decode step, 256 cached": step}
     for rows in (8, 16):
-        r = BatchRunner(lm, rows, 1024)
+        r = ModelRunner(lm, rows, 1024)
         seqs = []
         for i in range(rows):
             s = r.open([1 + (j * 7 + i) % 1000 for j in range(300)])
-            r.forward([BatchItem(s, max_run=299)])
+            r.forward([RunItem(s, max_run=299)])
             seqs.append(s)
         r.cache.reserve(512)
 
-        def batch(r: BatchRunner = r, seqs: list = seqs) -> float:
+        def batch(r: ModelRunner = r, seqs: list = seqs) -> float:
             t = time.perf_counter()
-            r.forward([BatchItem(s, Tree()) for s in seqs])
+            r.forward([RunItem(s, Tree()) for s in seqs])
             dt = time.perf_counter() - t
             for s in seqs:
                 r.cache.lengths[s.slot] -= 1

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 async def _drive(urls: list[str], concurrency: int, start_at: float, duration: float, tokens: int) -> dict:
     from specledger.bench.backends.openai_http import OpenAIBackend
-    from specledger.bench.config import BenchConfig, OpenAISettings
+    from specledger.records.config import BenchConfig, OpenAISettings
 
     cfg = BenchConfig(name="loadgen", backend="openai", model="fake-model", max_tokens=tokens,
                       openai=OpenAISettings(base_urls=urls, scrape_metrics=False, timeout_s=60))

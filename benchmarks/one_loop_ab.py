@@ -36,7 +36,7 @@ def worker(a: argparse.Namespace) -> None:
     import torch
 
     from specledger.decoding.factory import make_strategy
-    from specledger.decoding.generate import generate
+    from specledger.decoding.loop.generate import generate
     from specledger.decoding.sampling import SamplingParams
     from specledger.engine.loader import load_model
 

@@ -23,7 +23,7 @@ from rich.console import Console
 
 from common import ab_table, agreement_line, long_prompts, machine, now, rss
 from concurrency import run_batched
-from specledger.decoding.batch_runner import BatchItem, BatchRunner
+from specledger.decoding.loop.runner import RunItem, ModelRunner
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.tree import Tree
 from specledger.engine import packed_linear
@@ -63,16 +63,16 @@ def cases(lm: LoadedModel) -> dict[str, Callable[[], float]]:
         cache.lengths[0] -= 1
 
     out["decode step, 256 cached"] = timed(step)
-    br = BatchRunner(lm, 8, 1024)
+    br = ModelRunner(lm, 8, 1024)
     seqs = []
     for i in range(8):
         s = br.open([1 + (j * 7 + i) % 1000 for j in range(200)])
-        br.forward([BatchItem(s, max_run=199)])
+        br.forward([RunItem(s, max_run=199)])
         seqs.append(s)
     br.cache.reserve(512)
 
     def batch_pass() -> None:
-        br.forward([BatchItem(s, Tree()) for s in seqs])
+        br.forward([RunItem(s, Tree()) for s in seqs])
         for s in seqs:
             br.cache.lengths[s.slot] -= 1
 

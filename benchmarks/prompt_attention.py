@@ -23,7 +23,7 @@ from rich.console import Console
 
 from common import ab_table, agreement_line, long_prompts, machine, now
 from concurrency import run_batched
-from specledger.decoding.batch_runner import BatchItem, BatchRunner
+from specledger.decoding.loop.runner import RunItem, ModelRunner
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.tree import Tree
 from specledger.engine import cpu_ops
@@ -36,36 +36,36 @@ PATHS = {"fp32": False, "fp32 A/A": False, "bf16": True}
 
 def pass_cases(lm: LoadedModel) -> dict[str, Callable[[], float]]:
     """Each case: a function timing one pass and undoing what it cached."""
-    r = BatchRunner(lm, 10, 2048)
+    r = ModelRunner(lm, 10, 2048)
     prompt = [3 + j % 900 for j in range(513)]
     dec = []
     for i in range(8):
         s = r.open([1 + (j * 7 + i) % 1000 for j in range(200)])
-        r.forward([BatchItem(s, max_run=199)])
+        r.forward([RunItem(s, max_run=199)])
         dec.append(s)
     long = r.open(prompt)
-    r.forward([BatchItem(long, max_run=256)])
+    r.forward([RunItem(long, max_run=256)])
     r.cache.reserve(1024)
 
-    def timed(items: list[BatchItem]) -> float:
+    def timed(items: list[RunItem]) -> float:
         t = time.perf_counter()
         r.forward(items)
         return time.perf_counter() - t
 
     def fresh() -> float:
         p = r.open(prompt)
-        dt = timed([BatchItem(p, max_run=256)])
+        dt = timed([RunItem(p, max_run=256)])
         r.close(p)
         return dt
 
     def after() -> float:
-        dt = timed([BatchItem(long, max_run=256)])
+        dt = timed([RunItem(long, max_run=256)])
         r.cache.lengths[long.slot] = 256
         return dt
 
     def beside() -> float:
         p = r.open(prompt)
-        dt = timed([BatchItem(s, Tree()) for s in dec] + [BatchItem(p, max_run=256)])
+        dt = timed([RunItem(s, Tree()) for s in dec] + [RunItem(p, max_run=256)])
         for s in dec:
             r.cache.lengths[s.slot] -= 1
         r.close(p)

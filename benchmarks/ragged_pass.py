@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common import machine, now
-from specledger.decoding.batch_runner import tree_rows
+from specledger.decoding.loop.runner import tree_rows
 from specledger.decoding.tree import Tree
 from specledger.engine import ragged
 from specledger.engine.loader import load_model

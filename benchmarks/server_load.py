@@ -35,7 +35,7 @@ import httpx
 import psutil
 
 from specledger.bench.backends.openai_http import OpenAIBackend
-from specledger.bench.config import BenchConfig, OpenAISettings
+from specledger.records.config import BenchConfig, OpenAISettings
 from specledger.bench.load import closed_loop
 from specledger.bench.telemetry import parse_prometheus, telemetry_delta
 from specledger.bench.workload import load_workload
@@ -163,7 +163,7 @@ async def drive(args: argparse.Namespace, url: str, prompts: list[str], pid: int
 def in_process_engine(args: argparse.Namespace):
     """generate() in this process with the server's configuration: prompt -> (text, TTFT)."""
     from specledger.decoding.factory import make_strategy
-    from specledger.decoding.generate import generate
+    from specledger.decoding.loop.generate import generate
     from specledger.decoding.sampling import SamplingParams
     from specledger.engine.loader import load_model
     from specledger.cli.server import parse_params

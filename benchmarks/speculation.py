@@ -27,10 +27,10 @@ from rich.table import Table
 sys.path.insert(0, os.path.dirname(__file__))
 from common import LlamaCpp, llamacpp_available, machine, median, now  # noqa: E402
 
-from specledger.bench.question import KINDS  # noqa: E402
+from specledger.records.question import KINDS  # noqa: E402
 from specledger.bench.workload import load_workload  # noqa: E402
 from specledger.decoding.factory import make_strategy  # noqa: E402
-from specledger.decoding.generate import generate  # noqa: E402
+from specledger.decoding.loop.generate import generate  # noqa: E402
 from specledger.decoding.sampling import SamplingParams  # noqa: E402
 from specledger.engine.loader import load_model  # noqa: E402
 

@@ -39,7 +39,7 @@ args = json.loads(sys.argv[1])
 torch.set_num_threads(args["threads"])
 from specledger.bench.workload import load_workload
 from specledger.decoding.factory import make_strategy
-from specledger.decoding.generate import generate
+from specledger.decoding.loop.generate import generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.engine.loader import load_model
 quant, dtype = args["target"]

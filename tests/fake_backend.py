@@ -9,7 +9,7 @@ import time
 from typing import Callable
 
 from specledger.bench.backends.base import Backend, Completion
-from specledger.bench.config import BenchConfig
+from specledger.records.config import BenchConfig
 
 
 class SleepBackend(Backend):

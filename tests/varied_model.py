@@ -21,12 +21,12 @@ import torch
 
 from tests.conftest import tiny_config, tiny_tensors
 from specledger.decoding.factory import make_strategy
-from specledger.decoding.draft_budget import CostSurface
-from specledger.decoding.eagle_head import EagleHead, HeadConfig
-from specledger.decoding import generate as solo
-from specledger.decoding.generate import GenerationResult, generate
+from specledger.decoding.sizing.planner import CostSurface
+from specledger.decoding.drafters.eagle_head import EagleHead, HeadConfig
+from specledger.decoding.loop import generate as solo
+from specledger.decoding.loop.generate import GenerationResult, generate
 from specledger.decoding.sampling import SamplingParams
-from specledger.decoding.scheduler import ScheduledResult, Scheduler
+from specledger.decoding.loop.scheduler import ScheduledResult, Scheduler
 from specledger.engine.config import ModelConfig
 from specledger.engine.loader import LoadedModel, build_model, weight_bytes
 

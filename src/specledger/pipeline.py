@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from specledger.bench.config import RunConfig, load_run_config, parse_run_config
-from specledger.bench.results import REQUESTS_FILE, load_run, write_run
+from specledger.records.config import RunConfig, load_run_config, parse_run_config
+from specledger.records.results import REQUESTS_FILE, load_run, write_run
 from specledger.errors import BadInput, SpecLedgerError
 
 if TYPE_CHECKING:
-    from specledger.bench.results import RunResult
+    from specledger.records.results import RunResult
     from specledger.ledger.price import LedgerResult
 
 EMBEDDED = "smollm2-135m"
@@ -200,6 +200,7 @@ def run_compare(config: RunConfig, *, run_dir: Path | None = None, inputs: Path 
     """Measure (with gates), price, print the cost table, write the report."""
     from specledger.bench.runner import run_benchmark
     from specledger.bench.tables import gates_text, workload_text
+    from specledger.bench.workload import open_settings
     from specledger.ledger.inputs import load_inputs
     from specledger.ledger.price import price_run
     from specledger.report.html import write_report
@@ -209,7 +210,7 @@ def run_compare(config: RunConfig, *, run_dir: Path | None = None, inputs: Path 
     t0 = time.perf_counter()
     costs = load_inputs(inputs)  # a bad cost file fails now, not after the measurements
     w = config.workload
-    questions = w.open().questions
+    questions = open_settings(w).questions
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
     if (run_dir / REQUESTS_FILE).exists():
         raise BadInput(f"{run_dir} already holds a run; choose another --out directory")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specledger.bench.calibration import DRIFT_WARN, assess, probe_ms
-from specledger.bench.results import Noise, NoiseProbe
+from specledger.records.results import Noise, NoiseProbe
 
 
 def _noise(ms, load=0.5, cores=2, threads=2):
@@ -35,7 +35,7 @@ def test_probe_times_a_real_product():
 
 
 def test_report_warns_naming_the_cause(tmp_path):
-    from specledger.bench.results import load_run, write_run
+    from specledger.records.results import load_run, write_run
     from specledger.ledger.inputs import load_inputs
     from specledger.ledger.price import price_run
     from specledger.report.html import render_report

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from specledger.bench.graded import graded_questions
-from specledger.bench.question import KINDS
+from specledger.records.question import KINDS
 from specledger.bench.workload import load_workload
 from specledger.quality.graders import grade
 
@@ -35,7 +35,7 @@ def test_every_item_is_graded_and_its_reference_answer_passes():
 
 
 def test_word_and_caps_rules():
-    from specledger.bench.question import Question
+    from specledger.records.question import Question
 
     yn = Question("1", "yes-no", "qa", ("Is ice cold? Answer yes or no.",), ("word:yes",))
     assert grade(yn, ["Yes, it is."]).passed and grade(yn, ["**yes**"]).passed

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specledger.cli.bench import build_config
-from specledger.bench.config import LoadLevel, config_arm, load_run_config, parse_run_config
+from specledger.records.config import LoadLevel, config_arm, load_run_config, parse_run_config
 from specledger.errors import BadInput
 
 GOOD = """

@@ -19,10 +19,10 @@ from rich.console import Console
 
 from tests.fake_backend import SleepBackend
 from tests.fake_openai_server import FakeOpenAIServer, FakeSettings
-from specledger.bench.config import RunConfig, parse_run_config
+from specledger.records.config import RunConfig, parse_run_config
 from specledger.bench.recorder import RunRecorder
-from specledger.bench import results
-from specledger.bench.results import REQUESTS_FILE, RUN_FILE, RequestLog, RequestRecord, load_run, read_requests
+from specledger.records import results
+from specledger.records.results import REQUESTS_FILE, RUN_FILE, RequestLog, RequestRecord, load_run, read_requests
 from specledger.bench.runner import Runner
 from specledger.errors import BadInput
 from specledger.ledger.measurements import measurements_from_run

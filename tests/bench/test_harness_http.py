@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specledger.bench.config import parse_run_config
-from specledger.bench.results import load_run, read_requests
+from specledger.records.config import parse_run_config
+from specledger.records.results import load_run, read_requests
 from specledger.bench.runner import Runner, resume_benchmark, run_benchmark
 from specledger.errors import SpecLedgerError
 from tests.fake_openai_server import FakeOpenAIServer, FakeSettings, token_text

@@ -8,8 +8,8 @@ import pytest
 
 from tests.conftest import tiny_model
 from specledger.bench.backends.inprocess import InProcessBackend
-from specledger.bench.config import parse_run_config
-from specledger.bench.results import read_requests
+from specledger.records.config import parse_run_config
+from specledger.records.results import read_requests
 from specledger.bench.runner import Runner, run_benchmark
 from specledger.errors import BadInput
 
@@ -189,7 +189,7 @@ def test_inprocess_backend_hands_each_role_its_loaded_model():
 
 def test_a_crash_is_recorded_as_failed_naming_the_exception(tmp_path):
     """An unexpected exception stops the run and run.json says so (a SpecLedgerError is 'stopped: <its line>')."""
-    from specledger.bench.results import load_run
+    from specledger.records.results import load_run
 
     class Crashing(InProcessBackend):
         async def complete(self, *args, **kwargs):

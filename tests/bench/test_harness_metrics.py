@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specledger.bench.config import SLO
+from specledger.records.config import SLO
 from specledger.bench.metrics import (
     aggregate, bootstrap_ci, busy_time, chunks_from_token_times, percentiles, spread_itl, tpot,
 )
-from specledger.bench.results import RequestGrade, RequestRecord
+from specledger.records.results import RequestGrade, RequestRecord
 from specledger.spec_stats import LevelStats
 
 

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from specledger.bench.metrics import aggregate
-from specledger.bench.results import (
+from specledger.records.results import (
     SCHEMA_VERSION, SUMMARY_COLUMNS, Conditions, ConfigResult, Dist, GateOutcome, LoadResult, RequestGrade,
     RequestLog, RequestRecord, RunResult, load_run, read_requests, write_run, write_summary,
 )

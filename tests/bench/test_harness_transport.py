@@ -15,8 +15,8 @@ from rich.console import Console
 
 from specledger.bench.backends.make import make_backend
 from specledger.bench.backends.openai_http import OpenAIBackend, transport_backoff_s
-from specledger.bench.config import BenchConfig, parse_run_config
-from specledger.bench.results import read_requests
+from specledger.records.config import BenchConfig, parse_run_config
+from specledger.records.results import read_requests
 from specledger.bench.runner import Runner
 from specledger.bench.tables import render_run
 from specledger.ledger.price import price_run

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specledger.bench.peer_imports import import_aiperf, import_guidellm
-from specledger.bench.results import load_run, read_requests
+from specledger.records.results import load_run, read_requests
 from specledger.cli import app
 from specledger.errors import BadInput
 

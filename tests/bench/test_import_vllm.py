@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specledger.bench.importers import import_vllm_bench
-from specledger.bench.results import load_run, read_requests
+from specledger.records.results import load_run, read_requests
 from specledger.cli import app
 from specledger.errors import BadInput
 from specledger.ledger.measurements import measurements_from_run

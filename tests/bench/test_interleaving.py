@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from tests.fake_backend import SleepBackend
-from specledger.bench.config import parse_run_config
-from specledger.bench.results import load_run, read_requests
+from specledger.records.config import parse_run_config
+from specledger.records.results import load_run, read_requests
 from specledger.bench.runner import Runner
 
 

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from specledger.bench.backends.openai_http import OpenAIBackend, Unauthorized
-from specledger.bench.config import BenchConfig, ServerSettings, parse_run_config
+from specledger.records.config import BenchConfig, ServerSettings, parse_run_config
 from specledger.bench.managed import ManagedServer, render_command
-from specledger.bench.results import read_requests
+from specledger.records.results import read_requests
 from specledger.bench.runner import run_benchmark
 from specledger.errors import BadInput, SpecLedgerError
 
@@ -137,7 +137,7 @@ def _parent_script(tmp_path: Path) -> Path:
     p.write_text(textwrap.dedent(f"""
         import signal, sys, time
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from specledger.bench.config import ServerSettings
+        from specledger.records.config import ServerSettings
         from specledger.bench.managed import ManagedServer
         s = ManagedServer(ServerSettings(command="{{python}} {FAKE} --port {{port}}", startup_timeout_s=60), model="m",
                           log_path=sys.argv[1])

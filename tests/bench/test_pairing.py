@@ -1,11 +1,11 @@
-"""One rule pairs a configuration with its autoregressive baseline (bench/pairing.py): the gates, the quality
+"""One rule pairs a configuration with its autoregressive baseline (records/pairing.py): the gates, the quality
 source, the ledger's speed-ups and the tables all read it."""
 
 from __future__ import annotations
 
-from specledger.bench.config import parse_run_config
-from specledger.bench.config import config_baselines, result_baselines
-from specledger.bench.results import ConfigResult
+from specledger.records.config import parse_run_config
+from specledger.records.config import config_baselines, result_baselines
+from specledger.records.results import ConfigResult
 from specledger.ledger.measurements import ConfigMeasurement
 from specledger.ledger.price import speedups
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from specledger.bench.config import config_baselines, load_run_config, parse_run_config
+from specledger.records.config import config_baselines, load_run_config, parse_run_config
 from specledger.bench.managed import find_llama_server, render_command
-from specledger.bench.results import load_run, read_requests
+from specledger.records.results import load_run, read_requests
 from specledger.bench.runner import run_benchmark
 from specledger.engine.registry import KNOWN_MODELS
 from specledger.errors import BadInput

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specledger.bench.config import parse_run_config
+from specledger.records.config import parse_run_config
 from specledger.bench.telemetry import merge_replica_metrics, parse_prometheus, spec_counters
 from specledger.errors import SpecLedgerError
 from tests.fake_openai_server import FakeOpenAIServer, FakeSettings

@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from specledger.bench.results import RunResult
+from specledger.records.results import RunResult
 from specledger.bench.tables import workload_text
-from specledger.bench.question import Question
+from specledger.records.question import Question
 from specledger.bench.workload import open_workload
 from specledger.errors import BadInput
 from specledger.quality.graders import grade, grading_rules
@@ -139,8 +139,8 @@ def test_more_skips_than_shown_are_summed_in_one_warning(tmp_path, capsys):
 @pytest.mark.slow
 def test_six_kinds_end_to_end_on_the_embedded_model(tmp_path):
     """A 6-question sample with every kind through the harness, the gates and the report: 0 skipped lines."""
-    from specledger.bench.config import parse_run_config
-    from specledger.bench.results import read_requests
+    from specledger.records.config import parse_run_config
+    from specledger.records.results import read_requests
     from specledger.bench.runner import run_benchmark
     from specledger.engine.registry import KNOWN_MODELS, known_model_path
     from specledger.ledger.price import price_run

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from tests.fake_backend import SleepBackend
-from specledger.bench.config import parse_run_config
-from specledger.bench.results import load_run
+from specledger.records.config import parse_run_config
+from specledger.records.results import load_run
 from specledger.bench.runner import Runner
 from specledger.bench.tables import steady_text
 from specledger.bench.steady import SteadyStateCheck, parse_duration, read_conditions
@@ -201,7 +201,7 @@ def test_the_report_plots_the_conditions_or_says_they_are_not_exposed(tmp_path, 
 
 
 def test_what_is_not_exposed_names_the_gpu_only_on_a_gpu_run():
-    from specledger.bench.results import ConditionSample, SteadyState
+    from specledger.records.results import ConditionSample, SteadyState
     from specledger.report.html import unexposed
 
     ss = SteadyState(window=1, tolerance=0.1, reached=False, windows_tok_s=[1.0],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from specledger.spec_stats import LevelStats
-from specledger.bench.results import ConfigResult, LoadResult, Aggregate, RequestRecord, RunResult, Conditions, now
+from specledger.records.results import ConfigResult, LoadResult, Aggregate, RequestRecord, RunResult, Conditions, now
 from specledger.bench.tables import server_speculation_table
 from specledger.bench.telemetry import response_levels, telemetry_delta
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from specledger.bench.config import parse_run_config
-from specledger.bench.results import ThreadProbe
+from specledger.records.config import parse_run_config
+from specledger.records.results import ThreadProbe
 from specledger.bench.runner import Runner
 from specledger.bench.threads import candidates, choose_threads, describe, pick
 from specledger.engine import threads
@@ -124,9 +124,9 @@ def test_the_engine_ops_run_on_one_torch_thread_with_the_count():
 
 
 def test_a_batch_workers_passes_run_on_the_torch_thread():
-    from specledger.decoding.batch_worker import BatchWorker
+    from specledger.decoding.loop.worker import SchedulerThread
     from specledger.decoding.sampling import SamplingParams
-    from specledger.decoding.scheduler import Scheduler
+    from specledger.decoding.loop.scheduler import Scheduler
 
     s = Scheduler(tiny_model(0), max_batch=2)
     where: list[threading.Thread] = []
@@ -137,7 +137,7 @@ def test_a_batch_workers_passes_run_on_the_torch_thread():
         step()
 
     s.step = recorded  # type: ignore[method-assign]
-    w = BatchWorker(s)
+    w = SchedulerThread(s)
     try:
         _, fut = w.submit([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
         assert len(fut.result(timeout=60).token_ids) == 4

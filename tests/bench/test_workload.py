@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from specledger.bench.question import KINDS, Question, kind_of
+from specledger.records.question import KINDS, Question, kind_of
 from specledger.bench.synthetic import estimate_tokens, synthetic_prompt
 from specledger.bench.workload import builtin_path, load_workload
 from specledger.errors import BadInput

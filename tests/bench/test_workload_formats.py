@@ -12,12 +12,12 @@ from collections import Counter
 import pytest
 
 from specledger.bench.backends.base import Backend, Completion
-from specledger.bench.config import parse_run_config
+from specledger.records.config import parse_run_config
 from specledger.bench.formats import lines as lines_mod
 from specledger.bench.formats.lines import json_array_records
 from specledger.bench.formats.trace import BLOCK_TOKENS
 from specledger.bench.load import replay
-from specledger.bench.results import read_requests
+from specledger.records.results import read_requests
 from specledger.bench.runner import Runner
 from specledger.bench.selection import reservoir
 from specledger.bench.synthetic import estimate_tokens
@@ -304,7 +304,7 @@ def test_bench_and_compare_read_each_format_unchanged(tmp_path):
     against a fake OpenAI server (the CLI as typed; few tokens)."""
     from typer.testing import CliRunner
 
-    from specledger.bench.results import load_run
+    from specledger.records.results import load_run
     from specledger.cli import app
     from tests.fake_openai_server import FakeOpenAIServer, FakeSettings
 
@@ -421,7 +421,7 @@ def test_trace_prompts_are_trimmed_by_the_backends_template_tokens(tmp_path):
     tokenizer): the filler as is and a note saying so. A trace line's own prompt is never trimmed."""
     from tests.fake_backend import SleepBackend
 
-    from specledger.bench.config import parse_run_config
+    from specledger.records.config import parse_run_config
     from specledger.bench.runner import Runner
     from specledger.bench.synthetic import estimate_tokens
 

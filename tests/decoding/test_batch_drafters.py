@@ -15,11 +15,11 @@ import torch
 from tests.conftest import TEMP, chi2_pvalue, exact_joint, tiny_model
 from tests.varied_model import FLAT, alone, prompt_features, random_head, run_all, run_joining, varied_model, varied_prompts
 
-from specledger.decoding.draft_budget import CostSurface
-from specledger.decoding.drafter import DraftSeq
+from specledger.decoding.sizing.planner import CostSurface
+from specledger.decoding.drafters.base import DraftSeq
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.sampling import SamplingParams
-from specledger.decoding.scheduler import Scheduler
+from specledger.decoding.loop.scheduler import Scheduler
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -224,7 +224,7 @@ def test_model_drafter_follows_the_verifier_through_rejections():
 
 
 def test_rank_acceptance_learns_per_rank_and_never_increases():
-    from specledger.decoding.draft_budget import RankAcceptance
+    from specledger.decoding.sizing.planner import RankAcceptance
 
     acc = RankAcceptance(a=0.5)
     assert acc.gains(3) == pytest.approx([0.5, 0.25, 0.125])
@@ -236,7 +236,7 @@ def test_rank_acceptance_learns_per_rank_and_never_increases():
 
 
 def test_planner_counts_the_drafting_time():
-    from specledger.decoding.draft_budget import plan_drafts
+    from specledger.decoding.sizing.planner import plan_drafts
 
     gains = [[0.9, 0.8, 0.2]] * 2
     assert plan_drafts(gains, 2, 2, FLAT) == [3, 3]
@@ -268,7 +268,7 @@ def test_sampled_drafting_in_a_batch_is_reproducible_per_seed(name):
 
 def test_draft_model_prior_is_its_agreement_with_the_target(smollm, smollm_int4):
     """The batched draft model's prior: top-1 agreement with the target on the built-in text, once per pair."""
-    from specledger.decoding.draft_model import agreement_prior
+    from specledger.decoding.drafters.draft_model import agreement_prior
 
     assert agreement_prior(smollm, smollm) == 1.0
     a = agreement_prior(smollm, smollm_int4)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from tests.varied_model import BATCHING_VOCAB, FLAT, alone, batching_model, run_all, run_joining
 
-from specledger.decoding.draft_budget import (
+from specledger.decoding.sizing.planner import (
     PRIOR,
     AcceptanceEMA,
     CostSurface,
@@ -27,10 +27,10 @@ from specledger.decoding.draft_budget import (
     RankAcceptance,
     StepOverhead,
 )
-from specledger.decoding.draft_policy import EVIDENCE
-from specledger.decoding.lookup import LookupDrafter
+from specledger.decoding.sizing.policy import EVIDENCE
+from specledger.decoding.drafters.lookup import LookupDrafter
 from specledger.decoding.sampling import SamplingParams
-from specledger.decoding.scheduler import Scheduler
+from specledger.decoding.loop.scheduler import Scheduler
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -364,8 +364,8 @@ def test_inprocess_backend_batches_lookup_with_the_same_tokens_and_reports_accep
     from tests.varied_model import CharTokenizer
 
     from specledger.bench.backends.inprocess import InProcessBackend
-    from specledger.bench.config import parse_run_config
-    from specledger.bench.results import read_requests
+    from specledger.records.config import parse_run_config
+    from specledger.records.results import read_requests
     from specledger.bench.runner import Runner as BenchRunner
 
     lm = batching_model(tokenizer=CharTokenizer())
@@ -391,7 +391,7 @@ def test_inprocess_backend_batches_lookup_with_the_same_tokens_and_reports_accep
 
 
 def test_cost_surface_is_measured_once_per_model_and_again_only_when_larger(lm):
-    from specledger.decoding.draft_budget import cost_surface
+    from specledger.decoding.sizing.planner import cost_surface
 
     first = cost_surface(lm, max_rows=8, n_seqs=2, reps=1)
     assert first.rows[-1] == 8 and cost_surface(lm, max_rows=4, n_seqs=2, reps=1) is first

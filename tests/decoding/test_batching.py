@@ -14,9 +14,9 @@ import pytest
 import torch
 from tests.varied_model import BATCHING_VOCAB, CharTokenizer, alone, batching_model, run_all
 
-from specledger.decoding.batch_runner import BatchItem, BatchRunner, common_prefix
+from specledger.decoding.loop.runner import RunItem, ModelRunner, common_prefix
 from specledger.decoding.sampling import SamplingParams
-from specledger.decoding.scheduler import Scheduler
+from specledger.decoding.loop.scheduler import Scheduler
 from specledger.decoding.tree import Tree
 from specledger.engine.model import new_slot_cache, ragged_hidden
 from specledger.engine.ragged import Segment
@@ -83,7 +83,7 @@ def test_ragged_pass_equals_each_sequence_run_alone(lm):
         if n:
             ragged_hidden(m, torch.tensor(seq[:n]), torch.arange(n), [Segment(s, n)], cache)
     tree = Tree(tokens=[5, 6, 8, 2], parents=[-1, -1, 0, 1])
-    from specledger.decoding.batch_runner import tree_rows
+    from specledger.decoding.loop.runner import tree_rows
 
     start2 = len(seqs[2]) - 1
     p2, m2 = tree_rows(start2, 1, tree, "cpu")
@@ -106,7 +106,7 @@ def test_ragged_pass_equals_each_sequence_run_alone(lm):
 def test_decode_rows_attend_together_beside_segments_attending_alone(lm):
     """Two decode rows attend in one batched call (with slots in their range that are not in the pass) while a
     drafted chain, a tree and a prefill chunk attend one by one, the chunk's rows first; every row as if alone."""
-    from specledger.decoding.batch_runner import tree_rows
+    from specledger.decoding.loop.runner import tree_rows
 
     m = lm.model
     seqs = prompts(7, seed=3)  # lengths 3, 41, 1, 17, 29, 8, 60
@@ -170,13 +170,13 @@ def test_batch_runner_verifies_every_sequence_draft_like_runner(lm):
     """The batched verification API: per sequence a chain, a tree or nothing; logits and accepted cache as alone."""
     seqs = prompts(3, seed=3)
     drafts = [Tree.chain([4, 9, 1]), Tree(tokens=[5, 6, 8], parents=[-1, -1, 0]), Tree()]
-    br = BatchRunner(lm, 3)
+    br = ModelRunner(lm, 3)
     opened = [br.open(s) for s in seqs]
-    first = br.forward([BatchItem(q) for q in opened])
+    first = br.forward([RunItem(q) for q in opened])
     assert all(f.logits.shape[0] == 1 for f in first)
     for q, f in zip(opened, first):
         br.accept(q, f, [], [int(f.logits[0].argmax())])
-    fwds = br.forward([BatchItem(q, t) for q, t in zip(opened, drafts)])
+    fwds = br.forward([RunItem(q, t) for q, t in zip(opened, drafts)])
     paths = [[0, 1], [1], []]
     m = lm.model
 
@@ -194,7 +194,7 @@ def test_batch_runner_verifies_every_sequence_draft_like_runner(lm):
         torch.testing.assert_close(f.logits, ref, atol=1e-4, rtol=1e-4)
         new = [t.tokens[i] for i in path] + [7]
         br.accept(q, f, path, new)
-    nxt = br.forward([BatchItem(q) for q in opened])
+    nxt = br.forward([RunItem(q) for q in opened])
     for q, f in zip(opened, nxt):
         ref = lm.model(torch.tensor([q.tokens]), lm.model.new_cache(128))[0, -1]
         torch.testing.assert_close(f.logits[0], ref, atol=1e-4, rtol=1e-4)
@@ -203,16 +203,16 @@ def test_batch_runner_verifies_every_sequence_draft_like_runner(lm):
 def test_decode_steps_take_logits_and_features_without_a_gather(lm):
     """A pass of decode steps only needs every row's logits: the LM head runs on the pass's rows as they are, and
     accepting a plain step hands back its features uncopied; a pass with a prompt still takes its last row only."""
-    br = BatchRunner(lm, 3)
+    br = ModelRunner(lm, 3)
     a, c, b = (br.open(s) for s in prompts(3, seed=5))  # c: 41 tokens
-    for q, f in zip((a, b), br.forward([BatchItem(a), BatchItem(b)])):
+    for q, f in zip((a, b), br.forward([RunItem(a), RunItem(b)])):
         br.accept(q, f, [], [int(f.logits[0].argmax())])
-    fwds = br.forward([BatchItem(a), BatchItem(b)])
+    fwds = br.forward([RunItem(a), RunItem(b)])
     for q, f in zip((a, b), fwds):
         torch.testing.assert_close(f.logits, lm.model.logits(f.hidden))
         feats = br.accept(q, f, [], [int(f.logits[0].argmax())])
         assert feats.data_ptr() == f.hidden.data_ptr() and br.cached(q) == len(q.tokens) - 1
-    mixed = br.forward([BatchItem(c), BatchItem(a)])  # c's whole prompt, then a's decode row
+    mixed = br.forward([RunItem(c), RunItem(a)])  # c's whole prompt, then a's decode row
     assert [f.logits.shape[0] for f in mixed] == [1, 1]
     torch.testing.assert_close(mixed[0].logits, lm.model.logits(mixed[0].hidden[-1:]))
     torch.testing.assert_close(mixed[1].logits, lm.model.logits(mixed[1].hidden))
@@ -299,17 +299,17 @@ def test_prompts_sharing_only_a_template_keep_each_others_entries(lm):
 
 
 def test_prefix_cache_entries_serve_like_a_fresh_prefill(lm):
-    runner, fresh = BatchRunner(lm, 1, prefix_cache=True), BatchRunner(lm, 1)
+    runner, fresh = ModelRunner(lm, 1, prefix_cache=True), ModelRunner(lm, 1)
     a = prompts(2)[1]
     seq = runner.open(a)
-    runner.forward([BatchItem(seq)])
+    runner.forward([RunItem(seq)])
     runner.close(seq)
     b = a[:30] + [(t + 1) % BATCHING_VOCAB for t in a[30:]] + [1, 2, 3]
     seq = runner.open(b)
     assert seq.reused == 30
-    got = runner.forward([BatchItem(seq)], all_logits=True)[0].logits
+    got = runner.forward([RunItem(seq)], all_logits=True)[0].logits
     f = fresh.open(b)
-    want = fresh.forward([BatchItem(f)], all_logits=True)[0].logits
+    want = fresh.forward([RunItem(f)], all_logits=True)[0].logits
     assert got is not None and want is not None
     torch.testing.assert_close(got, want[30:], rtol=1e-4, atol=1e-4)
 
@@ -317,36 +317,36 @@ def test_prefix_cache_entries_serve_like_a_fresh_prefill(lm):
 def test_runner_features_of_a_reused_prefix_equal_a_fresh_prefills(lm):
     """keep_features: the slot's features cover every cached token, those of a kept prefix and a tree's accepted
     path included, and equal the features a prefill of the same tokens computes."""
-    runner, fresh = BatchRunner(lm, 1, prefix_cache=True, keep_features=True), BatchRunner(lm, 1)
+    runner, fresh = ModelRunner(lm, 1, prefix_cache=True, keep_features=True), ModelRunner(lm, 1)
     a = prompts(2)[1]
     seq = runner.open(a)
-    runner.forward([BatchItem(seq, max_run=16)])
-    runner.forward([BatchItem(seq)])
+    runner.forward([RunItem(seq, max_run=16)])
+    runner.forward([RunItem(seq)])
     seq.tokens.append(7)
     tree = Tree([5, 9, 2, 8], [-1, -1, 0, 2])
-    fwd = runner.forward([BatchItem(seq, tree)])[0]
+    fwd = runner.forward([RunItem(seq, tree)])[0]
     runner.accept(seq, fwd, [1], [9, 4])  # the second root, then a bonus token
     runner.close(seq)
     b = seq.tokens + [1, 2, 3]
     seq = runner.open(b)
     assert seq.reused == len(a) + 2
-    runner.forward([BatchItem(seq)])
+    runner.forward([RunItem(seq)])
     f = fresh.open(b)
-    want = fresh.forward([BatchItem(f)])[0].hidden
+    want = fresh.forward([RunItem(f)])[0].hidden
     torch.testing.assert_close(runner.features(seq), want, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="keeps no features"):
         fresh.features(f)
 
 
 def test_prefix_cache_forgets_a_slot_a_failed_pass_may_have_spoilt(lm):
-    runner = BatchRunner(lm, 2, prefix_cache=True)
+    runner = ModelRunner(lm, 2, prefix_cache=True)
     toks = prompts(1)[0] * 3
     seq = runner.open(toks)
-    runner.forward([BatchItem(seq)])
+    runner.forward([RunItem(seq)])
     runner.close(seq, keep=False)
     assert runner.open(toks).reused == 0
     seq = runner.open(toks)  # the other slot
-    runner.forward([BatchItem(seq)])
+    runner.forward([RunItem(seq)])
     runner.close(seq)
     assert runner.open(toks).reused == len(toks) - 1
 
@@ -427,13 +427,13 @@ def test_scheduler_rejects_bad_requests(lm):
 
 
 def test_worker_thread_serves_futures_and_survives_a_failed_pass(lm):
-    from specledger.decoding.batch_worker import BatchWorker
+    from specledger.decoding.loop.worker import SchedulerThread
 
     ps = prompts(3, seed=7)
     sp = SamplingParams(max_tokens=6)
     refs = [alone(lm, p, sp).token_ids for p in ps]
     sched = Scheduler(lm, max_batch=2)
-    worker = BatchWorker(sched)
+    worker = SchedulerThread(sched)
     try:
         futs = [worker.submit(p, sp)[1] for p in ps]
         assert [f.result(timeout=60).token_ids for f in futs] == refs
@@ -454,8 +454,8 @@ def test_inprocess_backend_batches_ar_concurrency(tmp_path):
     import json
 
     from specledger.bench.backends.inprocess import InProcessBackend
-    from specledger.bench.config import parse_run_config
-    from specledger.bench.results import read_requests
+    from specledger.records.config import parse_run_config
+    from specledger.records.results import read_requests
     from specledger.bench.runner import Runner as BenchRunner
 
     lm = batching_model(tokenizer=CharTokenizer())
@@ -467,7 +467,7 @@ def test_inprocess_backend_batches_ar_concurrency(tmp_path):
                     {"name": "serial", "strategy": "ar", "max_tokens": 10, "batching": False}],
         "workload": {"spec": str(wl)}, "load": {"concurrency": [4], "warmup": 0}, "bootstrap": 20,
     })
-    from specledger.decoding import scheduler
+    from specledger.decoding.loop import scheduler
 
     chunks = []
 

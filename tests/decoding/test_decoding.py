@@ -13,7 +13,7 @@ from tests.conftest import TEMP, chi2_pvalue, exact_joint, tiny_model
 from tests.varied_model import assert_lossless_and_mixed, varied_model, varied_prompts
 from specledger.decoding.factory import make_strategy
 from specledger.decoding import sampling
-from specledger.decoding.generate import generate
+from specledger.decoding.loop.generate import generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.tree import Tree
 from specledger.decoding.verify import verify
@@ -53,7 +53,7 @@ def _sample_counts(lm, prompt, strategy, params, n_samples, vocab=4, n=3):
 
 
 def _random_head(lm, seed: int = 0):
-    from specledger.decoding.eagle_head import EagleHead, HeadConfig
+    from specledger.decoding.drafters.eagle_head import EagleHead, HeadConfig
 
     torch.manual_seed(seed)
     return EagleHead(HeadConfig.for_target(lm)).eval().requires_grad_(False)
@@ -189,7 +189,7 @@ def test_stop_conditions():
 def test_raising_from_on_tokens_ends_generate_at_that_step():
     """A caller's on_tokens that raises (how a caller cancels) ends the generation at once and reaches the caller;
     the strategy's batch-of-one scheduler is empty again for the next call."""
-    from specledger.decoding.generate import solo_scheduler
+    from specledger.decoding.loop.generate import solo_scheduler
 
     class Stop(Exception):
         pass

@@ -9,12 +9,12 @@ import torch
 from typer.testing import CliRunner
 from tests.varied_model import BATCHING_VOCAB, alone, random_head, run_all, run_joining, varied_model, varied_prompts
 
-from specledger.decoding.draft_budget import CostSurface
-from specledger.decoding.draft_policy import Adaptive, FixedK
+from specledger.decoding.sizing.planner import CostSurface
+from specledger.decoding.sizing.policy import Adaptive, FixedK
 from specledger.decoding.factory import check_params, make_strategy
-from specledger.decoding.lookup import LookupDrafter
+from specledger.decoding.drafters.lookup import LookupDrafter
 from specledger.decoding.sampling import SamplingParams
-from specledger.decoding.scheduler import Scheduler
+from specledger.decoding.loop.scheduler import Scheduler
 from specledger.errors import BadInput
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -130,7 +130,7 @@ def test_every_drafting_strategy_takes_draft_length_and_refuses_others_in_one_li
 
 
 def test_draft_length_round_trips_through_a_run_configuration_and_the_flags(tmp_path):
-    from specledger.bench.config import parse_run_config
+    from specledger.records.config import parse_run_config
     from specledger.cli.bench import build_config
 
     cfg = parse_run_config({"configs": [{"name": "lk", "strategy": "lookup", "params": {"draft_length": "fixed"}},
@@ -155,8 +155,8 @@ def test_the_inprocess_backend_and_the_server_run_the_configured_policy(monkeypa
 
     from tests.conftest import tiny_model
     from specledger.bench.backends.inprocess import InProcessBackend
-    from specledger.bench.config import BenchConfig
-    from specledger.decoding import draft_policy
+    from specledger.records.config import BenchConfig
+    from specledger.decoding.sizing import policy as draft_policy
     from specledger.server.app import ServerState
     from tests.bench.test_harness_inprocess import CharTokenizer
 
@@ -187,7 +187,7 @@ def test_the_inprocess_backend_and_the_server_run_the_configured_policy(monkeypa
 
 @pytest.mark.parametrize("strategy", ["lookup", "draft", "eagle", "hier"])
 def test_arms_recipe_is_no_speculation_fixed_and_adaptive_each_gated_against_ar(strategy):
-    from specledger.bench.config import config_baselines
+    from specledger.records.config import config_baselines
     from specledger.pipeline import arms_matrix, default_matrix
 
     cfg = arms_matrix(strategy)

@@ -10,10 +10,10 @@ import torch
 from tests.conftest import PROMPTS, tiny_model
 from tests.varied_model import assert_lossless_and_mixed, prompt_features, varied_model, varied_prompts
 from specledger.decoding.autoregressive import Autoregressive
-from specledger.decoding.eagle import EagleDrafter, EagleTree
-from specledger.decoding.eagle_head import EagleHead, HeadConfig, load_head, save_head
-from specledger.decoding.generate import generate
-from specledger.decoding.drafter import DraftSeq
+from specledger.decoding.drafters.eagle import EagleDrafter, EagleTree
+from specledger.decoding.drafters.eagle_head import EagleHead, HeadConfig, load_head, save_head
+from specledger.decoding.loop.generate import generate
+from specledger.decoding.drafters.base import DraftSeq
 from specledger.engine.ragged import Segment
 from specledger.decoding.sampling import SamplingParams
 from specledger.errors import BadInput
@@ -323,7 +323,7 @@ def test_draft_vocabulary_head(tmp_path, quant):
     vocab = torch.arange(0, 64, 3)
     torch.manual_seed(0)
     head = EagleHead(HeadConfig.for_target(lm), draft_vocab=vocab).eval().requires_grad_(False)
-    from specledger.decoding.eagle_head import draft_lm_head
+    from specledger.decoding.drafters.eagle_head import draft_lm_head
 
     h = torch.randn(5, 64, dtype=lm.model.dtype)
     torch.testing.assert_close(draft_lm_head(head, lm.model)(h).float(), lm.model.logits(h)[:, vocab])

@@ -1,4 +1,4 @@
-"""The hierarchy in a continuous batch: HierDrafter (an intermediate verifying its inner drafter's trees into
+"""The hierarchy in a continuous batch: ModelDrafter (an intermediate verifying its inner drafter's trees into
 chains, for many sequences at once) under the scheduler, at concurrency 1 and 4.
 
 Lossless: greedy, every request's tokens equal autoregressive decoding of it alone while every level's
@@ -15,13 +15,13 @@ import torch
 from tests.conftest import TEMP, chi2_pvalue, exact_joint, tiny_model
 from tests.varied_model import FLAT, alone, random_head, run_all, run_joining, varied_model, varied_prompts
 
-from specledger.decoding.draft_budget import CostSurface
-from specledger.decoding.drafter import DraftSeq
+from specledger.decoding.sizing.planner import CostSurface
+from specledger.decoding.drafters.base import DraftSeq
 from specledger.decoding.factory import make_strategy
-from specledger.decoding.hierarchy import HierDrafter
+from specledger.decoding.drafters.model import ModelDrafter
 from specledger.decoding.params import STRATEGIES
 from specledger.decoding.sampling import SamplingParams, probs_from_logits
-from specledger.decoding.scheduler import Scheduler
+from specledger.decoding.loop.scheduler import Scheduler
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -81,7 +81,7 @@ def test_batched_hierarchy_is_lossless_and_mixed(kind, concurrency):
     check_levels(list(results.values()), st.level_names, concurrency)
     assert sched.runner.cache.free_slots == concurrency and drafter.seqs == {}  # every slot given back, each level's
     inner = drafter.inner
-    while isinstance(inner, HierDrafter):
+    while isinstance(inner, ModelDrafter):
         assert inner.seqs == {} and inner.runner.cache.free_slots == concurrency
         inner = inner.inner
 

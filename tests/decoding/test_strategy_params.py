@@ -77,7 +77,7 @@ def test_draft_strategy_message_at_the_command_line():
 
 
 def _yaml(tmp_path, text):
-    from specledger.bench.config import load_run_config
+    from specledger.records.config import load_run_config
 
     p = tmp_path / "run.yaml"
     p.write_text(text)
@@ -124,7 +124,7 @@ configs:
 
 def test_results_keep_params_as_the_plain_mapping_given():
     """run.json has always held params as given; an old run's configuration parses and writes back the same."""
-    from specledger.bench.config import parse_run_config
+    from specledger.records.config import parse_run_config
 
     old = {"configs": [{"name": "lookup", "strategy": "lookup", "params": {"num_tokens": 3}},
                        {"name": "ar", "strategy": "ar", "params": {}},

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from tests.conftest import tiny_config, tiny_model, tiny_tensors
 from specledger.bench.backends.inprocess import InProcessBackend
-from specledger.bench.config import config_baselines, parse_run_config
-from specledger.bench.results import load_run
+from specledger.records.config import config_baselines, parse_run_config
+from specledger.records.results import load_run
 from specledger.bench.runner import Runner
 from specledger.engine.loader import LoadedModel, build_model, weight_bytes
 from specledger.engine.timing import CURVE_SIZES
@@ -105,7 +105,7 @@ def test_unavailable_optional_strategy_is_skipped_with_a_note(tmp_path, monkeypa
 
     def make_strategy(name, target, **params):
         if name == "hier":
-            raise ModuleNotFoundError("No module named 'specledger.decoding.hierarchy'")
+            raise ModuleNotFoundError("No module named 'specledger.decoding.drafters.hierarchy'")
         if name == "eagle":
             raise BadInput("no EAGLE head is shipped for tiny3")
         return real(name, target, **params)

@@ -3,6 +3,8 @@
 - no import cycle among specledger's modules, counting every import statement wherever it is: at the top of a
   module, inside a function (a lazy import is still an arrow), under `if TYPE_CHECKING:`;
 - the CLI sits on top: nothing outside specledger/cli imports specledger.cli;
+- the run's records (specledger/records) are the floor the readers stand on: records, quality, the ledger and the
+  report never import the harness (specledger/bench), and records imports no torch;
 - no class over MAX_CLASS_LINES lines (ALLOWED_BIG_CLASSES names the exceptions still being split).
 
 An import `from a.b import c` is an arrow to the module a.b.c when there is one, else to a.b. A package's
@@ -108,6 +110,35 @@ def test_areas_never_import_the_cli():
     offenders = [f"{m} (line {line})" for m, targets in graph.items() if not (m == CLI or m.startswith(CLI + "."))
                  for t, line in targets.items() if t == CLI or t.startswith(CLI + ".")]
     assert not offenders, f"imports of the CLI from below it: {offenders}"
+
+
+# Areas that read a run and must not reach back into the harness that writes it.
+READERS = ("specledger.records", "specledger.quality", "specledger.ledger", "specledger.report")
+HARNESS = "specledger.bench"
+
+
+def _in(module: str, area: str) -> bool:
+    return module == area or module.startswith(area + ".")
+
+
+def test_readers_never_import_the_harness():
+    graph = import_graph()
+    assert any(_in(m, "specledger.records") for m in graph), "the records package is not where expected"
+    offenders = [f"{m} -> {t} (line {line})" for m, targets in graph.items() if any(_in(m, r) for r in READERS)
+                 for t, line in targets.items() if _in(t, HARNESS)]
+    assert not offenders, f"arrows back up into the harness: {offenders}"
+
+
+def test_records_import_no_torch():
+    """The schema is read by the ledger and the report on machines with no engine: a subprocess imports every
+    records module and finds torch not loaded."""
+    import subprocess
+    import sys
+
+    mods = sorted(m for m in module_files() if _in(m, "specledger.records"))
+    code = "import sys\n" + "".join(f"import {m}\n" for m in mods) + "print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False", f"importing {mods} loads torch"
 
 
 def class_sizes(src: Path = SRC, package: str = PACKAGE) -> dict[tuple[str, str], int]:

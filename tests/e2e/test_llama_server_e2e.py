@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from specledger.bench.managed import LLAMA_SERVER_VERSION, find_llama_server, repo_cache
-from specledger.bench.results import load_run, read_requests
+from specledger.records.results import load_run, read_requests
 from specledger.report.positions import position_rows
 from tests.bench.test_managed_server import port_is_free
 

@@ -44,11 +44,11 @@ import pytest
 import yaml
 
 from specledger.bench.backends.openai_http import load_counting_tokenizer
-from specledger.bench.config import ServerSettings
+from specledger.records.config import ServerSettings
 from specledger.bench.managed import ManagedServer, repo_cache
 from specledger.bench.peer_imports import import_aiperf, import_guidellm
 from specledger.bench.metrics import dist
-from specledger.bench.results import Aggregate, load_run, read_requests
+from specledger.records.results import Aggregate, load_run, read_requests
 from specledger.bench.telemetry import parse_prometheus
 
 pytestmark = pytest.mark.slow

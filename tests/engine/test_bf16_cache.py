@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from specledger.decoding.batch_runner import BatchItem, BatchRunner
+from specledger.decoding.loop.runner import RunItem, ModelRunner
 from specledger.decoding.tree import Tree
 from specledger.engine import cpu_ops
 from specledger.engine.model import ragged_hidden
@@ -68,12 +68,12 @@ def _decode(lm, steps: int = 8):
         mask[:, n:] = torch.ones(4, 4, dtype=torch.bool).tril()
         h = ragged_hidden(m, torch.tensor([int(t), 3, 9, 27]), torch.arange(n, n + 4), [Segment(0, 4, mask)], cache)
         out.append(m.logits(h))
-        runner = BatchRunner(lm, 3, 64)
+        runner = ModelRunner(lm, 3, 64)
         seqs = [runner.open([(j * (i + 2)) % 64 for j in range(9 + 5 * i)]) for i in range(3)]
-        runner.forward([BatchItem(s) for s in seqs])
+        runner.forward([RunItem(s) for s in seqs])
         for s in seqs:
             s.tokens.append(7)
-        res = runner.forward([BatchItem(s, Tree()) for s in seqs])
+        res = runner.forward([RunItem(s, Tree()) for s in seqs])
         out.extend(r.logits[0] for r in res)
     return cache.k.dtype, runner.cache.k.dtype, out
 

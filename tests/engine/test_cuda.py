@@ -13,12 +13,12 @@ import torch
 
 from tests.varied_model import alone, assert_lossless_and_mixed, batching_model, run_all, varied_model, varied_prompts
 from specledger.decoding.autoregressive import Autoregressive
-from specledger.decoding.eagle_head import EagleHead, HeadConfig
+from specledger.decoding.drafters.eagle_head import EagleHead, HeadConfig
 from specledger.decoding.factory import make_strategy
-from specledger.decoding.generate import generate
-from specledger.decoding.lookup import LookupDrafter
+from specledger.decoding.loop.generate import generate
+from specledger.decoding.drafters.lookup import LookupDrafter
 from specledger.decoding.sampling import SamplingParams
-from specledger.decoding.scheduler import Scheduler
+from specledger.decoding.loop.scheduler import Scheduler
 from specledger.engine.quant import Int4Linear, Int8Linear, int4_grid, int8_grid
 
 # SPECLEDGER_TEST_DEVICE=cpu runs these checks on the CPU against itself (a check of the tests, not of CUDA)

@@ -6,7 +6,7 @@ import torch
 
 from tests.conftest import PROMPTS
 from specledger.decoding.factory import make_strategy
-from specledger.decoding.generate import generate
+from specledger.decoding.loop.generate import generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.data import quality_text
 from specledger.quality.agreement import teacher_forced_agreement

@@ -7,7 +7,7 @@ import torch
 
 from tests.conftest import tiny_config, tiny_model, tiny_tensors
 from tests.varied_model import untied_tiny_model
-from specledger.decoding.batch_runner import BatchItem, BatchRunner
+from specledger.decoding.loop.runner import RunItem, ModelRunner
 from specledger.decoding.tree import Tree
 from specledger.engine import cpu_ops
 from specledger.engine.loader import build_model
@@ -89,10 +89,10 @@ def test_tree_forward_equals_each_path_run_alone():
     lm = tiny_model()
     prefix = [3, 7, 9, 11]
     tree = Tree(tokens=[5, 6, 8, 2, 4], parents=[-1, -1, 0, 0, 1])  # root -> {5 -> {8, 2}, 6 -> {4}}
-    r = BatchRunner(lm, 1)
+    r = ModelRunner(lm, 1)
     q = r.open(prefix)
-    r.forward([BatchItem(q, max_run=len(prefix) - 1)])
-    [fwd] = r.forward([BatchItem(q, tree)])
+    r.forward([RunItem(q, max_run=len(prefix) - 1)])
+    [fwd] = r.forward([RunItem(q, tree)])
     for node, path in {2: [5, 8], 3: [5, 2], 4: [6, 4]}.items():
         m = lm.model
         ref = m(torch.tensor([prefix + path]), m.new_cache(32))[0, -1]
@@ -100,19 +100,19 @@ def test_tree_forward_equals_each_path_run_alone():
     # keep the path 6 -> 4: the cache must then equal a plain run of prefix + [6, 4]
     feats = r.accept(q, fwd, [1, 4], [6, 4, 1])
     assert r.cached(q) == len(prefix) + 2 and feats.shape[0] == 3
-    [nxt] = r.forward([BatchItem(q)])
+    [nxt] = r.forward([RunItem(q)])
     ref = lm.model(torch.tensor([prefix + [6, 4, 1]]), lm.model.new_cache(32))[0, -1]
     torch.testing.assert_close(nxt.logits[-1], ref, atol=1e-4, rtol=1e-4)
 
 
 def test_runner_sync_keeps_common_prefix():
     lm = tiny_model()
-    r = BatchRunner(lm, 1)
+    r = ModelRunner(lm, 1)
     q = r.open([1, 2, 3, 4, 5, 6])
-    r.forward([BatchItem(q, max_run=5)])
+    r.forward([RunItem(q, max_run=5)])
     r.sync(q, [1, 2, 3, 9, 10])
     assert r.cached(q) == 3 and q.tokens == [1, 2, 3, 9, 10]
-    [out] = r.forward([BatchItem(q)])
+    [out] = r.forward([RunItem(q)])
     ref = lm.model(torch.tensor([[1, 2, 3, 9, 10]]), lm.model.new_cache(16))[0, -1]
     torch.testing.assert_close(out.logits[-1], ref, atol=1e-4, rtol=1e-4)
 
@@ -173,7 +173,7 @@ def test_bad_group_size_and_quant_are_clear_errors():
 def test_context_overflow_is_a_clear_error():
     lm = tiny_model()
     from specledger.decoding.factory import make_strategy
-    from specledger.decoding.generate import generate
+    from specledger.decoding.loop.generate import generate
 
     with pytest.raises(BadInput, match="does not fit the context of 256"):
         generate(make_strategy("ar", lm), [1] * 300)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specledger.decoding.factory import make_strategy
-from specledger.decoding.generate import generate
+from specledger.decoding.loop.generate import generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.engine.loader import load_model
 from specledger.errors import BadInput, UnsupportedModel

@@ -57,7 +57,7 @@ def test_a_run_records_its_kernel_path():
 
 
 def test_the_run_summary_and_the_report_name_the_path(tmp_path):
-    from specledger.bench.results import Conditions, RunResult, load_run, now, write_run
+    from specledger.records.results import Conditions, RunResult, load_run, now, write_run
     from specledger.bench.tables import conditions_line
     from specledger.report.html import _conditions
 

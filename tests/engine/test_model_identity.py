@@ -7,7 +7,7 @@ import os
 import pytest
 
 from tests.conftest import tiny_model
-from specledger.bench.config import BenchConfig
+from specledger.records.config import BenchConfig
 from specledger.decoding import factory
 from specledger.engine.pool import ModelPool
 from specledger.engine.registry import identify_model, model_key, resolve_model

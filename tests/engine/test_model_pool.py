@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import tiny_model
-from specledger.bench.config import parse_run_config
+from specledger.records.config import parse_run_config
 from specledger.bench.shared_models import SharedModels
 from specledger.engine.pool import ModelPool, key_of, model_pool_key
 
@@ -48,8 +48,8 @@ def test_load_loads_once_per_key():
 def test_eagle_lm_head_lives_in_the_pool(monkeypatch):
     import torch
 
-    from specledger.decoding import eagle
-    from specledger.decoding.eagle_head import EagleHead, HeadConfig
+    from specledger.decoding.drafters import eagle
+    from specledger.decoding.drafters.eagle_head import EagleHead, HeadConfig
 
     pool = ModelPool()
     monkeypatch.setattr(eagle, "POOL", pool)

@@ -63,7 +63,7 @@ def test_only_cpu_bf16_linears_are_packed():
 def test_eagle_draft_head_reads_a_packed_lm_head():
     """The EAGLE head drafts over a subset of the target's vocabulary through the target's LM head: on a packed
     target the rows it takes are the same matrix's."""
-    from specledger.decoding.eagle_head import EagleHead, HeadConfig, draft_lm_head
+    from specledger.decoding.drafters.eagle_head import EagleHead, HeadConfig, draft_lm_head
     from specledger.engine.loader import LoadedModel
 
     dense, packed = _pair()

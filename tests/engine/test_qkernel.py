@@ -231,7 +231,7 @@ def test_model_with_and_without_the_kernels_agrees():
 def test_fused_layer_equals_the_layer_op_by_op(quant, dtype):
     """Ops.decode_layer (one call a layer for a single new token) against the same layer op by op: the same ops
     in the same order, so the same bits, alone (Transformer.forward on a one-slot cache) and in a batch runner's slot."""
-    from specledger.decoding.batch_runner import BatchItem, BatchRunner
+    from specledger.decoding.loop.runner import RunItem, ModelRunner
 
     lm = untied_tiny_model(quant=quant, dtype=dtype, hidden=128, heads=4, kv_heads=2)
     ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(12))
@@ -247,13 +247,13 @@ def test_fused_layer_equals_the_layer_op_by_op(quant, dtype):
         cache = lm.model.new_cache(32)
         lm.model(ids[:, :-4], cache)
         steps = torch.cat([lm.model(ids[:, j : j + 1], cache) for j in range(16, 20)])
-        runner = BatchRunner(lm, 2)
+        runner = ModelRunner(lm, 2)
         seq = runner.open(ids[0, :17].tolist())
-        runner.forward([BatchItem(seq)])
+        runner.forward([RunItem(seq)])
         rows = []
         for t in ids[0, 17:].tolist():
             seq.tokens.append(t)
-            fwd = runner.forward([BatchItem(seq)])[0]
+            fwd = runner.forward([RunItem(seq)])[0]
             assert fwd.logits is not None
             rows.append(fwd.logits)
         return steps, cache.k[:, :, :, :20].clone(), torch.cat(rows)

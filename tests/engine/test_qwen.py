@@ -17,7 +17,7 @@ from tests.engine.test_hf_conformance import VOCAB, assert_conforms
 from tests.varied_model import alone, run_joining
 
 from specledger.decoding.sampling import SamplingParams
-from specledger.decoding.scheduler import Scheduler
+from specledger.decoding.loop.scheduler import Scheduler
 from specledger.engine.loader import load_model
 from specledger.engine.cpu_ops import declines
 

@@ -1,4 +1,4 @@
-"""Synthetic run directories written through the harness's own models (bench/results.py).
+"""Synthetic run directories written through the harness's own models (records/results.py).
 
 Other ledger/report tests import `make_run`; the tests here check that the ledger reads back
 exactly what was written.
@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specledger.bench.metrics import aggregate, group_by
-from specledger.bench.results import (
+from specledger.bench.metrics import aggregate
+from specledger.records.results import group_by
+from specledger.records.results import (
     ConfigResult, Conditions, LoadResult, RequestGrade, RequestLog, RequestRecord, RunResult, now, write_run,
     write_summary,
 )

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.fake_backend import SleepBackend
-from specledger.bench.config import parse_run_config
+from specledger.records.config import parse_run_config
 from specledger.bench.runner import Runner
 from specledger.ledger.inputs import load_inputs, parse_inputs
 from specledger.ledger.measurements import ConfigMeasurement, RequestPoint, item_grades, measurements_from_run
@@ -130,7 +130,7 @@ def test_repeats_count_each_graded_item_once(tmp_path):
 def test_repeats_that_disagree_grade_an_item_by_its_share():
     """Sampled repeats are more answers to the same item: the item passes by the share that passed, and the
     paired test counts it for the configuration with the larger share (McNemar's sign test)."""
-    from specledger.bench.results import RequestGrade, RequestRecord
+    from specledger.records.results import RequestGrade, RequestRecord
 
     def rec(q, rep, passed):
         return RequestRecord(run_id="r", config="c", request_id=f"{q}|{rep}", item=rep, question_id=q,

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from specledger.bench.results import GateOutcome
+from specledger.records.results import GateOutcome
 from specledger.quality.gates import (
     comparable,
     first_divergence,

@@ -2,7 +2,7 @@ import sys
 
 import pytest
 
-from specledger.bench.question import Question
+from specledger.records.question import Question
 from specledger.errors import BadInput, SpecLedgerError
 from specledger.quality.graders import GradeResult, chrf, contains_any, final_number, grade, normalize, rouge_l
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from specledger.bench.results import load_run, write_run
+from specledger.records.results import load_run, write_run
 from specledger.spec_stats import LevelStats
 from specledger.ledger.inputs import load_inputs
 from specledger.ledger.price import price_run

@@ -36,7 +36,7 @@ def test_cost_tables_fit_80_columns_with_whole_names(tmp_path):
 def test_run_tables_fit_80_columns_with_whole_names(tmp_path):
     """`bench` and `show` at 80 columns: the run and per-category tables keep whole names and values (they
     were cut to "llama-serv…", "T…"); at a wide console the full layout keeps every column."""
-    from specledger.bench.results import load_run
+    from specledger.records.results import load_run
     from specledger.bench.tables import WIDE, render_run
 
     specs = [Spec("llama-server-ngram-parallel4", "lookup", tau=1.7, comparable=False, reason="lossless"),

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specledger.bench.telemetry import telemetry_delta
 from specledger.decoding.factory import make_strategy
-from specledger.decoding.generate import generate
+from specledger.decoding.loop.generate import generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.engine import qkernel
 from specledger.server.app import create_app

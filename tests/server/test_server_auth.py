@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from specledger.bench.backends.openai_http import OpenAIBackend, Unauthorized
-from specledger.bench.config import BenchConfig, parse_run_config
-from specledger.bench.results import load_run, read_requests
+from specledger.records.config import BenchConfig, parse_run_config
+from specledger.records.results import load_run, read_requests
 from specledger.bench.runner import Runner, run_benchmark
 from specledger.decoding.factory import make_strategy
 from specledger.errors import BadInput, SpecLedgerError

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specledger.decoding.factory import make_strategy
-from specledger.decoding.generate import generate
+from specledger.decoding.loop.generate import generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.server.app import create_app
 from tests.server.server_thread import ServerThread
@@ -148,11 +148,12 @@ def test_speculative_strategies_are_served_batched(smollm, strategy, monkeypatch
     greedy requests share passes and each gets autoregressive decoding's text (fp32: lossless in a batch).
     The planner is given a flat cost (drafting always pays): whether it pays on the measured surfaces depends
     on the host (on an AMX host the fp32 target's passes grow from 2 rows on, and the server drafted nothing)."""
-    from specledger.decoding import draft_policy, hierarchy
-    from specledger.decoding.draft_budget import CostSurface
+    from specledger.decoding.drafters import model
+    from specledger.decoding.sizing import policy
+    from specledger.decoding.sizing.planner import CostSurface
 
-    monkeypatch.setattr(draft_policy, "cost_surface", lambda *a, **k: CostSurface((1,), (1.0,)))
-    monkeypatch.setattr(hierarchy, "cost_surface", lambda *a, **k: CostSurface((1,), (0.0,)))  # the draft model's
+    monkeypatch.setattr(policy, "cost_surface", lambda *a, **k: CostSurface((1,), (1.0,)))
+    monkeypatch.setattr(model, "cost_surface", lambda *a, **k: CostSurface((1,), (0.0,)))  # the draft model's
     params = {"draft": {"model": "target", "quant": "int4", "dtype": "bf16"}} if strategy == "draft" else {}
     st = make_strategy(strategy, target=smollm, **params)
     prompts = ["Name three colours:", "The capital of France is", "def add(a, b):\n    return"]

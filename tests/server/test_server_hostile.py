@@ -22,7 +22,7 @@ import pytest
 
 from specledger.decoding.factory import make_strategy
 from specledger.decoding.sampling import SamplingParams
-from specledger.decoding.scheduler import Scheduler
+from specledger.decoding.loop.scheduler import Scheduler
 from specledger.server.app import ServerState, create_app
 from tests.server.server_thread import ServerThread
 from tests.varied_model import run_all
@@ -157,7 +157,7 @@ def test_scheduler_fails_one_request_alone_at_admission_and_in_its_callbacks(tin
 
 
 def test_a_failed_pass_fails_its_requests_not_the_waiting_ones(tiny):
-    from specledger.decoding.batch_worker import BatchWorker
+    from specledger.decoding.loop.worker import SchedulerThread
 
     sched = Scheduler(tiny, max_batch=1)
     real = sched.runner.forward
@@ -170,7 +170,7 @@ def test_a_failed_pass_fails_its_requests_not_the_waiting_ones(tiny):
         return real(*a, **k)
 
     sched.runner.forward = first_fails  # type: ignore[method-assign]
-    worker = BatchWorker(sched)
+    worker = SchedulerThread(sched)
     try:
         futs = [worker.submit([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))[1] for _ in range(3)]
         results = [f.result(timeout=60) for f in futs]

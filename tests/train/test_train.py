@@ -8,7 +8,7 @@ import torch
 from tests.conftest import tiny_model
 from tests.varied_model import prompt_features
 from specledger.decoding.autoregressive import Autoregressive
-from specledger.decoding.generate import generate
+from specledger.decoding.loop.generate import generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.engine.ragged import Segment
 from specledger.errors import BadInput
@@ -124,7 +124,7 @@ def test_training_lowers_the_loss_and_resumes(tmp_path):
     cfg = TrainConfig(epochs=6, lr=3e-3, warmup_steps=3, batch_tokens=128, bf16_autocast=False, seed=1,
                       checkpoint_every=1, val_fraction=0.0, unroll=2)
     batch = collate(samples, list(range(len(samples))))
-    from specledger.decoding.eagle_head import EagleHead, HeadConfig
+    from specledger.decoding.drafters.eagle_head import EagleHead, HeadConfig
 
     torch.manual_seed(cfg.seed)
     before = head_loss(EagleHead(HeadConfig.for_target(lm)).eval(), lm, batch, cfg)[1]
@@ -155,7 +155,7 @@ def _feed(head, lm, cache, tokens, feats, start):
 
 def test_unrolled_steps_see_what_tree_nodes_see():
     """Unroll step s at entry i equals feeding the head its own prediction as a depth s-1 node would."""
-    from specledger.decoding.eagle_head import EagleHead, HeadConfig
+    from specledger.decoding.drafters.eagle_head import EagleHead, HeadConfig
     from specledger.train.trainer import unrolled
 
     lm = tiny_model()

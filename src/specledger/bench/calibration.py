@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any
 
-from specledger.bench.results import Noise, NoiseProbe
+from specledger.records.results import Noise, NoiseProbe
 
 DRIFT_WARN = 0.10  # probes 10% apart: speed-ups of that size between configurations are suspect
 OTHERS_WARN = 0.25  # other processes busy on a quarter of the cores (at least half a core) on average: contention

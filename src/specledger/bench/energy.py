@@ -21,9 +21,6 @@ from dataclasses import dataclass, field
 
 import psutil
 
-# Relative 1-sigma spread of each method, carried into the ledger's intervals. Counters: software power models
-# with ~10-15% reported error (RAPL) and ~5% (NVML's board counter); the estimate: a TDP share can be off by half.
-METHOD_SPREAD = {"rapl": 0.12, "nvml": 0.05, "rapl+nvml": 0.12, "estimated": 0.5}
 
 # (pattern on /proc/cpuinfo's model name, what it stands for, package TDP in watts, logical CPUs per package). Cloud
 # VMs often show only the family ("AMD EPYC"), so family rows come last as the fallback for their models.

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 import specledger
-from specledger.bench.results import Conditions
+from specledger.records.results import Conditions
 
 
 def cpu_model() -> str | None:

@@ -21,7 +21,7 @@ import random
 from dataclasses import replace
 from typing import Callable
 
-from specledger.bench.question import Question
+from specledger.records.question import Question
 
 DEFAULT_SIZE = 320
 MAX_NEW_TOKENS = 16

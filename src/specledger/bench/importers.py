@@ -21,7 +21,7 @@ from typing import Any
 
 import specledger
 from specledger.bench.metrics import aggregate
-from specledger.bench.results import (
+from specledger.records.results import (
     Aggregate, Conditions, ConfigResult, Dist, LoadResult, RequestLog, RequestRecord, RunResult, REQUESTS_FILE,
     RUN_FILE, now, write_run, write_summary,
 )

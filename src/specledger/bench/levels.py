@@ -17,15 +17,15 @@ from typing import Any, Callable
 from rich.progress import Progress
 
 from specledger.bench.backends.base import Backend
-from specledger.bench.config import BenchConfig, LoadLevel, RunConfig
+from specledger.records.config import BenchConfig, LoadLevel, RunConfig
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.load import closed_loop, open_loop, replay
 from specledger.bench.recorder import RunRecorder
-from specledger.bench.results import RequestRecord, now
+from specledger.records.results import RequestRecord, now
 from specledger.bench.steady import ConditionSampler, SteadyStateCheck
 from specledger.bench.synthetic import fit_prompt
 from specledger.bench.telemetry import telemetry_delta
-from specledger.bench.question import Question
+from specledger.records.question import Question
 from specledger.quality.graders import grade
 
 

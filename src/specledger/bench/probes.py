@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specledger.bench.config import BenchConfig
+from specledger.records.config import BenchConfig
 
 UNQUANTIZED = ("fp32", "none")  # (dtype, quant) of the reference the quantization gate compares with
 

@@ -16,14 +16,15 @@ from typing import Any
 from rich.console import Console
 
 from specledger.bench.backends.base import Completion
-from specledger.bench.config import BenchConfig, LoadLevel, RunConfig
+from specledger.records.config import BenchConfig, LoadLevel, RunConfig
 from specledger.bench.env import collect_conditions
-from specledger.bench.metrics import aggregate, group_by, spread_itl, tpot
-from specledger.bench.results import (
+from specledger.bench.metrics import aggregate, spread_itl, tpot
+from specledger.records.results import group_by
+from specledger.records.results import (
     REQUESTS_FILE, ConfigResult, LoadResult, RequestGrade, RequestLog, RequestOutcome, RequestRecord, RunResult,
     WorkloadInfo, load_run, now, read_requests, repair_requests, write_run, write_summary,
 )
-from specledger.bench.question import Question
+from specledger.records.question import Question
 from specledger.errors import BadInput, SpecLedgerError
 from specledger.quality.graders import GradeResult
 from specledger.quality.policy import apply_gates

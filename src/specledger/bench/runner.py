@@ -23,13 +23,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from specledger.bench.backends.base import Backend
 from specledger.bench.backends.make import make_backend
 from specledger.bench.calibration import assess, take_probe, thread_settings
-from specledger.bench.config import QUALITY_LEVEL, BenchConfig, LoadLevel, RunConfig, parse_run_config
+from specledger.records.config import QUALITY_LEVEL, BenchConfig, LoadLevel, RunConfig, parse_run_config
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.levels import Level, Levels
 from specledger.bench.recorder import RunRecorder
-from specledger.bench.results import ConfigResult, Noise, RunResult, load_run
+from specledger.records.results import ConfigResult, Noise, RunResult, load_run, thread_choice_text
 from specledger.bench.shared_models import ReferenceFactory, SharedModels
-from specledger.bench.workload import load_workload
+from specledger.bench.workload import load_workload, open_settings
 from specledger.engine.pool import POOL, ModelPool
 from specledger.errors import BadInput, SpecLedgerError
 from specledger.quality.graders import grading_rules
@@ -60,7 +60,7 @@ class Runner:
         watts = cfg.cpu_watts or (float(os.environ["SPECLEDGER_CPU_WATTS"]) if os.environ.get("SPECLEDGER_CPU_WATTS")
                                   else None)
         self.meter = EnergyMeter(estimate=local, cpu_watts=watts)
-        workload = cfg.workload.open()
+        workload = open_settings(cfg.workload)
         self.questions = workload.questions
         info = workload.info
         info.grading = grading_rules({q.kind for q in self.questions}, cfg.workload.grader)
@@ -121,7 +121,7 @@ class Runner:
         given, else from a probe of the in-process targets (interleaved: every distinct one, all loaded for
         the run anyway; one after another: the first configuration's). Backends given by the caller (tests)
         are not probed."""
-        from specledger.bench.threads import choose_threads, describe
+        from specledger.bench.threads import choose_threads
         from specledger.engine import threads
 
         inproc = [bc for bc in self.cfg.configs if bc.backend == "inprocess"]
@@ -148,7 +148,7 @@ class Runner:
         noise.thread_choice = choice
         noise.threads = thread_settings()
         self.rec.result.noise = noise
-        self.console.print(f"torch threads: {describe(choice)}")
+        self.console.print(f"torch threads: {thread_choice_text(choice)}")
 
     def _noise_probe(self, when: str) -> None:
         """Time the calibration probe; the run keeps every probe and the drift between them."""

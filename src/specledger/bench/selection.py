@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from specledger.bench.formats.lines import BadLines
-from specledger.bench.question import Question
+from specledger.records.question import Question
 from specledger.errors import BadInput
 
 

@@ -14,9 +14,9 @@ from typing import Any, Callable
 from rich.progress import Progress
 
 from specledger.bench.backends.base import Backend
-from specledger.bench.config import BenchConfig, RunConfig
+from specledger.records.config import BenchConfig, RunConfig
 from specledger.bench.probes import UNQUANTIZED, measure_agreement, needs_agreement
-from specledger.bench.results import ConfigResult, CurvePoint
+from specledger.records.results import ConfigResult, CurvePoint
 from specledger.engine import threads
 from specledger.engine.pool import Key, ModelPool, model_pool_key
 

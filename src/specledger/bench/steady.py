@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 
 from specledger.bench.energy import nvml_handles
-from specledger.bench.results import ConditionSample, SteadyState
+from specledger.records.results import ConditionSample, SteadyState
 
 SYS = Path("/sys")
 

@@ -6,8 +6,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from specledger.bench.config import result_baselines
-from specledger.bench.results import RunResult, error_kinds
+from specledger.records.config import result_baselines
+from specledger.records.results import RunResult, error_kinds, kind_passes
 
 
 def _ms(x: float | None) -> str:
@@ -192,11 +192,6 @@ def steady_text(run: RunResult) -> Text:
             out.append("\n")
     return out
 
-
-def kind_passes(run: RunResult, kind: str) -> str:
-    """"config passed/graded" for one task kind at each configuration's first load level (graded kinds only)."""
-    return ", ".join(f"{c.name} {a.passed}/{a.graded}" for c in run.configs
-                     if c.loads and (a := c.loads[0].by_kind.get(kind)) is not None and a.graded)
 
 
 def workload_text(run: RunResult) -> Text:

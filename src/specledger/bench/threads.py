@@ -20,7 +20,7 @@ import statistics
 import time
 from typing import Any
 
-from specledger.bench.results import ThreadChoice, ThreadProbe
+from specledger.records.results import ThreadChoice, ThreadProbe
 
 TIE = 0.03  # within 3% of the fastest: take the fewer threads
 DROP = 1.5  # a count this many times slower than one thread after a round is not timed again
@@ -127,13 +127,3 @@ def choose_threads(models: dict[str, Any], *, given: int | None = None, counts: 
     return ThreadChoice(threads=chosen, source="probe", candidates=counts, probes=probes,
                         relative={str(t): round(s, 4) for t, s in score.items()},
                         probe_s=round(time.perf_counter() - t0, 2))
-
-
-def describe(c: ThreadChoice) -> str:
-    """One line: the count and why."""
-    if c.source == "given":
-        return f"{c.threads} (given)"
-    if c.source == "unchanged":
-        return f"{c.threads} (torch's default: {c.note})"
-    rel = ", ".join(f"{t} → {r:.2f}x" for t, r in c.relative.items())
-    return f"{c.threads} (chosen by a {c.probe_s:.1f} s probe; step time vs 1 thread: {rel})"

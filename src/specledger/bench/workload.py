@@ -5,7 +5,7 @@ OpenAI chat JSONL, CSV, plain text and timed traces; plus synthetic prompts of c
 A spec is "builtin", "builtin-quick", "synthetic:in=..,out=..,n=..", "FORMAT:PATH" or a PATH whose format is
 detected from its first record (the run says which was chosen). Selection streams (bench/selection.py).
 
-The record and its task kinds are in bench/question.py, the synthetic filler in bench/synthetic.py.
+The record and its task kinds are in records/question.py, the synthetic filler in bench/synthetic.py.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from pathlib import Path
 
 from specledger.bench.formats import detect, spec_bench
 from specledger.bench.formats.lines import BadLines
-from specledger.bench.question import KINDS, Question, ReadOptions
-from specledger.bench.results import WorkloadInfo
+from specledger.records.question import KINDS, Question, ReadOptions
+from specledger.records.config import WorkloadSettings
+from specledger.records.results import WorkloadInfo
 from specledger.bench.selection import select
 from specledger.bench.synthetic import synthetic_prompt
 from specledger.errors import BadInput
@@ -155,3 +156,10 @@ def open_workload(
 def load_workload(spec: str, **kwargs) -> list[Question]:
     """The questions of `open_workload(spec, ...)`."""
     return open_workload(spec, **kwargs).questions
+
+
+def open_settings(ws: WorkloadSettings) -> Workload:
+    """The questions a run configuration's `workload:` section names, and what was read."""
+    return open_workload(ws.spec, categories=ws.categories, per_category=ws.per_category, sample=ws.sample,
+                         limit=ws.limit, seed=ws.seed, on_bad_line=ws.on_bad_line, kind=ws.kind,
+                         prompt_column=ws.prompt_column)

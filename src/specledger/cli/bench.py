@@ -9,7 +9,7 @@ import typer
 import yaml
 from rich.console import Console
 
-from specledger.bench.config import RunConfig, load_run_config, parse_run_config
+from specledger.records.config import RunConfig, load_run_config, parse_run_config
 from specledger.errors import BadInput
 
 
@@ -213,7 +213,7 @@ def register(app: typer.Typer) -> None:
     @app.command("show")
     def show(run_dir: Path = typer.Argument(..., help="a run directory")) -> None:
         """Reprint a run's tables."""
-        from specledger.bench.results import load_run
+        from specledger.records.results import load_run
         from specledger.bench.tables import print_run
 
         print_run(load_run(run_dir))
@@ -222,7 +222,7 @@ def register(app: typer.Typer) -> None:
     def diff(run_a: Path = typer.Argument(..., help="run directory A"),
              run_b: Path = typer.Argument(..., help="run directory B")) -> None:
         """Compare the aggregates of configurations present in both runs."""
-        from specledger.bench.results import load_run
+        from specledger.records.results import load_run
         from specledger.bench.tables import diff_table
 
         Console().print(diff_table(load_run(run_a), load_run(run_b)))

@@ -75,7 +75,7 @@ def generate_cmd(
 ) -> None:
     """Generate text with the native engine and print tau, per-level acceptance and speed after it."""
     from specledger.decoding.factory import STRATEGIES, check_params, make_strategy
-    from specledger.decoding.generate import generate
+    from specledger.decoding.loop.generate import generate
     from specledger.decoding.sampling import SamplingParams
     from specledger.engine.loader import DTYPES, QUANTS, load_model
 

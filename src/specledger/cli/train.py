@@ -47,7 +47,7 @@ def train_draft(
     """Train an EAGLE draft head by self-distillation: the target answers prompts, the head learns its features."""
     import torch
 
-    from specledger.decoding.eagle_head import save_head
+    from specledger.decoding.drafters.eagle_head import save_head
     from specledger.engine.loader import load_model
     from specledger.engine.tokenizer import cache_dir
     from specledger.errors import BadInput

@@ -16,10 +16,10 @@ from specledger.errors import BadInput
 
 _CLASSES = {
     "ar": "specledger.decoding.autoregressive:Autoregressive",
-    "lookup": "specledger.decoding.lookup:PromptLookup",
-    "draft": "specledger.decoding.draft_model:DraftModel",
-    "eagle": "specledger.decoding.eagle:EagleTree",
-    "hier": "specledger.decoding.hierarchy:Hierarchy",
+    "lookup": "specledger.decoding.drafters.lookup:PromptLookup",
+    "draft": "specledger.decoding.drafters.draft_model:DraftModel",
+    "eagle": "specledger.decoding.drafters.eagle:EagleTree",
+    "hier": "specledger.decoding.drafters.hierarchy:Hierarchy",
 }
 assert tuple(_CLASSES) == STRATEGIES
 

@@ -1,6 +1,6 @@
 """Each strategy's parameters as one pydantic model: the one place their names and types are declared.
 
-The command line (-p KEY=VALUE), a run configuration (bench/config.py: `params`, chosen by `strategy`)
+The command line (-p KEY=VALUE), a run configuration (records/config.py: `params`, chosen by `strategy`)
 and make_strategy all validate with these models before any model is loaded, so a typo or a wrong type is
 reported as the user's mistake, naming the strategy and the parameter, and a TypeError from inside a
 strategy stays a bug. Model-valued parameters (a draft model, intermediate models) are roles: given by
@@ -39,7 +39,7 @@ MODEL_PARAMS = {
 }
 
 
-# how a batch sizes each step's drafts (decoding/draft_policy.py): the cost-aware planner, or K nodes every step
+# how a batch sizes each step's drafts (decoding/sizing/policy.py): the cost-aware planner, or K nodes every step
 DraftLength = Literal["adaptive", "fixed"]
 DRAFT_LENGTHS: tuple[str, ...] = get_args(DraftLength)
 
@@ -117,7 +117,7 @@ class OtherParams(StrategyParams):
 PARAMS: dict[str, type[StrategyParams]] = {
     "ar": ArParams, "lookup": LookupParams, "draft": DraftParams, "eagle": EagleParams, "hier": HierParams,
 }
-STRATEGIES = tuple(PARAMS)  # every one runs on the continuous-batching scheduler (decoding/scheduler.py)
+STRATEGIES = tuple(PARAMS)  # every one runs on the continuous-batching scheduler (decoding/loop/scheduler.py)
 
 
 def check_draft_length(value: str) -> str:

@@ -5,7 +5,7 @@ for autoregressive decoding) and how its drafts are sized (`draft_length`); ever
 
 from __future__ import annotations
 
-from specledger.decoding.drafter import Drafter
+from specledger.decoding.drafters.base import Drafter
 from specledger.decoding.params import check_draft_length
 from specledger.engine.loader import LoadedModel
 
@@ -18,7 +18,7 @@ class Strategy:
 
     def __init__(self, target: LoadedModel, draft_length: str = "adaptive") -> None:
         self.target = target
-        self.draft_length = check_draft_length(draft_length)  # how a batch sizes its drafts (draft_policy.py)
+        self.draft_length = check_draft_length(draft_length)  # how a batch sizes its drafts (sizing/policy.py)
 
     def params(self) -> dict:
         return {}

@@ -1,6 +1,6 @@
 """What the ledger needs from a benchmark run, per configuration and load level.
 
-The harness's results directory (bench/results.py) is read once here; everything downstream
+The harness's results directory (records/results.py) is read once here; everything downstream
 works on ConfigMeasurement, so the ledger can also price measurements from elsewhere.
 """
 
@@ -13,12 +13,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specledger.bench.config import QUALITY_LEVEL
-from specledger.bench.energy import METHOD_SPREAD
-from specledger.bench.results import CurvePoint
-from specledger.bench.config import result_arm
-from specledger.bench.pairing import Arm, baselines
-from specledger.bench.pairing import precision_label as precision_label  # where callers have always found it
+from specledger.records.config import QUALITY_LEVEL
+from specledger.records.results import METHOD_SPREAD
+from specledger.records.results import CurvePoint
+from specledger.records.config import result_arm
+from specledger.records.pairing import Arm, baselines
+from specledger.records.pairing import precision_label as precision_label  # where callers have always found it
 from specledger.errors import BadInput
 from specledger.ledger.cost_model import TRAINED_DRAFTERS, OperatingPoint
 
@@ -50,8 +50,8 @@ class ConfigMeasurement(BaseModel):
     model: str = ""
     backend: str = ""
     precision: str = ""
-    where: str = ""  # the device, the server's URL, or "managed:<engine>" (bench/pairing.py)
-    sampling: str = ""  # "greedy", or the distribution sampled from (bench/pairing.py)
+    where: str = ""  # the device, the server's URL, or "managed:<engine>" (records/pairing.py)
+    sampling: str = ""  # "greedy", or the distribution sampled from (records/pairing.py)
     load: str = "c=1"
     concurrency: int | None = None
     rate: float | None = None
@@ -134,7 +134,7 @@ class ConfigMeasurement(BaseModel):
 
 
 def measurement_baselines(ms: Iterable[ConfigMeasurement]) -> dict[str, str]:
-    """Configuration name -> its autoregressive baseline's (bench/pairing.py), over measurements of any levels."""
+    """Configuration name -> its autoregressive baseline's (records/pairing.py), over measurements of any levels."""
     return baselines(m.arm for m in ms)
 
 
@@ -146,7 +146,7 @@ def _attempts_judged(graded: int, failed: int) -> int:
 
 def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
     """One ConfigMeasurement per configuration x load level of a harness results directory."""
-    from specledger.bench.results import RUN_FILE, load_run, read_requests
+    from specledger.records.results import RUN_FILE, load_run, read_requests
 
     run_dir = Path(run_dir)
     run = load_run(run_dir)

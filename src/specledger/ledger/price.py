@@ -169,7 +169,7 @@ def _reference(ms: list[ConfigMeasurement]) -> str | None:
 
 
 def speedups(ms: list[ConfigMeasurement]) -> dict[tuple[str, str], float]:
-    """(config, load) -> tok/s over its autoregressive baseline (bench/pairing.py) at that load."""
+    """(config, load) -> tok/s over its autoregressive baseline (records/pairing.py) at that load."""
     pairs = measurement_baselines(ms)
     tok_s = {(m.name, m.load): m.tok_s for m in ms}
     out = {}

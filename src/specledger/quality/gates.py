@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from specledger.bench.results import GateOutcome
+from specledger.records.results import GateOutcome
 
 
 def _gate(name: str, passed: bool, reason: str, figures: dict) -> GateOutcome:

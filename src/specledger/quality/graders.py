@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from specledger.bench.question import Question
+from specledger.records.question import Question
 from specledger.errors import BadInput, SpecLedgerError
 
 ROUGE_L_MIN = 0.3

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from specledger.bench.config import QUALITY_LEVEL, BenchConfig, RunConfig, config_baselines
-from specledger.bench.metrics import group_by
-from specledger.bench.results import GateOutcome, RequestRecord, RunResult
+from specledger.records.config import QUALITY_LEVEL, BenchConfig, RunConfig, config_baselines
+from specledger.records.results import group_by
+from specledger.records.results import GateOutcome, RequestRecord, RunResult
 from specledger.quality.gates import comparable, lossless_gate, pass_rate_gate, quantization_gate
 
 

@@ -11,7 +11,7 @@ from matplotlib import rcParams
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
-from specledger.bench.results import SteadyState
+from specledger.records.results import SteadyState
 from specledger.ledger.answer import ScenarioAnswer
 from specledger.ledger.measurements import ConfigMeasurement, measurement_baselines
 from specledger.ledger.price import LedgerResult
@@ -250,7 +250,7 @@ def steady_state(levels: Sequence[tuple[str, SteadyState]]) -> str | None:
     """Throughput by window through each level held for steady state (a marker where it settled), and below it,
     on the same time axis, the clocks (MHz) and temperatures (°C) sampled meanwhile, each panel only where the
     host exposed something: a throttling machine shows as a falling line above a falling clock or a rising heat.
-    `levels`: (label, bench.results.SteadyState)."""
+    `levels`: (label, records.results.SteadyState)."""
     held = [(label, ss) for label, ss in levels if ss.windows_tok_s]
     if not held:
         return None

@@ -11,9 +11,7 @@ from typing import cast
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import escape
 
-from specledger.bench.results import RunResult, SteadyState, load_run
-from specledger.bench.tables import kind_passes
-from specledger.bench.threads import describe
+from specledger.records.results import RunResult, SteadyState, kind_passes, load_run, thread_choice_text
 from specledger.ledger.answer import Answer, ScenarioAnswer
 from specledger.ledger.price import ConfigCost, LedgerResult
 from specledger.ledger.verdicts import MATERIAL
@@ -128,7 +126,7 @@ def _noise(run: RunResult | None) -> dict | None:
                        for p in n.probes)
     return {"warning": n.warning, "probes": probes, "drift": num(n.drift, ".0%"),
             "threads": ", ".join(f"{k} {v}" for k, v in n.threads.items()),
-            "chosen": describe(n.thread_choice) if n.thread_choice is not None else None,
+            "chosen": thread_choice_text(n.thread_choice) if n.thread_choice is not None else None,
             "interleaved": run.conditions.interleaved}
 
 

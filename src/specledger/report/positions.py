@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specledger.bench.results import RunResult
+from specledger.records.results import RunResult
 from specledger.spec_stats import LevelStats
 
 MAX_POSITIONS = 10  # columns shown; a longer draft's tail is in run.json

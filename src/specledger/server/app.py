@@ -48,13 +48,13 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
-from specledger.decoding.scheduler import GenerationResult, Scheduler
+from specledger.decoding.loop.scheduler import GenerationResult, Scheduler
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.strategy import Strategy
 from specledger.engine.loader import LoadedModel
 from specledger.errors import SpecLedgerError
 from specledger.server.auth import ApiKeyMiddleware
-from specledger.server.batch_engine import BatchEngineWorker, Delta, Done, Draining, Failed, Job, QueueFull
+from specledger.server.batch_engine import EngineWorker, Delta, Done, Draining, Failed, Job, QueueFull
 from specledger.server.limits import BodyLimitMiddleware
 from specledger.server.metrics import ServerMetrics
 from specledger.server.schemas import ApiError, ChatCompletionRequest, CompletionRequest, error_body
@@ -131,7 +131,7 @@ class ServerState:
         scheduler = Scheduler(lm, max_batch=max_batch, prefill_chunk=prefill_chunk,
                               drafter=strategy.batch_drafter(max_batch), prefix_cache=prefix_cache,
                               draft_length=strategy.draft_length)
-        self.worker = BatchEngineWorker(scheduler, self.metrics, max_queue)
+        self.worker = EngineWorker(scheduler, self.metrics, max_queue)
         # said by /health: the kernels the model's table holds (chosen at load: engine/cpu_ops.resolve) and its
         # precision (lm.label: dtype, quantization, int8 activations)
         self.kernel, self.weights = lm.model.ops.path, lm.label

@@ -1,9 +1,9 @@
-"""The server's one engine worker: its jobs go to a continuous-batching Scheduler stepped by a BatchWorker.
+"""The server's one engine worker: its jobs go to a continuous-batching Scheduler stepped by a SchedulerThread.
 
 Every strategy is served this way (`--max-batch 1`: one request at a time, the others queued). Each job becomes
 a scheduler request: its tokens come back through on_tokens on the worker thread and are handed to the request's
 asyncio queue as text deltas; its end comes through the result future (finished, cancelled or failed). A client
-that goes away cancels its request in the batch (Job.cancel -> BatchWorker.cancel), freeing its slot at the next
+that goes away cancels its request in the batch (Job.cancel -> SchedulerThread.cancel), freeing its slot at the next
 step. Admission: requests that find a free slot in the batch start at the next step; at most `max_queue` may wait
 beyond the free slots, more are refused (QueueFull -> 503), and a draining server refuses new jobs straight away.
 """
@@ -17,9 +17,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specledger.decoding.batch_worker import BatchWorker
+from specledger.decoding.loop.worker import SchedulerThread
 from specledger.decoding.sampling import SamplingParams
-from specledger.decoding.scheduler import GenerationResult, ScheduledResult, Scheduler
+from specledger.decoding.loop.scheduler import GenerationResult, ScheduledResult, Scheduler
 from specledger.errors import SpecLedgerError
 from specledger.server.metrics import ServerMetrics
 from specledger.server.textstream import TextStream
@@ -72,7 +72,7 @@ class Job:
             self.on_cancel()
 
 
-class BatchEngineWorker:
+class EngineWorker:
     def __init__(self, scheduler: Scheduler, metrics: ServerMetrics, max_queue: int) -> None:
         if max_queue < 0:
             raise SpecLedgerError(f"max queue must be >= 0 (got {max_queue})")
@@ -82,7 +82,7 @@ class BatchEngineWorker:
         self.accepting = True  # until drained (set under the lock, so no job is admitted after)
         self.scheduler = scheduler
         self._live: dict[int, Job] = {}
-        self._worker: BatchWorker | None = None
+        self._worker: SchedulerThread | None = None
         s = scheduler
         metrics.running.set_function(lambda: s.n_running)
         metrics.waiting.set_function(lambda: s.n_waiting)
@@ -90,7 +90,7 @@ class BatchEngineWorker:
         metrics.batch_rows.set_function(lambda: s.last_rows if s.n_running else 0)
 
     def start(self) -> None:
-        self._worker = BatchWorker(self.scheduler, name="specledger-engine")
+        self._worker = SchedulerThread(self.scheduler, name="specledger-engine")
 
     @property
     def queued(self) -> int:
@@ -119,7 +119,7 @@ class BatchEngineWorker:
             self._worker.close()
 
     def enqueue(self, job: Job) -> None:
-        """Admit the job (Draining, QueueFull) and hand it to the BatchWorker (submit: the one hand-off to the
+        """Admit the job (Draining, QueueFull) and hand it to the SchedulerThread (submit: the one hand-off to the
         engine's thread); BadInput (a prompt that cannot run) propagates."""
         assert self._worker is not None, "start() the worker first"
         s = self.scheduler

@@ -18,9 +18,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from specledger.decoding.drafter import DraftSeq, Stateless
+from specledger.decoding.drafters.base import DraftSeq, Stateless
 from specledger.decoding.sampling import SamplingParams
-from specledger.decoding.scheduler import Scheduler
+from specledger.decoding.loop.scheduler import Scheduler
 from specledger.engine.loader import LoadedModel
 from specledger.errors import BadInput
 

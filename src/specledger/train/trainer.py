@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from specledger.decoding.eagle_head import EagleHead, HeadConfig, draft_lm_head
+from specledger.decoding.drafters.eagle_head import EagleHead, HeadConfig, draft_lm_head
 from specledger.engine.cpu_ops import apply_rope, causal_mask, masked_attention
 from specledger.engine.loader import LoadedModel
 from specledger.engine.model import Block, rope_at

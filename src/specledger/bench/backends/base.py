@@ -6,8 +6,8 @@ from abc import ABC, abstractmethod
 
 from pydantic import Field
 
-from specledger.bench.config import BenchConfig
-from specledger.bench.results import RequestOutcome
+from specledger.records.config import BenchConfig
+from specledger.records.results import RequestOutcome
 
 
 class Completion(RequestOutcome):

@@ -16,7 +16,7 @@ import torch
 
 import specledger
 from specledger.bench.backends.base import Backend, Completion
-from specledger.bench.config import BenchConfig
+from specledger.records.config import BenchConfig
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.metrics import chunks_from_token_times
 from specledger.bench.telemetry import peak_rss_bytes, reset_peak_rss
@@ -35,16 +35,16 @@ class InProcessBackend(Backend):
         self.models: dict[str, Any] = dict(models or {})
         self.strategy: Any = None
         self._cuda = config.device.startswith("cuda")
-        self.worker: Any = None  # the BatchWorker, once started
+        self.worker: Any = None  # the SchedulerThread, once started
         self.serial = config.batch_size == 1
 
     async def start(self) -> None:
         await asyncio.wrap_future(threads.future(self._load))
 
     def _load(self) -> None:
-        from specledger.decoding.batch_worker import BatchWorker
+        from specledger.decoding.loop.worker import SchedulerThread
         from specledger.decoding.factory import make_strategy
-        from specledger.decoding.scheduler import Scheduler
+        from specledger.decoding.loop.scheduler import Scheduler
         from specledger.engine.loader import load_model
 
         c = self.config
@@ -63,7 +63,7 @@ class InProcessBackend(Backend):
         except ImportError as exc:  # a strategy whose module is not in this build
             raise SpecLedgerError(f"configuration {c.name!r}: strategy {c.strategy!r} is not available "
                                   f"in this build ({exc})") from None
-        self.worker = BatchWorker(Scheduler(self.models["target"], max_batch=c.batch_size,
+        self.worker = SchedulerThread(Scheduler(self.models["target"], max_batch=c.batch_size,
                                             prefill_chunk=c.prefill_chunk, drafter=drafter,
                                             prefix_cache=c.prefix_cache,
                                             draft_length=self.strategy.draft_length))

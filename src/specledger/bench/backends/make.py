@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from specledger.bench.backends.base import Backend
-from specledger.bench.config import BenchConfig
+from specledger.records.config import BenchConfig
 
 
 def make_backend(config: BenchConfig, **kwargs: Any) -> Backend:

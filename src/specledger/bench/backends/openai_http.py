@@ -21,7 +21,7 @@ import httpx
 from specledger.bench.backends.base import Backend, Completion
 from specledger.bench.backends.pools import ConnectionPools
 from specledger.bench.backends.sse import Stream, StreamFailure, completion, error_message, unanswered
-from specledger.bench.config import BenchConfig
+from specledger.records.config import BenchConfig
 from specledger.bench.managed import ManagedServer
 from specledger.bench.synthetic import template_overhead
 from specledger.bench.telemetry import merge_replica_metrics

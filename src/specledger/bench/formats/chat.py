@@ -17,7 +17,7 @@ from typing import Any
 
 from specledger.bench.formats.conversation import read_conversations, record_id, to_question, token_limit
 from specledger.bench.formats.lines import BadLines
-from specledger.bench.question import Question, ReadOptions
+from specledger.records.question import Question, ReadOptions
 
 
 def _content(value: Any, where: str) -> str:

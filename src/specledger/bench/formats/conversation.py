@@ -16,7 +16,7 @@ from typing import Any
 
 from specledger.bench.formats.lines import BadLines, first_record, json_array_records, jsonl_records, read_questions_from
 from specledger.bench.formats.spec_bench import parse_reference
-from specledger.bench.question import Question, ReadOptions
+from specledger.records.question import Question, ReadOptions
 
 USER = frozenset({"user", "human"})
 ASSISTANT = frozenset({"assistant", "gpt", "chatgpt", "bard", "bing", "model"})

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specledger.bench.formats.lines import BadLines, csv_header, csv_rows, read_questions_from
-from specledger.bench.question import Question, ReadOptions
+from specledger.records.question import Question, ReadOptions
 from specledger.errors import BadInput
 
 PROMPT_COLUMNS = ("prompt", "question", "input", "instruction", "query", "text", "content", "message")

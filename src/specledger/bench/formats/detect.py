@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from specledger.bench.formats.lines import BadLines, Unreadable, first_record
-from specledger.bench.question import Question, ReadOptions
+from specledger.records.question import Question, ReadOptions
 from specledger.errors import BadInput
 
 FORMATS = ("spec-bench", "sharegpt", "chat", "csv", "text", "trace")

@@ -14,7 +14,7 @@ from typing import Any
 
 from specledger.bench.formats.conversation import read_conversations, record_id, to_question
 from specledger.bench.formats.lines import BadLines
-from specledger.bench.question import Question, ReadOptions
+from specledger.records.question import Question, ReadOptions
 
 
 def parse_record(obj: Any, lineno: int, opts: ReadOptions) -> Question:

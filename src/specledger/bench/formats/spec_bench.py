@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from specledger.bench.formats.lines import BadLines, jsonl_records, read_questions_from
-from specledger.bench.question import KINDS, Question, ReadOptions, Reference, kind_of
+from specledger.records.question import KINDS, Question, ReadOptions, Reference, kind_of
 
 _Scalar = StrictStr | StrictInt | StrictFloat
 _Entry = _Scalar | list[_Scalar] | None

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from specledger.bench.formats.lines import BadLines, read_questions_from, text_lines
-from specledger.bench.question import Question, ReadOptions
+from specledger.records.question import Question, ReadOptions
 
 
 def read(path: Path, bad: BadLines, opts: ReadOptions) -> Iterator[Question]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from specledger.bench.formats.lines import BadLines, jsonl_records, read_questions_from
-from specledger.bench.question import Question, ReadOptions
+from specledger.records.question import Question, ReadOptions
 from specledger.bench.synthetic import synthetic_prompt, truncate_tokens
 
 BLOCK_TOKENS = 512

@@ -1,15 +1,17 @@
 """Draft-model speculation: a chain of k tokens from a smaller (or quantized) model.
 
-The draft model is an intermediate (hierarchy.HierDrafter) over a drafter that proposes nothing: each round it
+The draft model is an intermediate (hierarchy.ModelDrafter) over a drafter that proposes nothing: each round it
 draws its own next token, in one ragged pass over every sequence still drafting, from its own slot cache."""
 
 from __future__ import annotations
 
-from specledger.decoding.drafter import Drafter
-from specledger.decoding.hierarchy import HierDrafter, agreement_prior, check_same_tokenizer, same_weights
+from specledger.decoding.drafters.base import Drafter
+from specledger.decoding.drafters.hierarchy import agreement_prior, check_same_tokenizer
+from specledger.decoding.drafters.model import ModelDrafter, same_weights
 from specledger.decoding.strategy import Strategy
 from specledger.engine.loader import LoadedModel
 from specledger.errors import BadInput
+
 
 class DraftModel(Strategy):
     name = "draft"
@@ -27,9 +29,9 @@ class DraftModel(Strategy):
     def params(self) -> dict:
         return {"num_tokens": self.k, "draft": self.draft_lm.label, "share_prompt_kv": self.share_prompt_kv}
 
-    def batch_drafter(self, n_slots: int) -> HierDrafter:
+    def batch_drafter(self, n_slots: int) -> ModelDrafter:
         """Chains of k tokens (min_chain = max_chain = k); its prior: its agreement with the target."""
-        return HierDrafter(self.draft_lm, Drafter(), self.name, min_chain=self.k, max_chain=self.k, n_slots=n_slots,
+        return ModelDrafter(self.draft_lm, Drafter(), self.name, min_chain=self.k, max_chain=self.k, n_slots=n_slots,
                            max_len=self.target.config.max_seq_len, prior=agreement_prior(self.target, self.draft_lm),
                            params=self.params(),
                            share_prompt_kv=self.share_prompt_kv and same_weights(self.draft_lm, self.target))

@@ -14,6 +14,7 @@ import csv
 import json
 import os
 import sys
+from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Literal
@@ -544,3 +545,32 @@ def write_summary(run_dir: str | Path, run: RunResult) -> Path:
         w.writerows({k: "" if v is None else v for k, v in row.items()} for row in summary_rows(run))
     os.replace(tmp, path)
     return path
+
+
+# Relative 1-sigma spread of each method, carried into the ledger's intervals. Counters: software power models
+# with ~10-15% reported error (RAPL) and ~5% (NVML's board counter); the estimate: a TDP share can be off by half.
+METHOD_SPREAD = {"rapl": 0.12, "nvml": 0.05, "rapl+nvml": 0.12, "estimated": 0.5}
+
+
+def group_by(records: Iterable[RequestRecord], key: str) -> dict[str, list[RequestRecord]]:
+    """Records by one of their fields (configuration, load), in sorted order so every table reads alike."""
+    out: dict[str, list[RequestRecord]] = defaultdict(list)
+    for r in records:
+        out[getattr(r, key)].append(r)
+    return dict(sorted(out.items()))
+
+
+def kind_passes(run: RunResult, kind: str) -> str:
+    """"config passed/graded" for one task kind at each configuration's first load level (graded kinds only)."""
+    return ", ".join(f"{c.name} {a.passed}/{a.graded}" for c in run.configs
+                     if c.loads and (a := c.loads[0].by_kind.get(kind)) is not None and a.graded)
+
+
+def thread_choice_text(c: ThreadChoice) -> str:
+    """One line: the count and why."""
+    if c.source == "given":
+        return f"{c.threads} (given)"
+    if c.source == "unchanged":
+        return f"{c.threads} (torch's default: {c.note})"
+    rel = ", ".join(f"{t} → {r:.2f}x" for t, r in c.relative.items())
+    return f"{c.threads} (chosen by a {c.probe_s:.1f} s probe; step time vs 1 thread: {rel})"

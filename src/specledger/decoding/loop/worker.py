@@ -13,11 +13,11 @@ import threading
 from concurrent.futures import Future
 
 from specledger.decoding.sampling import SamplingParams
-from specledger.decoding.scheduler import OnTokens, ScheduledResult, Scheduler
+from specledger.decoding.loop.scheduler import OnTokens, ScheduledResult, Scheduler
 from specledger.engine import threads
 
 
-class BatchWorker:
+class SchedulerThread:
     def __init__(self, scheduler: Scheduler, *, name: str = "specledger-batch") -> None:
         self.scheduler = scheduler
         self._wake = threading.Event()

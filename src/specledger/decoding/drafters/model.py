@@ -1,10 +1,7 @@
-"""HierSpec-style hierarchy: a tree drafter, intermediate verifiers that turn trees into chains,
-and the target that verifies only the final chain.
+"""A model as a drafter: an intermediate model turning its inner drafter's proposals into chains.
 
-A stack of drafters: the EAGLE head or prompt lookup at the bottom, then one `HierDrafter` per intermediate
-model, each a lossless verifier of the level below, so the output is the target's. The point: the wide tree is
-checked by a model whose verification is cheap, while the expensive (e.g. quantized, compute-bound) target sees
-a short chain.
+Draft-model speculation is this over a drafter that proposes nothing (draft_model.py); a hierarchy stacks one per
+intermediate model (hierarchy.py).
 """
 
 from __future__ import annotations
@@ -15,54 +12,19 @@ from dataclasses import dataclass
 
 import torch
 
-from specledger.decoding.batch_runner import BatchItem, BatchRunner, Sequence
-from specledger.decoding.draft_budget import CostSurface, catch_up_share, cost_surface
-from specledger.decoding.drafter import Drafter, DraftSeq
-from specledger.decoding.strategy import Strategy
+from specledger.decoding.drafters.base import Drafter, DraftSeq
+from specledger.decoding.loop.runner import ModelRunner, RunItem, Sequence
+from specledger.decoding.sizing.planner import CostSurface, catch_up_share, cost_surface
 from specledger.decoding.tree import Tree
 from specledger.decoding.verify import verify
 from specledger.engine.loader import LoadedModel
-from specledger.engine.pool import POOL, key_of
 from specledger.engine.timing import clock
-from specledger.errors import BadInput
 from specledger.spec_stats import LevelStats
-
-
-def check_same_tokenizer(a: LoadedModel, b: LoadedModel) -> None:
-    """Levels exchange token ids, so their vocabularies must be the same, id for id."""
-    if a.config.vocab_size != b.config.vocab_size:
-        raise BadInput(
-            f"incompatible tokenizers: {a.label} has {a.config.vocab_size} tokens, {b.label} has {b.config.vocab_size}"
-        )
-    if a.tokenizer is not None and b.tokenizer is not None and a.tokenizer.hf.get_vocab() != b.tokenizer.hf.get_vocab():
-        raise BadInput(f"incompatible tokenizers: {a.label} and {b.label} map tokens to different ids")
 
 
 def same_weights(a: LoadedModel, b: LoadedModel) -> bool:
     """One checkpoint (at whatever precision) on one device: the cache entries of one fit the other."""
     return a.source == b.source and a.device == b.device
-
-
-AGREEMENT_TOKENS = 256  # of the built-in quality text: the draft model's prior is measured on this many
-
-
-@torch.inference_mode()
-def agreement_prior(target: LoadedModel, draft: LoadedModel, n: int = AGREEMENT_TOKENS) -> float | None:
-    """How often the draft's next-token argmax is the target's, teacher-forced on the built-in text: the per-token
-    acceptance of its greedy chains, measured once per pair of models (~0.3 s here). None without a tokenizer."""
-    tokenizer = target.tokenizer
-    if tokenizer is None:
-        return None
-
-    def measure() -> float:
-        from specledger.data import quality_text
-
-        ids = tokenizer.encode(quality_text())[: min(n, target.config.max_seq_len, draft.config.max_seq_len)]
-        x = torch.tensor([ids], device=target.model.device)
-        top = [lm.model(x.to(lm.model.device), lm.model.new_cache(len(ids)))[0].argmax(-1).cpu() for lm in (target, draft)]
-        return float((top[0] == top[1]).float().mean())
-
-    return POOL.derived(key_of(draft), ("agreement_prior", key_of(target), n), measure, owner=draft.model)
 
 
 @dataclass
@@ -80,7 +42,7 @@ class _Follow:
 PER_ROUND = 2.0  # tokens a round adds to a chain (accepted path + bonus) before any is measured
 
 
-class HierDrafter(Drafter):
+class ModelDrafter(Drafter):
     """An intermediate model turning its inner drafter's proposals into chains, for many sequences at once.
 
     Each round the inner drafter proposes to every sequence still building its chain, and the intermediate
@@ -106,7 +68,7 @@ class HierDrafter(Drafter):
         self.lm, self.inner, self.name, self.share_prompt_kv = mid, inner, name, share_prompt_kv
         self.min_chain, self.max_nodes, self.prior = min_chain, max_chain, prior
         self._params = params
-        self.runner = BatchRunner(mid, n_slots, max_len, prefix_cache=True, keep_features=inner.wants_features)
+        self.runner = ModelRunner(mid, n_slots, max_len, prefix_cache=True, keep_features=inner.wants_features)
         self.seqs: dict[Hashable, _Follow] = {}
         self.per_round = PER_ROUND if inner.max_nodes else 1.0  # measured: an EMA of the tokens a round adds
         self._surface: CostSurface | None = None
@@ -119,7 +81,7 @@ class HierDrafter(Drafter):
     @property
     def level_names(self) -> list[str]:
         """Every level below this one, lowest first (the drafter's name, then the intermediates')."""
-        below = self.inner.level_names if isinstance(self.inner, HierDrafter) else []
+        below = self.inner.level_names if isinstance(self.inner, ModelDrafter) else []
         return [*below, self.inner.name] if self.inner.max_nodes else []
 
     # --- following the verifier's sequence --------------------------------------------------------------------
@@ -164,7 +126,7 @@ class HierDrafter(Drafter):
         behind = [(st, n) for st, n in behind if n > 0]
         if behind:
             t0 = clock(runner.device)
-            runner.forward([BatchItem(st.mseq, max_run=n) for st, n in behind])
+            runner.forward([RunItem(st.mseq, max_run=n) for st, n in behind])
             dt = (clock(runner.device) - t0) / len(behind)
             for st, _ in behind:
                 st.own_s += dt
@@ -190,7 +152,7 @@ class HierDrafter(Drafter):
             t0 = clock(dev)
             trees = self.inner.propose([st.inner for st in sts], rooms)
             t1 = clock(dev)
-            fwds = runner.forward([BatchItem(st.mseq, tree) for st, tree in zip(sts, trees)])
+            fwds = runner.forward([RunItem(st.mseq, tree) for st, tree in zip(sts, trees)])
             for i, st, tree, fwd in zip(building, sts, trees, fwds):
                 s = seqs[i]
                 assert fwd.logits is not None  # the whole run is fed
@@ -222,7 +184,7 @@ class HierDrafter(Drafter):
         if key is None or not self.inner.max_nodes:  # (a draft model: no level below it)
             return [LevelStats(name=n, steps=0, drafts=0) for n in self.level_names]
         st = self.seqs[key]
-        if not isinstance(self.inner, HierDrafter):
+        if not isinstance(self.inner, ModelDrafter):
             return [st.level.model_copy(deep=True)]
         own = st.level.model_copy(deep=True, update={"time_s": self.inner.seqs[key].own_s})
         return [*self.inner.inner_levels(key), own]
@@ -261,79 +223,3 @@ class HierDrafter(Drafter):
             rows = sum(1 + k + (behind[i] if d == 0 else 0) for i, (k, r) in enumerate(zip(ks, rounds)) if r > d)
             total += self.inner.draft_cost(ks) + self._surface(rows)
         return total
-
-
-class Hierarchy(Strategy):
-    name = "hier"
-
-    def __init__(
-        self,
-        target: LoadedModel,
-        intermediate: LoadedModel | list[LoadedModel],
-        drafter: str = "eagle",
-        head=None,
-        top_k: int = 10,
-        depth: int = 3,
-        total_nodes: int = 30,
-        min_chain: int | list[int] = 6,
-        max_chain: int = 10,
-        lookup_tokens: int = 10,
-        draft_length: str = "adaptive",
-        share_prompt_kv: bool = True,
-    ) -> None:
-        super().__init__(target, draft_length)
-        self.share_prompt_kv = share_prompt_kv
-        self.mids = list(intermediate) if isinstance(intermediate, (list, tuple)) else [intermediate]
-        for m in self.mids:
-            check_same_tokenizer(target, m)
-        self.min_chain = list(min_chain) if isinstance(min_chain, (list, tuple)) else [min_chain] * len(self.mids)
-        if len(self.min_chain) != len(self.mids) or any(c < 1 for c in self.min_chain):
-            raise BadInput(f"min_chain needs one value >= 1 per intermediate level (got {min_chain})")
-        if max_chain < max(self.min_chain):
-            raise BadInput(f"max_chain ({max_chain}) must be >= min_chain ({max(self.min_chain)})")
-        if drafter not in ("eagle", "lookup"):
-            raise BadInput(f"hier drafter must be 'eagle' or 'lookup' (got {drafter!r})")
-        self.drafter_kind, self.max_chain = drafter, max_chain
-        self.tree_params = {"top_k": top_k, "depth": depth, "total_nodes": total_nodes}
-        if drafter == "eagle":
-            from specledger.decoding.eagle import check_tree_params, resolve_head
-
-            check_tree_params(top_k, depth, total_nodes)
-            self.head, self.head_source = resolve_head(self.mids[0], head)
-        else:
-            from specledger.decoding.lookup import LookupDrafter
-
-            self.lookup = LookupDrafter(lookup_tokens)  # (it keeps no state: one serves every scheduler)
-        self.level_names = [drafter] + [f"mid{i}:{m.label}" for i, m in enumerate(self.mids)]
-
-    def params(self) -> dict:
-        p = {"drafter": self.drafter_kind, "intermediates": [m.label for m in self.mids], "min_chain": self.min_chain,
-             "max_chain": self.max_chain, "share_prompt_kv": self.share_prompt_kv}
-        if self.drafter_kind == "eagle":
-            p |= self.tree_params | {"head": self.head_source}
-        else:
-            p["lookup_tokens"] = self.lookup.max_nodes
-        return p
-
-    def batch_drafter(self, n_slots: int) -> HierDrafter:
-        """The drafter at the bottom, then one HierDrafter per intermediate, lowest first."""
-        max_len = self.target.config.max_seq_len
-        inner: Drafter
-        if self.drafter_kind == "eagle":
-            from specledger.decoding.eagle import EagleDrafter
-
-            inner = EagleDrafter(self.head, self.mids[0], max_len=max_len, n_slots=n_slots, **self.tree_params)
-        else:
-            inner = self.lookup
-        top = len(self.mids) - 1
-        for i, m in enumerate(self.mids):
-            # the top's per-token acceptance: its greedy chains are its own continuations, so its agreement with
-            # the target (measured once per pair of models)
-            prior = agreement_prior(self.target, m) if i == top else None
-            verifier = self.target if i == top else self.mids[i + 1]
-            inner = HierDrafter(m, inner, self.level_names[i + 1], min_chain=self.min_chain[i],
-                                max_chain=self.max_chain, n_slots=n_slots, max_len=max_len, prior=prior,
-                                params=self.params() if i == top else None,
-                                share_prompt_kv=self.share_prompt_kv and same_weights(m, verifier))
-        assert isinstance(inner, HierDrafter)
-        return inner

@@ -23,12 +23,12 @@ from specledger.decoding.params import (
     StrategyParams, missing_role, parse_params, unused_role,
 )
 
-from specledger.bench.pairing import Arm, baselines, precision_label, sampling_label
+from specledger.records.pairing import Arm, baselines, precision_label, sampling_label
 from specledger.engine.registry import TARGET_ALIASES
 from specledger.errors import BadInput, describe
 
 if TYPE_CHECKING:
-    from specledger.bench.results import ConfigResult
+    from specledger.records.results import ConfigResult
 
 
 
@@ -292,13 +292,6 @@ class WorkloadSettings(_Strict):
     # that carry no task kind (ShareGPT, chat, CSV, text, traces); default multi_turn (traces: summarization)
     prompt_column: str | None = None  # CSV: the column holding the prompt (default: detected from the header)
 
-    def open(self):
-        """The questions and what was read (bench/workload.py: open_workload)."""
-        from specledger.bench.workload import open_workload
-
-        return open_workload(self.spec, categories=self.categories, per_category=self.per_category,
-                             sample=self.sample, limit=self.limit, seed=self.seed, on_bad_line=self.on_bad_line,
-                             kind=self.kind, prompt_column=self.prompt_column)
 
 
 class SteadyStateSettings(_Strict):
@@ -461,7 +454,7 @@ def load_run_config(path: str | Path) -> RunConfig:
     return parse_run_config(data, source=str(path))
 
 
-# ---- pairing (bench/pairing.py's rule) over configurations and recorded results ----
+# ---- pairing (records/pairing.py's rule) over configurations and recorded results ----
 
 def _where(backend: str, device: str, openai: OpenAISettings | None) -> str:
     if openai is None:

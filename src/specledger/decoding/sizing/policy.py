@@ -2,9 +2,9 @@
 
 `fixed`: every decoding sequence drafts min(K, room) nodes every step, K the drafter's max_nodes (num_tokens,
 an EAGLE tree's total_nodes): reproducible, nothing measured, what vLLM, SGLang and llama.cpp run.
-`adaptive` (the default): the cost-aware planner (draft_budget.plan_drafts) sizes each draft, zero included,
+`adaptive` (the default): the cost-aware planner (planner.plan_drafts) sizes each draft, zero included,
 from the verification-cost surface, the drafter's own cost and each sequence's running acceptance; every
-estimator it needs lives here, behind it. BatchDrafting (batch_drafting.py) drives either one: the drafter's
+estimator it needs lives here, behind it. Speculation (loop/speculation.py) drives either one: the drafter's
 lifecycle and the statistics a request reports are the same.
 """
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Hashable
 
-from specledger.decoding.draft_budget import (PRIOR, AcceptanceEMA, CostSurface, FittedSurface, RankAcceptance,
+from specledger.decoding.sizing.planner import (PRIOR, AcceptanceEMA, CostSurface, FittedSurface, RankAcceptance,
                                                StepOverhead, cost_surface, gain_calibration, pass_calibration,
                                                plan_drafts)
-from specledger.decoding.drafter import Drafter, DraftSeq
+from specledger.decoding.drafters.base import Drafter, DraftSeq
 from specledger.decoding.params import check_draft_length
 from specledger.engine.loader import LoadedModel
 
@@ -66,7 +66,7 @@ class FixedK(DraftPolicy):
 
 
 class Adaptive(DraftPolicy):
-    """The planner: each step's drafts chosen for the pass's expected tokens per second (draft_budget.py)."""
+    """The planner: each step's drafts chosen for the pass's expected tokens per second (sizing/planner.py)."""
 
     name = "adaptive"
 

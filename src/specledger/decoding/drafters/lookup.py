@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specledger.decoding.drafter import Drafter, DraftSeq
+from specledger.decoding.drafters.base import Drafter, DraftSeq
 from specledger.decoding.strategy import Strategy
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel

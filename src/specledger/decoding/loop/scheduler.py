@@ -12,14 +12,14 @@ alone (the same verifier, the same draws); stops (eos, stop strings, max tokens)
 them (generate() is this scheduler holding one request). Timing is per request: queue time, TTFT from arrival
 (queue and every prefill chunk included), and the time each token became available.
 
-With a drafter (drafter.py), each step's drafts are sized by its draft_length policy (draft_policy.py) and
-proposed for every decoding sequence at once (batch_drafting.py); the pass verifies them all with the one
-verifier. The prefix cache (on by default, as in llama-server and vLLM) is the runner's (batch_runner.py).
+With a drafter (drafters/base.py), each step's drafts are sized by its draft_length policy (sizing/policy.py) and
+proposed for every decoding sequence at once (loop/speculation.py); the pass verifies them all with the one
+verifier. The prefix cache (on by default, as in llama-server and vLLM) is the runner's (loop/runner.py).
 
 Failure isolation: an exception in one request's part of a step (admission: its slot, its seed's
 generator; its first token, its verification, its drafter's bookkeeping, its callbacks, its retirement)
 ends that request alone with finish_reason "error"; the others go on. Only an exception in the shared
-pass itself, which cannot be told apart, reaches step()'s caller (BatchWorker fails that pass's requests).
+pass itself, which cannot be told apart, reaches step()'s caller (SchedulerThread fails that pass's requests).
 
 Thread safety: add() and cancel() may be called from any thread; step() from one.
 Callbacks (on_tokens, on_done) run on the stepping thread.
@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specledger.decoding.batch_runner import BatchForward, BatchItem, BatchRunner, Sequence
-from specledger.decoding.batch_drafting import BatchDrafting, DraftState
-from specledger.decoding.draft_budget import CostSurface
-from specledger.decoding.drafter import Drafter
+from specledger.decoding.loop.runner import RunForward, RunItem, ModelRunner, Sequence
+from specledger.decoding.loop.speculation import Speculation, DraftState
+from specledger.decoding.sizing.planner import CostSurface
+from specledger.decoding.drafters.base import Drafter
 from specledger.decoding.sampling import SamplingParams, probs_from_logits, sample
 from specledger.decoding.tree import Tree
 from specledger.decoding.verify import verify
@@ -183,10 +183,10 @@ class _Live:
 class Scheduler:
     """Continuous batching over one target model, autoregressive or with a drafter (module docstring).
 
-    drafter: None (autoregressive) or a Drafter (decoding/drafter.py) made for max_batch sequences; cost: the
+    drafter: None (autoregressive) or a Drafter (decoding/drafters/base.py) made for max_batch sequences; cost: the
     verification-cost surface to plan drafts with (default: measured for this model on construction, kept
     in the model pool); prefix_cache: reuse cached prompt prefixes across requests (module docstring);
-    draft_length: how each step's drafts are sized, "adaptive" (the planner) or "fixed" (draft_policy.py).
+    draft_length: how each step's drafts are sized, "adaptive" (the planner) or "fixed" (sizing/policy.py).
     """
 
     def __init__(self, lm: LoadedModel, *, max_batch: int = 8, prefill_chunk: int = 256,
@@ -201,7 +201,7 @@ class Scheduler:
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self.prefix_cache = prefix_cache
-        self.runner = BatchRunner(lm, max_batch, max_len, prefix_cache=prefix_cache,
+        self.runner = ModelRunner(lm, max_batch, max_len, prefix_cache=prefix_cache,
                                   keep_features=drafter is not None and drafter.wants_features)
         self._lock = threading.Lock()
         self._waiting: deque[_Live] = deque()
@@ -211,7 +211,7 @@ class Scheduler:
         self.last_batch = 0  # sequences in the latest pass (a gauge for /metrics)
         self.last_rows = 0  # rows (tokens) in the latest pass
         self.drafter = drafter
-        self.spec = None if drafter is None else BatchDrafting(lm, drafter, max_batch, cost, draft_length)
+        self.spec = None if drafter is None else Speculation(lm, drafter, max_batch, cost, draft_length)
 
     # ---- any thread ---------------------------------------------------------------------------
     def add(self, prompt_ids: list[int], sp: SamplingParams | None = None, *,
@@ -267,7 +267,7 @@ class Scheduler:
         """Admit, run one pass over every running sequence, retire; the requests finished."""
         finished = self._admit_and_cancel()
         t0 = time.perf_counter()
-        items: list[BatchItem] = []
+        items: list[RunItem] = []
         live_in: list[_Live] = []
         budget = self.prefill_chunk
         runs: dict[int, int] = {}
@@ -284,9 +284,9 @@ class Scheduler:
         chains = self._drafts(decoding, sum(runs.values())) if self.spec and decoding else {}
         for lv in self._running:
             if lv.rid in runs:
-                items.append(BatchItem(lv.running_seq, max_run=runs[lv.rid]))
+                items.append(RunItem(lv.running_seq, max_run=runs[lv.rid]))
             elif not lv.prefilling:
-                items.append(BatchItem(lv.running_seq, chains.get(lv.rid) or Tree()))
+                items.append(RunItem(lv.running_seq, chains.get(lv.rid) or Tree()))
             else:
                 continue
             live_in.append(lv)
@@ -328,7 +328,7 @@ class Scheduler:
         self._running = [lv for lv in self._running if lv.finish is None]
         return [_retire(self, lv, now) for lv in done]
 
-    def _advance(self, lv: _Live, it: BatchItem, fwd: BatchForward) -> list[int]:
+    def _advance(self, lv: _Live, it: RunItem, fwd: RunForward) -> list[int]:
         """One request's share of a pass: its first token, or its verified draft; the tokens it gains."""
         assert fwd.logits is not None  # (the caller skips prefill chunks short of the prompt's end)
         if lv.prefilling:

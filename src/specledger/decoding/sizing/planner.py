@@ -303,7 +303,7 @@ def measure_cost_surface(lm: LoadedModel, *, n_seqs: int = 8, context: int = 64,
     chains of about `rows_per_seq` rows (a pending token and its draft) on up to n_seqs sequences with
     `context` cached tokens each. A pass visits every size per round, so a burst of outside load hits
     one round rather than one size."""
-    from specledger.decoding.batch_runner import BatchItem, BatchRunner
+    from specledger.decoding.loop.runner import RunItem, ModelRunner
     from specledger.decoding.tree import Tree
 
     vocab = lm.config.vocab_size
@@ -312,14 +312,14 @@ def measure_cost_surface(lm: LoadedModel, *, n_seqs: int = 8, context: int = 64,
 
     per_seq = max(-(-n // spread(n)) for n in sizes)
     context = max(1, min(context, lm.config.max_seq_len - per_seq - 1))
-    runner = BatchRunner(lm, n_seqs, context + per_seq + 1)
+    runner = ModelRunner(lm, n_seqs, context + per_seq + 1)
     gen = torch.Generator().manual_seed(0)
 
     def rand(n: int) -> list[int]:
         return torch.randint(0, vocab, (n,), generator=gen).tolist()
 
     seqs = [runner.open(rand(context)) for _ in range(n_seqs)]
-    runner.forward([BatchItem(s) for s in seqs])
+    runner.forward([RunItem(s) for s in seqs])
     times: dict[int, list[float]] = {n: [] for n in sizes}
     dev = runner.device
     for rep in range(reps + 1):
@@ -330,7 +330,7 @@ def measure_cost_surface(lm: LoadedModel, *, n_seqs: int = 8, context: int = 64,
             for s, r in zip(seqs, share):
                 if r:
                     s.tokens.append(rand(1)[0])
-                    items.append(BatchItem(s, Tree.chain(rand(r - 1))))
+                    items.append(RunItem(s, Tree.chain(rand(r - 1))))
             t0 = clock(dev)
             runner.forward(items, all_logits=True)
             t1 = clock(dev)

@@ -1,7 +1,7 @@
 """A drafter driven for a continuous batch: each request's drafting state, and each step's drafts.
 
 The scheduler (scheduler.py) owns the batch; this owns what speculation adds to it: the drafter follows a
-request from its first token to its end; every step the draft policy (draft_policy.py: a fixed K, or the
+request from its first token to its end; every step the draft policy (sizing/policy.py: a fixed K, or the
 cost-aware planner) sizes each decoding sequence's draft, zero included, and the drafter proposes them; after
 verification each request's statistics, and whatever the policy learns, move.
 """
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specledger.decoding.draft_budget import CostSurface
-from specledger.decoding.draft_policy import make_policy
-from specledger.decoding.drafter import Drafter, DraftSeq
+from specledger.decoding.sizing.planner import CostSurface
+from specledger.decoding.sizing.policy import make_policy
+from specledger.decoding.drafters.base import Drafter, DraftSeq
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel
@@ -35,8 +35,8 @@ class DraftState:
     draft_s: float = 0.0  # its share of drafting and planning time
 
 
-class BatchDrafting:
-    """draft_length: the policy's name (draft_policy.DRAFT_LENGTHS); cost: the adaptive planner's surface."""
+class Speculation:
+    """draft_length: the policy's name (policy.DRAFT_LENGTHS); cost: the adaptive planner's surface."""
 
     def __init__(self, lm: LoadedModel, drafter: Drafter, max_batch: int,
                  cost: CostSurface | Callable[[int], float] | None = None, draft_length: str = "adaptive") -> None:
@@ -94,7 +94,7 @@ class BatchDrafting:
         return [*inner, st.level]
 
     def inner_levels(self, key: Hashable | None) -> list[LevelStats]:
-        """A drafter with levels of its own below the target's (hierarchy.HierDrafter) reports them; key None:
+        """A drafter with levels of its own below the target's (model.ModelDrafter) reports them; key None:
         their names alone (a request that ended before its first token)."""
         levels = getattr(self.drafter, "inner_levels", None)
         return levels(key) if levels is not None else []

@@ -15,7 +15,7 @@ import threading
 import weakref
 
 from specledger.decoding.sampling import SamplingParams
-from specledger.decoding.scheduler import GenerationResult, OnTokens, ScheduledResult, Scheduler
+from specledger.decoding.loop.scheduler import GenerationResult, OnTokens, ScheduledResult, Scheduler
 from specledger.decoding.strategy import Strategy
 
 _SOLO: weakref.WeakKeyDictionary[Strategy, Scheduler] = weakref.WeakKeyDictionary()

@@ -20,10 +20,10 @@ from typing import Callable
 
 import torch
 
-from specledger.decoding.batch_runner import common_prefix
-from specledger.decoding.eagle_head import EagleHead, draft_lm_head, load_head, shipped_head_dir
-from specledger.decoding.draft_budget import catch_up_share
-from specledger.decoding.drafter import Drafter, DraftSeq
+from specledger.decoding.drafters.base import Drafter, DraftSeq
+from specledger.decoding.drafters.eagle_head import EagleHead, draft_lm_head, load_head, shipped_head_dir
+from specledger.decoding.loop.runner import common_prefix
+from specledger.decoding.sizing.planner import catch_up_share
 from specledger.decoding.strategy import Strategy
 from specledger.decoding.tree import Tree
 from specledger.engine.loader import LoadedModel, parse_dtype

@@ -54,7 +54,7 @@ def common_prefix(a: list[int], b: list[int], limit: int) -> int:
 
 
 @dataclass
-class BatchItem:
+class RunItem:
     """One sequence's part of a pass.
 
     max_run: feed at most this many uncached tokens (a prefill chunk). The tree hangs off
@@ -68,7 +68,7 @@ class BatchItem:
 
 
 @dataclass
-class BatchForward:
+class RunForward:
     """One item's share of a pass."""
 
     logits: torch.Tensor | None  # (1 + len(tree), V): at the run's last token and every node; None: part of a run
@@ -89,7 +89,7 @@ def tree_rows(start: int, n_run: int, tree: Tree, device) -> tuple[torch.Tensor,
     return positions.to(device), mask.to(device)
 
 
-class BatchRunner:
+class ModelRunner:
     def __init__(self, lm: LoadedModel, n_slots: int, max_len: int | None = None, *,
                  prefix_cache: bool = False, keep_features: bool = False) -> None:
         self.lm = lm
@@ -174,8 +174,8 @@ class BatchRunner:
         """Tokens that can still be drafted on top of the sequence."""
         return self.max_len - len(seq.tokens)
 
-    def forward(self, items: list[BatchItem], *, all_logits: bool = False) -> list[BatchForward]:
-        """One pass over every item; per item a BatchForward whose logits are at the run's last token and
+    def forward(self, items: list[RunItem], *, all_logits: bool = False) -> list[RunForward]:
+        """One pass over every item; per item a RunForward whose logits are at the run's last token and
         every tree node (None when the item fed only part of its run), and hidden of every row fed."""
         toks: list[int] = []
         pos: list[torch.Tensor] = []
@@ -227,18 +227,18 @@ class BatchRunner:
             logits = self.model.logits(h)
         elif rows:
             logits = self.model.logits(h[torch.tensor(rows, device=dev)])
-        out: list[BatchForward] = []
+        out: list[RunForward] = []
         off = r = 0
         for n_run, n_tree, done in plan:
             n = n_run + n_tree
             k = n if all_logits else (1 + n_tree if done else 0)
             # k > 0 only when rows is not empty, so logits exists then
-            out.append(BatchForward(logits[r : r + k] if k and logits is not None else None, h[off : off + n], n_run))
+            out.append(RunForward(logits[r : r + k] if k and logits is not None else None, h[off : off + n], n_run))
             off += n
             r += k
         return out
 
-    def accept(self, seq: Sequence, fwd: BatchForward, path: list[int], new_tokens: list[int]) -> torch.Tensor:
+    def accept(self, seq: Sequence, fwd: RunForward, path: list[int], new_tokens: list[int]) -> torch.Tensor:
         """Keep the run and the accepted path in the slot; append the emitted tokens.
 
         Returns the features of the tokens now newly cached (the run, then the path).

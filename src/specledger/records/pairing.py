@@ -6,7 +6,7 @@ A configuration's baseline is the first `ar` configuration of the run with the s
 sampling. The same target at another precision is not a baseline (that difference is quantization's, which the
 method-by-precision table shows), nor the in-process `ar` for a server's arms (another engine). An `ar`
 configuration's baseline is the first such, itself when it is first: an A/A twin is measured against its elder.
-What a configuration or a recorded result is as an Arm: bench/config.py (config_arm, result_arm).
+What a configuration or a recorded result is as an Arm: records/config.py (config_arm, result_arm).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ class DraftSeq:
     tokens: the verifier's sequence, pending last token included (its list; drafters read it, never change
     it); sp and gen: the request's sampling, which a stochastic drafter samples its proposals with; kv: the
     verifier's cache and the sequence's slot in it, for `begin` (a draft model of the verifier's own weights
-    takes the prompt's entries from it: hierarchy.HierDrafter)."""
+    takes the prompt's entries from it: model.ModelDrafter)."""
 
     key: Hashable
     tokens: list[int]
@@ -40,7 +40,7 @@ class DraftSeq:
 
 class Drafter:
     """Proposes draft trees for sequences followed from `begin` to `end` (module docstring). As it is, it follows
-    nothing, costs nothing and proposes nothing: under an intermediate (hierarchy.HierDrafter) that makes a draft
+    nothing, costs nothing and proposes nothing: under an intermediate (model.ModelDrafter) that makes a draft
     model (each round the model verifies an empty proposal, which is its own next token); drafters override.
 
     features: the verifier's final-normed hidden states of the tokens it newly cached (for `begin`: the prompt;
