@@ -1,6 +1,6 @@
 """The harness's own ceiling: requests/s the HTTP backend sustains against a server that answers at once.
 
-The fake server (tests/fake_openai_server.py, zero delay) runs in its own process; the full harness
+The fake server (tests/support/fake_openai_server.py, zero delay) runs in its own process; the full harness
 (load generator, streaming client, per-request records written to requests.jsonl, aggregates) runs
 here at concurrency 64. If this figure is far above what a real server does, the harness is never
 the bottleneck of a measurement.
@@ -31,7 +31,7 @@ def main() -> None:
     from specledger.records.config import parse_run_config
     from specledger.bench.runner import run_benchmark
 
-    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fake_openai_server.py")],
+    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "fake_openai_server.py")],
                               stdout=subprocess.PIPE, text=True)
     try:
         line = server.stdout.readline()

@@ -1,7 +1,7 @@
 """Load generator throughput: requests/s the HTTP backend sustains at high concurrency against a fast local fake.
 
 The goal (issue 13): at least 2,000 requests/s at concurrency 256 with tiny answers and no model. The fake
-servers (tests/fake_openai_server.py, zero delay, one token per answer) run in their own processes, several of
+servers (tests/support/fake_openai_server.py, zero delay, one token per answer) run in their own processes, several of
 them so the fake is not the ceiling; the client drives them through the OpenAI backend's own round robin over
 `base_urls`. The client is the closed loop of the harness (one coroutine per slot, `OpenAIBackend.complete`),
 in one event loop or split over `--workers` processes (concurrency divided between them, all starting together;
@@ -97,7 +97,7 @@ def _served(urls: list[str]) -> float:
 def run_once(concurrency: int, duration: float, workers: int, servers: int, tokens: int, fast: bool,
              profile: bool = False) -> dict:
     """One measurement: fresh fake servers, the client's workers, requests/s as the client and the servers saw it."""
-    cmd = [sys.executable, str(ROOT / "tests" / "fake_openai_server.py")] + (["--uvloop"] if fast else [])
+    cmd = [sys.executable, str(ROOT / "tests" / "support" / "fake_openai_server.py")] + (["--uvloop"] if fast else [])
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(servers)]
     prof = None
     try:

@@ -119,7 +119,7 @@ def one_thread():
 @pytest.fixture(scope="module")
 def lm() -> LoadedModel:
     """The batching tests' untied model (varied_model.batching_model; a test file may define its own `lm`)."""
-    from tests.varied_model import batching_model
+    from tests.support.varied_model import batching_model
 
     return batching_model()
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.fake_backend import SleepBackend
-from tests.fake_openai_server import FakeOpenAIServer, FakeSettings
+from tests.support.fake_backend import SleepBackend
+from tests.support.fake_openai_server import FakeOpenAIServer, FakeSettings
 from specledger.records.config import RunConfig, parse_run_config
 from specledger.bench.recorder import RunRecorder
 from specledger.records import results

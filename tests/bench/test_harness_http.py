@@ -1,4 +1,4 @@
-"""The harness against a real HTTP server on 127.0.0.1 with known delays (tests/fake_openai_server.py)."""
+"""The harness against a real HTTP server on 127.0.0.1 with known delays (tests/support/fake_openai_server.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from specledger.records.config import parse_run_config
 from specledger.records.results import load_run, read_requests
 from specledger.bench.runner import Runner, resume_benchmark, run_benchmark
 from specledger.errors import SpecLedgerError
-from tests.fake_openai_server import FakeOpenAIServer, FakeSettings, token_text
-from tests.fake_backend import before_request
+from tests.support.fake_openai_server import FakeOpenAIServer, FakeSettings, token_text
+from tests.support.fake_backend import before_request
 
 
 @pytest.fixture(scope="module")

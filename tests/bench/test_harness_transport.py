@@ -1,4 +1,4 @@
-"""Against servers that misbehave at the transport level (tests/fake_openai_server.py on 127.0.0.1):
+"""Against servers that misbehave at the transport level (tests/support/fake_openai_server.py on 127.0.0.1):
 a stale keep-alive connection is re-sent, never a failure; a dropped stream is a failure, counted and
 priced as a failed attempt."""
 
@@ -21,7 +21,7 @@ from specledger.bench.runner import Runner
 from specledger.bench.tables import render_run
 from specledger.ledger.price import price_run
 from specledger.report.terminal import render_cost_table, render_notes
-from tests.fake_openai_server import FakeOpenAIServer, FakeSettings
+from tests.support.fake_openai_server import FakeOpenAIServer, FakeSettings
 
 IDLE = 0.2  # the server drops a request that arrives on a connection idle this long
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.fake_backend import SleepBackend
+from tests.support.fake_backend import SleepBackend
 from specledger.records.config import parse_run_config
 from specledger.records.results import load_run, read_requests
 from specledger.bench.runner import Runner

@@ -23,7 +23,7 @@ from specledger.records.results import read_requests
 from specledger.bench.runner import run_benchmark
 from specledger.errors import BadInput, SpecLedgerError
 
-FAKE = str(Path(__file__).parents[1] / "fake_openai_server.py")
+FAKE = str(Path(__file__).parents[1] / "support" / "fake_openai_server.py")
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:

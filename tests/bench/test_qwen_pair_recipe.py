@@ -29,7 +29,7 @@ from specledger.ledger.inputs import load_inputs
 from specledger.ledger.price import price_run
 from specledger.report.html import write_report
 from specledger.report.positions import position_rows
-from tests.fake_openai_server import FakeOpenAIServer
+from tests.support.fake_openai_server import FakeOpenAIServer
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "examples" / "qwen-coder-pair.yaml"
@@ -104,6 +104,7 @@ def test_the_shipped_pair_recipe_validates_and_every_arm_resolves(monkeypatch):
     assert f"draft {DRAFT} (the server's)" in row
 
 
+@pytest.mark.peers
 def test_the_recipes_server_flags_are_this_builds(monkeypatch, require_tool):
     """Every flag of every llama-server arm is one the built binary lists (a renamed flag fails at start-up)."""
     from specledger.bench.managed import LLAMA_SERVER_VERSION, repo_cache

@@ -8,7 +8,7 @@ import pytest
 from specledger.records.config import parse_run_config
 from specledger.bench.telemetry import merge_replica_metrics, parse_prometheus, spec_counters
 from specledger.errors import SpecLedgerError
-from tests.fake_openai_server import FakeOpenAIServer, FakeSettings
+from tests.support.fake_openai_server import FakeOpenAIServer, FakeSettings
 from tests.bench.test_harness_http import config, run, write_workload
 
 FAKE = {"spec_steps": 2, "draft_per_step": 3, "accepted_per_step": 1, "n_tokens": 4}

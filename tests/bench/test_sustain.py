@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.fake_backend import SleepBackend
+from tests.support.fake_backend import SleepBackend
 from specledger.records.config import parse_run_config
 from specledger.records.results import load_run
 from specledger.bench.runner import Runner

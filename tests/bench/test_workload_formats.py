@@ -306,7 +306,7 @@ def test_bench_and_compare_read_each_format_unchanged(tmp_path):
 
     from specledger.records.results import load_run
     from specledger.cli import app
-    from tests.fake_openai_server import FakeOpenAIServer, FakeSettings
+    from tests.support.fake_openai_server import FakeOpenAIServer, FakeSettings
 
     sharegpt = tmp_path / "sharegpt.json"
     sharegpt.write_text(json.dumps(SHAREGPT[:3]), encoding="utf-8")
@@ -419,7 +419,7 @@ def test_trace_prompt_with_the_chat_template_is_input_length_tokens():
 def test_trace_prompts_are_trimmed_by_the_backends_template_tokens(tmp_path):
     """What the runner sends: input_length minus the backend's template tokens; unknown (a chat server without a
     tokenizer): the filler as is and a note saying so. A trace line's own prompt is never trimmed."""
-    from tests.fake_backend import SleepBackend
+    from tests.support.fake_backend import SleepBackend
 
     from specledger.records.config import parse_run_config
     from specledger.bench.runner import Runner

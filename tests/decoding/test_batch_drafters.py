@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tests.conftest import TEMP, chi2_pvalue, exact_joint, tiny_model
-from tests.varied_model import FLAT, alone, prompt_features, random_head, run_all, run_joining, varied_model, varied_prompts
+from tests.support.varied_model import FLAT, alone, prompt_features, random_head, run_all, run_joining, varied_model, varied_prompts
 
 from specledger.decoding.sizing.planner import CostSurface
 from specledger.decoding.drafters.base import DraftSeq

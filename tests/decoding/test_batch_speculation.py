@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tests.varied_model import BATCHING_VOCAB, FLAT, alone, batching_model, run_all, run_joining
+from tests.support.varied_model import BATCHING_VOCAB, FLAT, alone, batching_model, run_all, run_joining
 
 from specledger.decoding.sizing.planner import (
     PRIOR,
@@ -361,7 +361,7 @@ def test_inprocess_backend_batches_lookup_with_the_same_tokens_and_reports_accep
     (both equal autoregressive, greedy) and records per-request proposals and acceptances."""
     import json
 
-    from tests.varied_model import CharTokenizer
+    from tests.support.varied_model import CharTokenizer
 
     from specledger.bench.backends.inprocess import InProcessBackend
     from specledger.records.config import parse_run_config

@@ -12,7 +12,7 @@ import itertools
 
 import pytest
 import torch
-from tests.varied_model import BATCHING_VOCAB, CharTokenizer, alone, batching_model, run_all
+from tests.support.varied_model import BATCHING_VOCAB, CharTokenizer, alone, batching_model, run_all
 
 from specledger.decoding.loop.runner import RunItem, ModelRunner, common_prefix
 from specledger.decoding.sampling import SamplingParams

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import TEMP, chi2_pvalue, exact_joint, tiny_model
-from tests.varied_model import assert_lossless_and_mixed, varied_model, varied_prompts
+from tests.support.varied_model import assert_lossless_and_mixed, varied_model, varied_prompts
 from specledger.decoding.factory import make_strategy
 from specledger.decoding import sampling
 from specledger.decoding.loop.generate import generate

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from typer.testing import CliRunner
-from tests.varied_model import BATCHING_VOCAB, alone, random_head, run_all, run_joining, varied_model, varied_prompts
+from tests.support.varied_model import BATCHING_VOCAB, alone, random_head, run_all, run_joining, varied_model, varied_prompts
 
 from specledger.decoding.sizing.planner import CostSurface
 from specledger.decoding.sizing.policy import Adaptive, FixedK

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import PROMPTS, tiny_model
-from tests.varied_model import assert_lossless_and_mixed, prompt_features, varied_model, varied_prompts
+from tests.support.varied_model import assert_lossless_and_mixed, prompt_features, varied_model, varied_prompts
 from specledger.decoding.autoregressive import Autoregressive
 from specledger.decoding.drafters.eagle import EagleDrafter, EagleTree
 from specledger.decoding.drafters.eagle_head import EagleHead, HeadConfig, load_head, save_head

@@ -22,7 +22,7 @@ from specledger.records.results import load_run, read_requests
 from specledger.report.positions import position_rows
 from tests.bench.test_managed_server import port_is_free
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.peers]
 
 SERVER = ("{llama_server} -m {model_path} --host {host} --port {port} -t 2 -c 4096 --parallel 4 --metrics "
           "--no-webui --seed 0")

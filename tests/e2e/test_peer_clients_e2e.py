@@ -51,7 +51,7 @@ from specledger.bench.metrics import dist
 from specledger.records.results import Aggregate, load_run, read_requests
 from specledger.bench.telemetry import parse_prometheus
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.peers]
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = Path(os.environ.get("SPECLEDGER_PEERS") or repo_cache() / "peers")

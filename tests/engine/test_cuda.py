@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from tests.varied_model import alone, assert_lossless_and_mixed, batching_model, run_all, varied_model, varied_prompts
+from tests.support.varied_model import alone, assert_lossless_and_mixed, batching_model, run_all, varied_model, varied_prompts
 from specledger.decoding.autoregressive import Autoregressive
 from specledger.decoding.drafters.eagle_head import EagleHead, HeadConfig
 from specledger.decoding.factory import make_strategy

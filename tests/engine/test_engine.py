@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_config, tiny_model, tiny_tensors
-from tests.varied_model import untied_tiny_model
+from tests.support.varied_model import untied_tiny_model
 from specledger.decoding.loop.runner import RunItem, ModelRunner
 from specledger.decoding.tree import Tree
 from specledger.engine import cpu_ops

@@ -11,6 +11,8 @@ import pytest
 
 from specledger.engine import qkernel
 
+pytestmark = pytest.mark.kernel
+
 
 def _install(tmp_path, **env):
     """`make install`'s kernel step with a compiler that does not exist, in an empty kernel cache."""

@@ -79,6 +79,7 @@ def test_eagle_draft_head_reads_a_packed_lm_head():
     torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.kernel
 def test_kernel_linear_gradient_is_the_dense_one_on_any_host():
     """The engine's bf16 kernel has no backward either. pack() picks it only where oneDNN cannot pack bf16, so
     the layer is built directly here: its guard is checked on every host that has the kernel, not only there."""
@@ -100,6 +101,7 @@ def test_kernel_linear_gradient_is_the_dense_one_on_any_host():
         torch.testing.assert_close(kernel(x).float(), dense(x).float(), atol=5e-2, rtol=2e-2)
 
 
+@pytest.mark.kernel
 def test_kernel_product_is_the_fp32_sum_and_each_row_its_own():
     """The engine's bf16 kernel (csrc/bf16mm.cpp): every tail of its tiling (weight rows not a multiple of 8,
     1-5 rows, more than a 64-row block) against the fp32 product of the same numbers, and each row of a batch

@@ -19,13 +19,14 @@ import pytest
 import torch
 
 from tests.conftest import KERNEL_PATHS, tiny_model
-from tests.varied_model import untied_tiny_model
+from tests.support.varied_model import untied_tiny_model
 from specledger.engine import cpu_ops, qkernel
 from specledger.engine.model import rope_at, rope_tables
 from specledger.engine.quant import (Int4Grid, Int4Linear, Int8Grid, Int8Linear, int4_grid, int8_grid, pack_int8,
                                      unpack_int8)
 
-pytestmark = pytest.mark.skipif(qkernel.op() is None, reason="the engine's kernel is unavailable on this host")
+pytestmark = [pytest.mark.kernel,
+              pytest.mark.skipif(qkernel.op() is None, reason="the engine's kernel is unavailable on this host")]
 
 HOST = qkernel.host_isa() if qkernel.op() is not None else "none"
 CPU = torch.device("cpu")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from tests.engine.test_hf_conformance import VOCAB, assert_conforms
-from tests.varied_model import alone, run_joining
+from tests.support.varied_model import alone, run_joining
 
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.loop.scheduler import Scheduler
@@ -127,6 +127,7 @@ def test_quantized_equals_fp32_on_the_same_grid(tmp_path, kind, quant):
     assert (steps - ref_steps).norm() / ref_steps.norm() < 0.05
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("quant,dtype", [("int4", "bf16"), ("int8", "bf16"), ("int4", "fp32")])
 def test_fused_layer_adds_the_bias_as_op_by_op(tmp_path, quant, dtype):
     """Qwen2's bias inside the fused one-token layer (csrc/fused.cpp decode_layer): the same bits as op by op."""

@@ -64,6 +64,7 @@ process.stdin.on("end", () => {
 """
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
 def test_js_cost_per_call_by_hand():
     got = _node(JS_COST, [{"hw": hw, "op": OP, "demand": demand} for hw, demand, _ in CASES])
@@ -93,6 +94,7 @@ process.stdin.on("end", () => {
 """
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
 def test_page_honours_device_count_and_rechooses_the_load_level():
     # c=1: 2 busy s per call, p95 TTFT 1 s; c=4: 0.8 s per call (4 in flight share the device), p95 TTFT 6 s

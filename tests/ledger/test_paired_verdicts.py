@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from tests.fake_backend import SleepBackend
+from tests.support.fake_backend import SleepBackend
 from specledger.records.config import parse_run_config
 from specledger.bench.runner import Runner
 from specledger.ledger.inputs import load_inputs, parse_inputs

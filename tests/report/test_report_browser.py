@@ -36,6 +36,7 @@ DESKTOP, PHONE = (1280, 800), (390, 844)
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.browser,
     pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary found (scripts/test-setup.sh installs Debian's)"),
 ]
 

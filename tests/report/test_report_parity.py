@@ -18,7 +18,7 @@ from specledger.report.html import ASSETS, _clean
 from tests.ledger.test_ledger_fixtures import DEFAULT_SPECS, Spec, make_run
 
 NODE = shutil.which("node")
-pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(NODE is None, reason="node is not installed")]
 
 RUNNER = """
 const calc = require(process.argv[2]);

@@ -23,7 +23,7 @@ from specledger.decoding.loop.generate import generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.engine import qkernel
 from specledger.server.app import create_app
-from tests.server.server_thread import ServerThread
+from tests.support.server_thread import ServerThread
 
 MODEL = "smollm2-135m"
 CHAT = [{"role": "user", "content": "List three colours of the rainbow."}]
@@ -85,6 +85,7 @@ def test_models_and_health(server):
     assert health(server.url)["kernel"].startswith(("specledger kernel, avx", "PyTorch's kernels ("))
 
 
+@pytest.mark.kernel
 @pytest.mark.skipif(qkernel.op() is None, reason="int8 activations are a precision of the engine's CPU kernel")
 def test_health_names_the_served_precision_with_int8_activations():
     """`serve --quant int4 --activations 8`: /health says W4A8 was loaded, and it answers as in process."""

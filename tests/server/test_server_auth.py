@@ -22,10 +22,10 @@ from specledger.bench.runner import Runner, run_benchmark
 from specledger.decoding.factory import make_strategy
 from specledger.errors import BadInput, SpecLedgerError
 from specledger.server.app import create_app
-from tests.server.server_thread import ServerThread
+from tests.support.server_thread import ServerThread
 from specledger.server.auth import ENV_VAR, collect_keys, exposure_warning, key_matches
-from tests.fake_openai_server import FakeOpenAIServer, FakeSettings
-from tests.fake_backend import before_request
+from tests.support.fake_openai_server import FakeOpenAIServer, FakeSettings
+from tests.support.fake_backend import before_request
 
 KEYS = ["key-one", "key-two"]
 CHAT = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 3,

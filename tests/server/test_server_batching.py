@@ -14,7 +14,7 @@ from specledger.decoding.factory import make_strategy
 from specledger.decoding.loop.generate import generate
 from specledger.decoding.sampling import SamplingParams
 from specledger.server.app import create_app
-from tests.server.server_thread import ServerThread
+from tests.support.server_thread import ServerThread
 
 MODEL = "smollm2-135m"
 N_CLIENTS = 64

@@ -18,7 +18,7 @@ from tests.server.test_server_hostile import server_logs
 
 from specledger.decoding.factory import make_strategy
 from specledger.server.app import create_app
-from tests.server.server_thread import ServerThread
+from tests.support.server_thread import ServerThread
 from specledger.server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 MODEL = "smollm2-135m"

@@ -24,8 +24,8 @@ from specledger.decoding.factory import make_strategy
 from specledger.decoding.sampling import SamplingParams
 from specledger.decoding.loop.scheduler import Scheduler
 from specledger.server.app import ServerState, create_app
-from tests.server.server_thread import ServerThread
-from tests.varied_model import run_all
+from tests.support.server_thread import ServerThread
+from tests.support.varied_model import run_all
 from specledger.server.batch_engine import Job
 from specledger.server.schemas import ApiError
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from tests.varied_model import prompt_features
+from tests.support.varied_model import prompt_features
 from specledger.decoding.autoregressive import Autoregressive
 from specledger.decoding.loop.generate import generate
 from specledger.decoding.sampling import SamplingParams

@@ -9,7 +9,7 @@ With `idle_close_s` set, a request that arrives on a keep-alive connection idle 
 read and then dropped unanswered (a clean close): what a client sees when a server's idle timer fires
 as its request goes out, made deterministic (httpcore: "Server disconnected without sending a response").
 
-Run standalone (for benchmarks): python tests/fake_openai_server.py [--port N] [--ttft S] [--gap S]
+Run standalone (for benchmarks): python tests/support/fake_openai_server.py [--port N] [--ttft S] [--gap S]
 """
 
 from __future__ import annotations
