@@ -12,7 +12,8 @@ from tests.conftest import tiny_model
 from specledger.records.config import parse_run_config
 from specledger.records.results import ThreadProbe
 from specledger.bench.runner import Runner
-from specledger.bench.threads import candidates, choose_threads, describe, pick
+from specledger.bench.threads import candidates, choose_threads, pick
+from specledger.records.results import thread_choice_text as describe
 from specledger.engine import threads
 from specledger.engine.pool import ModelPool, model_pool_key
 
