@@ -337,6 +337,16 @@ MUTANTS = [
            "src/specledger/records/config.py",
            'Field(128, ge=1, validation_alias=AliasChoices("max_tokens", "max_new_tokens"))', "Field(128, ge=1)",
            ["tests/bench/test_harness_config.py::test_old_spelling_max_new_tokens_still_reads_and_means_the_same"]),
+    # what a user reads of the ledger and the bench (issue 56: each of these passed every test before)
+    Mutant("threshold-search-stops-at-10x", "the decision-threshold search looks only 10x past today's value, not 100x",
+           "src/specledger/ledger/thresholds.py", "up = [current * 10.0 ** k for k in range(1, 3)]",
+           "up = [current * 10.0 ** k for k in range(1, 2)]", ["tests/ledger/test_threshold_search.py"]),
+    Mutant("threshold-farther-crossing", "of crossings on both sides of today's value, the farther one is reported",
+           "src/specledger/ledger/thresholds.py", "    _, value, side, after = min(found)\n",
+           "    _, value, side, after = max(found)\n", ["tests/ledger/test_threshold_search.py"]),
+    Mutant("threshold-never-crossing-wrong-side", "samples that never cross within the search are put on its near side",
+           "src/specledger/ledger/thresholds.py", "far = -np.inf if values and values[-1] < now else np.inf",
+           "far = np.inf if values and values[-1] < now else -np.inf", ["tests/ledger/test_threshold_search.py"]),
 ]
 
 
