@@ -235,6 +235,10 @@ class ManagedServer:
         """start_async for a caller without an event loop of its own."""
         return asyncio.run(self.start_async())
 
+    def exited(self) -> int | None:
+        """The process's exit status once it has exited on its own (killed, crashed), else None."""
+        return None if self.proc is None else self.proc.poll()
+
     # ---- stop ----
 
     def stop(self) -> int | None:

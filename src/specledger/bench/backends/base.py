@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 
 from pydantic import Field
 
-from specledger.records.config import BenchConfig
+from specledger.records.config import BenchConfig, Sampling
 from specledger.records.results import RequestOutcome
 
 
@@ -36,8 +36,9 @@ class Backend(ABC):
 
     @abstractmethod
     async def complete(self, messages: list[dict[str, str]], *, max_tokens: int,
-                       min_tokens: int | None = None) -> Completion:
-        """Answer the last user message of `messages`. Failures come back as ok=False, never raise."""
+                       min_tokens: int | None = None, sampling: Sampling | None = None) -> Completion:
+        """Answer the last user message of `messages`. Failures come back as ok=False, never raise. `sampling`:
+        this request's instead of the configuration's (a retry loop's later attempts)."""
 
     async def close(self) -> None:
         return None
@@ -57,5 +58,11 @@ class Backend(ABC):
 
     async def scrape_metrics(self) -> str | None:
         """Prometheus text of the server, where there is one."""
+        return None
+
+    async def gone(self) -> str | None:
+        """Why the server behind this backend is no longer there (it refuses connections, its process exited), or
+        None while it is: asked after a request failed at the connection, so that a dead server stops the level
+        rather than being recorded as a level of failed requests."""
         return None
 
