@@ -218,6 +218,14 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
+def read_model_config(name_or_path: str) -> ModelConfig:
+    """A model's shape from its file's header or config.json, no weights read (the roofline, the memory plan)."""
+    path = identify_model(name_or_path).path
+    if path.is_dir():
+        return hf_loader.read_config(path)
+    return gguf_loader.read_config(gguf_loader.open_gguf(path), path)
+
+
 def load_model(
     name_or_path: str,
     *,
