@@ -88,6 +88,9 @@ class EngineWorker:
         metrics.waiting.set_function(lambda: s.n_waiting)
         metrics.batch_size.set_function(lambda: s.last_batch if s.n_running else 0)
         metrics.batch_rows.set_function(lambda: s.last_rows if s.n_running else 0)
+        if s.spec is not None:
+            spec = s.spec
+            metrics.draft_failures.read = lambda: spec.failures
 
     def start(self) -> None:
         self._worker = SchedulerThread(self.scheduler, name="specledger-engine")

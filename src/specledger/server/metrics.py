@@ -22,12 +22,21 @@ reads a vLLM server's (bench/telemetry.py). Counters get Prometheus' `_total` su
   `..._num_accepted_tokens_total{level}` (of those, accepted by the level above), per drafting
   level of the strategy (e.g. "lookup"; "draft"; the tree and chain levels of a hierarchy).
   For a single-level strategy, tau = 1 + accepted / drafts.
+- `specledger:draft_failures_total`: failures in the batch's draft planning (the draft policy's sizing or learning,
+  the drafter's proposals); each degrades its pass to no drafting (decoding/loop/speculation.py), the requests go on.
+- `specledger:read_timeouts_total`, `specledger:connections_refused_total`: connections closed because a request's
+  head and body did not arrive within `--read-timeout`, and connections over `--max-connections` answered 503
+  (server/connections.py).
 - `process_resident_memory_bytes` and the other standard process metrics.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from specledger.decoding.loop.scheduler import GenerationResult
 
@@ -71,6 +80,12 @@ class ServerMetrics:
         self.accepted_per_pos = Counter("specledger:spec_decode_num_accepted_tokens_per_pos",
                                         "Draft tokens accepted per level and draft position (0 = first)",
                                         ["level", "position"], registry=r)
+        self.read_timeouts = Counter("specledger:read_timeouts", "Connections closed: a request's head and body did "
+                                     "not arrive within the read timeout", registry=r)
+        self.connections_refused = Counter("specledger:connections_refused", "Connections over the connection cap, "
+                                           "answered 503", registry=r)
+        self.draft_failures = _Read("specledger:draft_failures", "Passes whose draft planning failed (run without "
+                                    "drafts) and draft-policy updates skipped", registry=r)
         for name in level_names:  # present from the first scrape, so before/after deltas work
             for c in (self.drafts, self.draft_tokens, self.accepted_tokens):
                 c.labels(level=name)
@@ -95,3 +110,15 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Read(Collector):
+    """A counter kept elsewhere (the engine's, read at each scrape: the engine thread never touches the registry)."""
+
+    def __init__(self, name: str, doc: str, registry: CollectorRegistry) -> None:
+        self.name, self.doc = name, doc
+        self.read: Callable[[], int] = lambda: 0
+        registry.register(self)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(self.name, self.doc, value=self.read())
