@@ -95,3 +95,21 @@ def test_known_cpus_table():
     assert watts_per_cpu("AMD EPYC")[0] == pytest.approx(280 / 128)  # a VM that shows the family only
     w, basis = watts_per_cpu("Some Future CPU")
     assert w == energy.DEFAULT_WATTS_PER_CPU and basis.startswith("unknown")
+
+
+def test_nvml_counter_is_read_in_millijoules(tmp_path, monkeypatch):
+    """NVML's total-energy counter counts millijoules: two GPUs that drew 250 J and 40 J read 290 J (not 0.29 J),
+    read through a fake pynvml so the unit is tested on hosts without a GPU."""
+    import sys
+    from types import SimpleNamespace
+
+    counters = {0: 5_000_000, 1: 123}  # mJ since the driver loaded
+    fake = SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 2,
+                           nvmlDeviceGetHandleByIndex=lambda i: i,
+                           nvmlDeviceGetTotalEnergyConsumption=lambda h: counters[h])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    m = EnergyMeter(powercap_root=str(tmp_path / "none"), idle_probe_s=0)
+    assert m.method == "nvml" and m.source == "nvml" and m.read() == 0.0
+    counters[0] += 250_000
+    counters[1] += 40_000
+    assert m.read() == pytest.approx(290.0)

@@ -210,3 +210,16 @@ def test_what_is_not_exposed_names_the_gpu_only_on_a_gpu_run():
     assert unexposed([ss], gpu=True) == ["temperature", "GPU clocks", "GPU throttle reasons"]
     ss.samples.append(ConditionSample(t=1.0, gpu_temp_c=60.0, gpu_sm_mhz=1400.0, gpu_throttle=0))  # 0: none
     assert unexposed([ss], gpu=True) == []
+
+
+def test_steady_joules_per_request_are_the_steady_windows_joules_over_their_requests():
+    """Windows of 4 requests, each request 2.5 J: the steady figure is 2.5 J a request (not divided again by the
+    window's size or its seconds)."""
+    s = SteadyStateCheck(window=4, tolerance=0.05, span=2, start=0.0, energy_start=100.0)
+    t, joules = 0.0, 100.0
+    for _ in range(12):
+        t, joules = t + 0.5, joules + 2.5
+        s.completed(10, t, joules)
+    r = s.result([], None)
+    assert r.reached and s.windows_j == [10.0, 10.0, 10.0]
+    assert r.steady_j_per_request == pytest.approx(2.5)

@@ -276,3 +276,23 @@ def test_draft_model_prior_is_its_agreement_with_the_target(smollm, smollm_int4)
     assert agreement_prior(tiny_model(), tiny_model(seed=1)) is None  # no tokenizer: not measured
     drafter = make_strategy("draft", smollm, draft=smollm_int4).batch_drafter(2)
     assert drafter.prior == a
+
+
+def test_a_draft_model_makes_a_chain_of_k_in_k_passes():
+    """One draft pass per drafted token: k=3 is 3 passes a step for the whole batch (a fourth round is still
+    lossless, the chain cut back to 3, but costs a pass the planner never priced)."""
+    lm = varied_model()
+    drafter = make_strategy("draft", lm, draft=varied_model(noise=0.1), num_tokens=3).batch_drafter(2)
+    passes: list[int] = []
+    real = drafter.runner.forward
+    drafter.runner.forward = lambda items, **kw: passes.append(len(items)) or real(items, **kw)
+    seqs = [DraftSeq(i, p, SamplingParams()) for i, p in enumerate(prompts_of_lengths()[:2])]
+    for s in seqs:
+        drafter.begin(s, None)
+    for step in range(4):
+        passes.clear()
+        chains = drafter.propose(seqs, [3, 3])
+        assert [len(c) for c in chains] == [3, 3] and passes == [2, 2, 2], (step, passes)
+        for s, chain in zip(seqs, chains):
+            s.tokens = s.tokens + chain.tokens[:1] + [7]
+            drafter.accept(s, None)

@@ -107,3 +107,20 @@ def test_a_run_keeps_a_model_while_a_later_configuration_needs_it():
 def test_keys_name_weights_not_names(quant, group):
     lm = tiny_model(quant=quant, group_size=group or 32)
     assert key_of(lm)[2:4] == (quant, group)
+
+
+def test_a_w4a8_arm_after_a_w4a16_arm_of_the_same_file_gets_its_own_model():
+    """The activation precision is part of a model's key: in one run, a W4A8 arm after a W4A16 arm of the same
+    file must not be handed the W4A16 model (it would silently measure W4A16 under the W4A8 name)."""
+    cfg = parse_run_config({"configs": [
+        {"name": "w4a16", "model": "m1.gguf", "dtype": "bf16", "quant": "int4"},
+        {"name": "w4a8", "model": "m1.gguf", "dtype": "bf16", "quant": "int4", "activations": 8},
+        {"name": "w4a16-again", "model": "m1.gguf", "dtype": "bf16", "quant": "int4"}]})
+    a16, a8, again = cfg.configs
+    shared = SharedModels(cfg, ModelPool())
+    w4a16 = object()
+    shared.keep(a16, {"target": w4a16})
+    assert shared.for_config(a8) == {}  # loads its own
+    shared.keep(a8, {"target": object()})
+    assert shared.for_config(again) == {"target": w4a16}
+    assert model_pool_key("m1.gguf", "bf16", "int4", 32, "cpu", 8) != model_pool_key("m1.gguf", "bf16", "int4", 32, "cpu")

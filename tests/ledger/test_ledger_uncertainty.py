@@ -217,3 +217,15 @@ def test_an_unkeyed_configuration_resamples_its_own_service_times():
     flat = simulate([case_of(meas("a", 20.0, requests=True), text)], eligible={"a"}, samples=4000, seed=5)["a"]
     assert flat.p95 == pytest.approx(flat.p5)
     assert spread.p95 - spread.p5 > 0.2 * spread.mean
+
+
+def test_failed_requests_lower_the_sampled_pass_rate_as_they_lower_the_central_one():
+    """15 graded items, 12 passed, and 5 requests that failed (each a failed attempt): the central pass rate is
+    12/20 = 0.60, and the Monte Carlo's draws centre there too (not on 12/15), so a configuration that fails
+    requests is no cheaper in its interval, P(cheapest) and verdicts than at its centre."""
+    grades = {f"q{i}": float(i < 12) for i in range(15)}
+    m = ConfigMeasurement(name="a", strategy="ar", requests_completed=15, requests_failed=5, wall_s=20.0,
+                          output_tokens=1500, grades=grades, passes=12, graded=20)
+    [(_, op)] = draw_all([case_of(m)], samples=4000, seed=2)
+    assert m.operating_point().pass_rate == pytest.approx(0.60)
+    assert float(np.mean(op.pass_rate)) == pytest.approx(0.60, abs=0.02)
