@@ -373,16 +373,71 @@ def test_csv_unclosed_quote_is_a_bad_line_and_swallows_nothing(tmp_path):
     against the wrong question) with "skipped lines: 0"; now its line is bad and the rows after it are read."""
     path = tmp_path / "p.csv"
     path.write_text('prompt,answer\n"What is 2+2?,4\nCapital of France?,Paris\n"Say ""hi""",hi\n'
-                    '"Multi, line\nprompt",x\nLast?,"open\n', encoding="utf-8")
+                    '"Multi-line\nprompt, a comma",x\nLast?,"open\n', encoding="utf-8")
     w = open_workload(f"csv:{path}", on_bad_line="skip")
     assert [(q.question_id, q.turns, q.reference) for q in w.questions] == [
         ("L3", ("Capital of France?",), ("Paris",)), ("L4", ('Say "hi"',), ("hi",)),
-        ("L5", ("Multi, line\nprompt",), ("x",))]
+        ("L5", ("Multi-line\nprompt, a comma",), ("x",))]
     assert sum(w.info.skipped.values()) == 2
     assert f"{path}:2: unbalanced quote" in w.info.skipped_examples[0]
     assert f"{path}:7: unbalanced quote" in w.info.skipped_examples[1]  # the file ends inside the quote
     with pytest.raises(BadInput, match=rf"{path}:2: unbalanced quote"):
         open_workload(f"csv:{path}")
+
+
+def test_csv_stray_quote_closing_before_a_delimiter_is_a_bad_line_named(tmp_path):
+    """Valid CSV read strictly, but every line the quoted field runs over is a whole row on its own: the rows it
+    swallowed are a bad line at its first line, and reading goes on from the next (issue 56)."""
+    path = tmp_path / "p.csv"
+    path.write_text('prompt,answer\n"What is 2+2?,4\nCapital of Spain?,Madrid\nCapital of France?",Paris\nNext?,x\n',
+                    encoding="utf-8")
+    with pytest.raises(BadInput, match=rf"{path}:2: a quoted field runs over lines 2-4, and each of those 3 lines"):
+        open_workload(f"csv:{path}")
+    w = open_workload(f"csv:{path}", on_bad_line="skip")
+    assert [(q.question_id, q.turns, q.reference) for q in w.questions] == [
+        ("L3", ("Capital of Spain?",), ("Madrid",)), ("L4", ('Capital of France?"',), ("Paris",)),
+        ("L5", ("Next?",), ("x",))]
+    assert sum(w.info.skipped.values()) == 1
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "array"])
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_a_lone_surrogate_is_a_bad_line(tmp_path, fmt, policy):
+    """"\\ud800" decodes to text no encoder can write: a bad line like any other, in both modes (it was a traceback)."""
+    recs = [{"id": i, "messages": [{"role": "user", "content": t}]} for i, t in enumerate(["hello", "bad \ud800", "hi"])]
+    path = tmp_path / "w.json"
+    text = [json.dumps(r) for r in recs]  # json.dumps writes the lone surrogate as its \ud800 escape
+    path.write_text("\n".join(text) + "\n" if fmt == "jsonl" else "[\n" + ",\n".join(text) + "\n]\n")
+    if policy == "stop":
+        line = 2 if fmt == "jsonl" else 3  # (the array's "[" on line 1)
+        with pytest.raises(BadInput, match=rf"{path}:{line}: field messages.0.content: invalid text: a lone surrog"):
+            open_workload(f"chat:{path}")
+        return
+    w = open_workload(f"chat:{path}", on_bad_line="skip")
+    assert [q.turns for q in w.questions] == [("hello",), ("hi",)] and sum(w.info.skipped.values()) == 1
+
+
+def test_a_line_past_the_record_bound_is_refused_unread(tmp_path, monkeypatch):
+    """A line longer than MAX_RECORD_CHARS is a bad line, never held whole (nor tokenized): the readers stream it."""
+    from specledger.bench.formats import lines
+
+    monkeypatch.setattr(lines, "MAX_RECORD_CHARS", 1000)
+    monkeypatch.setattr(lines, "_CHUNK", 64)
+    big = json.dumps({"question_id": "big", "category": "qa", "turns": ["x" * 5000]})
+    path = tmp_path / "w.jsonl"
+    path.write_text("\n".join([json.dumps({"question_id": 1, "category": "qa", "turns": ["a"]}), big,
+                               json.dumps({"question_id": 2, "category": "qa", "turns": ["b"]})]) + "\n")
+    with pytest.raises(BadInput, match=rf"{path}:2: {len(big) + 1:,} characters, longer than the 1,000"):
+        open_workload(f"spec-bench:{path}")
+    w = open_workload(f"spec-bench:{path}", on_bad_line="skip")
+    assert [q.turns for q in w.questions] == [("a",), ("b",)]
+    text = tmp_path / "w.txt"
+    text.write_text("short\n" + "y" * 3000 + "\nlast\n")
+    assert [q.turns for q in open_workload(str(text), on_bad_line="skip").questions] == [("short",), ("last",)]
+    arr = tmp_path / "a.json"
+    chat = [json.dumps({"messages": [{"role": "user", "content": t}]}) for t in ("x" * 5000, "c")]
+    arr.write_text("[" + ",".join(chat) + "]")
+    assert [q.turns for q in open_workload(f"chat:{arr}", on_bad_line="skip").questions] == [("c",)]
 
 
 def test_unknown_format_prefix_is_named_not_a_missing_file(tmp_path):

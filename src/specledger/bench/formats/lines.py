@@ -10,6 +10,7 @@ way `BadLines` decides: `stop` raises one line naming file:line, `skip` counts t
 from __future__ import annotations
 
 import csv
+import re
 import json
 import sys
 from collections import Counter, deque
@@ -23,6 +24,10 @@ from specledger.errors import BadInput
 WARNINGS_SHOWN = 5  # skipped lines printed one by one; the rest are counted
 _CHUNK = 1 << 20
 _MAX_ELEMENT = 64 << 20  # a JSON array element larger than this is taken for a broken file
+# a record (line, array element) longer than this is a bad line, refused before anything tokenizes it: ~2M tokens of
+# English, past any context; a 50 MB line used to be tokenized whole (145 s, 8.9 GB) before the context refused it
+MAX_RECORD_CHARS = 8 << 20
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 @dataclass(frozen=True)
@@ -67,14 +72,61 @@ def _open(path: Path):
     return path.open(encoding="utf-8-sig", errors="replace", newline="")  # a BOM is not content
 
 
+def _bounded_lines(fh: Any) -> Iterator[tuple[int, str | int]]:
+    """(line number, text), or (line number, its length) for a line longer than MAX_RECORD_CHARS: never held whole."""
+    lineno = 0
+    while text := fh.readline(MAX_RECORD_CHARS + 1):
+        lineno += 1
+        if len(text) <= MAX_RECORD_CHARS or text.endswith("\n"):
+            yield lineno, text
+            continue
+        n = len(text)
+        while (more := fh.readline(_CHUNK)) and not more.endswith("\n"):
+            n += len(more)
+        yield lineno, n + len(more)
+
+
+def _too_long(n: int) -> Unreadable:
+    return Unreadable(f"{n:,} characters, longer than the {MAX_RECORD_CHARS:,} a record may hold (no context fits it)")
+
+
+def _lone_surrogate(obj: Any) -> str | None:
+    """The path of the first string (key or value) holding a lone surrogate ("\\ud800" in the JSON): text no encoder
+    can write, so a request carrying it would fail at the first write."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"invalid text: a lone surrogate {obj[exc.start]!r} at character {exc.start}"
+        return None
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        found = _lone_surrogate(k) if isinstance(k, str) else None
+        found = found or _lone_surrogate(v)
+        if found:
+            return f"{k}: {found}" if found.startswith("invalid") else f"{k}.{found}"
+    return None
+
+
+def _decoded(text: str, obj: Any) -> Any:
+    """The record, or Unreadable where its text holds a lone surrogate (only a \\uD800-\\uDFFF escape can make one:
+    the file is read with undecodable bytes replaced)."""
+    if _SURROGATE_ESCAPE.search(text) and (where := _lone_surrogate(obj)):
+        return Unreadable(where if where.startswith("invalid") else f"field {where}")
+    return obj
+
+
 def jsonl_records(path: Path) -> Iterator[Record]:
     """One JSON value per non-blank line."""
     with _open(path) as fh:
-        for lineno, text in enumerate(fh, start=1):
+        for lineno, text in _bounded_lines(fh):
+            if isinstance(text, int):
+                yield lineno, _too_long(text)
+                continue
             if not text.strip():
                 continue
             try:
-                yield lineno, json.loads(text)
+                yield lineno, _decoded(text, json.loads(text))
             except json.JSONDecodeError as exc:
                 yield lineno, Unreadable(f"bad JSON ({exc.msg} at column {exc.colno})")
 
@@ -129,7 +181,8 @@ def json_array_records(path: Path) -> Iterator[Record]:
                     if len(buf) - pos > _MAX_ELEMENT or not fill():
                         raise BadInput(f"{path}:{line}: not valid JSON ({exc.msg}); a JSON array cannot be read "
                                        "past a syntax error (JSONL can: one record per line)") from None
-            yield line, obj
+            text = buf[pos:end]
+            yield line, _too_long(len(text)) if len(text) > MAX_RECORD_CHARS else _decoded(text, obj)
             line += buf.count("\n", pos, end)
             pos = end
 
@@ -186,12 +239,26 @@ def csv_rows(path: Path, delimiter: str = ",") -> Iterator[Record]:
                 continue
             if header is None:
                 header = fields
+            elif swallowed := _swallowed_rows(lines.taken, len(header), delimiter):
+                yield lines.taken[0][0], Unreadable(swallowed)
+                lines.again(lines.taken[1:])
             elif fields:
                 row: dict[Any, Any] = dict(zip(header, fields))
                 row.update({h: None for h in header[len(fields):]})
                 if len(fields) > len(header):
                     row[None] = fields[len(header):]
                 yield lines.taken[0][0], row
+
+
+def _swallowed_rows(taken: list[tuple[int, str]], width: int, delimiter: str) -> str | None:
+    """A row over several lines each of which, its quotes taken as plain text, is a whole row of the header's width:
+    a stray quote that closed right before a delimiter swallowed the rows between (read strictly it is valid CSV).
+    A field that truly spans lines has a line with another count of delimiters."""
+    if len(taken) < 2 or any(len(next(csv.reader([text], delimiter=delimiter, quoting=csv.QUOTE_NONE), [])) != width
+                             for _, text in taken):
+        return None
+    return (f"a quoted field runs over lines {taken[0][0]}-{taken[-1][0]}, and each of those {len(taken)} lines is a "
+            f"whole row of {width} fields on its own: a stray quote swallowing rows? read on from the next line")
 
 
 def csv_header(path: Path, delimiter: str = ",") -> list[str]:
@@ -205,7 +272,10 @@ def csv_header(path: Path, delimiter: str = ",") -> list[str]:
 def text_lines(path: Path) -> Iterator[Record]:
     """Non-blank lines, stripped of the line end."""
     with _open(path) as fh:
-        for lineno, text in enumerate(fh, start=1):
+        for lineno, text in _bounded_lines(fh):
+            if isinstance(text, int):
+                yield lineno, _too_long(text)
+                continue
             text = text.rstrip("\r\n")
             if text.strip():
                 yield lineno, text
