@@ -17,7 +17,10 @@ from specledger.ledger.cost_model import Case
 from specledger.ledger.inputs import Resolved
 from specledger.ledger.measurements import ConfigMeasurement
 from specledger.ledger.paired import difference
-from specledger.ledger.thresholds import (DIFFERS, INPUTS, OWNED_PRICE, REVIEW, TIE, Crossing, Search, curve, find)
+from specledger.ledger.same_quality import MARGIN, QualityDecision
+from specledger.ledger.saving_sources import LABELS, SavingSource, carriers, sources, split
+from specledger.ledger.thresholds import (DIFFERS, INPUTS, OWNED_PRICE, REVIEW, TIE, Crossing, Search, curve, find,
+                                          gaps_move)
 from specledger.ledger.verdicts import MATERIAL, Row
 
 
@@ -47,7 +50,10 @@ class Threshold(BaseModel):
     # not a tie, but no single configuration is cheapest)
     change: str = ""  # the sentence: "the decoding choice matters when the review time per task is below 2 s ..."
     matters_side: str = ""  # "below" | "above": where the decoding choice matters (one side is a tie); "": it
-    # matters on both sides (one clear choice gives way to another), or no change was found
+    # matters on both sides (one clear choice gives way to another), no change was found, or dollars do not move
+    dollars_move: bool = True  # False: the input adds the same dollars to every configuration (review minutes do),
+    # so no gap between them moves with it; `value` is then only where those fixed gaps cross the relative 1% margin,
+    # not a change of the choice (`change` says so; the headline and `tie_reason` never quote it)
 
 
 class CurvePoint(BaseModel):
@@ -62,6 +68,17 @@ class CurveSeries(BaseModel):
 
     config: str
     points: list[CurvePoint] = Field(default_factory=list)
+
+
+class TiedSpan(BaseModel):
+    """A configuration the recommendation cannot be told apart from: its cost per task minus the recommendation's."""
+
+    config: str
+    low: float  # 95% interval of the paired difference per task (Monte Carlo)
+    high: float
+    low_pct: float  # the same as a share of the recommendation's cost per task
+    high_pct: float
+    within_margin: bool  # the whole interval within +-1% (verdicts.MATERIAL): "the same within 1%" is true
 
 
 class HumanStanding(BaseModel):
@@ -81,10 +98,11 @@ class ScenarioAnswer(BaseModel):
     # configuration with the lowest central cost (any of `tied_with` costs the same within 1%); None: none priced
     verdict: str = ""  # the recommended row's verdict, verdicts.py's word: "cheapest" | "indistinguishable" | ...
     confidence: str = ""  # how sure, in words, from that verdict and its 95% interval
-    tied_with: list[str] = Field(default_factory=list)  # configurations that cannot be told apart from it
+    tied_with: list[str] = Field(default_factory=list)  # configurations that cannot be told apart from it (`tied`:
+    # each one's difference interval; "the same within 1%" only where that whole interval is)
     cost: float | None = None  # its cost per accepted task (central values)
-    cost_low: float | None = None  # 90% interval (5th-95th percentile of the Monte Carlo)
-    cost_high: float | None = None
+    cost_low: float | None = None  # 90% interval (5th-95th percentile of the Monte Carlo), as the cost table's
+    cost_high: float | None = None  # (the headline quotes `cost` alone: its statements are all 95%)
     baseline: str | None = None  # autoregressive at the reference precision (LedgerResult.reference)
     baseline_cost: float | None = None
     saving_per_task: float | None = None  # baseline cost - recommended cost (positive: the recommendation saves)
@@ -92,6 +110,15 @@ class ScenarioAnswer(BaseModel):
     saving_low: float | None = None  # 95% interval of the monthly saving (paired samples, volume drawn with them)
     saving_high: float | None = None
     tasks_per_month: float | None = None
+    sources: list[SavingSource] = Field(default_factory=list)  # the saving split by source (speed, energy, quality,
+    # the rest; ledger/saving_sources.py), each with its 95% interval; empty where no saving is computed
+    saving_from: list[str] = Field(default_factory=list)  # the sources the headline names: those with evidence
+    # that carry the saving, largest first ("speed", "energy", "quality", "rest"); empty: no saving claimed
+    quality: str = ""  # the recommendation's quality decision against the baseline, in words (same_quality.py)
+    quality_decision: str = ""  # its word: "same" | "not shown" | "better" | "worse" | "untested" | "" (none made)
+    tied: list[TiedSpan] = Field(default_factory=list)  # `tied_with`, each with its difference interval
+    not_searched: list[str] = Field(default_factory=list)  # inputs not searched for a threshold, and why ("the
+    # review time per task: 0 in this scenario")
     shares: dict[str, float] = Field(default_factory=dict)  # the recommended configuration's cost split:
     # engine (device compute), tools (retrieval, tool calls), labour, maintenance, energy; they sum to 1
     labour_share: float | None = None  # shares["labour"], for the sentence
@@ -134,19 +161,59 @@ def _recommend(rows: Sequence[Priced], baseline: str | None) -> Priced | None:
     return None
 
 
-def _confidence(rec: Priced, tie: bool, tested: bool) -> str:
-    """The verdict of verdicts.py in words."""
+def _confidence(rec: Priced, tie: bool, tested: bool, tied: list[TiedSpan]) -> str:
+    """The verdict of verdicts.py in words: "the same within 1%" only where every tied interval is."""
     if not tested:
         return "point estimates only (no Monte Carlo samples): nothing is said about noise"
     if rec.verdict == "cheapest":
         return "clear: " + (rec.verdict_detail or "the only configuration in the running")
+    if tie and tied and all(t.within_margin for t in tied):
+        return f"a tie: every configuration costs the same within {MATERIAL:.0%} (95%), so any of them will do"
     if tie:
-        return (f"a tie: no configuration costs more than another by over {MATERIAL:.0%} of the cost per task with "
-                "95% confidence, so any of them will do")
+        return (f"a tie: the measurements cannot tell the configurations apart ({_tied_words(tied)}; 95%): none is "
+                f"shown to cost more than the cheapest by over {MATERIAL:.0%}")
     if rec.verdict == "indistinguishable":
         return (f"a tie at the top: {rec.verdict_detail}; every other configuration costs more by over "
                 f"{MATERIAL:.0%} (95%)")
     return f"{rec.verdict}: {rec.verdict_detail}"
+
+
+def _tied(rec: Priced, names: list[str], costs: dict[str, np.ndarray] | None) -> list[TiedSpan]:
+    """Each tied configuration's paired cost difference with the recommendation (95%), in dollars and as a share."""
+    out: list[TiedSpan] = []
+    if costs is None or rec.name not in costs or not rec.total:
+        return out
+    for n in names:
+        if n in costs and (d := difference(costs[n], costs[rec.name])) is not None:
+            lo, hi = d.low / rec.total, d.high / rec.total
+            out.append(TiedSpan(config=n, low=d.low, high=d.high, low_pct=lo, high_pct=hi,
+                                within_margin=-MATERIAL <= lo and hi <= MATERIAL))
+    return out
+
+
+def signed_pct(v: float) -> str:
+    """A share with its sign, two significant figures: "-5%", "+21%", "+0.31%"."""
+    return ("-" if v < 0 else "+") + _sig(abs(100 * v)) + "%"
+
+
+def _tied_words(tied: list[TiedSpan]) -> str:
+    """"ar-w8 cannot be told apart (difference -5% to +21%)"; "the same within 1%" only where it is."""
+    return "; ".join(f"{t.config} the same within {MATERIAL:.0%}" if t.within_margin else
+                     f"{t.config} cannot be told apart (difference {signed_pct(t.low_pct)} to {signed_pct(t.high_pct)})"
+                     for t in tied)
+
+
+def _sources(out: ScenarioAnswer, search: Search | None, base: tuple | None, rec_case: Case) -> None:
+    """The saving split by source (ledger/saving_sources.py): central values, and per draw with the Monte Carlo."""
+    if base is None or out.saving_per_task is None or out.tasks_per_month is None:
+        return
+    central = split((base[1].x, base[1].op), (rec_case.x, rec_case.op))
+    drawn, tpm = None, None
+    if search is not None and {base[0].name, out.recommended} <= set(search.names()):
+        names = search.names()
+        b, r = search.drawn[names.index(base[0].name)], search.drawn[names.index(out.recommended or "")]
+        drawn, tpm = split(b, r), r[0]["volume"]["tasks_per_month"]
+    out.sources = sources(central, drawn, out.tasks_per_month, tpm)
 
 
 def duration(minutes: float) -> str:
@@ -189,11 +256,20 @@ def _span(low: float | None, high: float | None, fmt: Callable[[float], str], no
     return "" if high is None else f" (95%: up to {fmt(high)})"
 
 
-def threshold_model(c: Crossing) -> Threshold:
-    """A crossing as the answer block holds it, with its sentence."""
+def threshold_model(c: Crossing, dollars_move: bool = True) -> Threshold:
+    """A crossing as the answer block holds it, with its sentence. `dollars_move` False (thresholds.gaps_move): the
+    input moves no gap between configurations, so the crossing is the relative margin's alone and is not worded as
+    the choice changing."""
     t = Threshold(input=".".join(map(str, c.input.path)), label=c.input.label, unit=c.input.unit,
-                  **{k: v for k, v in vars(c).items() if k != "input"})  # the crossing's own fields, by name
+                  dollars_move=dollars_move, **{k: v for k, v in vars(c).items() if k != "input"})
     unit = c.input.unit
+    if not dollars_move and c.value is not None:
+        span = _span(c.low, c.high, lambda v: amount(v, unit), c.current)
+        moves = "rises over" if c.before == TIE else "falls under"
+        t.change = (f"no change in dollars with {c.input.label}: it adds the same to every configuration, so the gaps "
+                    f"between them stay as priced; only their share of the cost per task {moves} the {MATERIAL:.0%} "
+                    f"margin when it is {c.side} {amount(c.value, unit)}{span} (now {amount(c.current, unit)})")
+        return t
     if TIE in (c.before, c.after) and c.value is not None:
         t.matters_side = c.side if c.before == TIE else ("above" if c.side == "below" else "below")
     if c.value is None:
@@ -226,8 +302,9 @@ def _curve_values(current: float, value: float | None) -> list[float]:
 
 def scenario_answer(scenario: str, rows: Sequence[Priced], chosen: list[tuple[Priced, Case, Resolved, ConfigMeasurement]],
                     reference: str | None, costs: dict[str, np.ndarray] | None, *, samples: int, seed: int,
-                    thresholds: bool = True) -> ScenarioAnswer:
-    """The decision for one scenario, from its priced rows (verdicts set) and their paired cost samples."""
+                    thresholds: bool = True, quality: dict[str, QualityDecision] | None = None) -> ScenarioAnswer:
+    """The decision for one scenario, from its priced rows (verdicts set), their paired cost samples and the quality
+    decisions against the reference (ledger/same_quality.py: which pass rate each row is priced at)."""
     out = ScenarioAnswer(scenario=scenario, baseline=reference)
     rec = _recommend(rows, reference)
     if rec is None:
@@ -242,7 +319,8 @@ def scenario_answer(scenario: str, rows: Sequence[Priced], chosen: list[tuple[Pr
     out.recommended, out.verdict, out.cost, out.cost_low, out.cost_high = rec.name, rec.verdict, rec.total, rec.p5, rec.p95
     out.tie = len(eligible) > 1 and all(r.verdict == "indistinguishable" for r in eligible)
     out.tied_with = [r.name for r in eligible if r.verdict == "indistinguishable" and r is not rec]
-    out.confidence = _confidence(rec, out.tie, costs is not None)
+    out.tied = _tied(rec, out.tied_with, costs)
+    out.confidence = _confidence(rec, out.tie, costs is not None, out.tied)
     out.tasks_per_month = tpm
     out.shares = rec.cost_shares
     out.labour_share = out.shares.get("labour")
@@ -256,11 +334,21 @@ def scenario_answer(scenario: str, rows: Sequence[Priced], chosen: list[tuple[Pr
             tpm_drawn = np.broadcast_to(np.asarray(search.drawn[0][0]["volume"]["tasks_per_month"], np.float64), (search.n,))
             if (d := difference(costs[base.name] * tpm_drawn, costs[rec.name] * tpm_drawn)) is not None:
                 out.saving_low, out.saving_high = d.low, d.high
+        if base is not rec:
+            _sources(out, search, next((c for c in chosen if c[0] is base), None), case)
+    qd = (quality or {}).get(rec.name)
+    if qd is not None and reference is not None and rec.name != reference:
+        out.quality, out.quality_decision = qd.note, qd.decision
     _human(out, rows, case)
     if search is not None and thresholds and len(cands) > 1:
         inputs = INPUTS if case.x["hardware"]["kind"] == "rented" else INPUTS[:4] + (OWNED_PRICE, INPUTS[5])
-        out.thresholds = sorted((threshold_model(c) for inp in inputs if (c := find(search, inp)) is not None),
-                                key=lambda t: t.value is None)
+        searched = []
+        for inp in inputs:
+            if inp.kind != "fraction" and search.current(inp) == 0:  # not part of this scenario (no review in it)
+                out.not_searched.append(f"{inp.label}: 0 in this scenario")
+            elif (c := find(search, inp)) is not None:
+                searched.append(threshold_model(c, c.value is None or gaps_move(search, inp.path, c.current, c.value)))
+        out.thresholds = sorted(searched, key=lambda t: (t.value is None, not t.dollars_move))
         review = next((t for t in out.thresholds if t.input == REVIEW_PATH), None)
         now = search.current(REVIEW) or 0.0
         out.curve = [CurveSeries(config=name, points=[CurvePoint(x=x, cost=c, low=lo, high=hi) for x, c, lo, hi in pts])
@@ -299,50 +387,73 @@ def _tie_reason(out: ScenarioAnswer, case: Case, spread: float) -> str:
         detail = (f" ({duration(acc['review_minutes'])} of review at ${_sig(acc['wage_per_hour'])}/h"
                   + (f", {duration(acc['fix_minutes'])} to fix an escalated task" if acc["fix_minutes"] else "") + ")")
     why = (f"{big} is {fixed[big]:.0%} of the cost per task{detail} and the engine's compute {movable:.1%}: no "
-           f"configuration costs more than another by over {MATERIAL:.0%} with 95% confidence")
+           f"configuration is shown to cost more than another by over {MATERIAL:.0%} (95%)")
     if spread > MATERIAL:  # apart at the centre, not beyond the noise: the measurements cannot tell them apart
         why += (f" (their central costs differ by up to {spread:.0%}, through the measured pass rates and device "
                 "time, but within their noise: more graded items or requests would tell)")
-    crossing = next((t for t in out.thresholds if t.value is not None and t.before == TIE), None)
+    crossing = _matters(out)
     if crossing is not None:
         why += f"; {crossing.change.split(' (now ')[0]}"
     return why
 
 
+def _matters(out: ScenarioAnswer) -> Threshold | None:
+    """The first input from whose value on the decoding choice matters in dollars (a tie gives way)."""
+    return next((t for t in out.thresholds if t.value is not None and t.before == TIE and t.dollars_move), None)
+
+
 def _headline(out: ScenarioAnswer) -> str:
+    """The answer in a sentence: every interval in it a 95% one, every figure the table's central value."""
     name = f"{out.scenario}: " if out.scenario else ""
-    cost = _money(out.cost) + ("" if out.cost_low is None or out.cost_high is None else
-                               f" ({_money(out.cost_low)}–{_money(out.cost_high)}, 90%)")
-    if out.tie:
-        first = f"{name}the decoding choice does not matter: every configuration costs about {cost} per accepted task"
-        if out.recommended == out.baseline:
-            first += f"; keep {out.baseline}"
-    elif out.recommended == out.baseline:
-        first = f"{name}keep {out.baseline}: {cost} per accepted task"
-        if out.tied_with:
-            first += f" ({', '.join(out.tied_with)} cost the same within {MATERIAL:.0%})"
+    cost = money(out.cost)
+    tied = _tied_words(out.tied)
+    verb = f"keep {out.baseline}" if out.recommended == out.baseline else f"run {out.recommended}"
+    if out.tie and out.tied and all(t.within_margin for t in out.tied):
+        first = (f"{name}the decoding choice does not matter: every configuration costs {cost} per accepted task "
+                 f"within {MATERIAL:.0%} (95%)") + (f"; keep {out.baseline}" if out.recommended == out.baseline else "")
+    elif out.tie:
+        first = (f"{name}no configuration is shown to cost less than another by over {MATERIAL:.0%}: {verb}, {cost} "
+                 f"per accepted task" + (f" ({tied}; 95%)" if tied else ""))
+    elif out.recommended == out.baseline or out.saving_per_month is None or not out.baseline:
+        first = f"{name}{verb}: {cost} per accepted task" + (f" ({tied}; 95%)" if tied else "")
     else:
-        first = f"{name}run {out.recommended}: {cost} per accepted task"
-        if out.tied_with:
-            first += f" (or {', '.join(out.tied_with)}: the same within {MATERIAL:.0%})"
-        if out.baseline and out.saving_per_month is not None:
-            span = ("" if out.saving_low is None or out.saving_high is None else
-                    f" ({_money(out.saving_low)}–{_money(out.saving_high)}, 95%)")
-            first += f", saving {_money(out.saving_per_month)} a month{span} against {out.baseline}"
-    review = next((t for t in out.thresholds if t.input == REVIEW_PATH and t.value is not None), None)
-    if review is not None and out.tie:
-        first += f"; {review.change.split(' (now ')[0]}"
+        span = ("" if out.saving_low is None or out.saving_high is None else
+                f" (95%: {money(out.saving_low)}–{money(out.saving_high)})")
+        first = f"{name}{verb}: {cost} per accepted task, saving {money(out.saving_per_month)} a month{span} against {out.baseline}"
+        out.saving_from = [p.source for p in carriers(out.sources, out.saving_per_task or 0.0)]
+        if out.saving_from:
+            first += ", from " + " and ".join(_source_words(out, s) for s in out.saving_from)
+        elif out.sources:
+            first += ", no one source shown alone (see the split)"
+        if tied:
+            first += f"; {tied} (95%)"
+    if out.quality_decision == "not shown":
+        first += (f"; {out.recommended}'s quality is not shown to be at most {100 * MARGIN:g} points below "
+                  f"{out.baseline}'s (priced at its pass rate: no difference shown)")
+    crossing = _matters(out)
+    if crossing is not None and out.tie:
+        first += f"; {crossing.change.split(' (now ')[0]}"
     return first
 
 
-def _money(v: float | None) -> str:
+def _source_words(out: ScenarioAnswer, source: str) -> str:
+    if source == "quality" and out.quality_decision in ("better", "worse"):
+        more = "more" if out.quality_decision == "better" else "fewer"
+        return f"quality ({out.recommended} passes {more} graded items than {out.baseline})"
+    return LABELS[source]
+
+
+def money(v: float | None, digits: int = 3) -> str:
+    """Dollars to `digits` significant figures (cents from $1, whole dollars from $100): the answer and every table
+    write amounts alike."""
     if v is None:
         return "–"
-    sign = "-" if v < 0 else ""
-    v = abs(v)
+    if v == 0:
+        return "$0"
+    sign, v = ("-" if v < 0 else ""), abs(v)
     if v >= 100:
         return f"{sign}${v:,.0f}"
-    return f"{sign}${v:.2f}" if v >= 1 else f"{sign}${v:.3g}"
+    return f"{sign}${v:#.{digits}g}" if v < 1 else f"{sign}${v:.2f}"
 
 
 def link_scenarios(answer: Answer) -> None:

@@ -89,6 +89,8 @@ class ConfigMeasurement(BaseModel):
     by_kind: dict[str, KindMeasurement] = Field(default_factory=dict)
     verify_curve: list[CurvePoint] = Field(default_factory=list)
     grades: dict[str, float] = Field(default_factory=dict)  # graded item (question id) -> share of its answers passed
+    grades_from: str = ""  # whose graded answers `grades` are: this configuration's, or (lossless speculation) the
+    # autoregressive configuration of its target and precision, whose graded quality level stands for it
     outputs: str | None = None  # digest of every output: equal digests, equal outputs (and equal quality)
 
     @property
@@ -190,7 +192,8 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
                                             passes=sum(kind_grades.get(k, {}).values()),
                                             graded=_attempts_judged(len(kind_grades.get(k, {})), g.requests_failed))
                          for k, g in lr.by_kind.items()},
-                verify_curve=curve, grades=grades, outputs=_digest(mine)))
+                verify_curve=curve, grades=grades, outputs=_digest(mine),
+                grades_from=(c.quality_source or c.name) if graded is not None else c.name))
     if not out:
         raise BadInput(f"{run_dir / RUN_FILE}: no configuration with a measured load level")
     return out

@@ -18,7 +18,8 @@ from specledger.ledger.inputs import DEFAULT_COSTS, CostInputs, Resolved, centra
 from specledger.ledger.measurements import ConfigMeasurement, measurement_baselines, measurements_from_run
 from specledger.ledger.cost_model import Breakdown, Case, objective_misses, replicas_needed
 from specledger.ledger.montecarlo import simulate
-from specledger.ledger.paired import mcnemar, paired_speedup
+from specledger.ledger.paired import paired_speedup
+from specledger.ledger.same_quality import QualityDecision, at_shared_quality, decide_all
 from specledger.ledger.sensitivity import sensitivity
 from specledger.ledger.verdicts import point_verdicts, tested_verdicts
 
@@ -48,7 +49,10 @@ class ConfigCost(BaseModel):
     pass_rate: float | None = None
     pass_low: float | None = None  # 95% interval of a measured pass rate (Jeffreys)
     pass_high: float | None = None
-    pass_rate_source: str = ""
+    pass_rate_source: str = ""  # "measured 124/272", "shared: ar-fp32's 124/272 (no quality difference shown)",
+    # or "cost file"
+    quality: str = ""  # the quality decision against the reference (ledger/same_quality.py): "reference", "same",
+    # "not shown" (both priced at the reference's pass rate), "better", "worse" (its own), "untested", "" (ungraded)
     requests: int = 0  # sent at this level: completed + failed
     failed: int = 0  # failed after retries (each priced as a failed attempt)
     errors: dict[str, int] = Field(default_factory=dict)  # failed by kind
@@ -102,7 +106,9 @@ class LedgerResult(BaseModel):
     break_even: list[BreakEven] = Field(default_factory=list)
     # each speculative configuration's speed-up along the concurrency sweep and where it stops paying
     concurrency: list[ConcurrencyBreakEven] = Field(default_factory=list)
-    quality: list[dict] = Field(default_factory=list)  # paired (McNemar) tests against the reference
+    # the quality decision of each configuration against the reference, made once: QualityDecision's fields
+    # (ledger/same_quality.py: paired exact McNemar, non-inferiority margin; `priced_at` says which pass rate)
+    quality: list[dict] = Field(default_factory=list)
     scenario: str | None = None  # the headline scenario these rows price (when the cost file names scenarios)
     scenarios: dict[str, list[dict]] = Field(default_factory=dict)  # the other scenarios, one summary per row
     sensitivity: dict[str, list[dict]] = Field(default_factory=dict)
@@ -128,7 +134,7 @@ _MEASURED = ("tok_s", "ttft_p50", "ttft_p95", "tpot_p95", "e2e_p95", "tau")
 def _cost_row(m: ConfigMeasurement, case: Case, b: Breakdown, misses: list[str], source: str) -> ConfigCost:
     demand = case.x["volume"]["demand_rps"]
     low = high = None
-    if source.startswith("measured") and m.graded:
+    if source != "cost file" and m.graded:
         low, high = (float(v) for v in beta.ppf([0.025, 0.975], m.passes + 0.5, m.graded - m.passes + 0.5))
     per_call_j = case.op.energy_j_per_call
     energy_j = None if per_call_j is None else float(b.attempts * case.x["task"]["calls_per_task"] * per_call_j)
@@ -145,13 +151,17 @@ def _cost_row(m: ConfigMeasurement, case: Case, b: Breakdown, misses: list[str],
     )
 
 
-def _case(m: ConfigMeasurement, res: Resolved, inputs: CostInputs, sweep: list[tuple[float, float]]) -> tuple[Case, str]:
+def _case(m: ConfigMeasurement, res: Resolved, inputs: CostInputs, sweep: list[tuple[float, float]],
+          shared_from: str | None = None) -> tuple[Case, str]:
+    """`shared_from`: the reference whose graded items m was given (no quality difference shown)."""
     x = res.central()
     op = m.operating_point(x["hardware"]["device_count"])
     if x["acceptance"]["pass_rate"] is not None:
         source = "cost file"
     elif m.graded:
-        source = f"measured {m.passes:g}/{m.graded}" + (f", {m.requests_failed} failed" if m.requests_failed else "")
+        failed = f", {m.requests_failed} failed" if m.requests_failed else ""
+        source = (f"shared: {shared_from}'s {m.passes:g}/{m.graded}{failed} (no quality difference shown)"
+                  if shared_from else f"measured {m.passes:g}/{m.graded}{failed}")
     else:  # never send the user to edit the installed package's defaults
         where = (f"in {inputs.source}" if not inputs.source.startswith(str(DEFAULT_COSTS)) else
                  "in a cost file (`specledger cost --init cost.yaml` writes one) and pass it with --inputs cost.yaml")
@@ -180,8 +190,18 @@ def speedups(ms: list[ConfigMeasurement]) -> dict[tuple[str, str], float]:
     return out
 
 
-def choose_levels(ms: list[ConfigMeasurement], inputs: CostInputs):
-    """Price every load level; per configuration keep its cheapest feasible level (else its least-missing one)."""
+def at_same_quality(ms: list[ConfigMeasurement]) -> tuple[list[ConfigMeasurement], str | None,
+                                                           dict[str, QualityDecision]]:
+    """The measurements as priced (ledger/same_quality.py: where the paired test shows no quality difference, the
+    reference's graded items), the reference, and each configuration's quality decision."""
+    ref = _reference([m for m in ms if m.requests_completed > 0])
+    decisions = decide_all(ms, ref)
+    return at_shared_quality(ms, decisions, ref), ref, decisions
+
+
+def choose_levels(ms: list[ConfigMeasurement], inputs: CostInputs, decisions: dict[str, QualityDecision] | None = None):
+    """Price every load level; per configuration keep its cheapest feasible level (else its least-missing one).
+    `decisions` (at_same_quality's) label the pass rates priced at the reference's."""
     names = list(dict.fromkeys(m.name for m in ms))
     unknown = sorted(set(inputs.overrides) - set(names))
     if unknown:
@@ -206,7 +226,8 @@ def choose_levels(ms: list[ConfigMeasurement], inputs: CostInputs):
         sweep = sorted((float(m.concurrency), m.requests_per_s) for m in group if m.concurrency is not None)
         options = []
         for m in group:
-            case, source = _case(m, res, inputs, sweep)
+            d = (decisions or {}).get(name)
+            case, source = _case(m, res, inputs, sweep, d.config_a if d is not None and d.shared else None)
             b = case.cost()
             row = _cost_row(m, case, b, objective_misses(case.x, case.op), source)
             row.speedup = ups.get((m.name, m.load))
@@ -225,7 +246,8 @@ def cases_for(run_dir: str | Path, inputs: CostInputs | str | Path | None = None
         inputs = load_inputs(inputs)
     if inputs.scenarios:  # the headline scenario
         inputs = inputs.scenario(next(iter(inputs.scenarios)))
-    _, chosen = choose_levels(measurements_from_run(run_dir), inputs)
+    ms, _, decisions = at_same_quality(measurements_from_run(run_dir))
+    _, chosen = choose_levels(ms, inputs, decisions)
     return {row.name: case for row, case, _, _ in chosen if case is not None}
 
 
@@ -250,8 +272,15 @@ def price_measurements(ms: list[ConfigMeasurement], inputs: CostInputs, *, sampl
             link_scenarios(out.answer)
         out.calculator["scenarios"] = {name: inputs.scenario(name).base.central() for name in names}
         return out
-    levels, all_chosen = choose_levels(ms, inputs)
+    measured = ms
+    ms, ref, decisions = at_same_quality(ms)
+    levels, all_chosen = choose_levels(ms, inputs, decisions)
     rows = [c[0] for c in all_chosen]
+    for r in levels:
+        d = decisions.get(r.name)
+        r.quality = "reference" if r.name == ref and r.pass_rate_source != "cost file" else "" if d is None else d.decision
+        if d is not None and r.pass_rate_source == "cost file":
+            d.priced_at = "cost file"
     point_verdicts(rows)
     chosen = [(row, case, res, m) for row, case, res, m in all_chosen if case is not None]
     eligible = {r.name for r in rows if r.verdict in ("cheapest", "dominated", "trade-off")}
@@ -267,18 +296,15 @@ def price_measurements(ms: list[ConfigMeasurement], inputs: CostInputs, *, sampl
         tested_verdicts(rows, cost_samples)
     _paired_speedups(levels, ms, seed=seed)  # (each priced row is one of `levels`, the same object)
 
-    ref = _reference([c[3] for c in chosen])
     # thresholds need the Monte Carlo: without samples (point estimates) the answer has none
     answer = Answer(scenarios=[scenario_answer(scenario, rows, chosen, ref, cost_samples, samples=samples, seed=seed,
-                                               thresholds=thresholds and samples > 0)])
+                                               thresholds=thresholds and samples > 0, quality=decisions)])
     sens = {}
     for row, case, res, m in chosen:
         if row.total is not None:
             sens[row.name] = [asdict(s) | {"swing": s.swing} for s in sensitivity(case, res, m, seed=seed)]
     bes = _default_break_evens(chosen, ref)
-    by_name = {c[3].name: c[3] for c in chosen}
-    quality = [asdict(mcnemar(ref, by_name[ref].grades, n, m.grades)) for n, m in by_name.items()
-               if n != ref and m.grades and by_name[ref].grades] if ref is not None and ref in by_name else []
+    quality = [d.model_dump() for d in decisions.values()]
 
     calculator = {
         "base": inputs.base.central(),
@@ -286,7 +312,7 @@ def price_measurements(ms: list[ConfigMeasurement], inputs: CostInputs, *, sampl
         "configs": [
             {"name": r.name, "load": r.load, "strategy": r.strategy, "precision": r.precision,
              "comparable": r.comparable, "comparable_reason": r.comparable_reason,
-             "tok_s": r.tok_s, "tau": r.tau,
+             "tok_s": r.tok_s, "tau": r.tau, "quality": r.quality, "pass_rate_source": r.pass_rate_source,
              "op": asdict(case.op),
              # every measured level at the run's device count: the page re-chooses the level on each edit
              "levels": [{"load": lm.load, "concurrency": lm.concurrency, "op": asdict(lm.operating_point())}
@@ -296,7 +322,7 @@ def price_measurements(ms: list[ConfigMeasurement], inputs: CostInputs, *, sampl
     }
     return LedgerResult(
         run_dir=str(run_dir), inputs_source=inputs.source, reference=ref, configs=rows, levels=levels,
-        break_even=bes, concurrency=break_even_concurrency(levels), quality=quality, sensitivity=sens, samples=samples, seed=seed, measurements=ms, calculator=calculator,
+        break_even=bes, concurrency=break_even_concurrency(levels), quality=quality, sensitivity=sens, samples=samples, seed=seed, measurements=measured, calculator=calculator,
         answer=answer,
     )
 

@@ -130,6 +130,15 @@ def separated(c: np.ndarray, a: int, b: int) -> np.ndarray:
     return c[b] - c[a] > MATERIAL * c[a]
 
 
+def gaps_move(search: Search, path: tuple, now: float, value: float) -> bool:
+    """Whether moving the input from `now` to `value` changes any candidate's cost gap to the others, in dollars, in
+    any draw. An input that adds the same dollars to every configuration (review minutes do) moves none: a crossing
+    along it comes only from the relative margin, a fixed gap becoming a smaller or larger share of the cost."""
+    a, b = search.costs(path, now), search.costs(path, value)
+    scale = float(np.nanmax(np.abs(np.where(np.isfinite(a), a, np.nan)))) if np.isfinite(a).any() else 1.0
+    return not np.allclose(a - a[0], b - b[0], rtol=1e-9, atol=1e-12 * scale, equal_nan=True)
+
+
 def grid(inp: Input, current: float) -> tuple[list[float], list[float]]:
     """Values to try below and above today's, nearest first (decades on the log grids: bisection does the rest)."""
     if inp.kind == "fraction":

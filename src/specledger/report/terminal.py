@@ -6,23 +6,14 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from specledger.ledger.answer import money as money  # the answer's amounts and the tables' alike
 from specledger.ledger.concurrency import ConcurrencyBreakEven
 from specledger.ledger.price import ConfigCost, LedgerResult
+from specledger.ledger.saving_sources import SavingSource
 from specledger.report.interaction import interaction_grid, interaction_rows
 
 VERDICT_STYLE = {"cheapest": "bold green", "dominated": "dim", "trade-off": "yellow", "infeasible": "red",
                  "not comparable": "magenta", "infinite cost": "red", "indistinguishable": "cyan"}
-
-
-def money(v: float | None, digits: int = 3) -> str:
-    """Dollars to `digits` significant figures (cents above $1)."""
-    if v is None:
-        return "–"
-    if v == 0:
-        return "$0"
-    if abs(v) >= 100:
-        return f"${v:,.0f}"
-    return f"${v:#.{digits}g}" if abs(v) < 1 else f"${v:.2f}"
 
 
 def num(v: float | None, fmt: str, suffix: str = "") -> str:
@@ -234,6 +225,17 @@ def _pct(v: float) -> str:
     return f"{v:.0%}" if v >= 0.01 or v == 0 else f"{float(f'{100 * v:.2g}'):g}%"
 
 
+def saving_sources_text(parts: list[SavingSource]) -> str:
+    """"speed $283 a month (95%: $249–$317) · energy none · ...": each source's monthly part, "no evidence" where its
+    interval holds 0."""
+    def one(p: SavingSource) -> str:
+        span = "" if p.low is None or p.high is None or p.low == p.high else f" (95%: {money(p.low)} to {money(p.high)})"
+        if not p.per_task and not p.evidence:
+            return f"{p.source} none"
+        return f"{p.source} {money(p.per_month)} a month{span}" + ("" if p.evidence else ", no evidence")
+    return " · ".join(one(p) for p in parts)
+
+
 def render_answer(ledger: LedgerResult) -> Text | None:
     """The answer first: per scenario what to run, what an accepted task costs, what it saves, how sure, why
     configurations tie and from which input value the choice matters (ledger/answer.py computes it)."""
@@ -247,15 +249,22 @@ def render_answer(ledger: LedgerResult) -> Text | None:
             out.append("  how sure: ", style="dim").append(a.confidence + "\n")
         if a.tie_reason:
             out.append("  why: ", style="dim").append(a.tie_reason + "\n")
+        if a.sources:
+            out.append("  the saving by source: ", style="dim").append(saving_sources_text(a.sources) + "\n")
+        if a.quality:
+            out.append("  quality: ", style="dim").append(f"{a.recommended} against {a.baseline}: {a.quality}\n")
         if a.shares:
             split = " · ".join(f"{k} {_pct(v)}" for k, v in a.shares.items())
             out.append("  cost split: ", style="dim").append(f"{split} ({a.recommended})\n")
         for t in a.thresholds:
             if t.value is not None and t.change.split(" (now ")[0] not in a.tie_reason:  # not said twice
-                out.append("  • ", style="dim").append(t.change + "\n")
+                out.append("  • ", style="dim").append(t.change + "\n", style="" if t.dollars_move else "dim")
         flat = [t.label for t in a.thresholds if t.value is None]
         if flat:
             out.append("  no change anywhere searched with: ", style="dim").append(", ".join(flat) + "\n")
+        if a.not_searched:
+            out.append("  not searched (not part of this scenario): ", style="dim").append(
+                "; ".join(a.not_searched) + "\n")
         if a.human_cost is not None and a.human:
             ratios = sorted(h.ratio for h in a.human if h.ratio is not None)
             if ratios:
