@@ -27,8 +27,8 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from specledger.engine.loader import load_model
-    from specledger.engine.model import Block, ragged_block, rope_at
-    from specledger.engine.ragged import Segment, plan_pass
+    from specledger.engine.model import Block, ragged_block
+    from specledger.engine.ragged import Segment, plan_pass, rope_at
 
     quant, dtype = CONFIGS[a.config]
     m = load_model("smollm2-135m", quant=quant, dtype=dtype).model

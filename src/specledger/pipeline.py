@@ -177,7 +177,7 @@ class Outcome:
 
 
 def plan_table(config: RunConfig) -> Table:
-    from specledger.ledger.measurements import precision_label
+    from specledger.records.pairing import precision_label
 
     t = Table(title="Configurations", title_justify="left", header_style="bold")
     for col in ("name", "strategy", "target", "drafter / intermediate", "max new tokens"):

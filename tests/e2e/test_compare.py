@@ -17,7 +17,8 @@ from specledger.engine.loader import LoadedModel, build_model, weight_bytes
 from specledger.engine.timing import CURVE_SIZES
 from specledger.pipeline import build_config, default_matrix
 from specledger.errors import BadInput, SpecLedgerError
-from specledger.ledger.measurements import measurements_from_run, precision_label
+from specledger.ledger.measurements import measurements_from_run
+from specledger.records.pairing import precision_label
 from tests.bench.test_harness_inprocess import CharTokenizer, workload
 
 

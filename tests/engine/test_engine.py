@@ -10,6 +10,7 @@ from tests.support.varied_model import untied_tiny_model
 from specledger.decoding.loop.runner import RunItem, ModelRunner
 from specledger.decoding.tree import Tree
 from specledger.engine import cpu_ops
+from specledger.engine.linear import LinearProduct
 from specledger.engine.loader import build_model
 from specledger.engine.quant import Int4Linear, Int8Linear, int4_grid, int8_grid
 from specledger.errors import BadInput
@@ -132,6 +133,18 @@ def test_int8_and_int4_linears_match_their_grids():
     deq = ((grid.codes.float() - 8).reshape(96, 4, 32) * grid.scale[..., None] + grid.zero[..., None]).reshape(96, 128)
     torch.testing.assert_close(q4(x).float(), x.float() @ deq.t(), atol=0.3, rtol=0.03)
     assert q4.weight.numel() * q4.weight.element_size() == 96 * 128 // 2  # real packed bytes
+
+
+@pytest.mark.parametrize("dtype,quant", [("fp32", "none"), ("bf16", "none"), ("bf16", "int8"), ("fp32", "int4")])
+def test_every_product_of_a_layer_keeps_the_linear_contract(dtype, quant):
+    """Whichever backend the loader put in a layer (dense, packed, int8, int4), its four products are a
+    LinearProduct (engine/linear.py): what the layer and the fused decode layer call on them exists."""
+    lm = tiny_model(dtype=dtype, quant=quant, hidden=128)
+    for block in lm.model.layers:
+        a, f = block.attention, block.feed_forward
+        for m in (a.wqkv, a.wo, f.w13, f.w2):
+            assert isinstance(m, LinearProduct), type(m).__name__
+            assert m.kernel_layout() is None or len(m.kernel_layout()) == 4
 
 
 def test_quantized_model_is_smaller_and_close():

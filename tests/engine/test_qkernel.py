@@ -21,7 +21,8 @@ import torch
 from tests.conftest import KERNEL_PATHS, tiny_model
 from tests.support.varied_model import untied_tiny_model
 from specledger.engine import cpu_ops, qkernel
-from specledger.engine.model import rope_at, rope_tables
+from specledger.engine.model import rope_tables
+from specledger.engine.ragged import rope_at
 from specledger.engine.quant import (Int4Grid, Int4Linear, Int8Grid, Int8Linear, int4_grid, int8_grid, pack_int8,
                                      unpack_int8)
 

@@ -1,8 +1,10 @@
 """Measurements of a target model itself, taken once per run beside the requests.
 
-- The verification-cost curve: forward time of n new tokens on top of a cached context. The cost
-  of a speculative step is (d·T_draft + T_verify(n)) / τ, so how T_verify grows with n decides
-  whether a tree pays on this model, precision and device; the report plots it.
+- The verification-cost curve: forward time of n new tokens on top of a cached context, one sequence alone. The
+  cost of a speculative step is (d·T_draft + T_verify(n)) / τ, so how T_verify grows with n says whether a tree
+  can pay on this model, precision and device; the report plots it as a description of the target. No decision
+  reads it: the planner prices each step's drafts on its own cost surface (decoding/sizing/planner.py), measured
+  on ragged passes of a batch and refitted to the scheduler's passes as it runs.
 - Teacher-forced agreement with the unquantized model (top-1 agreement, KL, perplexity): what the
   quantization gate judges, so a cheaper precision that is no longer the same model is marked as
   not comparable.
@@ -19,7 +21,7 @@ UNQUANTIZED = ("fp32", "none")  # (dtype, quant) of the reference the quantizati
 
 def measure_verify_curve(lm: Any) -> list[dict[str, float]]:
     """[{tokens, ms}]: the median forward time of n new tokens after 256 cached ones, for n in
-    engine.timing.CURVE_SIZES (the sizes the tree-size chooser measures too)."""
+    engine.timing.CURVE_SIZES."""
     from specledger.engine.timing import CURVE_SIZES, forward_time_curve
 
     curve = forward_time_curve(lm, context=256, sizes=CURVE_SIZES, reps=5)

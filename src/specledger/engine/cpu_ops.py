@@ -248,7 +248,7 @@ def _decode_layer(layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
             or x.numel() != x.shape[-1] or not x.is_contiguous() or not _no_grad(x, n1.weight, n2.weight)
             or not _new_token_fits(n1.out_dtype, cos, sin, k_cache, v_cache)):
         return None
-    products = [getattr(m, "kernel_layout", lambda: None)() for m in (a.wqkv, a.wo, f.w13, f.w2)]
+    products = [m.kernel_layout() for m in (a.wqkv, a.wo, f.w13, f.w2)]  # engine/linear.py: LinearProduct
     if any(p is None for p in products):
         return None
     codes, scales, mins, meta = zip(*products)

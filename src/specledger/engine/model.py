@@ -14,8 +14,8 @@ from torch import nn
 
 from specledger.engine.config import ModelConfig
 from specledger.engine.cpu_ops import Ops, masked_attention, resolve
-from specledger.engine.ragged import RaggedPass, Segment, batched_attention, finish_pass, plan_pass
-from specledger.engine.ragged import rope_at as rope_at  # re-exported: where the layer's callers have found it
+from specledger.engine.linear import KernelLayout, LinearProduct
+from specledger.engine.ragged import RaggedPass, Segment, batched_attention, finish_pass, plan_pass, rope_at
 from specledger.engine.slot_cache import SlotCache
 
 
@@ -76,6 +76,10 @@ class Linear(nn.Linear):
         """residual + self(x) (the quantized linears fuse the add into their product)."""
         return residual + self(x)
 
+    def kernel_layout(self) -> KernelLayout | None:
+        """None: a dense product is not one of the engine kernel's (KernelLinear's bf16 one neither)."""
+        return None
+
 
 class Kernels(nn.Module):
     """A module that runs the engine's ops: `ops`, the table for the device its weights are on (cpu_ops.resolve),
@@ -115,8 +119,8 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
         self.split = (q_out, kv_out, kv_out)
-        self.wqkv = Linear(cfg.hidden_size, q_out + 2 * kv_out, bias=False)
-        self.wo = Linear(q_out, cfg.hidden_size, bias=False)
+        self.wqkv: LinearProduct = Linear(cfg.hidden_size, q_out + 2 * kv_out, bias=False)  # engine/linear.py
+        self.wo: LinearProduct = Linear(q_out, cfg.hidden_size, bias=False)
         # Qwen2's Q/K/V bias lives beside the product (not in it), so every backend of wqkv (dense, packed,
         # int4, int8, the fused layer) adds the same bias the same way.
         self.bias = nn.Parameter(torch.zeros(q_out + 2 * kv_out)) if cfg.qkv_bias else None
@@ -144,8 +148,8 @@ class FeedForward(Kernels):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.inter = cfg.intermediate_size
-        self.w13 = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.w2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.w13: LinearProduct = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.w2: LinearProduct = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + MLP(x)."""

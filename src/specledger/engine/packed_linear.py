@@ -47,6 +47,10 @@ class PackedLinear(nn.Module):
     def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return residual + self(x)
 
+    def kernel_layout(self) -> None:
+        """None: oneDNN's product, not the engine kernel's."""
+        return None
+
 
 @direct_call
 class KernelLinear(Linear):

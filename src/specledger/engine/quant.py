@@ -17,6 +17,7 @@ from torch import nn
 
 from specledger.engine import qkernel
 from specledger.engine.cpu_ops import resolve
+from specledger.engine.linear import KernelLayout
 from specledger.engine.model import direct_call
 from specledger.errors import BadInput
 
@@ -122,10 +123,6 @@ def unpack_int8(codes: torch.Tensor, scales: torch.Tensor, n: int) -> Int8Grid:
     t, nb, _ = codes.shape
     c = codes.reshape(t, nb, 8, 16, 4).permute(0, 3, 1, 2, 4).reshape(t * 16, nb * 32)
     return Int8Grid(c[:n].contiguous(), scales.transpose(1, 2).reshape(t * 16, nb)[:n].float())
-
-
-# codes, scales, mins and (bits, group, n, digits, isa): one product's operands of the kernel op
-KernelLayout = tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]
 
 
 def _fits_fp16(*ts: torch.Tensor) -> bool:

@@ -2,7 +2,8 @@
 
 The cost of a speculative step is (d·T_draft + T_verify(n)) / τ, so how T_verify grows with n
 decides whether a tree pays on a given model, precision and device. One function measures it
-for the report, the tree-size chooser and the benchmarks.
+for the report (the curve each run records per target: bench/probes.py) and the benchmarks; no decision
+reads it (the planner prices drafts on decoding/sizing/planner.py's cost surface, measured on ragged batch passes).
 """
 
 from __future__ import annotations

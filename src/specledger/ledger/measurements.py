@@ -18,7 +18,6 @@ from specledger.records.results import METHOD_SPREAD
 from specledger.records.results import CurvePoint
 from specledger.records.config import result_arm
 from specledger.records.pairing import Arm, baselines
-from specledger.records.pairing import precision_label as precision_label  # where callers have always found it
 from specledger.errors import BadInput
 from specledger.ledger.cost_model import TRAINED_DRAFTERS, OperatingPoint
 

@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from specledger.decoding.drafters.eagle_head import EagleHead, HeadConfig, draft_lm_head
 from specledger.engine.cpu_ops import apply_rope, causal_mask, masked_attention
 from specledger.engine.loader import LoadedModel
-from specledger.engine.model import Block, rope_at
+from specledger.engine.model import Block
+from specledger.engine.ragged import rope_at
 from specledger.errors import BadInput
 from specledger.train.data import Sample
 

@@ -1,6 +1,6 @@
 """Draft-model speculation: a chain of k tokens from a smaller (or quantized) model.
 
-The draft model is an intermediate (hierarchy.ModelDrafter) over a drafter that proposes nothing: each round it
+The draft model is an intermediate (model.py's ModelDrafter) over a drafter that proposes nothing: each round it
 draws its own next token, in one ragged pass over every sequence still drafting, from its own slot cache."""
 
 from __future__ import annotations

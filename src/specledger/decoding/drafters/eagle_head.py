@@ -22,10 +22,10 @@ from torch import nn
 
 from specledger.engine.config import ModelConfig
 from specledger.engine.loader import LoadedModel
-from specledger.engine.model import Block, RMSNorm, Transformer, kv_dtype, ragged_block, rope_at
+from specledger.engine.model import Block, RMSNorm, Transformer, kv_dtype, ragged_block
 from specledger.engine.packed_linear import PackedLinear, pack
 from specledger.engine.quant import Int8Linear
-from specledger.engine.ragged import Segment, finish_pass, plan_pass
+from specledger.engine.ragged import Segment, finish_pass, plan_pass, rope_at
 from specledger.engine.slot_cache import SlotCache
 from specledger.errors import BadInput
 

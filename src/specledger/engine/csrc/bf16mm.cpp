@@ -24,14 +24,8 @@
 
 namespace {
 
+using specledger_simd::hsum;
 using specledger_simd::load8;
-
-SL_AVX2 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // x row as fp32, per 16 inputs: the 8 even ones, then the 8 odd ones (the order the weights widen into)
 template <typename T>

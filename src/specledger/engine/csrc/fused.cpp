@@ -1,7 +1,7 @@
 // Fused CPU ops for a decode step, where PyTorch's eager ops cost more in dispatch and small-shape setup
 // than in arithmetic (benchmarks/decode_step.py's "rest"): RMSNorm with its cast, one-query attention
-// over the KV cache, SwiGLU, RoPE. Built with qmm.cpp into the same library (engine/qkernel.py); model.py
-// uses them on CPU when the library is loaded and falls back to the PyTorch expressions otherwise.
+// over the KV cache, SwiGLU, RoPE. Built with qmm.cpp into the same library (engine/qkernel.py); engine/cpu_ops.py
+// chooses them on CPU when the library is loaded and falls back to the PyTorch expressions otherwise.
 // decode_layer chains them with qmm.cpp's products into one call per layer for a single new token.
 
 #include <ATen/Parallel.h>
@@ -21,13 +21,7 @@
 
 namespace {
 
-
-SL_AVX2 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using specledger_simd::hsum;
 
 // e^x for x <= 88: 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p the degree-6 Taylor polynomial (relative
 // error ~1e-7, under float32's rounding of the result); very negative x give 0.
