@@ -118,9 +118,11 @@ def test_a_w4a8_arm_after_a_w4a16_arm_of_the_same_file_gets_its_own_model():
         {"name": "w4a16-again", "model": "m1.gguf", "dtype": "bf16", "quant": "int4"}]})
     a16, a8, again = cfg.configs
     shared = SharedModels(cfg, ModelPool())
-    w4a16 = object()
+    w4a16 = tiny_model(dtype="bf16", quant="int4")
     shared.keep(a16, {"target": w4a16})
-    assert shared.for_config(a8) == {}  # loads its own
+    # its own model: the same codes shared (loader.activation_twin), at 8 activation bits, never the W4A16 model
+    twin = shared.for_config(a8)["target"]
+    assert twin is not w4a16 and twin.model is not w4a16.model and twin.activations == 8
     shared.keep(a8, {"target": object()})
     assert shared.for_config(again) == {"target": w4a16}
     assert model_pool_key("m1.gguf", "bf16", "int4", 32, "cpu", 8) != model_pool_key("m1.gguf", "bf16", "int4", 32, "cpu")

@@ -208,5 +208,6 @@ class RunRecorder:
             itl_s=spread_itl(c.chunks) if c.ok else [],
             output_text=c.text, output_token_ids=c.token_ids,
             grade=None if grade is None else RequestGrade(passed=grade.passed, score=grade.score,
-                                                          grader=grade.grader, detail=grade.detail),
+                                                          grader=grade.grader, detail=grade.detail,
+                                                          outcome=grade.outcome),
         )

@@ -26,6 +26,7 @@ from specledger.bench.calibration import assess, take_probe, thread_settings
 from specledger.records.config import QUALITY_LEVEL, BenchConfig, LoadLevel, RunConfig, parse_run_config
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.levels import Level, Levels
+from specledger.bench.memory_plan import plan as plan_memory
 from specledger.bench.recorder import RunRecorder
 from specledger.records.results import ConfigResult, Noise, RunResult, load_run, thread_choice_text
 from specledger.bench.shared_models import ReferenceFactory, SharedModels
@@ -72,6 +73,13 @@ class Runner:
         q = cfg.quality
         self.quality_questions = load_workload(q.spec, limit=q.limit, seed=q.seed) if q is not None else []
         self.interleaving = cfg.interleave and len(cfg.configs) > 1
+        # before anything is loaded: the predicted peak, and the groups of arms that fit (or one line refusing)
+        self.memory = plan_memory(cfg.configs, self.models.keys, self.questions + self.quality_questions,
+                                  interleaved=self.interleaving)
+        if self.memory.added:  # the anchor's copies: arms of the run, recorded (and resumed) as any other
+            self.cfg = cfg = cfg.model_copy(update={"configs": [*cfg.configs, *self.memory.added]})
+            self.models.cfg, self.models.scope = cfg, cfg.configs
+        self.console.print(self.memory.text())
         self.rec = RunRecorder(cfg, Path(run_dir), resume=resume, info=info, energy_source=self.meter.source,
                                energy_available=self.meter.available, interleaved=self.interleaving,
                                console=self.console)
@@ -96,10 +104,14 @@ class Runner:
                 self._choose_threads()
                 self._noise_probe("before")
                 rng = random.Random(cfg.seed)
-                groups = [cfg.configs] if self.interleaving else [[bc] for bc in cfg.configs]
+                groups = self.memory.groups
+                if len(groups) > 1 and self.interleaving or self.memory.lean:
+                    self.rec.note(self.memory.text())
                 for i, group in enumerate(groups):
                     if i == len(groups) // 2 and i > 0:  # (interleaved: halfway through each level instead)
                         self._noise_probe("during")
+                    if len(groups) > 1 and self.interleaving or self.memory.lean:
+                        self.models.scope = group  # only this group's models are held
                     await self._run_configs(group, rng)
                 self._noise_probe("after")
             result.status = "complete"
@@ -131,7 +143,8 @@ class Runner:
         try:
             models: dict[str, Any] = {}
             if self.cfg.threads is None:
-                for bc in inproc if self.interleaving else inproc[:1]:
+                first = self.memory.groups[0]  # interleaved: every target of the first group, held for it anyway
+                for bc in [c for c in first if c.backend == "inprocess"] if self.interleaving else inproc[:1]:
                     try:
                         lm = threads.run(self.models.load_target, bc)  # torch work: on its thread
                     except SpecLedgerError:

@@ -29,6 +29,9 @@ class SharedModels:
         self.pool = pool
         self.reference_factory = reference_factory
         self.mine: set[Key] = set()  # models this run put in the pool (others are the caller's)
+        # the configurations whose models are kept as each one starts: the run's (default), a group's (bench/
+        # memory_plan.py: arms that do not fit together), or one's own (a lean run: none kept for a later arm)
+        self.scope: list[BenchConfig] = cfg.configs
         self.curves: dict[Key, list[dict]] = {}  # target -> verification-cost curve
         self.agreements: dict[Key, dict] = {}  # target -> agreement with the fp32 model
 
@@ -44,10 +47,25 @@ class SharedModels:
 
     def for_config(self, bc: BenchConfig) -> dict[str, Any]:
         """The loaded models bc can use, by role; first everything no configuration from bc on needs goes."""
-        later = self.cfg.configs[self.cfg.configs.index(bc):]
+        held = {role: self._get(k) for role, k in self.keys(bc).items() if role != "reference"}  # (twins first)
+        later = self.scope[self.scope.index(bc):] if bc in self.scope else [bc]
         self._drop(self.mine - {k for c in later if c.backend == "inprocess" for k in self.keys(c).values()})
-        return {role: self.pool.get(k) for role, k in self.keys(bc).items()
-                if role != "reference" and k in self.pool}
+        return {role: lm for role, lm in held.items() if lm is not None}
+
+    def _get(self, key: Key) -> Any | None:
+        """The model under `key`; else, for a quantized one, the pool's model of the same codes at the other
+        activation bits, shared (engine/loader.activation_twin: W4A16 and W4A8 hold one copy of the weights)."""
+        lm = self.pool.get(key)
+        if lm is not None or key[2] == "none":
+            return lm
+        for bits in (16, 8):  # engine.quant.ACTIVATIONS (torch-free here)
+            sibling = self.pool.get(key[:5] + (bits,) + key[6:])
+            if bits != key[5] and sibling is not None:
+                from specledger.engine.loader import activation_twin
+
+                self.mine.add(key)
+                return self.pool.put(key, activation_twin(sibling, key[5]))
+        return None
 
     def keep(self, bc: BenchConfig, models: dict[str, Any]) -> None:
         """The models a started backend loaded, for later configurations."""
@@ -63,7 +81,7 @@ class SharedModels:
 
         key = self.keys(bc)[role]
         self.mine.add(key)
-        return self.pool.load(key, lambda: load_model(bc.model, device=bc.device, **precision))
+        return self._get(key) or self.pool.load(key, lambda: load_model(bc.model, device=bc.device, **precision))
 
     def load_target(self, bc: BenchConfig) -> Any:
         return self._load(bc, "target", dtype=bc.dtype, quant=bc.quant, group_size=bc.group_size,

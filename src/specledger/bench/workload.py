@@ -2,8 +2,9 @@
 
 Readers (one module per format, bench/formats/): Spec-Bench question files (the built-in set uses it), ShareGPT,
 OpenAI chat JSONL, CSV, plain text and timed traces; plus synthetic prompts of controlled length.
-A spec is "builtin", "builtin-quick", "synthetic:in=..,out=..,n=..", "FORMAT:PATH" or a PATH whose format is
-detected from its first record (the run says which was chosen). Selection streams (bench/selection.py).
+A spec is "builtin", "builtin-quick", "synthetic:in=..,out=..,n=..", a fetched registry workload ("humaneval":
+bench/datasets.py), "FORMAT:PATH" or a PATH whose format is detected from its first record (the run says which
+was chosen). Selection streams (bench/selection.py).
 
 The record and its task kinds are in records/question.py, the synthetic filler in bench/synthetic.py.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from specledger.bench.datasets import KNOWN_WORKLOADS, require
 from specledger.bench.formats import detect, spec_bench
 from specledger.bench.formats.lines import BadLines
 from specledger.records.question import KINDS, Question, ReadOptions
@@ -129,6 +131,12 @@ def open_workload(
     elif spec.startswith("synthetic:"):
         fmt, chosen = "synthetic", "synthetic lengths"
         stream = lambda b: iter(_synthetic(spec))
+    elif spec in KNOWN_WORKLOADS:
+        from specledger.bench.formats import code
+
+        fmt, chosen, fetched = "code", KNOWN_WORKLOADS[spec].description, require(spec)
+        source = str(fetched)
+        stream = lambda b: code.read(fetched, b, opts)
     else:
         fmt, path, chosen = detect.resolve(spec)
         source = str(path)

@@ -12,7 +12,7 @@ try:  # recent typer carries its own copy of click
 except ImportError:  # pragma: no cover - older typer runs on click itself
     from click import exceptions as click_errors  # type: ignore[no-redef]
 
-from specledger.cli import bench, decoding, engine, ledger, report, server, train
+from specledger.cli import bench, decoding, engine, ledger, report, server, train, workloads
 from specledger.errors import SpecLedgerError
 
 app = typer.Typer(
@@ -25,7 +25,7 @@ app = typer.Typer(
 
 
 # The areas never import this package; it imports them. The order here is the order in `--help`.
-for _group in (engine, decoding, train, bench, ledger, report, server):
+for _group in (engine, decoding, train, bench, workloads, ledger, report, server):
     _group.register(app)
 
 

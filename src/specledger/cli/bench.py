@@ -123,8 +123,9 @@ def register(app: typer.Typer) -> None:
         temperature: float = typer.Option(0.0, help="0 = greedy"),
         seed: int = typer.Option(0),
         workload: Optional[str] = typer.Option(
-            None, help="builtin | builtin-quick | synthetic:in=..,out=..,n=.. | PATH (format detected) | FORMAT:PATH "
-                       "with FORMAT spec-bench, sharegpt, chat, csv, text or trace"),
+            None, help="builtin | builtin-quick | synthetic:in=..,out=..,n=.. | humaneval (once fetched: "
+                       "`specledger workloads --fetch humaneval`) | PATH (format detected) | FORMAT:PATH with FORMAT "
+                       "spec-bench, sharegpt, chat, csv, text, trace or code"),
         category: list[str] = typer.Option([], "--category", help="only these categories (repeat)"),
         per_category: Optional[int] = typer.Option(None, help="sample this many questions per category"),
         sample: Optional[int] = typer.Option(None, help="a seeded random sample of N questions (streams big files)"),

@@ -52,9 +52,10 @@ def register(app: typer.Typer) -> None:
                                                 "(draft_length=fixed) and STRATEGY with the adaptive planner, "
                                                 "each gated against ar; STRATEGY: lookup, draft, eagle or hier"),
         workload: Optional[str] = typer.Option(None, "--workload", "-w",
-                                               help="your workload instead of the built-in set: PATH (format "
-                                                    "detected) or FORMAT:PATH (spec-bench, sharegpt, chat, csv, "
-                                                    "text, trace)"),
+                                               help="your workload instead of the built-in set: humaneval (once "
+                                                    "fetched: `specledger workloads --fetch humaneval`), PATH "
+                                                    "(format detected) or FORMAT:PATH (spec-bench, sharegpt, chat, "
+                                                    "csv, text, trace, code)"),
         limit: Optional[int] = typer.Option(None, "--limit", min=1, help="first N questions"),
         sample: Optional[int] = typer.Option(None, "--sample", min=1, help="a seeded random sample of N questions"),
         per_category: Optional[int] = typer.Option(None, "--per-category", min=1, help="N questions per category"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -216,6 +218,15 @@ def weight_bytes(model: nn.Module) -> int:
         seen.add(key)
         total += t.numel() * t.element_size()
     return total
+
+
+def activation_twin(lm: LoadedModel, bits: int) -> LoadedModel:
+    """The same loaded weights at other activation bits (W4A16 <-> W4A8 of the same codes): new modules, every
+    parameter and buffer shared, so a run holds the codes once for both arms (bench/shared_models.py)."""
+    tensors = [*lm.model.parameters(), *lm.model.buffers()]
+    model = copy.deepcopy(lm.model, {id(t): t for t in tensors})
+    use_activation_bits(model, bits)
+    return dataclasses.replace(lm, model=model, activations=bits, load_s=0.0)
 
 
 def read_model_config(name_or_path: str) -> ModelConfig:

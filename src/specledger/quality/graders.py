@@ -43,6 +43,7 @@ class GradeResult:
     score: float | None
     grader: str
     detail: str = ""
+    outcome: str | None = None  # code tasks: passed, failed, error or timeout (quality/execute.py)
 
 
 # --- text measures ---------------------------------------------------------------------------------------
@@ -335,6 +336,8 @@ def grade(question: Question, answers: list[str], user_grader: str | None = None
     """Grade the model's answers (one per turn) to a question; passed=None when no grader applies."""
     if user_grader:
         return _grade_user(user_grader, question, answers)
+    if question.code is not None:
+        return grade_code(question, answers[-1] if answers else None)
     kind_grader = _KIND_GRADER.get(question.kind)
     refs = [(i, r) for i, r in enumerate(question.reference or ()) if i < len(question.turns)
             and any(a.strip() for a in _alternatives(r)) and (_entry_is_rule(r) or kind_grader)]
@@ -349,12 +352,23 @@ def grade(question: Question, answers: list[str], user_grader: str | None = None
     return _combine(grader, checks)
 
 
+def grade_code(question: Question, answer: str | None) -> GradeResult:
+    """Run the task's tests against the answer's code in the sandbox (quality/execute.py): seconds, not micro-."""
+    from specledger.quality.execute import grade_program
+
+    assert question.code is not None
+    r = grade_program(answer or "", question.code)
+    return GradeResult(passed=r.passed, score=float(r.passed), grader="tests", detail=r.message, outcome=r.outcome)
+
+
 _RULES = {
     "math": "the answer's final number equals the reference's",
     "summarization": f"ROUGE-L F1 against the reference >= {ROUGE_L_MIN:g}",
     "translation": f"chrF against the reference >= {CHRF_MIN:g}",
     "qa": "the answer contains the reference, normalised (lower case; punctuation and articles dropped; whole words)",
     "rag": "the answer contains the reference, normalised (lower case; punctuation and articles dropped; whole words)",
+    "code": "the answer's code runs the task's tests in a sandbox (own process and directory, time, memory and "
+            "process limits, no network where the OS allows): passed, failed, error or timeout",
     "multi_turn": "only by explicit rules in the reference (contains:A|B, number:X); other references are not checked",
 }
 GRADING_NOTE = ("every kind: a list of acceptable answers passes on any of them (best score); rules (contains:/number:) "

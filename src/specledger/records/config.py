@@ -288,7 +288,7 @@ class WorkloadSettings(_Strict):
     seed: int = 0
     on_bad_line: Literal["stop", "skip"] = "stop"
     grader: str | None = None  # user grader "module:function"
-    kind: Literal["multi_turn", "translation", "summarization", "qa", "math", "rag"] | None = None  # for records
+    kind: Literal["multi_turn", "translation", "summarization", "qa", "math", "rag", "code"] | None = None  # for records
     # that carry no task kind (ShareGPT, chat, CSV, text, traces); default multi_turn (traces: summarization)
     prompt_column: str | None = None  # CSV: the column holding the prompt (default: detected from the header)
 

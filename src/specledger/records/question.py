@@ -1,6 +1,6 @@
 """The question record every workload reader produces, and its task kind.
 
-Every question carries one of six task kinds (KINDS) so graders and per-kind reports need not guess from
+Every question carries one of seven task kinds (KINDS) so graders and per-kind reports need not guess from
 free-form category names. Category -> kind:
 
 - MT-Bench categories (writing, roleplay, reasoning, math, coding, extraction, stem, humanities) -> multi_turn.
@@ -10,6 +10,8 @@ free-form category names. Category -> kind:
   (_ALIASES) -> their kind.
 - A record's own "kind" field, when it names one of KINDS, overrides the mapping; formats without categories
   take the kind given to the reader (--kind), else multi_turn.
+- code (HumanEval's shape: prompt, test, entry_point; bench/formats/code.py) -> code, graded by running the
+  task's tests against the answer's code (quality/execute.py).
 - Any other category -> multi_turn: an open-ended chat question, graded only by explicit rules.
 
 `reference` entries align with turns (Spec-Bench's convention): a string, or a tuple of acceptable answers;
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KINDS = ("multi_turn", "translation", "summarization", "qa", "math", "rag")
+KINDS = ("multi_turn", "translation", "summarization", "qa", "math", "rag", "code")
 
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 
@@ -39,11 +41,23 @@ _ALIASES = {
     "gsm8k": "math",
     "rag": "rag",
     "retrieval": "rag",
+    "code": "code",
+    "humaneval": "code",
 }
 
 # One entry per turn: "" (none), a string (rules and "|"-separated alternatives allowed), or a tuple of
 # acceptable answers taken literally (Spec-Bench's RAG lines).
 Reference = tuple[str | tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class CodeTask:
+    """A code task graded by running its tests (quality/execute.py): the prompt a completion continues (a
+    signature and docstring), the test code defining check(candidate), and the function it checks."""
+
+    prompt: str
+    tests: str
+    entry_point: str
 
 
 @dataclass(frozen=True)
@@ -60,6 +74,7 @@ class Question:
     # the whole prompt's tokens the workload asks for, chat template included (a trace's input_length): the
     # filler turn is trimmed by the tokens the backend's template adds (synthetic.fit_prompt)
     prompt_tokens: int | None = None
+    code: CodeTask | None = None  # kind "code": graded by running code.tests against the answer's code
 
 
 @dataclass(frozen=True)

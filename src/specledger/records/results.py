@@ -39,6 +39,7 @@ class RequestGrade(_Model):
     score: float | None = None
     grader: str = ""
     detail: str = ""
+    outcome: str | None = None  # code tasks: passed, failed, error or timeout (quality/execute.py)
 
 
 class EngineTelemetry(_Model):

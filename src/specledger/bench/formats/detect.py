@@ -2,7 +2,8 @@
 
 Detection looks at the extension (.csv / .tsv -> csv, .txt -> text), then at the first record: a JSON array or
 JSONL whose first object has `turns` (Spec-Bench), `conversations` (ShareGPT), `messages` or `body.messages`
-(OpenAI chat / batch), `timestamp` + `input_length` (a trace); a first line that is not JSON -> text.
+(OpenAI chat / batch), `timestamp` + `input_length` (a trace), `prompt` + `test` + `entry_point` (code tasks);
+a first line that is not JSON -> text.
 The choice and its reason are returned so the run can say which was chosen.
 """
 
@@ -16,7 +17,7 @@ from specledger.bench.formats.lines import BadLines, Unreadable, first_record
 from specledger.records.question import Question, ReadOptions
 from specledger.errors import BadInput
 
-FORMATS = ("spec-bench", "sharegpt", "chat", "csv", "text", "trace")
+FORMATS = ("spec-bench", "sharegpt", "chat", "csv", "text", "trace", "code")
 _ALIASES = {"specbench": "spec-bench", "openai": "chat", "tsv": "csv", "txt": "text", "mooncake": "trace"}
 _HINT = "name it as FORMAT:PATH with FORMAT one of " + ", ".join(FORMATS)
 
@@ -26,6 +27,7 @@ Reader = Callable[[Path, BadLines, ReadOptions], Iterator[Question]]
 def reader(fmt: str) -> Reader:
     from specledger.bench.formats import (
         chat,
+        code,
         csv_prompts,
         sharegpt,
         spec_bench,
@@ -34,7 +36,7 @@ def reader(fmt: str) -> Reader:
     )
 
     return {"spec-bench": spec_bench.read, "sharegpt": sharegpt.read, "chat": chat.read, "csv": csv_prompts.read,
-            "text": text.read, "trace": trace.read}[fmt]
+            "text": text.read, "trace": trace.read, "code": code.read}[fmt]
 
 
 def _by_keys(obj: Any) -> tuple[str, str] | None:
@@ -48,6 +50,8 @@ def _by_keys(obj: Any) -> tuple[str, str] | None:
         return "chat", "the first record's 'body.messages' (OpenAI batch request)"
     if "timestamp" in obj and "input_length" in obj:
         return "trace", "the first record's 'timestamp' and 'input_length' fields"
+    if {"prompt", "test", "entry_point"} <= obj.keys():
+        return "code", "the first record's 'prompt', 'test' and 'entry_point' fields (HumanEval's shape)"
     return None
 
 
@@ -89,7 +93,7 @@ def resolve(spec: str) -> tuple[str, Path, str]:
         raise BadInput(f"workload {spec!r}: unknown format {prefix!r} (known: {', '.join(FORMATS)}; or give the PATH "
                        "alone and the format is detected)")
     if not path.is_file():
-        known = ", ".join(("builtin", "builtin-quick", "synthetic:in=..,out=..,n=..", "FORMAT:PATH", "PATH"))
+        known = ", ".join(("builtin", "builtin-quick", "synthetic:in=..,out=..,n=..", "humaneval", "FORMAT:PATH", "PATH"))
         raise BadInput(f"workload file not found: {path} (a workload is one of {known})")
     fmt, why = detect(path)
     return fmt, path, f"detected from {why}"

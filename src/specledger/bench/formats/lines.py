@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import re
+import gzip
 import json
 import sys
 from collections import Counter, deque
@@ -69,6 +70,8 @@ class BadLines:
 def _open(path: Path):
     if not path.is_file():
         raise BadInput(f"workload file not found: {path}")
+    if path.suffix.lower() == ".gz":  # (HumanEval ships its JSONL gzipped)
+        return gzip.open(path, "rt", encoding="utf-8-sig", errors="replace", newline="")
     return path.open(encoding="utf-8-sig", errors="replace", newline="")  # a BOM is not content
 
 

@@ -1,0 +1,53 @@
+"""Code tasks, HumanEval's JSONL shape: {"task_id", "prompt", "test", "entry_point"} per line (.jsonl or .jsonl.gz).
+
+`prompt` is the code a solution continues (imports, the signature, the docstring); `test` defines
+`check(candidate)`; `entry_point` names the function passed to it. Optional: `instruction` (the chat turn sent
+instead of the default one below, which asks for a self-contained script in a fenced block, the form the
+Qwen2.5-Coder report's instruct figures use), `max_tokens`, `category` (default "code"). `canonical_solution`
+and other fields are ignored. Every record is kind "code", graded by running its tests (quality/execute.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+
+from specledger.bench.formats.lines import BadLines, jsonl_records, read_questions_from
+from specledger.records.question import CodeTask, Question, ReadOptions
+
+INSTRUCTION = ("Please provide a self-contained Python script that solves the following problem in a markdown code "
+               "block:\n```\n{prompt}\n```\n")
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    task_id: StrictStr | StrictInt
+    prompt: StrictStr = Field(min_length=1)
+    test: StrictStr = Field(min_length=1)
+    entry_point: StrictStr = Field(pattern=r"^[A-Za-z_]\w*$")
+    instruction: StrictStr | None = None
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    category: StrictStr | None = None
+
+
+def parse_record(obj: Any, lineno: int = 0) -> Question:
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    try:
+        rec = _Record.model_validate(obj)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ValueError(f"field '{'.'.join(str(p) for p in err['loc']) or 'line'}': {err['msg']}") from None
+    if "def check" not in rec.test:
+        raise ValueError("field 'test': defines no check(candidate)")
+    text = rec.instruction or INSTRUCTION.format(prompt=rec.prompt.strip())
+    return Question(question_id=str(rec.task_id), category=rec.category or "code", kind="code", turns=(text,),
+                    max_tokens=rec.max_tokens, code=CodeTask(rec.prompt, rec.test, rec.entry_point))
+
+
+def read(path: Path, bad: BadLines, opts: ReadOptions | None = None) -> Iterator[Question]:
+    """Stream a code-task JSONL file (gzipped or not); a duplicate task_id is a bad line."""
+    return read_questions_from(path, jsonl_records(path), parse_record, bad, kind_hint=lambda obj: "code")

@@ -1,0 +1,247 @@
+"""Before a run loads anything: its predicted peak memory, and the groups of arms that fit the memory it may use.
+
+The prediction, per arm: the weights of each model it holds, as engine/roofline.py's `model_bytes` counts the loaded
+layout from the file's header and the precision (no weights read), counted once for every arm that shares them (the
+same file at the same precision: an A/A twin, a draft or intermediate several arms use; W4A16 and W4A8 of the same
+codes, which bench/shared_models.py loads once); the fp32 reference of the quantization gate where the arm gets one;
+the KV cache of its slots at the longest conversation the workload can build; a managed server's model files
+(llama-server maps them). Plus, once, what loading holds for a moment (the widest model's fp32 embedding and one
+fp32 layer) and this process as it is now.
+
+The budget: SPECLEDGER_MEMORY_BUDGET (bytes, or with K/M/G: "8G") where given, else the memory available now plus this
+process's own. An interleaved run whose arms do not fit together runs them in groups that do: interleaving (and
+every level's seeded order) holds within a group; every group after the first also runs a copy of one `ar` arm,
+the anchor (named `<arm>@group<k>`), which pairing reads as the anchor's A/A twin, so the drift between groups is a
+ratio the report shows. A run one arm of which does not fit alone (with the anchor) is refused in one line naming
+the arm and the bytes, before anything is loaded; an out-of-memory kill is never the answer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable, Iterable
+
+import psutil
+
+from specledger.engine.pool import Key
+from specledger.errors import BadInput, SpecLedgerError
+from specledger.records.config import BenchConfig
+from specledger.records.question import Question
+
+ENV = "SPECLEDGER_MEMORY_BUDGET"
+GROUP_TAG = "@group"
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+KeysOf = Callable[[BenchConfig], dict[str, Key]]  # role -> the pool key of the model it uses (SharedModels.keys)
+
+
+def parse_bytes(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if m is None or float(m.group(1)) <= 0:
+        raise BadInput(f"{ENV}={text!r}: expected a size such as 8G, 512M or a number of bytes")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def process_rss() -> int:
+    """This process's resident bytes now: what the run holds before it loads anything."""
+    return psutil.Process().memory_info().rss
+
+
+def budget() -> tuple[int, str]:
+    """The bytes this run may hold at its peak, and where that figure comes from."""
+    given = os.environ.get(ENV)
+    if given:
+        return parse_bytes(given), ENV
+    return psutil.virtual_memory().available + process_rss(), "memory available now"
+
+
+def gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+@lru_cache(maxsize=64)
+def _config(model: str):  # type: ignore[no-untyped-def]
+    from specledger.engine.loader import read_model_config
+
+    return read_model_config(model)
+
+
+def weights_id(key: Key) -> Key:
+    """What holds the same weights: the key without its activation bits (W4A16 and W4A8 share their codes)."""
+    return key[:5] + key[6:]
+
+
+def weights_bytes(key: Key) -> int:
+    from specledger.engine.roofline import Precision, model_bytes
+
+    model, dtype, quant, group, _device, act = key[:6]
+    try:
+        cfg = _config(model)
+    except SpecLedgerError:  # not readable here: loading it will say why
+        return 0
+    return model_bytes(cfg, Precision(dtype, quant, group or 32, act)).resident
+
+
+def load_transient(key: Key) -> int:
+    """What loading this model holds for a moment beside the model: its fp32 embedding and one fp32 layer."""
+    from specledger.engine.roofline import layer_products
+
+    try:
+        cfg = _config(key[0])
+    except SpecLedgerError:
+        return 0
+    return 4 * (cfg.vocab_size * cfg.hidden_size + sum(o * i for o, i in layer_products(cfg)))
+
+
+def kv_bytes(key: Key, slots: int, context: int) -> int:
+    """A slot cache's bytes for `slots` sequences of `context` tokens (its time axis doubles from 256)."""
+    from specledger.engine.roofline import Precision, kv_bytes_per_position, kv_element_bytes
+
+    try:
+        cfg = _config(key[0])
+    except SpecLedgerError:
+        return 0
+    capacity = 256
+    while capacity < min(context, cfg.max_seq_len):
+        capacity *= 2
+    element = kv_element_bytes(Precision(key[1], key[2], key[3] or 32, key[5]), key[4])
+    return slots * min(capacity, cfg.max_seq_len) * kv_bytes_per_position(cfg, element)
+
+
+def context_tokens(questions: Iterable[Question], max_tokens: int) -> int:
+    """The longest conversation a workload can build: its prompts (about 3 characters a token where the count is not
+    given: an over-estimate for English) and every turn's answer."""
+    longest = 0
+    for q in questions:
+        prompt = q.prompt_tokens or (sum(map(len, q.turns)) + len(q.system or "")) // 3
+        longest = max(longest, prompt + len(q.turns) * (q.max_tokens or max_tokens))
+    return longest
+
+
+def _server_bytes(bc: BenchConfig) -> int:
+    """A managed server's model files (mapped whole); 0 for a server the run does not start."""
+    from specledger.engine.registry import resolve_model
+
+    server = bc.openai.server if bc.openai is not None else None
+    if server is None:
+        return 0
+    total = 0
+    for name in (bc.model, server.draft_model):
+        try:
+            total += resolve_model(name).stat().st_size if name else 0
+        except (SpecLedgerError, OSError):
+            pass
+    return total
+
+
+@dataclass
+class ArmCost:
+    name: str
+    weights: dict[Key, int]  # weights id -> bytes
+    own: int  # KV caches, a server's files
+    transient: int
+
+    def alone(self) -> int:
+        return sum(self.weights.values()) + self.own + self.transient
+
+
+def arm_cost(bc: BenchConfig, keys_of: KeysOf, context: int) -> ArmCost:
+    if bc.backend != "inprocess":
+        return ArmCost(bc.name, {}, _server_bytes(bc), 0)
+    keys = keys_of(bc)
+    weights = {weights_id(k): weights_bytes(k) for k in keys.values()}
+    kv = sum(kv_bytes(k, bc.batch_size, context + 64) for role, k in keys.items() if role != "reference")
+    return ArmCost(bc.name, weights, kv, max((load_transient(k) for k in keys.values()), default=0))
+
+
+def group_bytes(costs: Iterable[ArmCost], base: int) -> int:
+    costs = list(costs)
+    weights: dict[Key, int] = {}
+    for c in costs:
+        weights.update(c.weights)
+    return base + sum(weights.values()) + sum(c.own for c in costs) + max((c.transient for c in costs), default=0)
+
+
+@dataclass
+class MemoryPlan:
+    budget: int
+    source: str  # where the budget comes from
+    groups: list[list[BenchConfig]]
+    peaks: list[int]  # the predicted peak of each group
+    added: list[BenchConfig] = field(default_factory=list)  # the anchor's copies, one per group after the first
+    lean: bool = False  # one arm at a time, and the models of later arms do not fit beside it: none is kept for them
+
+    def text(self) -> str:
+        head = f"memory: predicted peak {gb(max(self.peaks))} of {gb(self.budget)} ({self.source})"
+        if len(self.groups) == 1:
+            return head
+        parts = [f"{i + 1}: {', '.join(c.name for c in g)} ({gb(p)})" for i, (g, p) in
+                 enumerate(zip(self.groups, self.peaks))]
+        return f"{head}; the arms do not fit together: {len(self.groups)} groups, each interleaved on its own, " \
+               f"the anchor's copies their A/A arms: " + "; ".join(parts)
+
+
+def _anchor(configs: list[BenchConfig], costs: dict[str, ArmCost]) -> BenchConfig | None:
+    """The arm that runs in every group: the cheapest in-process `ar` arm (pairing reads its copies as its A/A
+    twins), else the cheapest in-process arm."""
+    inproc = [c for c in configs if c.backend == "inprocess"]
+    pool = [c for c in inproc if c.strategy == "ar"] or inproc
+    return min(pool, key=lambda c: costs[c.name].alone()) if pool else None
+
+
+def plan(configs: list[BenchConfig], keys_of: KeysOf, questions: list[Question], *, interleaved: bool,
+         limit: tuple[int, str] | None = None, base: int | None = None) -> MemoryPlan:
+    """The run's groups (interleaved: as few as fit; otherwise one arm at a time) with their predicted peaks; raises
+    BadInput naming the arm and the bytes where one does not fit alone. `configs` may hold the copies an earlier
+    plan of this run added (a resumed run): they are placed again, not added twice."""
+    budget_b, source = limit or budget()
+    base = process_rss() if base is None else base
+    own = [c for c in configs if GROUP_TAG not in c.name]
+    copies = {c.name: c for c in configs if GROUP_TAG in c.name}
+    context = context_tokens(questions, max((c.max_tokens for c in configs), default=0))
+    costs = {c.name: arm_cost(c, keys_of, context) for c in configs}
+    for c in own:
+        if group_bytes([costs[c.name]], base) > budget_b:
+            raise BadInput(f"memory: arm {c.name!r} alone needs {gb(group_bytes([costs[c.name]], base))} "
+                           f"({gb(sum(costs[c.name].weights.values()))} of weights), more than the "
+                           f"{gb(budget_b)} this run may use ({source}); run it on a bigger host, at a smaller "
+                           f"precision, or set {ENV}")
+    together = group_bytes(costs.values(), base)
+    if not interleaved:  # one arm at a time; lean: none kept for a later arm (it is loaded again)
+        return MemoryPlan(budget_b, source, [[c] for c in configs],
+                          [group_bytes([costs[c.name]], base) for c in configs], lean=together > budget_b)
+    if together <= budget_b or len(own) == 1:
+        return MemoryPlan(budget_b, source, [list(configs)], [together])
+    anchor = _anchor(own, costs)
+    lead = [anchor] if anchor is not None else []
+    rest: list[list[BenchConfig]] = []  # each group's arms besides the anchor
+    for c in own:
+        if c is anchor:
+            continue
+        sizes = [(group_bytes([costs[x.name] for x in lead + g], base),
+                  group_bytes([costs[x.name] for x in lead + g + [c]], base)) for g in rest]
+        fits = [(after - before, i) for i, (before, after) in enumerate(sizes) if after <= budget_b]
+        if fits:  # the group it adds least to (the weights it shares)
+            rest[min(fits)[1]].append(c)
+            continue
+        need = group_bytes([costs[x.name] for x in lead + [c]], base)
+        if need > budget_b:
+            raise BadInput(f"memory: arm {c.name!r} beside the anchor arm {lead[0].name!r} needs {gb(need)}, more "
+                           f"than the {gb(budget_b)} this run may use ({source}); set {ENV} higher or run the arms "
+                           "in separate runs")
+        rest.append([c])
+    groups, added = [lead + rest[0]], []
+    for k, g in enumerate(rest[1:], start=2):
+        if anchor is None:
+            groups.append(g)
+            continue
+        name = f"{anchor.name}{GROUP_TAG}{k}"
+        copy = copies.get(name) or anchor.model_copy(update={"name": name})
+        costs[name] = costs[anchor.name]
+        groups.append([copy, *g])
+        if name not in copies:
+            added.append(copy)
+    peaks = [group_bytes([costs[c.name] for c in g], base) for g in groups]
+    return MemoryPlan(budget_b, source, groups, peaks, added)

@@ -1,0 +1,158 @@
+"""A run's memory (issue 54, item 4): arms that share a file share its weights; a matrix that does not fit the
+budget runs in groups that do, each with a copy of an anchor arm, or is refused in one line; never an OOM kill."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from specledger.bench.memory_plan import GROUP_TAG, arm_cost, group_bytes, plan
+from specledger.bench.runner import Runner
+from specledger.bench.shared_models import SharedModels
+from specledger.engine.pool import ModelPool
+from specledger.errors import BadInput
+from specledger.records.config import parse_run_config
+from specledger.records.question import Question
+from tests.support.fake_backend import SleepBackend
+
+ARMS = [{"name": "ar-w4", "dtype": "bf16", "quant": "int4"},
+        {"name": "ar-w4a8", "dtype": "bf16", "quant": "int4", "activations": 8},
+        {"name": "ar-bf16", "dtype": "bf16"},
+        {"name": "lookup-w4", "strategy": "lookup", "dtype": "bf16", "quant": "int4"},
+        {"name": "ar-fp32", "dtype": "fp32"}]
+QUESTIONS = [Question("1", "qa", "qa", ("a short question",))]
+
+
+def run_config(arms=ARMS, **kw):
+    return parse_run_config({"configs": [{"max_tokens": 4, **a} for a in arms], "gates": {"quantization": False},
+                             **kw})
+
+
+def costs_of(cfg):
+    shared = SharedModels(cfg, ModelPool())
+    return shared, {bc.name: arm_cost(bc, shared.keys, 64) for bc in cfg.configs}
+
+
+def test_w4a16_and_w4a8_of_one_file_are_counted_once():
+    cfg = run_config()
+    _, c = costs_of(cfg)
+    w4, a8 = c["ar-w4"], c["ar-w4a8"]
+    assert w4.weights.keys() == a8.weights.keys() and sum(w4.weights.values()) > 100e6  # the embedded model's W4
+    assert group_bytes([w4, a8], 0) == group_bytes([w4], 0) + a8.own  # the second adds its KV cache only
+    assert group_bytes([w4, c["lookup-w4"]], 0) == group_bytes([w4], 0) + c["lookup-w4"].own
+
+
+def test_arms_that_do_not_fit_run_in_groups_each_with_an_anchor_copy():
+    cfg = run_config()
+    _, c = costs_of(cfg)
+    everything = group_bytes(c.values(), 0)
+    fp32 = group_bytes([c["ar-fp32"], c["ar-w4"]], 0)
+    budget = fp32 + 1  # fp32 with the anchor fits; not everything
+    assert everything > budget
+    p = plan(cfg.configs, SharedModels(cfg, ModelPool()).keys, QUESTIONS, interleaved=True, limit=(budget, "test"),
+             base=0)
+    names = [[bc.name for bc in g] for g in p.groups]
+    assert len(names) > 1 and all(peak <= budget for peak in p.peaks)
+    assert names[0][0] == "ar-w4"  # the cheapest `ar` arm anchors every group
+    assert [g[0] for g in names[1:]] == [f"ar-w4{GROUP_TAG}{k}" for k in range(2, len(names) + 1)]
+    assert [bc.name for bc in p.added] == [g[0] for g in names[1:]]
+    arms = sorted(n for g in names for n in g if GROUP_TAG not in n)
+    assert arms == sorted(a["name"] for a in ARMS)  # every arm once
+    assert "ar-w4a8" in names[0] and "lookup-w4" in names[0]  # they share the anchor's codes: no new weights
+    # a resumed run: the recorded copies are placed again, not added twice
+    again = plan([*cfg.configs, *p.added], SharedModels(cfg, ModelPool()).keys, QUESTIONS, interleaved=True,
+                 limit=(budget, "test"), base=0)
+    assert again.added == [] and [[bc.name for bc in g] for g in again.groups] == names
+
+
+def test_an_arm_that_does_not_fit_alone_is_refused_naming_it_and_the_bytes():
+    cfg = run_config()
+    _, c = costs_of(cfg)
+    budget = group_bytes([c["ar-bf16"]], 0) + 1  # every arm fits alone but the fp32 one
+    with pytest.raises(BadInput, match=r"arm 'ar-fp32' alone needs \d+\.\d\d GB .* more than the \d+\.\d\d GB"):
+        plan(cfg.configs, SharedModels(cfg, ModelPool()).keys, QUESTIONS, interleaved=True, limit=(budget, "test"),
+             base=0)
+
+
+def test_one_arm_at_a_time_keeps_nothing_for_later_arms_when_they_do_not_fit():
+    cfg = run_config(interleave=False)
+    _, c = costs_of(cfg)
+    keys = SharedModels(cfg, ModelPool()).keys
+    assert not plan(cfg.configs, keys, QUESTIONS, interleaved=False, limit=(10**12, "test"), base=0).lean
+    assert plan(cfg.configs, keys, QUESTIONS, interleaved=False, limit=(group_bytes([c["ar-fp32"]], 0), "t"),
+                base=0).lean
+
+
+def test_a_run_over_budget_runs_its_groups_one_after_another(tmp_path, monkeypatch):
+    """The runner with SPECLEDGER_MEMORY_BUDGET low: group by group (every backend of a group closed before the next
+    group's start), the anchor's copy measured in the later group and paired with the anchor as its A/A twin."""
+    from specledger.bench.memory_plan import budget
+    from specledger.records.results import load_run
+
+    cfg = run_config(ARMS[:3], workload={"spec": "synthetic:in=20,out=4,n=2"}, load={"warmup": 0}, calibration=False,
+                     verify_curve=False, threads=1, bootstrap=0)
+    _, c = costs_of(cfg)
+    monkeypatch.setattr("specledger.bench.memory_plan.process_rss", lambda: 0)
+    monkeypatch.setenv("SPECLEDGER_MEMORY_BUDGET", str(group_bytes([c["ar-w4"], c["ar-bf16"]], 0) + 1))
+    assert budget()[0] < group_bytes(c.values(), 0)
+    events: list[str] = []
+
+    class Tracked(SleepBackend):
+        async def start(self):
+            events.append(f"start {self.config.name}")
+
+        async def close(self):
+            events.append(f"close {self.config.name}")
+
+    calls: list[str] = []
+    runner = Runner(cfg, tmp_path / "run", show_progress=False,
+                    backend_factory=lambda bc: Tracked(bc, calls, lambda n, bc: 0.001))
+    result = runner.run()
+    copy = f"ar-w4{GROUP_TAG}2"
+    assert [[bc.name for bc in g] for g in runner.memory.groups] == [["ar-w4", "ar-w4a8"], [copy, "ar-bf16"]]
+    assert events.index("close ar-w4a8") < events.index(f"start {copy}")  # the first group gone before the second
+    assert {cr.name for cr in result.configs} == {"ar-w4", "ar-w4a8", "ar-bf16", copy}
+    run = load_run(tmp_path / "run")
+    assert any("2 groups" in n for n in run.notes)
+    from specledger.records.config import config_baselines
+
+    assert config_baselines(runner.cfg.configs)[copy] == "ar-w4"  # the A/A arm between the groups
+
+
+def test_shared_models_hand_w4a8_the_w4a16_codes_without_loading(tmp_path, monkeypatch):
+    from tests.engine.test_qwen import save_qwen
+
+    path = str(save_qwen(tmp_path / "q"))
+    cfg = parse_run_config({"configs": [{"name": "a", "model": path, "dtype": "bf16", "quant": "int4"},
+                                        {"name": "b", "model": path, "dtype": "bf16", "quant": "int4",
+                                         "activations": 8}], "gates": {"quantization": False}})
+    shared = SharedModels(cfg, ModelPool())
+    w4 = shared.load_target(cfg.configs[0])
+    monkeypatch.setattr("specledger.engine.loader.load_model", lambda *a, **k: pytest.fail("loaded again"))
+    a8 = shared.for_config(cfg.configs[1])["target"]
+    assert (a8.activations, w4.activations) == (8, 16) and a8.model is not w4.model
+
+    def ptrs(m):
+        return sorted(t.data_ptr() for t in [*m.parameters(), *m.buffers()])
+
+    assert ptrs(a8.model) == ptrs(w4.model)
+    from specledger.engine.quant import _Quantized
+
+    kernels = [(m.digits, n.digits) for m, n in zip(a8.model.modules(), w4.model.modules())
+               if isinstance(m, _Quantized) and m.kernel_layout() is not None]
+    assert kernels and set(kernels) == {(1, 2)}  # one int8 digit an activation in the twin, two in the original
+    assert shared.load_target(cfg.configs[1]) is a8
+
+
+def test_the_cli_refuses_a_matrix_over_budget_in_one_line(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("configs:\n  - {name: ar-fp32, dtype: fp32, max_tokens: 4}\nworkload: {spec: builtin}\n")
+    env = {"SPECLEDGER_MEMORY_BUDGET": "64M", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-m", "specledger.cli", "bench", str(p), "--output-dir", str(tmp_path / "r")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, r.stderr
+    assert lines[-1].startswith("error: memory: arm 'ar-fp32' alone needs") and "SPECLEDGER_MEMORY_BUDGET" in lines[-1]
+    assert "Traceback" not in r.stderr
