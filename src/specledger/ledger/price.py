@@ -152,16 +152,22 @@ def _cost_row(m: ConfigMeasurement, case: Case, b: Breakdown, misses: list[str],
 
 
 def _case(m: ConfigMeasurement, res: Resolved, inputs: CostInputs, sweep: list[tuple[float, float]],
-          shared_from: str | None = None) -> tuple[Case, str]:
-    """`shared_from`: the reference whose graded items m was given (no quality difference shown)."""
+          quality: QualityDecision | None = None) -> tuple[Case, str]:
+    """`quality`: m's decision against the reference (the pass rate priced: its own, borrowed, or shared)."""
     x = res.central()
     op = m.operating_point(x["hardware"]["device_count"])
     if x["acceptance"]["pass_rate"] is not None:
         source = "cost file"
     elif m.graded:
         failed = f", {m.requests_failed} failed" if m.requests_failed else ""
-        source = (f"shared: {shared_from}'s {m.passes:g}/{m.graded}{failed} (no quality difference shown)"
-                  if shared_from else f"measured {m.passes:g}/{m.graded}{failed}")
+        counts = f"{m.passes:g}/{m.graded}{failed}"
+        borrowed = quality is not None and quality.grades_from != m.name
+        if quality is not None and quality.shared and quality.grades_from != quality.config_a:
+            source = f"shared: {quality.config_a}'s {counts} (no quality difference shown)"
+        elif borrowed and quality is not None:  # lossless speculation: its target's graded answers are its own
+            source = f"borrowed: {quality.grades_from if not quality.shared else quality.config_a}'s {counts} (lossless)"
+        else:
+            source = f"measured {counts}"
     else:  # never send the user to edit the installed package's defaults
         where = (f"in {inputs.source}" if not inputs.source.startswith(str(DEFAULT_COSTS)) else
                  "in a cost file (`specledger cost --init cost.yaml` writes one) and pass it with --inputs cost.yaml")
@@ -226,8 +232,7 @@ def choose_levels(ms: list[ConfigMeasurement], inputs: CostInputs, decisions: di
         sweep = sorted((float(m.concurrency), m.requests_per_s) for m in group if m.concurrency is not None)
         options = []
         for m in group:
-            d = (decisions or {}).get(name)
-            case, source = _case(m, res, inputs, sweep, d.config_a if d is not None and d.shared else None)
+            case, source = _case(m, res, inputs, sweep, (decisions or {}).get(name))
             b = case.cost()
             row = _cost_row(m, case, b, objective_misses(case.x, case.op), source)
             row.speedup = ups.get((m.name, m.load))
