@@ -17,7 +17,7 @@ from typing import Any, Callable
 from rich.progress import Progress
 
 from specledger.bench.backends.base import Backend
-from specledger.records.config import BenchConfig, LoadLevel, RunConfig
+from specledger.records.config import QUALITY_LEVEL, BenchConfig, LoadLevel, RunConfig
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.load import closed_loop, open_loop, replay
 from specledger.bench.recorder import RunRecorder
@@ -26,7 +26,7 @@ from specledger.bench.steady import ConditionSampler, SteadyStateCheck
 from specledger.bench.synthetic import fit_prompt
 from specledger.bench.telemetry import telemetry_delta
 from specledger.records.question import Question
-from specledger.quality.graders import grade
+from specledger.bench.retry import grade_answer, retries
 from specledger.errors import SpecLedgerError
 
 # failures at the connection (not an HTTP answer): after one, the backend is asked whether its server is still there
@@ -35,7 +35,6 @@ CONNECTION_FAILURES = frozenset({"connect", "dropped", "disconnected", "protocol
 
 class ServerGone(SpecLedgerError):
     """The server went away mid-level: the level stays incomplete (what it measured is kept) for --resume."""
-
 
 
 @dataclass
@@ -214,10 +213,16 @@ class Levels:
                                  f"{self.rec.run_dir}` measures the rest")
             tokens += c.output_tokens if c.ok else 0
             if level is not None:
-                graded = grade(q, answers + [c.text], self.cfg.workload.grader) \
+                graded = await grade_answer(q, answers + [c.text], self.cfg.workload.grader) \
                     if c.ok and turn == len(q.turns) else None
                 rec = self.rec.record(bc, q, c, item=item, turn=turn, arrival=arrival, level=level.load,
                                       grade=graded)
+                policy = self.cfg.retry
+                if policy is not None and graded is not None and graded.passed is not None and \
+                        (self.cfg.quality is None or level.load.label == QUALITY_LEVEL):
+                    rec.task_attempts = await retries(backend, bc.sampling, policy, q, messages=list(messages),
+                                                 answers=answers, first=c, first_grade=graded, item=item,
+                                                 max_tokens=max_tokens, grader=self.cfg.workload.grader)
                 rec.repeat = 0 if level.questions else item // self.items_per_pass
                 rec.block, rec.slot = block, slot
                 self.rec.append(rec)

@@ -154,7 +154,7 @@ def open_workload(
         spec=spec, format=fmt, chosen=chosen, source=source, read=picked.read, complete=picked.complete,
         selection=_selection_text(categories, per_category, sample, limit, seed), questions=len(questions),
         by_kind=dict(Counter(q.kind for q in questions)),
-        with_reference=dict(Counter(q.kind for q in questions if q.reference)),
+        with_reference=dict(Counter(q.kind for q in questions if q.reference or q.code)),
         skipped=dict(bad.skipped), skipped_examples=list(bad.examples),
         timed=any(q.arrival_s is not None for q in questions),
     )

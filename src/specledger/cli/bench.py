@@ -134,6 +134,12 @@ def register(app: typer.Typer) -> None:
         kind: Optional[str] = typer.Option(None, help="task kind of records without one (default multi_turn)"),
         prompt_column: Optional[str] = typer.Option(None, help="CSV: the column holding the prompt"),
         grader: Optional[str] = typer.Option(None, help="user grader module:function"),
+        retry_attempts: Optional[int] = typer.Option(None, "--retry-attempts", min=1,
+                                                     help="a measured retry loop: a failed graded answer is asked "
+                                                          "again, up to N attempts in all (see retry: in a config)"),
+        retry_feedback: Optional[bool] = typer.Option(None, "--retry-feedback/--no-retry-feedback",
+                                                      help="with --retry-attempts: the grader's message (a failing "
+                                                           "test) goes into the next attempt's prompt"),
         concurrency: Optional[str] = typer.Option(None, help="closed loop, e.g. 1,4,16"),
         rate: Optional[str] = typer.Option(None, help="open loop Poisson arrivals (requests/s), e.g. 0.5,1"),
         replay: Optional[str] = typer.Option(None, help="replay a trace's arrival times at these speeds, e.g. 1,4"),
@@ -193,7 +199,7 @@ def register(app: typer.Typer) -> None:
                 "load.num_requests": num_requests, "load.warmup": warmup,
                 "slo": slo or None, "output_dir": output_dir, "run_id": run_id, "bootstrap": bootstrap,
                 "repeats": repeats, "interleave": interleave, "threads": threads,
-                "cpu_watts": cpu_watts,
+                "cpu_watts": cpu_watts, "retry.attempts": retry_attempts, "retry.feedback": retry_feedback,
             }
             if sustain is not None:
                 from specledger.bench.steady import sustain_settings

@@ -91,6 +91,10 @@ class OperatingPoint:
     e2e_p50: float | None = None
     p95_from_p99: tuple[str, ...] = ()  # "ttft", "tpot", "e2e": not measured; the p99 stands in as an upper bound
     retrains: bool = False  # a trained draft head: maintenance includes retraining
+    # a measured retry loop (ledger/attempts.py): attempts per task in first-attempt device seconds and the share
+    # escalated, priced instead of the formula's; None: the formula from the pass rate and the retries
+    attempts: float | None = None
+    escalation: float | None = None
 
 
 def replicas_needed(demand_rps, requests_per_s, device_count: int = 1):
@@ -173,8 +177,8 @@ def task_cost(x: dict, op: OperatingPoint) -> Breakdown:
     per_call = compute_cost_per_call(hw, op, x["volume"]["demand_rps"])
     attempt = task["calls_per_task"] * per_call + tool_cost(task)
     retries = int(acc["retries"])
-    attempts = expected_attempts(q, retries)
-    esc = escalation_probability(q, retries)
+    attempts = expected_attempts(q, retries) if op.attempts is None else op.attempts
+    esc = escalation_probability(q, retries) if op.escalation is None else op.escalation
     wage_per_min = acc["wage_per_hour"] / 60.0
     compute = attempts * task["calls_per_task"] * per_call
     tools = attempts * tool_cost(task)

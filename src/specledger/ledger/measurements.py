@@ -19,6 +19,7 @@ from specledger.records.results import CurvePoint
 from specledger.records.config import result_arm
 from specledger.records.pairing import Arm, baselines
 from specledger.errors import BadInput
+from specledger.ledger.attempts import AttemptStats, run_attempts
 from specledger.ledger.cost_model import TRAINED_DRAFTERS, OperatingPoint
 
 
@@ -91,6 +92,7 @@ class ConfigMeasurement(BaseModel):
     grades_from: str = ""  # whose graded answers `grades` are: this configuration's, or (lossless speculation) the
     # autoregressive configuration of its target and precision, whose graded quality level stands for it
     outputs: str | None = None  # digest of every output: equal digests, equal outputs (and equal quality)
+    retry: AttemptStats | None = None  # the measured retry loop (ledger/attempts.py); None: the formula prices it
 
     @property
     def requests_per_s(self) -> float:
@@ -131,6 +133,8 @@ class ConfigMeasurement(BaseModel):
                                if getattr(self, f"{k}_p95") is None and getattr(self, f"{k}_p99") is not None),
             e2e_p50=self.e2e_p50,
             retrains=self.strategy in TRAINED_DRAFTERS,
+            attempts=self.retry.attempt_equivalents if self.retry else None,
+            escalation=self.retry.escalation if self.retry else None,
         )
 
 
@@ -156,6 +160,7 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
     raw_configs = {c.get("name"): c for c in raw.get("configs", []) if isinstance(c, dict)}
     records = [r for r in read_requests(run_dir) if r.status == "ok"]
     quality = _quality_grades(records)
+    loops = run_attempts(records, {c.name: c.quality_source for c in run.configs})
     out: list[ConfigMeasurement] = []
     for ci, c in enumerate(run.configs):
         extra = raw_configs.get(c.name, {})
@@ -191,7 +196,7 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
                                             passes=sum(kind_grades.get(k, {}).values()),
                                             graded=_attempts_judged(len(kind_grades.get(k, {})), g.requests_failed))
                          for k, g in lr.by_kind.items()},
-                verify_curve=curve, grades=grades, outputs=_digest(mine),
+                verify_curve=curve, grades=grades, outputs=_digest(mine), retry=loops.get(c.name),
                 grades_from=(c.quality_source or c.name) if graded is not None else c.name))
     if not out:
         raise BadInput(f"{run_dir / RUN_FILE}: no configuration with a measured load level")

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from scipy.stats import beta
 
 from specledger.errors import BadInput
+from specledger.ledger.attempts import attempts_source
 from specledger.ledger.answer import Answer, link_scenarios, scenario_answer
 from specledger.ledger.breakeven import BreakEven, break_even
 from specledger.ledger.concurrency import ConcurrencyBreakEven, break_even_concurrency
@@ -62,6 +63,7 @@ class ConfigCost(BaseModel):
     per_million_tokens: float | None = None
     attempts: float | None = None
     escalation: float | None = None
+    attempts_source: str = ""  # measured retries (ledger/attempts.py) or the formula, in words
     compute: float | None = None  # device cost of the attempts, energy included
     energy: float | None = None  # the energy part of compute (owned hardware: rent includes it)
     energy_j_per_task: float | None = None  # measured joules of an accepted task's attempts (None: not measured)
@@ -144,7 +146,7 @@ def _cost_row(m: ConfigMeasurement, case: Case, b: Breakdown, misses: list[str],
         device_seconds_per_call=case.op.device_seconds_per_call,
         replicas=None if demand is None else float(replicas_needed(demand, case.op.requests_per_s, case.op.device_count)),
         cost_per_call=float(b.cost_per_call), per_million_tokens=_finite(b.per_million_tokens),
-        attempts=float(b.attempts), escalation=float(b.escalation), compute=float(b.compute), energy=float(b.energy),
+        attempts=float(b.attempts), escalation=float(b.escalation), attempts_source=attempts_source(m), compute=float(b.compute), energy=float(b.energy),
         tools=float(b.tools),
         labour=float(b.labour), maintenance=float(b.maintenance), total=_finite(b.total),
         task_latency_s=b.task_latency_s, feasible=not misses, misses=misses, infinite=b.infinite,

@@ -388,6 +388,20 @@ class QualitySettings(_Strict):
 QUALITY_LEVEL = "quality"
 
 
+class RetrySettings(_Strict):
+    """A measured retry loop (bench/retry.py): a graded answer that fails is asked again, up to `attempts` in
+    all, the later ones sampled at `temperature` with seed `seed` + 1000 x item + attempt; `feedback`: the next
+    prompt carries the failed answer and the grader's message (a code task's failing test). Runs on the levels
+    whose grades price a configuration: the quality level when the run has one, else every level. Every
+    attempt's device seconds and tokens are recorded with the item; a task no attempt passes is escalated."""
+
+    attempts: int = Field(3, ge=1)
+    temperature: float = Field(0.8, ge=0.0)
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    seed: int = 0
+    feedback: bool = False
+
+
 class RunConfig(_Strict):
     configs: list[BenchConfig] = Field(min_length=1)
     workload: WorkloadSettings = Field(default_factory=WorkloadSettings)
@@ -406,6 +420,7 @@ class RunConfig(_Strict):
     interleave: bool = True
     repeats: int = Field(1, ge=1)  # passes over the workload per load level (paired statistics pool them)
     quality: QualitySettings | None = None
+    retry: RetrySettings | None = None  # a measured retry loop on graded failures (None: the ledger's formula)
     calibration: bool = True  # time a fixed matrix product before, during and after the run (bench/calibration.py)
     # torch threads for in-process configurations; None: chosen by a short probe of the targets at 1, 2, ...
     # threads before the run (bench/threads.py), recorded with the run either way

@@ -77,6 +77,20 @@ class RequestOutcome(EngineTelemetry):
     tokenizer_output_tokens: int | None = None  # as our tokenizer counted the text
 
 
+class Attempt(_Model):
+    """One attempt at a graded task under a retry policy (attempt 1 is the record's own answer)."""
+
+    k: int
+    passed: bool | None
+    outcome: str | None = None  # the grade's outcome (code: passed, failed, error, timeout); "request failed"
+    detail: str = ""
+    device_s: float | None = None  # the request's service time (end - start, queueing excluded)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    temperature: float = 0.0
+    seed: int | None = None
+
+
 class RequestRecord(RequestOutcome):
     """One request (one turn of one conversation) as measured."""
 
@@ -113,6 +127,7 @@ class RequestRecord(RequestOutcome):
     output_text: str = ""
     output_token_ids: list[int] | None = None
     grade: RequestGrade | None = None
+    task_attempts: list[Attempt] = Field(default_factory=list)  # a retry loop's attempts, the first included
 
 
 class Dist(_Model):

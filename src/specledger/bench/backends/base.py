@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 
 from pydantic import Field
 
-from specledger.records.config import BenchConfig
+from specledger.records.config import BenchConfig, Sampling
 from specledger.records.results import RequestOutcome
 
 
@@ -36,8 +36,9 @@ class Backend(ABC):
 
     @abstractmethod
     async def complete(self, messages: list[dict[str, str]], *, max_tokens: int,
-                       min_tokens: int | None = None) -> Completion:
-        """Answer the last user message of `messages`. Failures come back as ok=False, never raise."""
+                       min_tokens: int | None = None, sampling: Sampling | None = None) -> Completion:
+        """Answer the last user message of `messages`. Failures come back as ok=False, never raise. `sampling`:
+        this request's instead of the configuration's (a retry loop's later attempts)."""
 
     async def close(self) -> None:
         return None

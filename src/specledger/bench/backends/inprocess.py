@@ -16,7 +16,7 @@ import torch
 
 import specledger
 from specledger.bench.backends.base import Backend, Completion
-from specledger.records.config import BenchConfig
+from specledger.records.config import BenchConfig, Sampling
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.metrics import chunks_from_token_times
 from specledger.bench.telemetry import peak_rss_bytes, reset_peak_rss
@@ -91,11 +91,11 @@ class InProcessBackend(Backend):
         return f"inprocess specledger {specledger.__version__} torch {torch.__version__} {label}"
 
     async def complete(self, messages: list[dict[str, str]], *, max_tokens: int,
-                       min_tokens: int | None = None) -> Completion:
+                       min_tokens: int | None = None, sampling: Sampling | None = None) -> Completion:
         """Hand the request to the batch worker and await the result; times come from the scheduler (arrival = add)."""
         lm = self.models["target"]
         prompt_ids = lm.tokenizer.chat(messages)  # a model without a chat template is a setup error: raise
-        sp = self.config.sampling
+        sp = sampling or self.config.sampling
         params = SamplingParams(max_tokens=max_tokens, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
                                 seed=sp.seed, stop=list(sp.stop), min_tokens=min_tokens or 0)
         if not self.worker.scheduler.has_work():  # peaks are per request where requests do not overlap

@@ -21,7 +21,7 @@ import httpx
 from specledger.bench.backends.base import Backend, Completion
 from specledger.bench.backends.pools import ConnectionPools
 from specledger.bench.backends.sse import Stream, StreamFailure, completion, error_message, unanswered
-from specledger.records.config import BenchConfig
+from specledger.records.config import BenchConfig, Sampling
 from specledger.bench.managed import ManagedServer
 from specledger.bench.synthetic import template_overhead
 from specledger.bench.telemetry import merge_replica_metrics
@@ -199,9 +199,9 @@ class OpenAIBackend(Backend):
     # ---- one request ----
 
     async def complete(self, messages: list[dict[str, str]], *, max_tokens: int,
-                       min_tokens: int | None = None) -> Completion:
+                       min_tokens: int | None = None, sampling: Sampling | None = None) -> Completion:
         assert self._client is not None, "start() first"
-        body = request_body(self.config, self.model_name, messages, max_tokens, min_tokens, self._tokenizer)
+        body = request_body(self.config, self.model_name, messages, max_tokens, min_tokens, self._tokenizer, sampling)
         path = "/v1/chat/completions" if self.s.api == "chat" else "/v1/completions"
         replica = self._next
         self._next = (replica + 1) % len(self.replicas)
@@ -296,9 +296,9 @@ class OpenAIBackend(Backend):
         return None if self._tokenizer is None else _count(self._tokenizer, text)
 
 def request_body(config: BenchConfig, model_name: str | None, messages: list[dict[str, str]], max_tokens: int,
-                 min_tokens: int | None, tokenizer: Any = None) -> dict:
+                 min_tokens: int | None, tokenizer: Any = None, sampling: Sampling | None = None) -> dict:
     """The JSON body of one streamed request: chat messages, or (completions API) one prompt text."""
-    s, sp = config.openai, config.sampling
+    s, sp = config.openai, sampling or config.sampling
     assert s is not None
     body: dict[str, Any] = {
         "model": model_name,
