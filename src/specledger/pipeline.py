@@ -156,6 +156,9 @@ def build_config(config_file: Path | None, *, quick: bool, max_tokens: int | Non
         if workload.get("spec"):  # a new workload: the default matrix's selection was for the built-in set
             data["workload"] = {"spec": workload["spec"]}
         data.setdefault("workload", {}).update(workload)
+        quality = data.get("quality") or {}
+        if workload.get("sample") and quality.get("spec") == data["workload"].get("spec"):
+            quality["sample"] = workload["sample"]  # graded on the same set (a code recipe): --sample is for both
         if load:
             data["load"] = {k: v for k, v in data.get("load", {}).items()
                             if k not in ("concurrency", "rate", "replay")} | load

@@ -71,7 +71,8 @@ class Runner:
         self.console.print(f"workload {info.spec}: {info.format} ({info.chosen}); {info.questions} questions"
                            + (f"; skipped {sum(info.skipped.values())} bad line(s)" if info.skipped else ""))
         q = cfg.quality
-        self.quality_questions = load_workload(q.spec, limit=q.limit, seed=q.seed) if q is not None else []
+        self.quality_questions = load_workload(q.spec, limit=q.limit, sample=q.sample, seed=q.seed) \
+            if q is not None else []
         self.interleaving = cfg.interleave and len(cfg.configs) > 1
         # before anything is loaded: the predicted peak, and the groups of arms that fit (or one line refusing)
         self.memory = plan_memory(cfg.configs, self.models.keys, self.questions + self.quality_questions,

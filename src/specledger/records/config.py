@@ -381,6 +381,7 @@ class QualitySettings(_Strict):
 
     spec: str = "builtin-graded"
     limit: int | None = Field(None, ge=1)
+    sample: int | None = Field(None, ge=1)  # a seeded random sample of the graded items (e.g. 40 of HumanEval's 164)
     seed: int = 0
     concurrency: int = Field(16, ge=1)
 
