@@ -23,10 +23,11 @@ from specledger.report.terminal import render_answer, render_cost_table, render_
 ITEMS = 272
 
 
-def _config(name: str, precision: str, speed: float, passed: set[int], seed: int = 0) -> ConfigMeasurement:
+def _config(name: str, precision: str, speed: float, passed: set[int], seed: int = 0,
+            noise: float = 0.03) -> ConfigMeasurement:
     rng = np.random.default_rng(seed)
     difficulty = np.random.default_rng(99).uniform(2.0, 8.0, 7)  # the same prompts under both
-    svc = difficulty * rng.lognormal(0.0, 0.03, 7) / speed
+    svc = difficulty * rng.lognormal(0.0, noise, 7) / speed
     reqs = [RequestPoint(ttft_s=0.5, tpot_s=s / 48, e2e_s=float(s), service_s=float(s), output_tokens=48,
                          key=f"p{i}|t1|r0") for i, s in enumerate(svc)]
     grades = {f"g{i}": float(i in passed) for i in range(ITEMS)}
@@ -131,3 +132,17 @@ def test_every_number_the_answer_quotes_is_in_ledger_json(run, request):
             assert set(shares) <= pcts | {f"{100 * a.shares[k]:.0f}%" for k in a.shares}, line
         # the headline's central cost is the table's
         assert a.headline.count(money(a.cost)) and money(a.cost) in tables[a.scenario]
+
+
+def test_a_tie_wider_than_the_margin_is_not_called_the_same_within_it():
+    """Two configurations 5% apart in speed on noisy device times, fully automated (compute is the cost): the paired
+    interval spans several percent either side, so the answer says they cannot be told apart and quotes it."""
+    same = set(range(124))
+    ms = [_config("ar-fp32", "fp32", 1.0, same, seed=1, noise=0.3), _config("ar-w8", "W8A32", 1.05, same, seed=2,
+                                                                             noise=0.3)]
+    auto = price_measurements(ms, load_inputs(None), samples=1000, thresholds=False).answer.scenarios[1]
+    (t,) = auto.tied
+    assert auto.scenario == "fully-automated" and auto.tie and not t.within_margin and t.low_pct < -0.01 < 0.01 < t.high_pct
+    span = f"ar-w8 cannot be told apart from it (difference {signed_pct(t.low_pct)} to {signed_pct(t.high_pct)}, 95%)"
+    assert span in auto.headline and span.replace("from it", "from ar-fp32") in auto.confidence
+    assert "within" not in auto.headline + auto.confidence

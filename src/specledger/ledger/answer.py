@@ -21,7 +21,7 @@ from specledger.ledger.same_quality import MARGIN, QualityDecision
 from specledger.ledger.saving_sources import LABELS, SavingSource, carriers, sources, split
 from specledger.ledger.thresholds import (DIFFERS, INPUTS, OWNED_PRICE, REVIEW, TIE, Crossing, Search, curve, find,
                                           gaps_move)
-from specledger.ledger.verdicts import MATERIAL, Row
+from specledger.ledger.verdicts import MATERIAL, Row, signed_pct
 
 
 class Threshold(BaseModel):
@@ -170,8 +170,8 @@ def _confidence(rec: Priced, tie: bool, tested: bool, tied: list[TiedSpan]) -> s
     if tie and tied and all(t.within_margin for t in tied):
         return f"a tie: every configuration costs the same within {MATERIAL:.0%} (95%), so any of them will do"
     if tie:
-        return (f"a tie: the measurements cannot tell the configurations apart ({_tied_words(tied)}; 95%): none is "
-                f"shown to cost more than the cheapest by over {MATERIAL:.0%}")
+        return (f"a tie: {_tied_words(tied, rec.name)}; none is shown to cost more than the cheapest by over "
+                f"{MATERIAL:.0%}")
     if rec.verdict == "indistinguishable":
         return (f"a tie at the top: {rec.verdict_detail}; every other configuration costs more by over "
                 f"{MATERIAL:.0%} (95%)")
@@ -191,16 +191,11 @@ def _tied(rec: Priced, names: list[str], costs: dict[str, np.ndarray] | None) ->
     return out
 
 
-def signed_pct(v: float) -> str:
-    """A share with its sign, two significant figures: "-5%", "+21%", "+0.31%"."""
-    return ("-" if v < 0 else "+") + _sig(abs(100 * v)) + "%"
-
-
-def _tied_words(tied: list[TiedSpan]) -> str:
+def _tied_words(tied: list[TiedSpan], whom: str = "it") -> str:
     """"ar-w8 cannot be told apart (difference -5% to +21%)"; "the same within 1%" only where it is."""
-    return "; ".join(f"{t.config} the same within {MATERIAL:.0%}" if t.within_margin else
-                     f"{t.config} cannot be told apart (difference {signed_pct(t.low_pct)} to {signed_pct(t.high_pct)})"
-                     for t in tied)
+    return "; ".join(f"{t.config} costs the same within {MATERIAL:.0%} (95%)" if t.within_margin else
+                     f"{t.config} cannot be told apart from {whom} (difference {signed_pct(t.low_pct)} to "
+                     f"{signed_pct(t.high_pct)}, 95%)" for t in tied)
 
 
 def _sources(out: ScenarioAnswer, search: Search | None, base: tuple | None, rec_case: Case) -> None:
@@ -413,9 +408,9 @@ def _headline(out: ScenarioAnswer) -> str:
                  f"within {MATERIAL:.0%} (95%)") + (f"; keep {out.baseline}" if out.recommended == out.baseline else "")
     elif out.tie:
         first = (f"{name}no configuration is shown to cost less than another by over {MATERIAL:.0%}: {verb}, {cost} "
-                 f"per accepted task" + (f" ({tied}; 95%)" if tied else ""))
+                 f"per accepted task" + (f"; {tied}" if tied else ""))
     elif out.recommended == out.baseline or out.saving_per_month is None or not out.baseline:
-        first = f"{name}{verb}: {cost} per accepted task" + (f" ({tied}; 95%)" if tied else "")
+        first = f"{name}{verb}: {cost} per accepted task" + (f"; {tied}" if tied else "")
     else:
         span = ("" if out.saving_low is None or out.saving_high is None else
                 f" (95%: {money(out.saving_low)}–{money(out.saving_high)})")
@@ -426,7 +421,7 @@ def _headline(out: ScenarioAnswer) -> str:
         elif out.sources:
             first += ", no one source shown alone (see the split)"
         if tied:
-            first += f"; {tied} (95%)"
+            first += f"; {tied}"
     if out.quality_decision == "not shown":
         first += (f"; {out.recommended}'s quality is not shown to be at most {100 * MARGIN:g} points below "
                   f"{out.baseline}'s (priced at its pass rate: no difference shown)")

@@ -94,6 +94,18 @@ def _money(d: float) -> str:
     return f"{'-' if d < 0 else '+'}${abs(d):.3g}"
 
 
+def signed_pct(v: float) -> str:
+    """A share with its sign, two significant figures below 10%: "-5.3%", "+21%", "+0.31%"."""
+    return f"{100 * v:+.0f}%" if abs(v) >= 0.1 else f"{100 * v:+.2g}%"
+
+
+def _apart(name: str, best: Row, d: Difference) -> str:
+    """"ar-w8 - ar-w4: -$0.096 to +$0.393 per task (-5.3% to +21%, 95%)": what the interval holds, in both units."""
+    scale = _total(best)
+    pct = f"{signed_pct(d.low / scale)} to {signed_pct(d.high / scale)}, " if scale > 0 else ""
+    return f"{name} - {best.name}: {_money(d.low)} to {_money(d.high)} per task ({pct}95%)"
+
+
 def tested_verdicts(rows: list[Row], costs: dict[str, np.ndarray]) -> None:
     """Verdicts from paired cost samples (name -> samples, aligned across configurations)."""
     eligible = [r for r in rows if _status(r)]
@@ -114,11 +126,10 @@ def tested_verdicts(rows: list[Row], costs: dict[str, np.ndarray]) -> None:
                                f"differences under {MATERIAL:.0%} of the cost count as none)")
     else:
         group = [best] + ties
-        for r in group:
+        for r in group:  # each names the differences it cannot tell apart from the cheapest: "cannot be told apart"
             others = ", ".join(o.name for o in group if o is not r)
-            d = diffs.get(r.name) or diffs.get(ties[0].name)
-            span = "" if d is None else f"; cost difference {_money(d.low)} to {_money(d.high)} per task (95%)"
-            r.verdict, r.verdict_detail = "indistinguishable", f"from {others}{span}"
+            spans = [_apart(t.name, best, d) for t in (ties if r is best else [r]) if (d := diffs[t.name]) is not None]
+            r.verdict, r.verdict_detail = "indistinguishable", f"from {others}" + "".join(f"; {s}" for s in spans)
     for r in eligible:
         if r.verdict == "indistinguishable" or r is best:
             continue
