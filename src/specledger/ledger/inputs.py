@@ -1,7 +1,9 @@
 """Cost inputs: the numbers a team knows (or can bound) about its hardware, task and people.
 
 Any number may be a point value or a range `{low, mode, high}` (triangular; `mode` defaults
-to the midpoint). The file is YAML; errors name the field and the line it is on.
+to the midpoint). The file is YAML; errors name the field and the line it is on. Values are typed strictly (a number
+is written as one: `'3'` is text and `yes` a boolean, both refused) and finite (`.inf` refused). The file is read
+within bounds (its size, its nesting, what its aliases expand to), so a hostile one is one line, quickly.
 """
 
 from __future__ import annotations
@@ -16,12 +18,18 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field
 from specledger.errors import BadInput
 
 DEFAULT_COSTS = Path(__file__).with_name("default_costs.yaml")
+MAX_BYTES = 1 << 20  # a cost file is a page of numbers; a thousand tools fit in a tenth of this
+MAX_DEPTH = 32  # mappings and lists inside each other (the schema needs 5)
+MAX_VALUES = 200_000  # values once every alias is expanded ("billion laughs" expands to 10^9)
+_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+# libyaml where installed: the pure-Python reader takes 4 s for 5,000 tools
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class Range(BaseModel):
     """A value known only within bounds; sampled as a triangular distribution."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     low: float
     mode: float | None = None
     high: float
@@ -74,7 +82,7 @@ def _pass_rate(v: Number | None) -> Number | None:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
 
 class Hardware(_Section):
@@ -228,27 +236,60 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _line_index(text: str) -> dict[tuple, int]:
-    """Path -> 1-based line of each key in the YAML text, so errors can say where."""
+def _line_index(root: yaml.Node | None) -> dict[tuple, int]:
+    """Path -> 1-based line of each key in the composed YAML, so errors can say where. A node an alias repeats is
+    indexed once, under its first path (following every alias made a "billion laughs" file run until killed)."""
     lines: dict[tuple, int] = {}
-
-    def visit(node: yaml.Node, path: tuple) -> None:
+    seen: set[int] = set()
+    todo: list[tuple[yaml.Node, tuple]] = [(root, ())] if root is not None else []
+    while todo:
+        node, path = todo.pop()
         lines.setdefault(path, node.start_mark.line + 1)
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
-                lines[path + (k.value,)] = k.start_mark.line + 1
-                visit(v, path + (k.value,))
+                lines.setdefault(path + (k.value,), k.start_mark.line + 1)
+                todo.append((v, path + (k.value,)))
         elif isinstance(node, yaml.SequenceNode):
-            for i, v in enumerate(node.value):
-                visit(v, path + (i,))
-
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError:
-        return lines
-    if root is not None:
-        visit(root, ())
+            todo.extend((v, path + (i,)) for i, v in enumerate(node.value))
     return lines
+
+
+def _compose(text: str, source: str) -> yaml.Node | None:
+    """The file's YAML node graph, refused before composing when it nests deeper than MAX_DEPTH (the composer
+    recurses: 50k deep was a RecursionError) and after, when its aliases expand past MAX_VALUES."""
+    if len(text) > MAX_BYTES:
+        raise BadInput(f"{source}: {len(text):,} characters; cost inputs are at most {MAX_BYTES:,}")
+    try:
+        depth = 0
+        for event in yaml.parse(text, Loader=_Loader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise BadInput(f"{source}:{event.start_mark.line + 1}: nested more than {MAX_DEPTH} deep; cost "
+                                   "inputs are sections of fields")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+        root = yaml.compose(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise BadInput(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:  # the values under a node, each alias counted as what it expands to
+        if id(node) not in sizes:
+            kids = [v for kv in node.value for v in kv] if isinstance(node, yaml.MappingNode) else \
+                node.value if isinstance(node, yaml.SequenceNode) else []
+            sizes[id(node)] = min(1 + sum(size(k) for k in kids), MAX_VALUES + 1)
+        return sizes[id(node)]
+
+    if root is not None and size(root) > MAX_VALUES:
+        raise BadInput(f"{source}: its aliases (*name) expand to more than {MAX_VALUES:,} values; refused "
+                       "unread (a YAML alias bomb?)")
+    return root
 
 
 def _bad(source: str, lines: dict[tuple, int], err: ValidationError, prefix: tuple = ()) -> BadInput:
@@ -261,21 +302,34 @@ def _bad(source: str, lines: dict[tuple, int], err: ValidationError, prefix: tup
         msg = "missing"
     elif e["type"] == "extra_forbidden":
         msg = "unknown field"
+    elif e["type"] in ("float_type", "int_type", "bool_type", "string_type"):
+        got = e["input"]
+        hint = " (YAML reads yes/no/on/off as booleans)" if isinstance(got, bool) else \
+            " (quoted, so YAML reads it as text)" if isinstance(got, str) and _numeric(got) else ""
+        want = {"float_type": "a number", "int_type": "a whole number", "bool_type": "true or false",
+                "string_type": "text"}[e["type"]]
+        msg = f"expected {want}, got {type(got).__name__} {str(got)[:40]!r}{hint}"
+    elif e["type"] == "finite_number":
+        msg = f"must be a finite number, got {e['input']!r}"
     field = ".".join(str(p) for p in path) or "(top level)"
     where = f"{source}:{line}" if line else source
     return BadInput(f"{where}: {field}: {msg}")
 
 
-def parse_inputs(text: str, source: str = "<inputs>") -> CostInputs:
+def _numeric(text: str) -> bool:
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise BadInput(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def parse_inputs(text: str, source: str = "<inputs>") -> CostInputs:
+    root = _compose(text, source)
+    raw = _Loader(text).construct_document(root) if root is not None else None
     if not isinstance(raw, dict):
         raise BadInput(f"{source}: expected a mapping of sections (hardware, task, acceptance, ...)")
-    lines = _line_index(text)
+    lines = _line_index(root)
     overrides = raw.pop("configs", None) or {}
     scenarios = raw.pop("scenarios", None) or {}
     if not isinstance(scenarios, dict) or not all(isinstance(v, dict) or v is None for v in scenarios.values()):
@@ -320,7 +374,17 @@ def load_inputs(path: str | Path | None = None) -> CostInputs:
     p = Path(path) if path is not None else DEFAULT_COSTS
     if not p.is_file():
         raise BadInput(f"{p}: cost inputs file not found (write an example with `specledger cost --init {p}`)")
-    return parse_inputs(p.read_text(), str(p))
+    with p.open("rb") as f:
+        data = f.read(MAX_BYTES + 1)
+    try:
+        text = data.decode("utf-8")
+        if "\x00" in text:
+            raise ValueError("a NUL byte")
+    except ValueError:
+        raise BadInput(f"{p}: not a text file (cost inputs are YAML)") from None
+    if len(data) > MAX_BYTES:
+        raise BadInput(f"{p}: larger than {MAX_BYTES:,} bytes; cost inputs are a page of YAML")
+    return parse_inputs(text, str(p))
 
 
 def example_text() -> str:
