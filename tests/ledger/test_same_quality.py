@@ -146,3 +146,20 @@ def test_a_tie_wider_than_the_margin_is_not_called_the_same_within_it():
     span = f"ar-w8 cannot be told apart from it (difference {signed_pct(t.low_pct)} to {signed_pct(t.high_pct)}, 95%)"
     assert span in auto.headline and span.replace("from it", "from ar-fp32") in auto.confidence
     assert "within" not in auto.headline + auto.confidence
+
+
+def test_the_same_quality_shares_the_references_measured_retry_loop_too():
+    """A measured retry loop (ledger/attempts.py) prices attempts and escalations instead of the pass rate's formula:
+    where no quality difference is shown it is the reference's, like the pass rate; own failed requests stay."""
+    from specledger.ledger.attempts import AttemptStats
+    from specledger.ledger.price import at_same_quality
+
+    def loop(escalated: int) -> AttemptStats:
+        return AttemptStats(tasks=ITEMS, max_attempts=3, pass_at=[0.5, 0.6, 0.7], escalated=escalated,
+                            device_s_first=1.0, device_s_task=1.6, tokens_task=80.0, attempts_mean=1.6)
+
+    fp32, w4 = _config("ar-fp32", "fp32", 1.0, DEMO[0]), _config("ar-w4", "W4A32-g32", 1.15, DEMO[1])
+    fp32.retry, w4.retry, w4.requests_failed = loop(80), loop(70), 2
+    (_, priced), _, decisions = at_same_quality([fp32, w4])
+    assert decisions["ar-w4"].shared and priced.retry == fp32.retry and priced.grades == fp32.grades
+    assert priced.graded == ITEMS + 2 and priced.passes == 124

@@ -108,7 +108,8 @@ def decide_all(ms: list[ConfigMeasurement], ref: str | None) -> dict[str, Qualit
 def at_shared_quality(ms: list[ConfigMeasurement], decisions: dict[str, QualityDecision],
                       ref: str | None) -> list[ConfigMeasurement]:
     """The measurements to price: a configuration whose decision shows no difference takes the reference's graded
-    items (so its pass rate, and its Monte Carlo draws of it, are the reference's), keeping its own failed requests."""
+    items (so its pass rate, and its Monte Carlo draws of it, are the reference's) and its measured retry loop, if
+    any (ledger/attempts.py: attempts and escalations), keeping its own failed requests."""
     base = _graded(ms, ref) if ref is not None else None
     if base is None:
         return list(ms)
@@ -117,6 +118,6 @@ def at_shared_quality(ms: list[ConfigMeasurement], decisions: dict[str, QualityD
         d = decisions.get(m.name)
         if d is not None and d.shared and m.grades:
             m = m.model_copy(update={"grades": dict(base.grades), "passes": sum(base.grades.values()),
-                                     "graded": len(base.grades) + m.requests_failed})
+                                     "graded": len(base.grades) + m.requests_failed, "retry": base.retry})
         out.append(m)
     return out

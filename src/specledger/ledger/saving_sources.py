@@ -1,10 +1,10 @@
 """Where a saving comes from: the baseline's cost per task minus the recommendation's, split by source.
 
 The recommendation's measurements are swapped into the baseline's priced case one at a time, on the same Monte Carlo
-draws (so every step is paired): first its pass rate (quality: attempts, tool calls and escalations), then its
-device time and energy per call (the change in the engine's compute is speed, the change in its energy part is
-energy; energy estimated from device time, with no counter, is energy too); what remains is the rest (maintenance,
-such as a draft head's retraining, and per-configuration inputs). The four parts add up to the saving in every
+draws (so every step is paired): first its pass rate and its measured retry loop where it has one (quality:
+attempts, tool calls and escalations), then its device time and energy per call (the change in the engine's compute
+is speed, the change in its energy part is energy; energy estimated from device time, with no counter, is energy
+too); what remains is the rest (maintenance, such as a draft head's retraining, and per-configuration inputs). The four parts add up to the saving in every
 draw. A part's 95% interval that holds 0 is no evidence: the headline does not name it. Where the quality decision
 shows no difference (ledger/same_quality.py) both are priced at one pass rate, so quality's part is exactly 0.
 """
@@ -44,7 +44,7 @@ def split(base: Case2, rec: Case2) -> dict[str, np.ndarray | float]:
     """Baseline cost minus recommended cost by source (see the module docstring), per draw where they are arrays."""
     (xb, ob), (xr, orec) = base, rec
     x1 = with_value(xb, ("acceptance", "pass_rate"), xr["acceptance"]["pass_rate"])
-    o1 = replace(ob, pass_rate=orec.pass_rate)
+    o1 = replace(ob, pass_rate=orec.pass_rate, attempts=orec.attempts, escalation=orec.escalation)
     o2 = replace(o1, device_seconds_per_call=orec.device_seconds_per_call, requests_per_s=orec.requests_per_s,
                  device_count=orec.device_count, output_tokens_per_call=orec.output_tokens_per_call,
                  energy_j_per_call=orec.energy_j_per_call)
