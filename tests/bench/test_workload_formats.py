@@ -417,6 +417,16 @@ def test_a_lone_surrogate_is_a_bad_line(tmp_path, fmt, policy):
     assert [q.turns for q in w.questions] == [("hello",), ("hi",)] and sum(w.info.skipped.values()) == 1
 
 
+def test_min_tokens_above_max_tokens_is_a_bad_line(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text("\n".join(json.dumps({"id": i, "messages": [{"role": "user", "content": "hi"}], **limits})
+                              for i, limits in enumerate([{"max_tokens": 8, "min_tokens": 8},
+                                                          {"max_tokens": 4, "min_tokens": 9}])) + "\n")
+    with pytest.raises(BadInput, match=rf"{path}:2: field 'min_tokens': 9 is above max_tokens 4"):
+        open_workload(f"chat:{path}")
+    assert [q.min_tokens for q in open_workload(f"chat:{path}", on_bad_line="skip").questions] == [8]
+
+
 def test_a_line_past_the_record_bound_is_refused_unread(tmp_path, monkeypatch):
     """A line longer than MAX_RECORD_CHARS is a bad line, never held whole (nor tokenized): the readers stream it."""
     from specledger.bench.formats import lines

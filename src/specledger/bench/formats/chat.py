@@ -51,10 +51,12 @@ def parse_record(obj: Any, lineno: int, opts: ReadOptions) -> Question:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ValueError(f"field 'messages.{i}': expected {{\"role\": str, \"content\": ...}}")
         messages.append((m["role"], _content(m.get("content"), f"field 'messages.{i}'")))
+    most, least = token_limit(body), token_limit(body, ("min_tokens",))
+    if most is not None and least is not None and least > most:  # (was clamped to max_tokens without a word)
+        raise ValueError(f"field 'min_tokens': {least} is above max_tokens {most}")
     return to_question(record_id(obj, lineno, "id", "custom_id", "question_id"), messages,
                        category=obj.get("category"), explicit_kind=obj.get("kind"), opts=opts,
-                       default_category="chat", record=obj,
-                       max_tokens=token_limit(body), min_tokens=token_limit(body, ("min_tokens",)))
+                       default_category="chat", record=obj, max_tokens=most, min_tokens=least)
 
 
 def read(path: Path, bad: BadLines, opts: ReadOptions) -> Iterator[Question]:
