@@ -366,6 +366,15 @@ MUTANTS = [
     Mutant("pass-rate-plus-minus-shorter-side", "the terminal's pass-rate ± shows the shorter side of its interval",
            "src/specledger/report/terminal.py", "half = f\"±{100 * max(r.pass_rate - r.pass_low,",
            "half = f\"±{100 * min(r.pass_rate - r.pass_low,", ["tests/report/test_terminal_pass_rate.py"]),
+    Mutant("final-writes-in-place", "run.json and summary.csv written in place: a kill leaves them empty or torn",
+           "src/specledger/records/durable.py", "    tmp = path.with_name(path.name + \".tmp\")\n", "    tmp = path\n",
+           ["tests/bench/test_durable_writes.py"]),
+    Mutant("final-writes-unsynced", "a final file is renamed into place before its data reached the disk",
+           "src/specledger/records/durable.py", "            os.fsync(f.fileno())\n", "",
+           ["tests/bench/test_durable_writes.py"]),
+    Mutant("final-rename-unsynced", "the directory is not fsynced after the rename (the rename may not survive)",
+           "src/specledger/records/durable.py", "    sync_directory(path.parent)\n", "",
+           ["tests/bench/test_durable_writes.py"]),
 ]
 
 

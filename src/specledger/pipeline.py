@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specledger.records.config import RunConfig, load_run_config, parse_run_config
+from specledger.records import durable
 from specledger.records.results import REQUESTS_FILE, load_run, write_run
 from specledger.errors import BadInput, SpecLedgerError
 
@@ -239,7 +240,7 @@ def run_compare(config: RunConfig, *, run_dir: Path | None = None, inputs: Path 
             ledger = price_run(run_dir, costs, samples=samples, seed=config.seed)
     except SpecLedgerError as exc:
         raise SpecLedgerError(f"{exc} (the measurements are in {run_dir})") from None
-    (run_dir / "ledger.json").write_text(ledger.model_dump_json(indent=2), encoding="utf-8")
+    durable.write_text(run_dir / "ledger.json", ledger.model_dump_json(indent=2))
     if ledger.answer is not None:  # run.json leads with the decision too
         run = load_run(run_dir)
         run.answer = ledger.answer.model_dump(mode="json")

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from specledger.engine.registry import KNOWN_MODELS, known_model_path
 from specledger.errors import BadInput, SpecLedgerError
+from specledger.records import durable
 
 console = Console()
 
@@ -134,7 +135,7 @@ def quality(
     if weights:
         console.print(weights["note"], markup=False, highlight=False, soft_wrap=True)
     if json_out:
-        with open(json_out, "w") as f:
+        with durable.replacing(json_out) as f:
             json.dump({"reference": ref_label, "candidate": cand.label, **a.as_dict(),
                        "weight_bytes": cand.weight_bytes, "reference_weight_bytes": ref_bytes,
                        **({"layer_weights": weights} if weights else {})}, f, indent=2)

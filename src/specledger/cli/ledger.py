@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from specledger.errors import BadInput
+from specledger.records import durable
 
 
 def register(app: typer.Typer) -> None:
@@ -44,7 +45,7 @@ def register(app: typer.Typer) -> None:
         if json_out is not None:
             try:
                 json_out.parent.mkdir(parents=True, exist_ok=True)
-                json_out.write_text(ledger.model_dump_json(indent=2), encoding="utf-8")
+                durable.write_text(json_out, ledger.model_dump_json(indent=2))
             except OSError as exc:
                 raise BadInput(f"--json {json_out}: cannot write it ({exc.strerror or exc})") from None
             typer.echo(f"wrote {json_out}")

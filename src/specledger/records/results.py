@@ -22,6 +22,7 @@ from typing import Any, Iterable, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specledger.errors import BadInput, describe
+from specledger.records import durable
 from specledger.spec_stats import LevelStats
 
 SCHEMA_VERSION = 1
@@ -493,12 +494,8 @@ def read_requests(run_dir: str | Path, *, latest_only: bool = True) -> list[Requ
 
 
 def write_run(run_dir: str | Path, run: RunResult) -> Path:
-    """Replace run.json atomically (write then rename)."""
-    path = Path(run_dir) / RUN_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(run.model_dump_json(indent=2), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    """Replace run.json whole, a crash of the OS included (records/durable.py)."""
+    return durable.write_text(Path(run_dir) / RUN_FILE, run.model_dump_json(indent=2))
 
 
 def load_run(run_dir: str | Path) -> RunResult:
@@ -554,12 +551,10 @@ def summary_rows(run: RunResult) -> Iterable[dict[str, Any]]:
 
 def write_summary(run_dir: str | Path, run: RunResult) -> Path:
     path = Path(run_dir) / SUMMARY_FILE
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
+    with durable.replacing(path, newline="") as f:
         w = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS)
         w.writeheader()
         w.writerows({k: "" if v is None else v for k, v in row.items()} for row in summary_rows(run))
-    os.replace(tmp, path)
     return path
 
 

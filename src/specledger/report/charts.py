@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import io
+import math
 import re
 from typing import Sequence
 
 import numpy as np
 from matplotlib import rcParams
 from matplotlib.figure import Figure
+from markupsafe import escape
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
 from specledger.records.results import SteadyState
-from specledger.ledger.answer import ScenarioAnswer
+from specledger.ledger.answer import CurveSeries, ScenarioAnswer
 from specledger.ledger.measurements import ConfigMeasurement, measurement_baselines
 from specledger.ledger.price import LedgerResult
+from specledger.records.pairing import speedup
 from specledger.report.interaction import first_level, interaction_axes
 
 rcParams["svg.fonttype"] = "none"
@@ -25,22 +28,34 @@ MIN_FONT_PX = 10
 rcParams.update({"font.size": 11, "axes.labelsize": 11, "xtick.labelsize": MIN_FONT_PX, "ytick.labelsize": MIN_FONT_PX,
                  "legend.fontsize": MIN_FONT_PX, "axes.titlesize": 11,
                  "axes.spines.top": False, "axes.spines.right": False})
-PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD"]
+# seaborn's deep palette darkened where it was lighter than 3:1 against white (WCAG's rule for lines and marks)
+PALETTE = ["#4C72B0", "#C05A17", "#3B8A4E", "#C44E52", "#8172B3", "#937860", "#B8478F", "#767676", "#8A7B14", "#1F7F99"]
+REFERENCE_GREY = "#767676"  # reference lines (p95, today's value): 4.5:1 on white
 
 
-def svg(fig: Figure) -> str:
+def svg(fig: Figure, label: str) -> str:
+    """The figure as inline SVG, one image to assistive technology: role="img" and `label` (what it shows) as its
+    aria-label and <title>."""
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     text = buf.getvalue()
     text = re.sub(r"^.*?(<svg)", r"\1", text, count=1, flags=re.S)
     text = re.sub(r"<metadata>.*?</metadata>", "", text, count=1, flags=re.S)
     m = re.search(r'viewBox="0 0 ([\d.]+) ([\d.]+)"', text)
-    if m:  # natural size: one unit per pixel; wider on a wide screen (up to 1.3x), never narrower
-        w, h = float(m[1]), float(m[2])
+    if m:  # natural size: one unit per pixel (rounded up: never a hair under 10 px); wider on a wide screen (up to
+        # 1.3x), never narrower
+        w, h = math.ceil(float(m[1])), math.ceil(float(m[2]))
         text = re.sub(r'width="[\d.]+pt" height="[\d.]+pt"',
-                      f'width="{w:.0f}" height="{h:.0f}" style="width: 100%; min-width: {w:.0f}px; max-width: {1.3 * w:.0f}px"',
+                      f'width="{w}" height="{h}" style="width: 100%; min-width: {w}px; max-width: {1.3 * w:.0f}px"',
                       text, count=1)
-    return text
+    said = escape(label)
+    return re.sub(r"<svg\b([^>]*)>", lambda m: f'<svg role="img" aria-label="{said}"{m[1]}><title>{said}</title>',
+                  text, count=1)
+
+
+def _plain() -> FuncFormatter:
+    """Log-axis ticks as plain numbers (matplotlib's default writes 2^3 with a 7 px exponent)."""
+    return FuncFormatter(lambda v, _: f"{v:g}")
 
 
 def _figure(w: float = 7.5, h: float = 3.4) -> Figure:
@@ -55,8 +70,9 @@ def _legend_below(fig: Figure, ax, n: int) -> None:
         fig.legend(handles, labels, loc="outside lower center", ncol=min(n, 3), frameon=False)
 
 
-def _bars_over_one(groups: list[str], series: dict[str, list[float | None]], ylabel: str, h: float = 3.4) -> str:
-    """Grouped bars, one series per colour, against a dashed line at 1 (no gain)."""
+def _bars_over_one(groups: list[str], series: dict[str, list[float | None]], ylabel: str, label: str,
+                   h: float = 3.4) -> str:
+    """Grouped bars, one series per colour, against a dashed line at 1 (no gain); `label` says what they show."""
     fig = _figure(7.5, h)
     ax = fig.add_subplot()
     n = max(len(series), 1)
@@ -69,7 +85,7 @@ def _bars_over_one(groups: list[str], series: dict[str, list[float | None]], yla
     ax.set_ylabel(ylabel)
     _legend_below(fig, ax, n)
     ax.axhline(1.0, color="#444", lw=0.8, ls="--")
-    return svg(fig)
+    return svg(fig, f"{label}: bars for {', '.join(series)}, over {', '.join(groups)}; dashed line at 1")
 
 
 def speedup_by_kind(ledger: LedgerResult) -> str | None:
@@ -81,13 +97,14 @@ def speedup_by_kind(ledger: LedgerResult) -> str | None:
 
     def ratio(m: ConfigMeasurement, b: ConfigMeasurement, k: str) -> float | None:
         mk, bk = m.by_kind.get(k), b.by_kind.get(k)
-        return mk.tok_s / bk.tok_s if mk and bk and mk.tok_s and bk.tok_s else None
+        return speedup(mk.tok_s, bk.tok_s) if mk and bk else None
 
     series = {m.name: [ratio(m, b, k) for k in kinds] for m in ms
               if m.strategy != "ar" and (b := base.get(pairs.get(m.name, ""))) is not None and b.load == m.load}
     if not series or not kinds:
         return None
-    return _bars_over_one(kinds, series, "speed-up over autoregressive\n(same precision)")
+    return _bars_over_one(kinds, series, "speed-up over autoregressive\n(same precision)",
+                          "Speed-up over autoregressive decoding of the same model and precision, per task kind")
 
 
 def tau_by_kind(ledger: LedgerResult) -> str | None:
@@ -97,7 +114,7 @@ def tau_by_kind(ledger: LedgerResult) -> str | None:
     series = {k: v for k, v in series.items() if any(x is not None for x in v)}
     if not series:
         return None
-    return _bars_over_one(kinds, series, "τ: tokens per target step")
+    return _bars_over_one(kinds, series, "τ: tokens per target step", "Tokens per target step (τ), per task kind")
 
 
 def verify_curves(ledger: LedgerResult) -> str | None:
@@ -117,10 +134,12 @@ def verify_curves(ledger: LedgerResult) -> str | None:
         label = f"{model} {precision}" + (f" ({', '.join(names)})" if len(names) <= 3 else f" ({len(names)} configs)")
         ax.plot([n for n, _ in pts], [ms for _, ms in pts], marker="o", label=label, color=PALETTE[i % len(PALETTE)])
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(_plain())
     ax.set_xlabel("tokens verified in one forward pass")
     ax.set_ylabel("forward time (ms)")
     _legend_below(fig, ax, 1)
-    return svg(fig)
+    return svg(fig, "Forward time (ms) against tokens verified in one pass, one line per target: "
+                    + "; ".join(f"{model} {precision}" for model, precision, _ in seen))
 
 
 def latency_distributions(ledger: LedgerResult) -> str | None:
@@ -135,13 +154,15 @@ def latency_distributions(ledger: LedgerResult) -> str | None:
             if vals.size:
                 ax.step(vals, np.arange(1, vals.size + 1) / vals.size, where="post", label=f"{m.name} (n={vals.size})",
                         color=PALETTE[i % len(PALETTE)])
-        ax.axhline(0.95, color="#999", lw=0.6, ls=":")
+        ax.axhline(0.95, color=REFERENCE_GREY, lw=0.6, ls=":")
         ax.set_xlabel(label)
         ax.set_ylabel("share of requests ≤ x" if j == 0 else "")
         ax.xaxis.set_major_locator(MaxNLocator(4))
         if j == 0:
             _legend_below(fig, ax, len(ms))
-    return svg(fig)
+    return svg(fig, "Latency distributions: share of requests at or under each TTFT (left) and TPOT (right), one "
+                    f"line per configuration ({', '.join(m.name for m in ms)}); dotted line at 95%")
+
 
 
 def concurrency_sweep(ledger: LedgerResult) -> str | None:
@@ -176,7 +197,9 @@ def concurrency_sweep(ledger: LedgerResult) -> str | None:
         ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
         ax.minorticks_off()
     _legend_below(fig, ax1, len(swept))
-    return svg(fig)
+    return svg(fig, f"Output tok/s (left) and speed-up over autoregressive with 95% intervals (right) at concurrency "
+                    f"{', '.join(map(str, sorted(ticks)))}, one line per configuration "
+                    f"({', '.join(first.name for first, _, _ in swept)}); x marks where speculation stops paying")
 
 
 def tornado(ledger: LedgerResult, config: str, top: int = 8) -> str | None:
@@ -190,12 +213,13 @@ def tornado(ledger: LedgerResult, config: str, top: int = 8) -> str | None:
     for yi, s in zip(y, swings):
         lo, hi = s["cost_low"], s["cost_high"]
         ax.barh(yi, lo - base, left=base, color="#4C72B0", height=0.6)
-        ax.barh(yi, hi - base, left=base, color="#DD8452", height=0.6)
+        ax.barh(yi, hi - base, left=base, color=PALETTE[1], height=0.6)
     ax.set_yticks(y, [f"{s['label']} ({s['basis']})" for s in swings])
     ax.axvline(base, color="#222", lw=0.8)
     ax.xaxis.set_major_locator(MaxNLocator(5))
     ax.set_xlabel(f"cost per accepted task of {config}\n(blue: input at low, orange: at high)")
-    return svg(fig)
+    return svg(fig, f"Sensitivity of {config}'s cost per accepted task, one bar per input from its low (blue) to its "
+                    f"high (orange) value, largest swing first: {', '.join(s['label'] for s in swings)}")
 
 
 def interaction(rows: list[dict]) -> str | None:
@@ -206,39 +230,81 @@ def interaction(rows: list[dict]) -> str | None:
     series = {}
     for p in precisions:
         series[p] = [next((r["speedup"] for r in rows if r["strategy"] == s and r["precision"] == p), None) for s in methods]
-    return _bars_over_one(methods, series, "speed-up over autoregressive\non the same target precision", 3.0)
+    return _bars_over_one(methods, series, "speed-up over autoregressive\non the same target precision",
+                          "Speed-up of each speculation method over autoregressive decoding, per target precision", 3.0)
+
+
+def _same_lines(series: list[CurveSeries], log: bool) -> list[list[CurveSeries]]:
+    """Series grouped where their lines would be drawn over each other (every point within 1% of the axis span):
+    one line, and one legend entry, per group."""
+    def y(c: float) -> float:
+        return float(np.log10(c)) if log else c
+
+    ys = [y(p.cost) for s in series for p in s.points if p.cost is not None]
+    tol = 0.01 * ((max(ys) - min(ys)) or 1.0)
+    groups: list[list[CurveSeries]] = []
+    for s in series:
+        mine = {p.x: y(p.cost) for p in s.points if p.cost is not None}
+        for g in groups:
+            theirs = {p.x: y(p.cost) for p in g[0].points if p.cost is not None}
+            if mine.keys() == theirs.keys() and all(abs(v - theirs[x]) <= tol for x, v in mine.items()):
+                g.append(s)
+                break
+        else:
+            groups.append([s])
+    return groups
+
+
+def threshold_band(sa: ScenarioAnswer) -> tuple[float, float] | None:
+    """The threshold's interval as the answer chart shades it, clipped to the chart's x range (None: nothing shaded,
+    so nothing is promised)."""
+    th = next((t for t in sa.thresholds if t.input == sa.curve_input), None)
+    xs = [p.x for s in sa.curve for p in s.points if p.cost is not None]
+    if th is None or th.value is None or th.low is None or th.high is None or not xs:
+        return None
+    lo, hi = max(th.low, min(xs)), min(th.high, max(xs))
+    return (lo, hi) if hi > lo else None
 
 
 def answer_curve(sa: ScenarioAnswer) -> str | None:
-    """Cost per accepted task against review minutes, one line per configuration, the threshold and today's value
-    marked: sized for a phone's width (about 360 px)."""
+    """Cost per accepted task against review minutes, one line per configuration (lines that coincide drawn and
+    named once), the threshold and today's value marked: sized for a phone's width (about 360 px)."""
     series = [s for s in sa.curve if sum(p.cost is not None for p in s.points) >= 2]
     if not series:
         return None
     fig = _figure(4.6, 3.4)
     ax = fig.add_subplot()
     costs = [p.cost for s in series for p in s.points if p.cost is not None]
-    for i, s in enumerate(series):
-        pts = [(p.x, p.cost) for p in s.points if p.cost is not None]
+    log = min(costs) > 0 and max(costs) / min(costs) > 10
+    groups = _same_lines(series, log)
+    for i, g in enumerate(groups):
+        mine = any(s.config == sa.recommended for s in g)
+        pts = [(p.x, p.cost) for p in g[0].points if p.cost is not None]
         ax.plot([x for x, _ in pts], [c for _, c in pts], color=PALETTE[i % len(PALETTE)],
-                lw=2.6 if s.config == sa.recommended else 1.2, label=s.config,
-                zorder=3 if s.config == sa.recommended else 2)  # the recommendation drawn over the lines it ties with
+                lw=2.6 if mine else 1.2, label=" = ".join(s.config for s in g),
+                zorder=3 if mine else 2)  # the recommendation drawn over the lines it ties with
     th = next((t for t in sa.thresholds if t.input == sa.curve_input), None)
+    band = threshold_band(sa)
+    if band is not None:
+        ax.axvspan(*band, color="#C44E52", alpha=0.12, lw=0)
     if th is not None and th.value is not None:
-        if th.low is not None and th.high is not None:
-            ax.axvspan(th.low, th.high, color="#C44E52", alpha=0.12, lw=0)
         ax.axvline(th.value, color="#C44E52", ls="--", lw=1.2, label=f"threshold {th.value:.3g} {th.unit}".strip())
     if th is not None and th.current is not None:
         ax.axvline(th.current, color="#444", ls=":", lw=1.2, label=f"now {th.current:.3g} {th.unit}".strip())
-    if min(costs) > 0 and max(costs) / min(costs) > 10:
+    if log:
         ax.set_yscale("log")
         ax.yaxis.set_minor_formatter(NullFormatter())
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"${v:g}"))
     ax.set_xlabel("review minutes per task")
     ax.set_ylabel("$ per accepted task")
     ax.xaxis.set_major_locator(MaxNLocator(5))
-    _legend_below(fig, ax, 2)
-    return svg(fig)
+    _legend_below(fig, ax, 1 if any(len(g) > 1 for g in groups) else 2)
+    marks = ("" if th is None or th.value is None else f"; dashed: the threshold at {th.value:.3g} {th.unit}"
+             + ("" if band is None else ", shaded: its 95% interval")) + (
+        "" if th is None or th.current is None else f"; dotted: today's {th.current:.3g} {th.unit}")
+    return svg(fig, "Cost per accepted task against review minutes per task, one line per configuration ("
+               + "; ".join(" = ".join(s.config for s in g) + (" (the same line)" if len(g) > 1 else "") for g in groups)
+               + f"), the recommendation {sa.recommended} thickest{marks}")
 
 
 # NVML's clock event reasons that slow a busy GPU down (idle, application clocks and display clocks do not)
@@ -291,4 +357,5 @@ def steady_state(levels: Sequence[tuple[str, SteadyState]]) -> str | None:
         a.yaxis.set_major_locator(MaxNLocator(4))
     axes[-1].set_xlabel("seconds into the level")
     _legend_below(fig, ax, len(held))
-    return svg(fig)
+    return svg(fig, f"Output tok/s per window through each level held for steady state ({', '.join(lb for lb, _ in held)})"
+                    + ("" if not panels else ", with the clocks and temperatures sampled meanwhile below"))

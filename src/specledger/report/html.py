@@ -11,6 +11,7 @@ from typing import cast
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import escape
 
+from specledger.records import durable
 from specledger.records.results import RunResult, SteadyState, kind_passes, load_run, thread_choice_text
 from specledger.ledger.answer import Answer, ScenarioAnswer
 from specledger.ledger.price import ConfigCost, LedgerResult
@@ -324,11 +325,8 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
 
 
 def write_report(run_dir: str | Path, ledger_result: LedgerResult, out_path: str | Path) -> Path:
-    """Write the report as one HTML file (written to a temporary name, then moved into place)."""
+    """Write the report as one HTML file, replacing any earlier one whole (records/durable.py)."""
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     html = render_report(ledger_result, run_dir)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(out)
-    return out
+    return durable.write_text(out, html)

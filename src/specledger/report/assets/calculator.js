@@ -225,7 +225,8 @@
       var pick = chooseLevel(c, x, load || null);
       var row = { name: c.name, strategy: c.strategy, precision: c.precision, tok_s: c.tok_s, tau: c.tau,
         comparable: c.comparable, comparable_reason: c.comparable_reason, load: load || c.load, breakdown: null,
-        total: null, shares: null, infinite: false, feasible: false, misses: [], status: "", detail: "", vs_lowest: null };
+        total: null, shares: null, infinite: false, feasible: false, misses: [], status: "", detail: "", vs_lowest: null,
+        tasks_per_month: x.volume.tasks_per_month };
       if (pick === null) {
         row.status = "not measured";
         row.detail = "no requests completed at " + load;
@@ -248,8 +249,93 @@
     });
     var priced = rows.filter(function (r) { return r.status === "" && r.total !== null; });
     var lowest = priced.reduce(function (m, r) { return m === null || r.total < m.total ? r : m; }, null);
-    priced.forEach(function (r) { r.vs_lowest = r.total / lowest.total - 1; });
+    // relative to the lowest; a lowest of $0 has no ratio (null), except to itself
+    priced.forEach(function (r) {
+      r.vs_lowest = lowest.total > 0 ? r.total / lowest.total - 1 : r.total === lowest.total ? 0 : null;
+    });
     return rows;
+  }
+
+  // ---- What the page shows of a priced table: its problems, its point answer, its numbers ----
+
+  var MAX_COST = 1e12;  // dollars per accepted task: past this an input is far outside any real value
+  var PARTS = ["cost_per_call", "compute", "energy", "tools", "labour", "maintenance", "total"];
+
+  // The first priced row whose cost is not a finite number, or is absurd, said in one line, or a monthly saving
+  // against `reference` that is not finite; null when all are sound. (Inputs at the ends of the floating-point
+  // range, 1e308 or 1e-320, overflow or divide into infinity.)
+  function problem(rows, reference) {
+    for (var i = 0; i < rows.length; i++) {
+      var r = rows[i], b = r.breakdown;
+      if (!b || r.status === "infinite cost" || r.status === "not measured") continue;
+      var bad = PARTS.filter(function (k) { return typeof b[k] !== "number" || !isFinite(b[k]); });
+      if (bad.length) {
+        return "these inputs give " + r.name + " a cost that is not a finite number (" + bad.join(", ") +
+          "): an input is at the end of what the arithmetic can hold (such as 1e308, or 1e-320 as a divisor)";
+      }
+      if (b.total > MAX_COST) {
+        return "these inputs give " + r.name + " a cost of " + money(b.total) + " per accepted task, over " +
+          money(MAX_COST) + ": an input is far outside any real value";
+      }
+    }
+    var a = pointAnswer(rows, reference, 0);
+    if (a && a.saving_per_month !== null && !isFinite(a.saving_per_month)) {
+      return "the monthly saving is not a finite number (tasks per month " + pyG(a.tasks_per_month) + ")";
+    }
+    return null;
+  }
+
+  // The answer at the page's inputs, from point values alone: the lowest priced configuration, its cost, the
+  // saving against `reference` (per task, and a month at the volume it is priced at), and the next cheapest with
+  // its gap. The ledger's verdicts need its paired Monte Carlo samples; `within` says whether the point gap is
+  // already within the `material` margin, where no amount of evidence makes the difference count.
+  function pointAnswer(rows, reference, material) {
+    var priced = rows.filter(function (r) { return r.status === "" && r.total !== null; })
+      .sort(function (a, b) { return a.total - b.total; });
+    if (!priced.length) return null;
+    var best = priced[0], next = priced.length > 1 ? priced[1] : null;
+    var base = rows.filter(function (r) { return r.name === reference && r.status === "" && r.total !== null; })[0] || null;
+    var out = { recommended: best.name, cost: best.total, load: best.load, baseline: base ? base.name : null,
+      baseline_cost: base ? base.total : null, saving_per_task: null, saving_per_month: null,
+      tasks_per_month: best.tasks_per_month, next: next ? next.name : null, gap: null, gap_rel: null, within: null };
+    if (base) {
+      out.saving_per_task = base.total - best.total;
+      out.saving_per_month = out.saving_per_task * best.tasks_per_month;
+    }
+    if (next) {
+      out.gap = next.total - best.total;
+      out.gap_rel = best.total > 0 ? out.gap / best.total : null;
+      out.within = out.gap_rel !== null && out.gap_rel <= material;
+    }
+    return out;
+  }
+
+  // Dollars, compactly: cents from $1, three significant figures below, thousands separated up to $1e9, and
+  // powers of ten beyond either end (never a 300-digit amount). The Python report's money() writes the same.
+  function money(v) {
+    if (v === null || v === undefined || typeof v !== "number" || !isFinite(v)) return "–";
+    if (v === 0) return "$0";
+    var a = Math.abs(v), sign = v < 0 ? "-" : "";
+    if (a >= 1e9 || a < 1e-4) return sign + "$" + a.toExponential(2).replace("e+", "e");
+    if (a >= 100) return sign + "$" + Math.round(a).toLocaleString("en-US");
+    return sign + "$" + (a < 1 ? a.toPrecision(3) : a.toFixed(2));
+  }
+
+  // A share as a whole percentage; under 0.1% (but not 0) and over 99.9% (but not 1) said as such.
+  function percent(v) {
+    if (v === null || v === undefined || !isFinite(v)) return "–";
+    if (v > 0 && v < 0.001) return "<0.1%";
+    if (v < 1 && v > 0.999) return ">99.9%";
+    return Math.round(v * 100) + "%";
+  }
+
+  // A cost against the lowest: "lowest", "+2.3%", or a multiple once it is over ten times ("×1.2e5").
+  function versus(v) {
+    if (v === null || v === undefined || !isFinite(v)) return "–";
+    if (v === 0) return "lowest";
+    if (v < 9) return "+" + (100 * v).toFixed(1) + "%";
+    var m = 1 + v;
+    return "×" + (m >= 1e6 ? m.toExponential(2).replace("e+", "e") : m.toPrecision(3));
   }
 
   // ---- Input checks: ledger/inputs.py's rules and messages (pydantic's own words where it speaks) ----
@@ -391,7 +477,8 @@
     toolLatency: toolLatency, maintenancePerTask: maintenancePerTask, passRate: passRate,
     taskCost: taskCost, objectiveMisses: objectiveMisses, merge: merge, priceAll: priceAll,
     chooseLevel: chooseLevel, withDevices: withDevices, energyPerCall: energyPerCall, costShares: costShares,
-    validate: validate, validateAll: validateAll, pyG: pyG
+    validate: validate, validateAll: validateAll, pyG: pyG, problem: problem, pointAnswer: pointAnswer,
+    money: money, percent: percent, versus: versus
   };
   if (typeof module !== "undefined" && module.exports) module.exports = api;
   else root.SpecLedgerCalc = api;

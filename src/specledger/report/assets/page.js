@@ -12,8 +12,9 @@
   var base = JSON.parse(start);
   var load = null;  // null: each configuration at the level the ledger would choose
   var SVGNS = "http://www.w3.org/2000/svg";
-  var PARTS = [["engine", "#4C72B0"], ["tools", "#64B5CD"], ["labour", "#DD8452"], ["maintenance", "#55A868"],
-    ["energy", "#CCB974"]];
+  // colours at least 3:1 against white (charts.py's PALETTE)
+  var PARTS = [["engine", "#4C72B0"], ["tools", "#1F7F99"], ["labour", "#C05A17"], ["maintenance", "#3B8A4E"],
+    ["energy", "#8A7B14"]];
 
   // Every input is editable: numbers (null = not set: leave the field empty), and the choices below.
   var CHOICES = {
@@ -57,15 +58,7 @@
   function getPath(obj, path) { return path.reduce(function (o, k) { return o[k]; }, obj); }
   function setPath(obj, path, v) { getPath(obj, path.slice(0, -1))[path[path.length - 1]] = v; }
 
-  function money(v) {
-    if (v === null || v === undefined || !isFinite(v)) return "∞";
-    if (v === 0) return "$0";
-    if (Math.abs(v) >= 100) return "$" + Math.round(v).toLocaleString("en-US");
-    if (Math.abs(v) < 1) return "$" + v.toPrecision(3);
-    return "$" + v.toFixed(2);
-  }
-
-  function pct(v) { return v === null || v === undefined || !isFinite(v) ? "–" : Math.round(v * 100) + "%"; }
+  var money = calc.money, pct = calc.percent;
 
   function label(path) {
     if (path[0] === "task" && path[1] === "tools") return base.task.tools[path[2]].name + " " + path[3];
@@ -204,7 +197,7 @@
       cell(tr, money(b.cost_per_call), "num calc-per-call", b.cost_per_call);
       cell(tr, money(b.per_million_tokens), "num");
       cell(tr, money(r.total), "num calc-total", r.total);
-      cell(tr, r.vs_lowest === null ? "–" : r.vs_lowest === 0 ? "lowest" : "+" + (100 * r.vs_lowest).toFixed(1) + "%", "num calc-vs");
+      cell(tr, calc.versus(r.vs_lowest), "num calc-vs");
       cell(tr, sharesText(r.shares), "num shares calc-shares");
       cell(tr, r.status ? r.status + " (" + r.detail + ")" : "priced", "calc-status");
       body.appendChild(tr);
@@ -225,9 +218,11 @@
     var barH = 22, gap = 8, left = 130, width = 600, top = 44;
     var height = top + rows.length * (barH + gap) + 30;
     var svg = el("svg", { width: width, height: height, style: "width: 100%; min-width: " + width + "px; max-width: " + width + "px", viewBox: "0 0 " + width + " " + height, role: "img",
-      "aria-label": "cost per accepted task, by part" });
+      "aria-label": "Cost per accepted task at the inputs above, one stacked bar per configuration split into " +
+        "engine, tools, labour, maintenance and energy: " + priced.map(function (r) { return r.name + " " + money(r.total); }).join(", ") });
     var max = priced.reduce(function (m, r) { return Math.max(m, r.total); }, 0) || 1;
-    var scale = (width - left - 80) / max;
+    var span = width - left - 80;  // a part's width is its share of the largest total times this (never 1/max:
+    // a largest total of 1e-320 would make that infinite)
     PARTS.forEach(function (p, i) {  // the legend on two rows: it fits the chart's width
       var lx = left + (i % 3) * 130, ly = 4 + Math.floor(i / 3) * 18;
       svg.appendChild(el("rect", { x: lx, y: ly, width: 10, height: 10, fill: p[1] }));
@@ -244,7 +239,7 @@
       var bx = left;
       PARTS.forEach(function (p) {
         var part = partValue(r.breakdown, p[0]);
-        var w = Math.max(0, part * scale);
+        var w = Math.max(0, part / max * span);
         var rect = el("rect", { x: bx, y: y, width: w, height: barH, fill: p[1], "class": "part-" + p[0] });
         rect.appendChild(el("title", {}, p[0] + ": " + money(part)));
         svg.appendChild(rect);
@@ -263,17 +258,78 @@
     document.querySelectorAll("#calc-form input").forEach(function (input) {
       input.classList.toggle("invalid", !!err && input.dataset.path === JSON.stringify(err.path));
     });
-    box.hidden = !err;
-    box.textContent = err ? "The ledger rejects these inputs — " + err.message : "";
-    document.getElementById("calc-results").classList.toggle("rejected", !!err);
-    if (err) {
+    var rows = err ? null : calc.priceAll(data, base, load);
+    var wrong = rows && calc.problem(rows, data.reference);
+    box.hidden = !err && !wrong;
+    box.textContent = err ? "The ledger rejects these inputs — " + err.message : wrong ? "No cost shown: " + wrong + "." : "";
+    document.getElementById("calc-results").classList.toggle("rejected", !!(err || wrong));
+    if (err || wrong) {
       document.querySelector("#calc-table tbody").textContent = "";
       document.getElementById("calc-chart").textContent = "";
+      document.getElementById("calc-answer").textContent = "";
       return;
     }
-    var rows = calc.priceAll(data, base, load);
+    renderAnswer(rows);
     renderTable(rows);
     renderChart(rows);
+  }
+
+  function para(holder, cls, parts) {  // parts: strings, or [text] for bold
+    var p = document.createElement("p");
+    p.className = cls;
+    parts.forEach(function (t) {
+      if (Array.isArray(t)) { var b = document.createElement("b"); b.textContent = t[0]; p.appendChild(b); }
+      else p.appendChild(document.createTextNode(t));
+    });
+    holder.appendChild(p);
+  }
+
+  // The answer at these inputs: what to run, its cost, the saving against the baseline (point values), and the
+  // verdict: the ledger's own while the inputs are the file's; else the point comparison, and what it needs.
+  function renderAnswer(rows) {
+    var holder = document.getElementById("calc-answer");
+    holder.textContent = "";
+    var a = calc.pointAnswer(rows, data.reference, data.material);
+    if (!a) {
+      para(holder, "calc-rec", ["No configuration has a comparable, feasible cost at these inputs."]);
+      return;
+    }
+    para(holder, "calc-rec", ["At these inputs: run ", [a.recommended], ", ", [money(a.cost)],
+      " per accepted task (point estimate, " + a.load + ")."]);
+    if (a.baseline === a.recommended) {
+      para(holder, "calc-saving", ["It is the baseline (" + a.baseline + "): nothing to save against it."]);
+    } else if (a.baseline) {
+      var word = a.saving_per_task >= 0 ? "Saves " : "Costs ";
+      para(holder, "calc-saving", [word + money(Math.abs(a.saving_per_task)) + " per task against " + a.baseline +
+        " (" + money(a.baseline_cost) + "), " + money(Math.abs(a.saving_per_month)) + " a month at " +
+        calc.pyG(a.tasks_per_month) + " tasks a month."]);
+    } else if (data.reference) {
+      para(holder, "calc-saving", ["The baseline " + data.reference + " has no comparable, feasible cost here: no saving against it."]);
+    }
+    var rec = rows.filter(function (r) { return r.name === a.recommended; })[0];
+    if (rec.breakdown.escalation > 0.999) {
+      para(holder, "calc-escalation", ["At a pass rate of " + pct(rec.breakdown.pass_rate) + " nearly every task " +
+        "is escalated (P(escalation) " + pct(rec.breakdown.escalation) + "): the cost is about " +
+        Math.round(rec.breakdown.attempts) + " attempts plus a person's fix. (A pass rate of exactly 0 is refused: " +
+        "the ledger counts no task as accepted then.)"]);
+    }
+    var ledger = (data.answers || {})[scenario || ""];
+    var verdict;
+    if (ledger && load === null && JSON.stringify(base) === start) {
+      verdict = ["The cost file's inputs: the ledger's verdict holds (paired Monte Carlo, 95%): " + ledger.confidence];
+    } else if (a.next === null) {
+      verdict = ["The only configuration priced."];
+    } else {
+      var gap = a.gap === 0 ? a.next + " costs the same" : a.next + " is next, at " +
+        (a.gap_rel === null ? "" : calc.versus(a.gap_rel) + ", ") + "+" + money(a.gap) + " per task";
+      verdict = a.within
+        ? ["Point comparison: " + gap + ", within " + pct(data.material) + ": the ledger would call them a tie " +
+           "whatever the noise."]
+        : ["Point comparison: " + gap + ". Whether that is beyond the noise needs the ledger's paired Monte Carlo " +
+           "samples, which this page does not have: write these inputs to a cost file and run ",
+           ["specledger cost RUN_DIR --inputs FILE"], "."];
+    }
+    para(holder, "calc-verdict", verdict);
   }
 
   buildForm();
