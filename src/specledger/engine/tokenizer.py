@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from specledger.errors import BadInput
@@ -60,7 +61,14 @@ class Tokenizer:
             raise BadInput("this model has no chat template; use raw prompts (--raw)")
         return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def chat(self, messages: list[dict]) -> list[int]:
-        """Prompt ids for a conversation, ending with the assistant's generation prompt."""
+    def chat(self, messages: list[dict], check: Callable[[str], None] | None = None) -> list[int]:
+        """Prompt ids for a conversation, ending with the assistant's generation prompt; check: called with the
+        conversation's text before it is tokenized (the server refuses one too long to fit there)."""
         text = self.chat_text(messages)
+        if check is not None:
+            check(text)
+        return self.encode_text(text)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of text that already carries its special tokens (a chat template's output)."""
         return list(self.hf(text, add_special_tokens=False)["input_ids"])

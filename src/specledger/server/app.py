@@ -24,27 +24,33 @@ fields (param names the field, e.g. "messages[0].role") and context overflow (co
 full (code "queue_full") or the server is shutting down, 500 for an internal error (the server
 keeps serving), 401 for /v1/* without a valid key when the server has API keys (server/auth.py;
 /health stays open, /metrics too unless closed), 413 for a body over max_body_bytes (server/limits.py: refused
-before it is read), 400 "prompt_too_long" for a prompt over max_prompt_chars (refused before it is tokenized;
-tokenizing runs off the event loop). A stream that fails after it started ends with a `data: {"error": ...}`
+before it is read), 400 "prompt_too_long" for a prompt over max_prompt_chars and "context_length_exceeded" for one
+longer than the context can hold whatever its tokens (server/prompt_bound.py), both refused before it is tokenized.
+A body is parsed, validated and tokenized off the event loop, in a worker thread; bodies over LIGHT_BYTES one at a
+time (HEAVY_WORKERS), so eight maximal bodies at once neither stall /health nor hold up a small request. A stream that fails after it started ends with a `data: {"error": ...}`
 event, then `data: [DONE]`; so does one still running when shutdown's time is up (code "shutting_down").
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import math
 import socket
+import threading
 import time
 import uuid
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
@@ -57,6 +63,7 @@ from specledger.server.auth import ApiKeyMiddleware
 from specledger.server.batch_engine import EngineWorker, Delta, Done, Draining, Failed, Job, QueueFull
 from specledger.server.limits import BodyLimitMiddleware
 from specledger.server.metrics import ServerMetrics
+from specledger.server.prompt_bound import text_bound
 from specledger.server.schemas import ApiError, ChatCompletionRequest, CompletionRequest, error_body
 from specledger.server.textstream import TextStream
 
@@ -65,6 +72,9 @@ log = logging.getLogger("specledger.server")
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MAX_BODY_BYTES = 4 * 2**20  # a whole context of text, JSON-escaped, fits many times over
 MAX_PROMPT_CHARS = 1_000_000  # ~250k tokens of English: beyond any context served here; bounds tokenizing time
+LIGHT_BYTES = 64 * 2**10  # a body up to this is parsed in any worker thread at once (well under a millisecond)
+HEAVY_WORKERS = 1  # larger bodies are parsed and tokenized this many at a time: each competes for the GIL with
+# the event loop (a thread of Python work adds ~5 ms, the interpreter's switch interval, to each of the loop's turns)
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -100,8 +110,9 @@ def _param(loc: tuple) -> str | None:
     return out or None
 
 
-def validation_error(exc: RequestValidationError) -> ApiError:
-    err = exc.errors()[0]
+def validation_error(errors: Any) -> ApiError:
+    """The first of pydantic's (or FastAPI's) errors as a 400 naming the field."""
+    err = errors[0]
     kind = err.get("type", "")
     if kind == "json_invalid":
         return ApiError(400, f"the request body is not valid JSON ({err.get('ctx', {}).get('error', 'parse error')})")
@@ -112,9 +123,30 @@ def validation_error(exc: RequestValidationError) -> ApiError:
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
     if param is None:
         return ApiError(400, "the request body is missing or is not a JSON object"
-                        if kind in ("missing", "model_attributes_type", "dict_type") else msg)
+                        if kind in ("missing", "model_attributes_type", "dict_type", "model_type") else msg)
     code = "missing_required_parameter" if kind == "missing" else "invalid_value"
     return ApiError(400, f"{param}: {msg}", param=param, code=code)
+
+
+_gc = {"paused": 0}
+_gc_lock = threading.Lock()
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off meanwhile: parsing 100k messages makes ~10^6 objects, and the collector's full
+    passes over them held the GIL, so the event loop, for up to 1.6 s (with it off: 50 ms). The parse makes no
+    cycles: reference counting frees it all. Re-entrant across threads (on again when the last one leaves)."""
+    with _gc_lock:
+        _gc["paused"] += 1
+        gc.disable()
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc["paused"] -= 1
+            if not _gc["paused"]:
+                gc.enable()
 
 
 class ServerState:
@@ -125,6 +157,9 @@ class ServerState:
                  max_prompt_chars: int = MAX_PROMPT_CHARS) -> None:
         self.lm, self.strategy, self.name = lm, strategy, served_name
         self.max_prompt_chars = max_prompt_chars
+        # the most text the context can hold, or None (a tokenizer that may delete text): server/prompt_bound.py
+        self.bound = text_bound(getattr(lm.tokenizer, "hf", None))
+        self.heavy = ThreadPoolExecutor(HEAVY_WORKERS, thread_name_prefix="specledger-parse")
         self.open: dict[int, tuple[Job, asyncio.Queue]] = {}  # requests being answered, for shutdown to tell
         self.metrics = ServerMetrics(strategy.level_names)
         # the strategy's drafter, batched; how much each sequence drafts: its draft_length policy, per step
@@ -141,14 +176,60 @@ class ServerState:
     # ---- request -> job ----
 
     def check_size(self, req: ChatCompletionRequest | CompletionRequest) -> None:
-        """Characters before tokens: a prompt far beyond any context is refused before it is tokenized."""
+        """Characters before tokens: a prompt beyond --max-prompt-chars, or longer than the context can hold
+        whatever its tokens, is refused before it is tokenized."""
         if isinstance(req, ChatCompletionRequest):
-            n, where = sum(len(m.content) for m in req.messages), "messages"
+            texts, where = [m.content for m in req.messages], "messages"
+            n = sum(len(t) for t in texts)
         else:
-            n, where = len(req.prompt), "prompt"
+            texts, where = ([req.prompt] if isinstance(req.prompt, str) else []), "prompt"
+            n = len(req.prompt)
         if n > self.max_prompt_chars:
             raise ApiError(400, f"{where}: the prompt has {n} characters (or token ids); this server takes at most "
                            f"{self.max_prompt_chars} (--max-prompt-chars)", param=where, code="prompt_too_long")
+        self.check_fits(texts, where)
+
+    def check_fits(self, texts: list[str], where: str) -> None:
+        """Refuse text longer than the context can hold whatever its tokens (prompt_bound.py): the prompt's own
+        text before anything else, a conversation's again once its template has wrapped it."""
+        if self.bound is None or not texts:
+            return
+        ctx = self.lm.config.max_seq_len
+        size, most = sum(self.bound.size(t) for t in texts), self.bound.per_token * (ctx - 1)
+        if size > most:
+            unit = self.bound.unit
+            raise ApiError(400, f"this model's maximum context length is {ctx} tokens, but the prompt ({where}) has "
+                           f"{size} {unit}: more than {ctx - 1} tokens can hold (a token of this model stands for at "
+                           f"most {self.bound.per_token} {unit})", param=where, code="context_length_exceeded")
+
+    def prepare(self, body: bytes, model: type[ChatCompletionRequest] | type[CompletionRequest]
+                ) -> tuple[ChatCompletionRequest | CompletionRequest, list[int], str]:
+        """A body to a request and its prompt's token ids: parsed, validated, sized and tokenized (in a worker
+        thread: off_loop); every refusal an ApiError."""
+        if not body.strip():
+            raise ApiError(400, "the request body is missing or is not a JSON object")
+        try:
+            req = model.model_validate_json(body)
+        except ValidationError as exc:
+            raise validation_error(exc.errors()) from None
+        if req.model and req.model != self.name:
+            raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {self.name!r}",
+                           param="model", code="model_not_found")
+        self.check_size(req)
+        ids, where = self.prompt_ids(req)
+        return req, ids, where
+
+    async def off_loop(self, body: bytes, model: type[ChatCompletionRequest] | type[CompletionRequest]
+                       ) -> tuple[ChatCompletionRequest | CompletionRequest, list[int], str]:
+        """prepare() in a worker thread: any for a light body, the HEAVY_WORKERS pool (queued) for a larger one."""
+        if len(body) <= LIGHT_BYTES:
+            return await asyncio.to_thread(self.prepare, body, model)
+        return await asyncio.get_running_loop().run_in_executor(self.heavy, self._prepare_heavy, body, model)
+
+    def _prepare_heavy(self, body: bytes, model: type[ChatCompletionRequest] | type[CompletionRequest]
+                       ) -> tuple[ChatCompletionRequest | CompletionRequest, list[int], str]:
+        with gc_paused():
+            return self.prepare(body, model)
 
     def prompt_ids(self, req: ChatCompletionRequest | CompletionRequest) -> tuple[list[int], str]:
         tok = self.lm.tokenizer
@@ -156,7 +237,8 @@ class ServerState:
             raise ApiError(500, "the model was loaded without a tokenizer", type="server_error")
         if isinstance(req, ChatCompletionRequest):
             try:
-                return tok.chat([m.as_dict() for m in req.messages]), "messages"
+                ids = tok.chat([m.as_dict() for m in req.messages], lambda text: self.check_fits([text], "messages"))
+                return ids, "messages"
             except SpecLedgerError as exc:
                 raise ApiError(400, str(exc), param="messages") from None
         if isinstance(req.prompt, str):
@@ -219,13 +301,10 @@ class ServerState:
 
     # ---- one request ----
 
-    async def handle(self, request: Request, req: ChatCompletionRequest | CompletionRequest, endpoint: str) -> Response:
-        if req.model and req.model != self.name:
-            raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {self.name!r}",
-                           param="model", code="model_not_found")
-        self.check_size(req)
-        # tokenizing is not a torch op: any thread will do, as long as it is not the event loop's
-        ids, where = await asyncio.to_thread(self.prompt_ids, req)
+    async def handle(self, request: Request, endpoint: str) -> Response:
+        # parsing and tokenizing are not torch ops: any thread will do, as long as it is not the event loop's
+        model = ChatCompletionRequest if endpoint == CHAT else CompletionRequest
+        req, ids, where = await self.off_loop(await request.body(), model)
         sp = self.sampling(req, len(ids), where)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
@@ -382,6 +461,7 @@ def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None =
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         state.worker.start()
         yield
+        state.heavy.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(state.worker.stop, stop_timeout_s)
 
     app = FastAPI(title="specledger", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -408,7 +488,7 @@ def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None =
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-        return counted(request, validation_error(exc))
+        return counted(request, validation_error(exc.errors()))
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> Response:
@@ -421,13 +501,14 @@ def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None =
         return counted(request, ApiError(500, f"internal error: {type(exc).__name__}", type="server_error",
                                          code="internal_error"))
 
+    # (the body is read as bytes and parsed in state.handle, off the event loop: not a FastAPI body parameter)
     @app.post(CHAT)
-    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
-        return await state.handle(request, req, CHAT)
+    async def chat_completions(request: Request) -> Response:
+        return await state.handle(request, CHAT)
 
     @app.post(COMPLETIONS)
-    async def completions(req: CompletionRequest, request: Request) -> Response:
-        return await state.handle(request, req, COMPLETIONS)
+    async def completions(request: Request) -> Response:
+        return await state.handle(request, COMPLETIONS)
 
     @app.get("/v1/models")
     async def models() -> Response:
