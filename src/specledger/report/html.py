@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import cast
@@ -17,7 +18,7 @@ from specledger.ledger.answer import Answer, ScenarioAnswer
 from specledger.ledger.price import ConfigCost, LedgerResult
 from specledger.ledger.verdicts import MATERIAL
 from specledger.quality.graders import GRADING_NOTE
-from specledger.report import charts
+from specledger.report import charts, evidence
 from specledger.report.interaction import interaction_grid, interaction_rows
 from specledger.report.positions import position_table
 from specledger.report.terminal import break_even_cell, concurrency_sweep, failed_cell, money, num
@@ -57,14 +58,22 @@ def _shares(s: Mapping[str, float | None]) -> str:
     return " · ".join(f"{100 * (s[k] or 0.0):.0f}" for k in SHARE_NAMES)
 
 
-def _row(r: ConfigCost, n: int | None) -> dict:
+def _pass_source(r: ConfigCost, borrowed: dict[str, str]) -> str:
+    """Where a row's pass rate comes from: a lossless configuration's is its target's grading, said as borrowed."""
+    src = borrowed.get(r.name)
+    if src and r.pass_rate_source.startswith("measured"):
+        return f"borrowed from {src}: " + r.pass_rate_source.removeprefix("measured").strip() + ", lossless"
+    return r.pass_rate_source
+
+
+def _row(r: ConfigCost, n: int | None, borrowed: dict[str, str]) -> dict:
     s = r.cost_shares
     return {
         "name": r.name, "precision": r.precision, "load": r.load, "tok_s": num(r.tok_s, ".1f"),
         "speedup": _speedup(r), "ttft": f"{num(r.ttft_p50, '.2f')} / {num(r.ttft_p95, '.2f')} (n={n or 0})",
         "tau": num(r.tau, ".2f"), "pass_rate": f"{num(r.pass_rate, '.0%')}" + ("" if r.pass_low is None else
                                                       f" [{r.pass_low:.0%}–{r.pass_high:.0%}]")
-        + f" ({r.pass_rate_source})",
+        + f" ({_pass_source(r, borrowed)})",
         "failed": failed_cell(r),
         "per_m": money(r.per_million_tokens), "total": "∞" if r.infinite else money(r.total),
         "total_raw": "inf" if r.infinite else ("" if r.total is None else repr(r.total)),
@@ -195,7 +204,8 @@ def _workload(run: RunResult | None) -> dict | None:
         return None
     kinds = sorted(set(w.by_kind) | set(w.skipped) | set(w.grading))
     user = all(g.startswith("user grader") for g in w.grading.values())
-    return {"info": w, "skipped_total": sum(w.skipped.values()), "note": "" if user else GRADING_NOTE,
+    return {"info": w, "spec": evidence.public_name(w.spec), "skipped_total": sum(w.skipped.values()),
+            "note": "" if user else GRADING_NOTE,
             "rows": [{"kind": k, "questions": w.by_kind.get(k, 0), "with_reference": w.with_reference.get(k, 0),
                       "skipped": w.skipped.get(k, 0), "grading": w.grading.get(k, "–"),
                       "passes": kind_passes(run, k) or "–"} for k in kinds]}
@@ -238,10 +248,12 @@ def _money_range(lo: float | None, hi: float | None) -> str:
 def _curve_note(sa: ScenarioAnswer) -> str:
     """What the answer chart marks, in words (and when it has no threshold to mark)."""
     th = next((t for t in sa.thresholds if t.input == sa.curve_input), None)
-    where = ("dashed: where the answer changes (shaded: its 95% interval)" if th is not None and th.value is not None
+    shaded = " (shaded: its 95% interval)" if charts.threshold_band(sa) is not None else ""
+    where = (f"dashed: where the answer changes{shaded}" if th is not None and th.value is not None
              else "no threshold within the searched range" if th is None else
              f"no threshold: {th.change or 'the answer does not change in the searched range'}")
-    return (f"Cost per accepted task against review minutes, one line per configuration (the recommendation thickest), "
+    return (f"Cost per accepted task against review minutes, one line per configuration (the recommendation thickest; "
+            f"lines that coincide are drawn and named once), "
             f"everything else as priced; dotted: today's value; {where}.")
 
 
@@ -280,9 +292,22 @@ def answer_cards(ledger: LedgerResult) -> list[dict]:
     return cards
 
 
-def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> str:
-    run = _load(run_dir or ledger.run_dir)
-    run_id, created, conditions = _conditions(run, run_dir or ledger.run_dir)
+def scrub(html: str, paths: list[str | Path]) -> str:
+    """No absolute path of this machine in the report: each of `paths` (the run directory, the package, the working
+    directory, home), where it still occurs in a message, is cut back to what follows it."""
+    for p in sorted({str(Path(x).expanduser().resolve()) for x in paths if str(x)} - {"/"}, key=len, reverse=True):
+        html = re.sub(r"(?<![\w.~-])" + re.escape(p) + r"(/|(?![\w-]|\.\w))", lambda m: "" if m[1] else ".", html)
+    return html
+
+
+def render_report(ledger: LedgerResult, run_dir: str | Path | None = None, out_dir: str | Path | None = None) -> str:
+    """The report as one HTML string; `out_dir` is where it will be written (the run's files are linked relative
+    to it; default: the run directory)."""
+    rdir = Path(run_dir or ledger.run_dir)
+    run = _load(rdir)
+    run_id, created, conditions = _conditions(run, rdir)
+    odir = Path(out_dir) if out_dir is not None else None
+    borrowed = evidence.sample_sizes(ledger)["borrowed"]
     cheapest = next((r.name for r in ledger.configs if r.verdict == "cheapest"), None)
     recommended = ledger.answer.scenarios[0].recommended if ledger.answer and ledger.answer.scenarios else None
     tornado_config = recommended or cheapest or next((r.name for r in ledger.configs if r.total is not None), None)
@@ -304,9 +329,9 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
     break_even = [{"load": f"{load_of.get(b.config_a, '?')} vs {load_of.get(b.config_b, '?')}", "config_a": b.config_a, "config_b": b.config_b, "field": b.field, "current": num(b.current, ".4g"),
                    "value": num(b.value, ".4g"), "note": b.note} for b in ledger.break_even]
     env = Environment(loader=FileSystemLoader(str(ASSETS)), autoescape=select_autoescape(["html", "j2"]))
-    return env.get_template("report.html.j2").render(
+    html = env.get_template("report.html.j2").render(
         title=Path(str(ledger.run_dir)).name or run_id, run_id=run_id, created=created, conditions=conditions,
-        ledger=ledger, rows=[_row(r, ns.get((r.name, r.load))) for r in ledger.configs], levels=levels, break_even=break_even,
+        ledger=ledger, rows=[_row(r, ns.get((r.name, r.load)), borrowed) for r in ledger.configs], levels=levels, break_even=break_even,
         noise=_noise(run), concurrency=_concurrency_table(ledger),
         energy=_energy(ledger), steady=_steady(run),
         scenarios={name: [{"name": r["name"], "load": r.get("load", ""), "total": money(r["total"]) if r["total"] is not None else "–",
@@ -318,15 +343,26 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None) -> st
         tornado_load=next((r.load for r in ledger.configs if r.name == tornado_config), ""), chart_sections=chart_sections(first_level_words(ledger)), first_level=first_level_words(ledger),
         workload=_workload(run), positions=position_table(run) if run is not None else None,
         interaction_rows=inter, interaction_table=inter_table, precisions=precisions, reference=ledger.reference,
-        data_json=_json_for_script(_clean({"calculator": ledger.calculator | {"scenario": ledger.scenario}})),
+        data_json=_json_for_script(_clean({"calculator": ledger.calculator | {
+            "scenario": ledger.scenario, "reference": ledger.reference, "material": MATERIAL,
+            # the ledger's answer per scenario: the page quotes its verdict while the inputs are the file's
+            "answers": {a.scenario: {"recommended": a.recommended, "cost": a.cost, "confidence": a.confidence}
+                        for a in (ledger.answer.scenarios if ledger.answer else [])}}})),
         calculator_js=(ASSETS / "calculator.js").read_text(encoding="utf-8"),
         page_js=(ASSETS / "page.js").read_text(encoding="utf-8"),
+        facts=evidence.first_screen(ledger, run), files=evidence.run_files(rdir, odir),
+        reproduce=evidence.reproduce(ledger, run), versions=evidence.versions(run),
+        gates=evidence.gates(run), graded_kinds=evidence.graded_by_kind(run),
+        borrowed=borrowed,
     )
+    source = run.workload.source if run is not None and run.workload is not None else None
+    return scrub(html, [rdir.parent, Path(__file__).parents[1], Path.cwd(), Path.home(), evidence.DEFAULT_COSTS.parent,
+                        *([Path(source).parent] if source else [])])
 
 
 def write_report(run_dir: str | Path, ledger_result: LedgerResult, out_path: str | Path) -> Path:
     """Write the report as one HTML file, replacing any earlier one whole (records/durable.py)."""
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    html = render_report(ledger_result, run_dir)
+    html = render_report(ledger_result, run_dir, out.parent)
     return durable.write_text(out, html)
