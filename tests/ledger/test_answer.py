@@ -37,7 +37,10 @@ def inputs(review: float, extra: str = ""):
 
 
 def test_labour_heavy_ties_and_says_from_which_input_the_dollars_decide(run_dir):
-    a = price_run(run_dir, inputs(10), samples=1000).answer.scenarios[0]
+    from specledger.report.terminal import render_answer
+
+    led = price_run(run_dir, inputs(10), samples=1000)
+    a = led.answer.scenarios[0]
     assert a.tie and a.recommended == "ar-fp32" == a.baseline  # nothing to gain by a change: keep the baseline
     assert a.tied_with == ["fast"] and a.confidence.startswith("a tie")
     (t,) = a.tied  # fast saves ~$0.03 of ~$10: its whole 95% interval within 1%, so "the same within 1%" is true
@@ -57,6 +60,8 @@ def test_labour_heavy_ties_and_says_from_which_input_the_dollars_decide(run_dir)
                                  "hardware price is above")
     assert price.change.split(" (now ")[0] in a.tie_reason
     assert "central costs differ" not in a.tie_reason  # ~0.3% apart: under the margin, not just within the noise
+    text = render_answer(led).plain  # the terminal lists the margin's crossings apart, never as a change
+    assert "no gap moves in dollars with: the review time per task" in text and "• no change in dollars" not in text
 
 
 def test_no_labour_recommends_the_faster_configuration_and_prices_its_saving(run_dir):

@@ -257,11 +257,16 @@ def render_answer(ledger: LedgerResult) -> Text | None:
             split = " · ".join(f"{k} {_pct(v)}" for k, v in a.shares.items())
             out.append("  cost split: ", style="dim").append(f"{split} ({a.recommended})\n")
         for t in a.thresholds:
-            if t.value is not None and t.change.split(" (now ")[0] not in a.tie_reason:  # not said twice
-                out.append("  • ", style="dim").append(t.change + "\n", style="" if t.dollars_move else "dim")
+            if t.value is not None and t.dollars_move and t.change.split(" (now ")[0] not in a.tie_reason:  # once
+                out.append("  • ", style="dim").append(t.change + "\n")
         flat = [t.label for t in a.thresholds if t.value is None]
         if flat:
             out.append("  no change anywhere searched with: ", style="dim").append(", ".join(flat) + "\n")
+        margin = [t.label for t in a.thresholds if t.value is not None and not t.dollars_move]
+        if margin:  # each one's sentence is in ledger.json and the report
+            out.append("  no gap moves in dollars with: ", style="dim").append(
+                ", ".join(margin) + " (each adds the same to every configuration: only the gaps' share of the cost "
+                "crosses the 1% margin)\n")
         if a.not_searched:
             out.append("  not searched (not part of this scenario): ", style="dim").append(
                 "; ".join(a.not_searched) + "\n")
