@@ -44,33 +44,39 @@ def _quick(questions: list[Question]) -> list[Question]:
 
 
 def _synthetic(spec: str) -> list[Question]:
+    """n prompts of `in` tokens, each answered with `out` tokens; in=1024+4096 (several lengths): n prompts of each,
+    a long-input sweep (`bench --input-tokens`) whose lengths count the whole prompt, chat template included."""
     body = spec.split(":", 1)[1]
-    params: dict[str, int] = {}
+    params: dict[str, list[int]] = {}
     for item in filter(None, (p.strip() for p in body.split(","))):
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or key not in ("in", "out", "n", "seed"):
             raise BadInput(f"synthetic workload {spec!r}: bad parameter {item!r} (expected in=, out=, n=, seed=)")
         try:
-            params[key] = int(value)
+            params[key] = [int(v) for v in value.split("+")] if key == "in" else [int(value)]
         except ValueError:
             raise BadInput(f"synthetic workload {spec!r}: {key} must be an integer, got {value!r}") from None
     for key in ("in", "out"):
         if key not in params:
             raise BadInput(f"synthetic workload {spec!r}: missing {key}= (e.g. synthetic:in=256,out=128,n=8)")
-    n, seed = params.get("n", 8), params.get("seed", 0)
-    for key, count in (("in", params["in"]), ("out", params["out"]), ("n", n)):
+    lengths, (out,) = params["in"], params["out"]
+    n, seed = params.get("n", [8])[0], params.get("seed", [0])[0]
+    for key, count in (("in", min(lengths)), ("out", out), ("n", n)):
         if count < 1:
             raise BadInput(f"synthetic workload {spec!r}: {key} must be >= 1, got {count}")
+    sweep = len(lengths) > 1
     return [
         Question(
-            question_id=f"synthetic-{i}",
+            question_id=f"synthetic-{length}-{i}" if sweep else f"synthetic-{i}",
             category="synthetic",
             kind="summarization",
-            turns=(synthetic_prompt(params["in"], seed * 1_000_003 + i),),
-            max_tokens=params["out"],
-            min_tokens=params["out"],
+            turns=(synthetic_prompt(length, seed * 1_000_003 + j * 7919 + i),),
+            max_tokens=out,
+            min_tokens=out,
+            prompt_tokens=length if sweep else None,
         )
+        for j, length in enumerate(lengths)
         for i in range(n)
     ]
 

@@ -22,6 +22,16 @@ def _floats(text: str | None, what: str) -> list[float] | None:
         raise BadInput(f"--{what}: expected numbers separated by commas, got {text!r}") from None
 
 
+def _input_sweep(text: str, workload: str | None, per_category: int | None) -> tuple[str, None]:
+    """--input-tokens 1024,4096 as the synthetic workload of those lengths (workload/synthetic.py), n each."""
+    if workload is not None:
+        raise BadInput("give --workload or --input-tokens, not both")
+    lengths = [int(x) for x in _floats(text, "input-tokens") or []]
+    if not lengths or min(lengths) < 1:
+        raise BadInput(f"--input-tokens: expected prompt lengths >= 1 separated by commas, got {text!r}")
+    return f"synthetic:in={'+'.join(map(str, lengths))},out=32,n={per_category or 1}", None
+
+
 def _params(items: list[str], strategy: str) -> dict[str, Any]:
     """KEY=VALUE for every strategy, or STRATEGY.KEY=VALUE for one; values parsed as YAML scalars."""
     out: dict[str, Any] = {}
@@ -126,6 +136,11 @@ def register(app: typer.Typer) -> None:
             None, help="builtin | builtin-quick | synthetic:in=..,out=..,n=.. | humaneval (once fetched: "
                        "`specledger workloads --fetch humaneval`) | PATH (format detected) | FORMAT:PATH with FORMAT "
                        "spec-bench, sharegpt, chat, csv, text, trace or code"),
+        input_tokens: Optional[str] = typer.Option(
+            None, "--input-tokens", metavar="N[,N...]",
+            help="a long-input workload: synthetic transcripts to summarise of these prompt lengths (tokens, chat "
+                 "template included), 32 tokens out, --per-category prompts of each (default 1); TTFT against "
+                 "input length is a curve in the report"),
         category: list[str] = typer.Option([], "--category", help="only these categories (repeat)"),
         per_category: Optional[int] = typer.Option(None, help="sample this many questions per category"),
         sample: Optional[int] = typer.Option(None, help="a seeded random sample of N questions (streams big files)"),
@@ -189,6 +204,8 @@ def register(app: typer.Typer) -> None:
             run, path = resume_benchmark(resume, console=Console(stderr=True), show_progress=not no_progress)
         else:
             slo = {k: v for k, v in (("ttft_s", slo_ttft), ("tpot_s", slo_tpot), ("e2e_s", slo_e2e)) if v is not None}
+            if input_tokens is not None:
+                workload, per_category = _input_sweep(input_tokens, workload, per_category)
             overrides = {
                 "workload.spec": workload, "workload.categories": category or None,
                 "workload.per_category": per_category, "workload.limit": limit, "workload.sample": sample,

@@ -32,6 +32,7 @@ class RequestPoint(BaseModel):
     service_s: float | None = None  # e2e minus queueing: the time it occupied the device
     output_tokens: int = 0
     key: str = ""  # the prompt (question|turn|repeat): pairs it with the same prompt under another configuration
+    prompt_tokens: int | None = None  # as the backend counted them: TTFT against input length (report/charts.py)
 
 
 class KindMeasurement(BaseModel):
@@ -180,7 +181,8 @@ def measurements_from_run(run_dir: str | Path) -> list[ConfigMeasurement]:
             kind_grades = {k: item_grades([r for r in mine if r.kind == k]) for k in lr.by_kind}
             reqs = [RequestPoint(ttft_s=r.ttft_s, tpot_s=r.tpot_s, e2e_s=r.e2e_s, output_tokens=r.output_tokens,
                                  service_s=None if r.e2e_s is None else max(r.e2e_s - r.queue_s, 0.0),
-                                 key=f"{r.question_id}|t{r.turn}|r{r.repeat}") for r in mine]
+                                 key=f"{r.question_id}|t{r.turn}|r{r.repeat}", prompt_tokens=r.prompt_tokens)
+                    for r in mine]
             ss = lr.steady_state
             out.append(ConfigMeasurement(
                 **{k: getattr(c, k) for k in ("name", "strategy", "model", "backend", "comparable", "comparable_reason")},

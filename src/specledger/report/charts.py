@@ -164,6 +164,32 @@ def latency_distributions(ledger: LedgerResult) -> str | None:
 
 
 
+def ttft_by_input_length(ledger: LedgerResult) -> str | None:
+    """Median TTFT at each prompt length, one line per configuration (a long-input sweep: bench --input-tokens)."""
+    ms = first_level(ledger.measurements)
+    lines = []
+    for m in ms:
+        by_len: dict[int, list[float]] = {}
+        for r in m.requests:
+            if r.ttft_s is not None and r.prompt_tokens:
+                by_len.setdefault(r.prompt_tokens, []).append(r.ttft_s)
+        if len(by_len) >= 2:
+            lengths = sorted(by_len)
+            lines.append((m.name, lengths, [float(np.median(by_len[n])) for n in lengths]))
+    if not lines:
+        return None
+    fig = _figure(7.5, 3.6)
+    ax = fig.add_subplot(1, 1, 1)
+    for i, (name, x, y) in enumerate(lines):
+        ax.plot(x, y, marker="o", label=name, color=PALETTE[i % len(PALETTE)])
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(_plain())
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("TTFT, median (s)")
+    _legend_below(fig, ax, len(lines))
+    return svg(fig, "Median time to first token against the prompt's length in tokens, one line per configuration "
+                    f"({', '.join(name for name, _, _ in lines)})")
+
 def concurrency_sweep(ledger: LedgerResult) -> str | None:
     from specledger.report.terminal import concurrency_sweep as swept_levels
 

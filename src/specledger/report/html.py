@@ -36,6 +36,8 @@ def chart_sections(first: str) -> list[tuple[str, str, str]]:
         ("latency", f"Latency distributions (TTFT, TPOT; dotted line: p95) — {first}; n = requests per line",
          "The run has no per-request latencies."),
         ("concurrency", "Throughput and speed-up vs concurrency (every measured level)", "The run did not sweep concurrency."),
+        ("ttft_length", f"Time to first token vs prompt length — {first}",
+         "The run's prompts have one length (`specledger bench --input-tokens 1024,4096,16384` sweeps it)."),
         ("verify_curves", "Verification cost: forward time vs tokens verified — one sequence, no concurrency (a probe)",
          "This run recorded no verification-cost curve (forward time for k tokens per configuration)."),
     ]
@@ -316,7 +318,8 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None, out_d
     figs = {"tornado": charts.tornado(ledger, tornado_config) if tornado_config else None,
             "interaction": charts.interaction(inter), "speedup_by_kind": charts.speedup_by_kind(ledger),
             "tau_by_kind": charts.tau_by_kind(ledger), "latency": charts.latency_distributions(ledger),
-            "concurrency": charts.concurrency_sweep(ledger), "verify_curves": charts.verify_curves(ledger)}
+            "concurrency": charts.concurrency_sweep(ledger), "verify_curves": charts.verify_curves(ledger),
+            "ttft_length": charts.ttft_by_input_length(ledger)}
     # (configuration, load) -> the requests its latency percentiles rest on
     ns = {(m.name, m.load): sum(1 for q in m.requests if q.ttft_s is not None) for m in ledger.measurements}
     levels = [{"name": r.name, "load": r.load, "n": ns.get((r.name, r.load), 0), "tok_s": num(r.tok_s, ".1f"),
