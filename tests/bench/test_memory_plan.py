@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from specledger.bench.memory_plan import GROUP_TAG, arm_cost, group_bytes, plan
+from specledger.bench.memory_plan import GROUP_TAG, HEADROOM, arm_cost, group_bytes, plan
 from specledger.bench.runner import Runner
 from specledger.bench.shared_models import SharedModels
 from specledger.engine.pool import ModelPool
@@ -40,8 +40,10 @@ def test_w4a16_and_w4a8_of_one_file_are_counted_once():
     _, c = costs_of(cfg)
     w4, a8 = c["ar-w4"], c["ar-w4a8"]
     assert w4.weights.keys() == a8.weights.keys() and sum(w4.weights.values()) > 100e6  # the embedded model's W4
-    assert group_bytes([w4, a8], 0) == group_bytes([w4], 0) + a8.own  # the second adds its KV cache only
-    assert group_bytes([w4, c["lookup-w4"]], 0) == group_bytes([w4], 0) + c["lookup-w4"].own
+    # the second adds its KV cache only
+    assert group_bytes([w4, a8], 0) == pytest.approx(group_bytes([w4], 0) + a8.own * HEADROOM, abs=2)
+    assert group_bytes([w4, c["lookup-w4"]], 0) == pytest.approx(group_bytes([w4], 0) + c["lookup-w4"].own * HEADROOM,
+                                                                 abs=2)
 
 
 def test_arms_that_do_not_fit_run_in_groups_each_with_an_anchor_copy():
@@ -71,7 +73,7 @@ def test_an_arm_that_does_not_fit_alone_is_refused_naming_it_and_the_bytes():
     cfg = run_config()
     _, c = costs_of(cfg)
     budget = group_bytes([c["ar-bf16"]], 0) + 1  # every arm fits alone but the fp32 one
-    with pytest.raises(BadInput, match=r"arm 'ar-fp32' alone needs \d+\.\d\d GB .* more than the \d+\.\d\d GB"):
+    with pytest.raises(BadInput, match=r"arm 'ar-fp32' alone needs \d+\.\d\d GiB .* more than the \d+\.\d\d GiB"):
         plan(cfg.configs, SharedModels(cfg, ModelPool()).keys, QUESTIONS, interleaved=True, limit=(budget, "test"),
              base=0)
 

@@ -3,7 +3,8 @@
 The prediction, per arm: the weights of each model it holds, as engine/roofline.py's `model_bytes` counts the loaded
 layout from the file's header and the precision (no weights read), counted once for every arm that shares them (the
 same file at the same precision: an A/A twin, a draft or intermediate several arms use; W4A16 and W4A8 of the same
-codes, which bench/shared_models.py loads once); the fp32 reference of the quantization gate where the arm gets one;
+codes, which bench/shared_models.py loads once), with PER_MODEL for its tokenizer and allocator slack and its file
+once (read through a mapping); the fp32 reference of the quantization gate where the arm gets one;
 the KV cache of its slots at the longest conversation the workload can build; a managed server's model files
 (llama-server maps them). Plus, once, what loading holds for a moment (the widest model's fp32 embedding and one
 fp32 layer) and this process as it is now.
@@ -33,6 +34,13 @@ from specledger.records.question import Question
 
 ENV = "SPECLEDGER_MEMORY_BUDGET"
 GROUP_TAG = "@group"
+# beside a loaded model's weights: its tokenizer and what the allocator keeps of the load's transient arrays (47-69 MB
+# per SmolLM2 load measured on EPYC-512, 2026-12-06); the model file's mapped pages are counted apart, once a file
+PER_MODEL = 64 * 2**20
+# what the count leaves out (the run's own arrays, results, fragmentation): SmolLM2 at W4A16, W4A8, bf16 and fp32 in one
+# group peaked at 1.99 GiB against 1.84 GiB counted; in two groups (ar-w4 + ar-fp32 the larger) at 1.50 GiB against
+# 1.42 GiB predicted with a headroom of 1.1 (EPYC-512, busy, 2026-12-06)
+HEADROOM = 1.2
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 KeysOf = Callable[[BenchConfig], dict[str, Key]]  # role -> the pool key of the model it uses (SharedModels.keys)
 
@@ -58,7 +66,7 @@ def budget() -> tuple[int, str]:
 
 
 def gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB"
+    return f"{n / 2**30:.2f} GiB"  # the budget's units (8G: 8 GiB)
 
 
 @lru_cache(maxsize=64)
@@ -74,14 +82,26 @@ def weights_id(key: Key) -> Key:
 
 
 def weights_bytes(key: Key) -> int:
+    """A loaded model's weights and PER_MODEL (0 where its file cannot be read here: loading it will say why)."""
     from specledger.engine.roofline import Precision, model_bytes
 
     model, dtype, quant, group, _device, act = key[:6]
     try:
         cfg = _config(model)
-    except SpecLedgerError:  # not readable here: loading it will say why
+    except SpecLedgerError:
         return 0
-    return model_bytes(cfg, Precision(dtype, quant, group or 32, act)).resident
+    return model_bytes(cfg, Precision(dtype, quant, group or 32, act)).resident + PER_MODEL
+
+
+def file_bytes(model: str) -> int:
+    """The model's file (or directory) size: what reading it maps."""
+    from specledger.engine.registry import resolve_model
+
+    try:
+        path = resolve_model(model)
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+    except (SpecLedgerError, OSError):
+        return 0
 
 
 def load_transient(key: Key) -> int:
@@ -140,28 +160,34 @@ def _server_bytes(bc: BenchConfig) -> int:
 class ArmCost:
     name: str
     weights: dict[Key, int]  # weights id -> bytes
+    files: dict[str, int]  # model file -> its bytes (mapped while it is read; once per file)
     own: int  # KV caches, a server's files
     transient: int
 
     def alone(self) -> int:
-        return sum(self.weights.values()) + self.own + self.transient
+        return sum(self.weights.values()) + sum(self.files.values()) + self.own + self.transient
 
 
 def arm_cost(bc: BenchConfig, keys_of: KeysOf, context: int) -> ArmCost:
     if bc.backend != "inprocess":
-        return ArmCost(bc.name, {}, _server_bytes(bc), 0)
+        return ArmCost(bc.name, {}, {}, _server_bytes(bc), 0)
     keys = keys_of(bc)
     weights = {weights_id(k): weights_bytes(k) for k in keys.values()}
     kv = sum(kv_bytes(k, bc.batch_size, context + 64) for role, k in keys.items() if role != "reference")
-    return ArmCost(bc.name, weights, kv, max((load_transient(k) for k in keys.values()), default=0))
+    files = {k[0]: file_bytes(k[0]) for k in keys.values()}
+    return ArmCost(bc.name, weights, files, kv, max((load_transient(k) for k in keys.values()), default=0))
 
 
 def group_bytes(costs: Iterable[ArmCost], base: int) -> int:
     costs = list(costs)
     weights: dict[Key, int] = {}
+    files: dict[str, int] = {}
     for c in costs:
         weights.update(c.weights)
-    return base + sum(weights.values()) + sum(c.own for c in costs) + max((c.transient for c in costs), default=0)
+        files.update(c.files)
+    counted = sum(weights.values()) + sum(files.values()) + sum(c.own for c in costs) + max((c.transient for c in costs),
+                                                                                              default=0)
+    return base + int(counted * HEADROOM)
 
 
 @dataclass
