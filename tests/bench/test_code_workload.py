@@ -21,6 +21,8 @@ from specledger.ledger.measurements import measurements_from_run
 from specledger.ledger.price import price_run
 from specledger.records.config import parse_run_config
 from specledger.records.results import read_requests
+from specledger.report.attempts import attempts_rows
+from specledger.report.html import write_report
 
 TASKS = [{"task_id": f"T/{i}", "prompt": f'def f{i}(x):\n    """x plus {i}."""\n',
           "test": f"def check(candidate):\n    assert candidate(1) == {1 + i}\n", "entry_point": f"f{i}",
@@ -133,9 +135,15 @@ def test_a_measured_retry_loop_is_recorded_and_priced(tmp_path):
     assert m.retry.used == {2: 4}
     # (4 tasks x (0.01 + 0.02) + 2 x (0.01 + 0.02 + 0.02)) / 6 tasks, over a first attempt's 0.01 s
     assert m.retry.attempt_equivalents == pytest.approx(11 / 3)
-    row = price_run(tmp_path / "run", load_inputs(None), samples=0).config("ar")
+    ledger = price_run(tmp_path / "run", load_inputs(None), samples=0)
+    row = ledger.config("ar")
     assert row.attempts == pytest.approx(11 / 3) and row.escalation == pytest.approx(2 / 6)
     assert row.attempts_source.startswith("measured retries (6 tasks, up to 3 attempts)")
+    # the report: the pass@k curve and the attempts distribution
+    (shown,) = attempts_rows(ledger)
+    assert (shown["pass_at"], shown["used"], shown["escalated"]) == ("@1 0% · @2 67% · @3 67%", "2: 4", "2 (33%)")
+    html = write_report(tmp_path / "run", ledger, tmp_path / "run" / "report.html").read_text()
+    assert 'id="retries-table"' in html and "@2 67%" in html
 
 
 def test_without_a_retry_loop_the_formula_prices_and_says_so(tmp_path):
@@ -146,5 +154,6 @@ def test_without_a_retry_loop_the_formula_prices_and_says_so(tmp_path):
     })
     Runner(cfg, tmp_path / "run", show_progress=False, backend_factory=lambda bc: CoderBackend(bc, [])).run()
     assert not any(r.task_attempts for r in read_requests(tmp_path / "run"))
-    row = price_run(tmp_path / "run", load_inputs(None), samples=0).config("ar")
-    assert row.pass_rate == pytest.approx(4 / 6) and row.attempts_source == FORMULA
+    ledger = price_run(tmp_path / "run", load_inputs(None), samples=0)
+    row = ledger.config("ar")
+    assert row.pass_rate == pytest.approx(4 / 6) and row.attempts_source == FORMULA and not attempts_rows(ledger)

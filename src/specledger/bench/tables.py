@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specledger.records.config import result_baselines
+from specledger.records.pairing import speedup
 from specledger.records.results import RunResult, error_kinds, kind_passes
 
 
@@ -100,7 +101,7 @@ def category_table(run: RunResult, width: int = WIDE) -> Table:
                 t.add_row(f"[bold]{c.name} @{lr.load}[/bold]", *[""] * (len(cols) - 1))
             for cat, a in lr.by_category.items():
                 ra = ref_lr.by_category.get(cat) if ref_lr else None
-                speed = (a.output_tok_s / ra.output_tok_s) if ra and ra.output_tok_s and a.output_tok_s else None
+                speed = speedup(a.output_tok_s, ra.output_tok_s) if ra else None
                 values = (str(a.requests_ok), _f(a.output_tok_s, "{:.1f}"), _f(a.tau), _f(speed, "{:.2f}x"),
                           f"{a.passed}/{a.graded}" if a.graded else "-")
                 if stacked:

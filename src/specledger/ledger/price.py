@@ -20,6 +20,7 @@ from specledger.ledger.measurements import ConfigMeasurement, measurement_baseli
 from specledger.ledger.cost_model import Breakdown, Case, objective_misses, replicas_needed
 from specledger.ledger.montecarlo import simulate
 from specledger.ledger.paired import paired_speedup
+from specledger.records.pairing import speedup
 from specledger.ledger.same_quality import QualityDecision, at_shared_quality, decide_all
 from specledger.ledger.sensitivity import sensitivity
 from specledger.ledger.verdicts import point_verdicts, tested_verdicts
@@ -192,9 +193,8 @@ def speedups(ms: list[ConfigMeasurement]) -> dict[tuple[str, str], float]:
     tok_s = {(m.name, m.load): m.tok_s for m in ms}
     out = {}
     for m in ms:
-        b = tok_s.get((pairs.get(m.name, ""), m.load))
-        if b and m.tok_s:
-            out[(m.name, m.load)] = m.tok_s / b
+        if (up := speedup(m.tok_s, tok_s.get((pairs.get(m.name, ""), m.load)))) is not None:
+            out[(m.name, m.load)] = up
     return out
 
 

@@ -26,11 +26,22 @@ class Agreement:
 
 
 @torch.inference_mode()
+def next_token_logits(lm: LoadedModel, ids: list[int]) -> torch.Tensor:
+    """Teacher-forced: the model's logits for the token after each prefix of ids (len(ids), vocab), on its device."""
+    x = torch.tensor([ids], device=lm.model.device)
+    return lm.model(x, lm.model.new_cache(len(ids)))[0]
+
+
+@torch.inference_mode()
 def logprobs(lm: LoadedModel, ids: list[int]) -> torch.Tensor:
     """Teacher-forced next-token log-probabilities (len(ids), vocab), fp32 on the CPU."""
-    cache = lm.model.new_cache(len(ids))
-    x = torch.tensor([ids], device=lm.model.device)
-    return torch.log_softmax(lm.model(x, cache)[0].float().cpu(), dim=-1)
+    return torch.log_softmax(next_token_logits(lm, ids).float().cpu(), dim=-1)
+
+
+def top1_agreement(top_a: torch.Tensor, top_b: torch.Tensor) -> float:
+    """The share of positions where two models' teacher-forced next tokens (argmax ids, any devices) are the same:
+    the quantization gate's figure here, and a draft model's prior acceptance (drafters/hierarchy.agreement_prior)."""
+    return float((top_a.cpu() == top_b.cpu()).float().mean())
 
 
 def teacher_forced_agreement(reference: LoadedModel, candidate: LoadedModel, ids: list[int]) -> Agreement:
@@ -40,7 +51,7 @@ def teacher_forced_agreement(reference: LoadedModel, candidate: LoadedModel, ids
 
 def agreement_of(lp_r: torch.Tensor, lp_c: torch.Tensor, ids: list[int]) -> Agreement:
     """The comparison from both models' log-probabilities on ids (so the two need not be in memory at once)."""
-    agree = (lp_r.argmax(-1) == lp_c.argmax(-1)).float().mean().item()
+    agree = top1_agreement(lp_r.argmax(-1), lp_c.argmax(-1))
     kl = (lp_r.exp() * (lp_r - lp_c)).sum(-1).mean().item()
     nxt = torch.tensor(ids[1:])
     nll_r = -lp_r[:-1].gather(1, nxt[:, None]).mean().item()

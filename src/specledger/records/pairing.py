@@ -59,6 +59,12 @@ def precision_label(dtype: str | None, quant: str | None, group_size: int | None
     return f"{label}-g{group_size}" if bits == 4 and group_size else label
 
 
+def speedup(tok_s: float | None, base_tok_s: float | None) -> float | None:
+    """The speed-up: output tok/s over its baseline's (the pairing above, at the same load and on the same items);
+    None where either was not measured or is zero. The one ratio the ledger, the report and the run's tables show."""
+    return tok_s / base_tok_s if tok_s and base_tok_s else None
+
+
 def sampling_label(s: _Sampling) -> str:
     """'greedy' (top_p and top_k do not matter then), else the distribution sampled from; stop strings either way."""
     label = "greedy" if s.temperature == 0.0 else f"T={s.temperature:g} top_p={s.top_p:g} top_k={s.top_k}"

@@ -17,6 +17,7 @@ from specledger.records.results import SteadyState
 from specledger.ledger.answer import CurveSeries, ScenarioAnswer
 from specledger.ledger.measurements import ConfigMeasurement, measurement_baselines
 from specledger.ledger.price import LedgerResult
+from specledger.records.pairing import speedup
 from specledger.report.interaction import first_level, interaction_axes
 
 rcParams["svg.fonttype"] = "none"
@@ -96,7 +97,7 @@ def speedup_by_kind(ledger: LedgerResult) -> str | None:
 
     def ratio(m: ConfigMeasurement, b: ConfigMeasurement, k: str) -> float | None:
         mk, bk = m.by_kind.get(k), b.by_kind.get(k)
-        return mk.tok_s / bk.tok_s if mk and bk and mk.tok_s and bk.tok_s else None
+        return speedup(mk.tok_s, bk.tok_s) if mk and bk else None
 
     series = {m.name: [ratio(m, b, k) for k in kinds] for m in ms
               if m.strategy != "ar" and (b := base.get(pairs.get(m.name, ""))) is not None and b.load == m.load}

@@ -18,6 +18,7 @@ from specledger.ledger.answer import Answer, ScenarioAnswer
 from specledger.ledger.price import ConfigCost, LedgerResult
 from specledger.ledger.verdicts import MATERIAL
 from specledger.quality.graders import GRADING_NOTE
+from specledger.report.attempts import attempts_rows
 from specledger.report import charts, evidence
 from specledger.report.interaction import interaction_grid, interaction_rows
 from specledger.report.positions import position_table
@@ -356,7 +357,7 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None, out_d
         facts=evidence.first_screen(ledger, run), files=evidence.run_files(rdir, odir),
         reproduce=evidence.reproduce(ledger, run), versions=evidence.versions(run),
         gates=evidence.gates(run), graded_kinds=evidence.graded_by_kind(run),
-        borrowed=borrowed,
+        borrowed=borrowed, retries=attempts_rows(ledger),
     )
     source = run.workload.source if run is not None and run.workload is not None else None
     return scrub(html, [rdir.parent, Path(__file__).parents[1], Path.cwd(), Path.home(), evidence.DEFAULT_COSTS.parent,

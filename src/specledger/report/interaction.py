@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from specledger.ledger.measurements import ConfigMeasurement, measurement_baselines
 from specledger.ledger.price import LedgerResult
+from specledger.records.pairing import speedup
 
 
 def first_level(ms: list[ConfigMeasurement]) -> list[ConfigMeasurement]:
@@ -39,11 +40,10 @@ def interaction_rows(ledger: LedgerResult) -> list[dict]:
     out = []
     for m in ms:
         base = first.get(pairs.get(m.name, ""))
-        if base is None or base.load != m.load or not m.tok_s or not base.tok_s:
+        up = speedup(m.tok_s, base.tok_s) if base is not None and base.load == m.load else None
+        if up is None:
             continue
-        vs_ref = None
-        if ref is not None and ref.tok_s and ref.model == m.model and ref.load == m.load:
-            vs_ref = m.tok_s / ref.tok_s
+        vs_ref = speedup(m.tok_s, ref.tok_s) if ref is not None and ref.model == m.model and ref.load == m.load else None
         out.append({"name": m.name, "strategy": m.strategy, "precision": m.precision,
-                    "speedup": m.tok_s / base.tok_s, "vs_reference": vs_ref, "comparable": m.comparable})
+                    "speedup": up, "vs_reference": vs_ref, "comparable": m.comparable})
     return out

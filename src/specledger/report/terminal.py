@@ -10,6 +10,7 @@ from specledger.ledger.answer import money as money  # the answer's amounts and 
 from specledger.ledger.concurrency import ConcurrencyBreakEven
 from specledger.ledger.price import ConfigCost, LedgerResult
 from specledger.ledger.saving_sources import SavingSource
+from specledger.report.attempts import attempts_table
 from specledger.report.interaction import interaction_grid, interaction_rows
 
 VERDICT_STYLE = {"cheapest": "bold green", "dominated": "dim", "trade-off": "yellow", "infeasible": "red",
@@ -287,7 +288,8 @@ def print_ledger(ledger: LedgerResult, console: Console | None = None, *, answer
     parts: list = [] if first is None else [first]
     parts += [render_cost_table(ledger), render_notes(ledger)]
     parts += [render_scenario(ledger, name) for name in ledger.scenarios]
-    for extra in (render_concurrency(ledger), render_break_even(ledger), render_sensitivity(ledger)):
+    for extra in (render_concurrency(ledger), render_break_even(ledger), render_sensitivity(ledger),
+                  attempts_table(ledger)):
         if extra is not None:
             parts.append(extra)
     console.print(Group(*parts))
