@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from specledger.records.config import parse_run_config
 from specledger.records.config import config_baselines, result_baselines
+from specledger.records.pairing import speedup
 from specledger.records.results import ConfigResult
 from specledger.ledger.measurements import ConfigMeasurement
 from specledger.ledger.price import speedups
@@ -97,3 +98,10 @@ def test_the_ledgers_speedups_use_the_same_pairing():
     assert ups[("llama-draft", "c=1")] == 1.5
     assert ("sglang-eagle", "c=1") not in ups
     assert ups[("ar", "c=1")] == ups[("llama-ar", "c=1")] == 1.0
+
+
+def test_a_speedup_needs_both_rates_measured():
+    """The one speed-up ratio (records/pairing.speedup) the ledger, the report and the run's tables show."""
+    assert speedup(150.0, 100.0) == 1.5
+    assert speedup(0.0, 100.0) is None and speedup(150.0, 0.0) is None
+    assert speedup(None, 100.0) is None and speedup(150.0, None) is None

@@ -16,6 +16,7 @@ from specledger.decoding.drafters.model import ModelDrafter, same_weights
 from specledger.decoding.strategy import Strategy
 from specledger.engine.loader import LoadedModel
 from specledger.engine.pool import POOL, key_of
+from specledger.quality.agreement import next_token_logits, top1_agreement
 from specledger.errors import BadInput
 
 
@@ -44,9 +45,7 @@ def agreement_prior(target: LoadedModel, draft: LoadedModel, n: int = AGREEMENT_
         from specledger.data import quality_text
 
         ids = tokenizer.encode(quality_text())[: min(n, target.config.max_seq_len, draft.config.max_seq_len)]
-        x = torch.tensor([ids], device=target.model.device)
-        top = [lm.model(x.to(lm.model.device), lm.model.new_cache(len(ids)))[0].argmax(-1).cpu() for lm in (target, draft)]
-        return float((top[0] == top[1]).float().mean())
+        return top1_agreement(*(next_token_logits(lm, ids).argmax(-1) for lm in (target, draft)))
 
     return POOL.derived(key_of(draft), ("agreement_prior", key_of(target), n), measure, owner=draft.model)
 
