@@ -375,6 +375,12 @@ MUTANTS = [
     Mutant("final-rename-unsynced", "the directory is not fsynced after the rename (the rename may not survive)",
            "src/specledger/records/durable.py", "    sync_directory(path.parent)\n", "",
            ["tests/bench/test_durable_writes.py"]),
+    Mutant("noise-probe-timed-cold", "the calibration probe is timed without its untimed warm-up",
+           "src/specledger/bench/calibration.py", "while time.perf_counter() - start < warm_s:", "while False:",
+           ["tests/bench/test_calibration.py"]),
+    Mutant("noise-probe-one-round", "the calibration probe trusts its first timed round",
+           "src/specledger/bench/calibration.py", "    for _ in range(WARM_ROUNDS):", "    for _ in range(1):",
+           ["tests/bench/test_calibration.py"]),
 ]
 
 

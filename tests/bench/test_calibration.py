@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specledger.bench.calibration import DRIFT_WARN, assess, probe_ms
+from specledger.bench import calibration
+from specledger.bench.calibration import DRIFT_WARN, assess, probe_ms, settled_ms
 from specledger.records.results import Noise, NoiseProbe
 
 
@@ -19,9 +20,29 @@ def test_steady_machine_no_warning():
     assert n.drift == (2.05 - 2.0) / 2.0 and n.warning is None
 
 
-def test_drift_past_threshold_warns_naming_when():
+def test_drift_past_threshold_warns_naming_when_and_what_the_probe_read():
     n = assess(_noise([2.0, 2.0 * (1 + DRIFT_WARN + 0.2), 2.1]))
     assert n.warning is not None and "drifted 30%" in n.warning and "slowest during" in n.warning
+    assert "(before 2.00 ms, during 2.60 ms, after 2.10 ms; slowest during the run)" in n.warning
+
+
+def test_a_cold_probe_is_warmed_before_it_is_timed(monkeypatch):
+    """The first products after loading weights ran 31% slow (a cold machine): the probe runs them untimed for
+    WARM_S, then times rounds until two agree, so a quiet machine reads as quiet (it warned "drifted 31%, slowest
+    before the run")."""
+    clock = [0.0]
+
+    def cold_for(seconds: float):
+        def product():  # 1.31 ms while cold, then 1.00 ms
+            clock[0] += 1.31e-3 if clock[0] < seconds else 1.0e-3
+        return product
+
+    monkeypatch.setattr(calibration.time, "perf_counter", lambda: clock[0])
+    ms, first = settled_ms(cold_for(0.8 * calibration.WARM_S), repeats=21)
+    assert ms == pytest.approx(1.0) and first == pytest.approx(1.0)  # warm before the first timed round
+    clock[0] = 0.0
+    ms, first = settled_ms(cold_for(0.04), repeats=21, warm_s=0.0)  # no untimed warm-up: rounds until two agree
+    assert first == pytest.approx(1.31) and ms == pytest.approx(1.0)
 
 
 def test_load_and_oversubscription_are_named():
@@ -31,7 +52,8 @@ def test_load_and_oversubscription_are_named():
 
 
 def test_probe_times_a_real_product():
-    assert 0 < probe_ms(size=32, repeats=3) < 1000
+    ms, first = probe_ms(size=32, repeats=3)
+    assert 0 < ms < 1000 and 0 < first < 1000
 
 
 def test_report_warns_naming_the_cause(tmp_path):

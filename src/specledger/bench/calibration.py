@@ -6,14 +6,16 @@ The run records each probe with the load average, the CPU counters and the threa
 naming the cause, when the probe drifts more than DRIFT_WARN or other processes took the CPU: the machine's busy
 CPU time minus this run's own (its threads and child processes) between two probes. (The load average alone
 counts the run's own threads, so a run with nothing beside it could look "noisy"; it decides only where the
-counters are missing.)
+counters are missing.) The probe is warmed before it is timed: the first one after loading gigabytes of weights ran
+31% slower than the rest on a quiet machine (a cold core and caches), which read as noise ("slowest before the run").
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 from specledger.records.results import Noise, NoiseProbe
 
@@ -21,12 +23,16 @@ DRIFT_WARN = 0.10  # probes 10% apart: speed-ups of that size between configurat
 OTHERS_WARN = 0.25  # other processes busy on a quarter of the cores (at least half a core) on average: contention
 PROBE_SIZE = 256  # fp32 matrix side: ~0.3-1 ms per product on one CPU core
 PROBE_REPEATS = 21
+WARM_S = 1.0  # seconds of products before any is timed
+WARM_TOL = 0.03  # then rounds until two in a row agree this closely ...
+WARM_ROUNDS = 10  # ... or this many rounds
 
 
-def probe_ms(size: int = PROBE_SIZE, repeats: int = PROBE_REPEATS) -> float:
-    """Median time (ms) of one fixed fp32 matrix product on one thread: the speed of a core. (With several
-    threads a product this small mostly times the thread pool's wake-ups, which on some machines are a
-    constant scheduler quantum, not work; the load average and thread settings cover contention.)"""
+def probe_ms(size: int = PROBE_SIZE, repeats: int = PROBE_REPEATS) -> tuple[float, float]:
+    """Median time (ms) of one fixed fp32 matrix product on one thread once warm (settled_ms), and the first
+    timed round's: the speed of a core. (With several threads a product this small mostly times the thread
+    pool's wake-ups, which on some machines are a constant scheduler quantum, not work; the load average and
+    thread settings cover contention.)"""
     import torch
 
     g = torch.Generator().manual_seed(0)
@@ -35,15 +41,28 @@ def probe_ms(size: int = PROBE_SIZE, repeats: int = PROBE_REPEATS) -> float:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        times = []
-        for _ in range(repeats + 2):
-            t0 = time.perf_counter()
-            torch.mm(a, b)
-            times.append(time.perf_counter() - t0)
+        return settled_ms(lambda: torch.mm(a, b), repeats)
     finally:
         torch.set_num_threads(threads)
-    times = sorted(times[2:])  # the first products warm the caches
-    return 1000.0 * times[len(times) // 2]
+
+
+def settled_ms(product: Callable[[], object], repeats: int = PROBE_REPEATS, warm_s: float = WARM_S) -> tuple[float, float]:
+    """The product run untimed for warm_s seconds, then timed in rounds of `repeats` until two rounds' medians agree
+    within WARM_TOL (at most WARM_ROUNDS): (the last round's median, the first's), in ms."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < warm_s:
+        product()
+    medians: list[float] = []
+    for _ in range(WARM_ROUNDS):
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            product()
+            times.append(time.perf_counter() - t0)
+        medians.append(1000.0 * statistics.median(times))
+        if len(medians) >= 2 and abs(medians[-1] - medians[-2]) <= WARM_TOL * min(medians[-2:]):
+            break
+    return medians[-1], medians[0]
 
 
 def load_average() -> list[float] | None:
@@ -94,7 +113,9 @@ def cpu_counters() -> tuple[float, float, float] | None:
 def take_probe(when: str) -> NoiseProbe:
     counters = cpu_counters()
     clock, busy, own = counters if counters is not None else (None, None, None)
-    return NoiseProbe(when=when, ms=probe_ms(), load_avg=load_average(), clock_s=clock, busy_cpu_s=busy, own_cpu_s=own)
+    ms, first = probe_ms()
+    return NoiseProbe(when=when, ms=ms, first_round_ms=first, load_avg=load_average(), clock_s=clock, busy_cpu_s=busy,
+                      own_cpu_s=own)
 
 
 def _counters(p: NoiseProbe) -> tuple[float, float, float] | None:
@@ -126,7 +147,8 @@ def assess(noise: Noise) -> Noise:
     causes = []
     if noise.drift is not None and noise.drift > DRIFT_WARN:
         slow = max(noise.probes, key=lambda p: p.ms)
-        causes.append(f"the calibration probe drifted {noise.drift:.0%} (slowest {slow.when} the run)")
+        seen = ", ".join(f"{p.when} {p.ms:.2f} ms" for p in noise.probes if p.ms > 0)
+        causes.append(f"the calibration probe drifted {noise.drift:.0%} ({seen}; slowest {slow.when} the run)")
     others = _others(noise)
     plural = "s" if cores != 1 else ""
     if others:

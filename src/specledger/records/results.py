@@ -281,7 +281,8 @@ class NoiseProbe(_Model):
     """One calibration probe: a fixed matrix product, timed, and the machine's load at that moment."""
 
     when: str  # "before", "during", "after"
-    ms: float  # median time of the fixed product
+    ms: float  # median time of the fixed product, once warm (bench/calibration.py settled_ms)
+    first_round_ms: float | None = None  # its first timed round (after the untimed warm-up): how cold it still was
     load_avg: list[float] | None = None  # os.getloadavg(): 1, 5, 15 minutes (counts this run's own threads too)
     # CPU counters (bench/calibration.py cpu_counters): seconds on a clock shared by processes, the machine's busy
     # CPU seconds, this process tree's CPU seconds; from two probes, what other processes took in between
