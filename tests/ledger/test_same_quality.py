@@ -163,3 +163,15 @@ def test_the_same_quality_shares_the_references_measured_retry_loop_too():
     (_, priced), _, decisions = at_same_quality([fp32, w4])
     assert decisions["ar-w4"].shared and priced.retry == fp32.retry and priced.grades == fp32.grades
     assert priced.graded == ITEMS + 2 and priced.passes == 124
+
+
+def test_a_recommendation_whose_non_inferiority_is_not_shown_says_so():
+    """12 vs 20 discordant items (-2.9 points, interval reaching -6.8): no difference shown, so int4 is priced at
+    fp32's pass rate and wins on speed where compute is the cost; the headline says its quality is not shown to be
+    within the margin."""
+    ref = set(range(124))
+    ms = [_config("ar-fp32", "fp32", 1.0, ref, seed=1),
+          _config("ar-w4", "W4A32-g32", 1.5, (ref - set(range(20))) | set(range(124, 136)), seed=2)]
+    auto = price_measurements(ms, load_inputs(None), samples=1000, thresholds=False).answer.scenarios[1]
+    assert auto.recommended == "ar-w4" and auto.quality_decision == "not shown" and auto.saving_from == ["speed"]
+    assert "ar-w4's quality is not shown to be at most 5 points below ar-fp32's" in auto.headline
