@@ -61,6 +61,7 @@ from specledger.engine.loader import LoadedModel
 from specledger.errors import SpecLedgerError
 from specledger.server.auth import ApiKeyMiddleware
 from specledger.server.batch_engine import EngineWorker, Delta, Done, Draining, Failed, Job, QueueFull
+from specledger.server.connections import READ_TIMEOUT_S, ConnectionLimits, default_max_connections, guarded_protocol
 from specledger.server.limits import BodyLimitMiddleware
 from specledger.server.metrics import ServerMetrics
 from specledger.server.prompt_bound import text_bound
@@ -154,7 +155,8 @@ class ServerState:
 
     def __init__(self, lm: LoadedModel, strategy: Strategy, served_name: str, max_queue: int,
                  max_batch: int = 8, prefill_chunk: int = 256, prefix_cache: bool = True,
-                 max_prompt_chars: int = MAX_PROMPT_CHARS) -> None:
+                 max_prompt_chars: int = MAX_PROMPT_CHARS, read_timeout_s: float = READ_TIMEOUT_S,
+                 max_connections: int | None = None) -> None:
         self.lm, self.strategy, self.name = lm, strategy, served_name
         self.max_prompt_chars = max_prompt_chars
         # the most text the context can hold, or None (a tokenizer that may delete text): server/prompt_bound.py
@@ -162,6 +164,9 @@ class ServerState:
         self.heavy = ThreadPoolExecutor(HEAVY_WORKERS, thread_name_prefix="specledger-parse")
         self.open: dict[int, tuple[Job, asyncio.Queue]] = {}  # requests being answered, for shutdown to tell
         self.metrics = ServerMetrics(strategy.level_names)
+        # what the server's HTTP protocol enforces (server/connections.py)
+        self.connections = ConnectionLimits(read_timeout_s, max_connections or default_max_connections(),
+                                            self.metrics.read_timeouts.inc, self.metrics.connections_refused.inc)
         # the strategy's drafter, batched; how much each sequence drafts: its draft_length policy, per step
         scheduler = Scheduler(lm, max_batch=max_batch, prefill_chunk=prefill_chunk,
                               drafter=strategy.batch_drafter(max_batch), prefix_cache=prefix_cache,
@@ -440,22 +445,28 @@ def create_app(lm: LoadedModel, strategy: Strategy, *, served_name: str | None =
                max_queue: int = 16, stop_timeout_s: float = 10.0, api_keys: list[str] | None = None,
                metrics_require_key: bool = False, max_batch: int = 8, prefill_chunk: int = 256,
                prefix_cache: bool = True, max_body_bytes: int = MAX_BODY_BYTES,
-               max_prompt_chars: int = MAX_PROMPT_CHARS) -> FastAPI:
+               max_prompt_chars: int = MAX_PROMPT_CHARS, read_timeout_s: float = READ_TIMEOUT_S,
+               max_connections: int | None = None) -> FastAPI:
     """The FastAPI application for one loaded model and strategy (the worker starts with the app).
 
     Every strategy runs up to max_batch requests in one continuously batched pass (max_batch 1: one at a time; at most
     prefill_chunk prompt rows in a pass: smaller chunks shorten the others' stalls and lengthen TTFT); max_queue
     more may wait; prefix_cache: a batched prompt reuses the cache of an earlier request's tokens it starts with.
     With api_keys, /v1/* (and /metrics with metrics_require_key) answer 401 without one. A body over
-    max_body_bytes is refused (413) before it is read whole; a prompt over max_prompt_chars before it is tokenized."""
+    max_body_bytes is refused (413) before it is read whole; a prompt over max_prompt_chars before it is tokenized.
+    A request whose head and body take longer than read_timeout_s to arrive is answered 408 and its connection
+    closed; connections beyond max_connections (default: below the descriptor limit) are answered 503 at once."""
     if max_batch < 1:
         raise SpecLedgerError(f"max batch must be >= 1 (got {max_batch})")
     if prefill_chunk < 1:
         raise SpecLedgerError(f"prefill chunk must be >= 1 (got {prefill_chunk})")
     if max_body_bytes < 1 or max_prompt_chars < 1:
         raise SpecLedgerError(f"size limits must be >= 1 (got {max_body_bytes} bytes, {max_prompt_chars} characters)")
+    if not read_timeout_s > 0 or (max_connections is not None and max_connections < 1):
+        raise SpecLedgerError(f"the read timeout must be > 0 s and the connection cap >= 1 (got {read_timeout_s} s, "
+                              f"{max_connections})")
     state = ServerState(lm, strategy, served_name or lm.name, max_queue, max_batch, prefill_chunk, prefix_cache,
-                        max_prompt_chars)
+                        max_prompt_chars, read_timeout_s, max_connections)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -551,15 +562,17 @@ def bind(host: str, port: int) -> socket.socket:
 
 class Server(uvicorn.Server):
     """uvicorn, plus: on shutdown the app refuses new requests at once (503) while in-flight ones finish; those
-    still running shortly before the graceful timeout ends are told (ServerState.interrupt), then closed."""
+    still running shortly before the graceful timeout ends are told (ServerState.interrupt), then closed. Its HTTP
+    protocol times out slow requests and caps connections (server/connections.py)."""
 
     def __init__(self, app: FastAPI, *, shutdown_timeout_s: float = 30.0, log_level: str = "info",
                  access_log: bool = True) -> None:
+        self.app_state: ServerState = app.state.server
         super().__init__(uvicorn.Config(app, log_level=log_level, access_log=access_log,
+                                        http=guarded_protocol(self.app_state.connections),
                                         # uvicorn annotates int | None; it only hands it to asyncio.timeout (float)
                                         timeout_graceful_shutdown=shutdown_timeout_s,  # type: ignore[arg-type]
                                         lifespan="on"))
-        self.app_state: ServerState = app.state.server
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         self.app_state.worker.drain()
