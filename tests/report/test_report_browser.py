@@ -380,7 +380,7 @@ def test_the_page_rejects_what_the_ledger_rejects(fixture_page, measurements):
     # the issue's cases are among them: owned hardware without a power figure, a cleared price, retries 2.5
     assert {"hardware: missing field 'power_watts' (needed when kind is owned)",
             "hardware: missing field 'price_per_device_hour' (needed when kind is rented)",
-            "acceptance.retries: Input should be a valid integer, got a number with a fractional part",
+            "acceptance.retries: expected a whole number, got float '2.5'",
             "configs.eagle-w4.hardware: missing field 'purchase_price' (needed when kind is owned)"} <= set(expected)
     got = page.evaluate("cases => cases.map(c => { const e = SpecLedgerCalc.validateAll(c.data, c.base);"
                         " return e ? e.message : null; })", cases)
@@ -413,7 +413,7 @@ def test_the_issue_cases_are_refused_in_the_form(fixture_page):
     page.click("#calc-reset")
     page.fill('[id="in-acceptance.retries"]', "2.5")
     assert page.inner_text("#calc-error").endswith(
-        "acceptance.retries: Input should be a valid integer, got a number with a fractional part")
+        "acceptance.retries: expected a whole number, got float '2.5'")
     assert page.locator("#calc-table td.calc-total").count() == 0
     page.click("#calc-reset")
     page.wait_for_selector("#calc-table td.calc-total")

@@ -351,6 +351,17 @@
     return strip(x.toFixed(Math.max(0, 5 - exp)));
   }
 
+  // Python's str() of a float: the shortest digits that read back, an exponent below 1e-4 or from 1e16, ".0" on
+  // a whole number.
+  function pyStr(x) {
+    var parts = x.toExponential().split("e"), exp = Number(parts[1]);
+    if (exp < -4 || exp >= 16) {
+      return parts[0] + "e" + (exp < 0 ? "-" : "+") + (Math.abs(exp) < 10 ? "0" : "") + Math.abs(exp);
+    }
+    var t = String(x);
+    return t.indexOf(".") < 0 ? t + ".0" : t;
+  }
+
   function bounds(lo, hi, loOpen, what) {
     return function (v) {
       if (lo !== null && (v < lo || (loOpen && v === lo))) return pyG(v) + " is " + (loOpen ? "not above" : "below") + " " + pyG(lo) + what;
@@ -369,7 +380,7 @@
   }
   function intAtLeast(lo) {
     return function (v) {
-      if (v !== Math.trunc(v)) return "Input should be a valid integer, got a number with a fractional part";
+      if (v !== Math.trunc(v)) return "expected a whole number, got float '" + pyStr(v) + "'";
       return v < lo ? "Input should be greater than or equal to " + lo : null;
     };
   }
@@ -399,9 +410,9 @@
     if (v === null || v === undefined) {
       if (rule[2]) return null;
       if (v === undefined) return "missing";  // a field the section leaves out
-      return rule[3] ? "Input should be a valid integer" : "Input should be a valid number";
+      return "expected " + (rule[3] ? "a whole number" : "a number") + ", got NoneType 'None'";
     }
-    if (typeof v !== "number" || !isFinite(v)) return rule[3] ? "Input should be a valid integer" : "Input should be a valid number";
+    if (typeof v !== "number" || !isFinite(v)) return "must be a finite number, got " + String(v).toLowerCase();
     return rule[1](v);
   }
 
