@@ -102,6 +102,9 @@ class GGUFFile:
             block, size = GGML_QUANT_SIZES[kind]
             n = int(np.prod(dims))
             self.tensors.append(GGUFTensor(name, kind, np.array(dims), n // block * size, start + offset, self.path))
+        end = max((t.data_offset + t.n_bytes for t in self.tensors), default=0)
+        if end > (size := Path(path).stat().st_size):  # (a tensor read past the end was a traceback, later)
+            raise ValueError(f"truncated: {size:,} bytes, its tensors end at byte {end:,} (an interrupted copy?)")
 
     def _unpack(self, fmt: str) -> tuple:
         out = struct.unpack_from(fmt, self._mm, self._off)

@@ -51,9 +51,14 @@ def hf_config(path: Path):
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # e.g. "torch_dtype is deprecated": the value is still honoured
     try:
+        from huggingface_hub.errors import StrictDataclassError  # a field of the wrong type (transformers 5)
+    except ImportError:  # pragma: no cover - an older huggingface_hub
+        StrictDataclassError = TypeError  # type: ignore[misc, assignment]
+    try:
         return AutoConfig.from_pretrained(str(path), trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as exc:
+        # "Validation error for field 'hidden_size':" then "TypeError: Field 'hidden_size' expected int, got str"
+        first = " ".join(x.strip() for x in str(exc).strip().splitlines()[:2]) or type(exc).__name__
         raise UnsupportedModel(f"{path / 'config.json'}: transformers cannot read it ({first})") from None
     finally:
         hf_logging.set_verbosity(level)
