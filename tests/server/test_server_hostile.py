@@ -437,6 +437,8 @@ def test_shutdown_tells_every_stream_it_cuts(smollm):
     (["--shutdown-timeout", "-1"], "--shutdown-timeout"),
     (["--max-body-bytes", "0"], "--max-body-bytes"),
     (["--log-level", "loud"], "--log-level"),
+    (["--read-timeout", "0"], "--read-timeout"),
+    (["--max-connections", "99999999"], "ulimit -n"),
 ])
 def test_serve_argument_errors_are_one_line_exit_2(args, says):
     p = subprocess.run([sys.executable, "-m", "specledger.cli", "serve", *args], capture_output=True, text=True,

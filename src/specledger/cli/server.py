@@ -23,7 +23,7 @@ def serve(
     device: str = typer.Option("cpu", "--device"),
     strategy: str = typer.Option("ar", "--strategy", "-s", help="ar | lookup | draft | eagle | hier"),
     strategy_param: list[str] = typer.Option([], "--strategy-param", "-p", help="key=value, repeatable; e.g. -p draft_length=fixed: every "
-                                          "sequence drafts num_tokens (EAGLE: total_nodes) every step, not the "
+                                          "sequence drafts max_nodes (the draft-size cap) every step, not the "
                                           "adaptive planner's choice."),
     draft_model: str = typer.Option(None, "--draft-model", help="Draft model for --strategy draft."),
     draft_dtype: str = typer.Option(None, "--draft-dtype"),
@@ -53,6 +53,10 @@ def serve(
                                        "before they are read."),
     max_prompt_chars: int = typer.Option(1_000_000, "--max-prompt-chars", help="Longer prompts are refused (400) "
                                          "before they are tokenized."),
+    read_timeout: float = typer.Option(30.0, "--read-timeout", help="Seconds a request's head and body may take to "
+                                       "arrive; a slower one is answered 408 and its connection closed."),
+    max_connections: int = typer.Option(None, "--max-connections", help="Open connections at most; more are answered "
+                                        "503 at once (default: 1024, or half of what the open-file limit leaves)."),
     log_level: str = typer.Option("info", "--log-level"),
     api_key: list[str] = typer.Option([], "--api-key", help="Require this key on /v1/* (Authorization: Bearer); "
                                       "repeatable. Also: --api-key-file, SPECLEDGER_API_KEY."),
@@ -66,18 +70,25 @@ def serve(
     from specledger.engine.loader import load_model
     from specledger.server.app import Server, bind, create_app
     from specledger.server.auth import collect_keys, exposure_warning
+    from specledger.server.connections import RESERVED_FDS, descriptor_limit
 
     # Everything that can be checked cheaply is checked before seconds go into loading models.
     if not 0 <= port <= 65535:
         raise BadInput(f"--port must be in 0..65535 (got {port})")
     if not shutdown_timeout >= 0:  # (NaN too)
         raise BadInput(f"--shutdown-timeout must be >= 0 seconds (got {shutdown_timeout})")
+    if not read_timeout > 0:  # (NaN too)
+        raise BadInput(f"--read-timeout must be > 0 seconds (got {read_timeout})")
+    fds = descriptor_limit()
+    if max_connections is not None and fds is not None and max_connections > fds - RESERVED_FDS:
+        raise BadInput(f"--max-connections {max_connections} leaves too few of the {fds} open files this process "
+                       f"may have (ulimit -n): at most {fds - RESERVED_FDS}")
     if log_level.upper() not in LOG_LEVELS:
         raise BadInput(f"unknown --log-level {log_level!r} (choose from {', '.join(x.lower() for x in LOG_LEVELS)})")
     for flag, value, least in (("--max-body-bytes", max_body_bytes, 1), ("--max-prompt-chars", max_prompt_chars, 1),
                                ("--max-seq-len", max_seq_len, 2), ("--group-size", group_size, 1),
                                ("--max-queue", max_queue, 0), ("--max-batch", max_batch, 1),
-                               ("--prefill-chunk", prefill_chunk, 1)):
+                               ("--prefill-chunk", prefill_chunk, 1), ("--max-connections", max_connections, 1)):
         if value is not None and value < least:
             raise BadInput(f"{flag} must be >= {least} (got {value})")
     if strategy not in STRATEGIES:
@@ -109,7 +120,8 @@ def serve(
         return lm, strat, create_app(lm, strat, served_name=served_model_name, max_queue=max_queue, api_keys=keys,
                                      metrics_require_key=metrics_require_key, max_batch=max_batch,
                                      prefill_chunk=prefill_chunk, prefix_cache=prefix_cache,
-                                     max_body_bytes=max_body_bytes, max_prompt_chars=max_prompt_chars)
+                                     max_body_bytes=max_body_bytes, max_prompt_chars=max_prompt_chars,
+                                     read_timeout_s=read_timeout, max_connections=max_connections)
 
     lm, strat, app = threads.run(build)
     name = served_model_name or lm.name

@@ -14,7 +14,7 @@ from markupsafe import escape
 
 from specledger.records import durable
 from specledger.records.results import RunResult, SteadyState, kind_passes, load_run, thread_choice_text
-from specledger.ledger.answer import Answer, ScenarioAnswer
+from specledger.ledger.answer import Answer, ScenarioAnswer, _tied_words as tied_words
 from specledger.ledger.price import ConfigCost, LedgerResult
 from specledger.ledger.verdicts import MATERIAL
 from specledger.quality.graders import GRADING_NOTE
@@ -22,7 +22,7 @@ from specledger.report.attempts import attempts_rows
 from specledger.report import charts, evidence
 from specledger.report.interaction import interaction_grid, interaction_rows
 from specledger.report.positions import position_table
-from specledger.report.terminal import break_even_cell, concurrency_sweep, failed_cell, money, num
+from specledger.report.terminal import break_even_cell, concurrency_sweep, failed_cell, money, num, saving_sources_text
 
 ASSETS = Path(__file__).with_name("assets")
 SHARE_NAMES = ("engine", "tools", "labour", "maintenance", "energy")  # the ledger's cost split (cost_shares)
@@ -277,6 +277,8 @@ def answer_cards(ledger: LedgerResult) -> list[dict]:
                           + (f", {money(abs(sa.saving_per_task))} per task" if sa.saving_per_task is not None else "")
                           + (f" at {sa.tasks_per_month:,.0f} tasks a month" if sa.tasks_per_month else "") + ".")
         shares = " · ".join(f"{k} {sa.shares[k]:.0%}" for k in SHARE_NAMES if k in sa.shares)
+        # the saving by source, each with its 95% interval; the headline names those with evidence (saving_from)
+        sources = saving_sources_text(sa.sources) if sa.sources and sa.recommended != sa.baseline else ""
         human = None
         if sa.human_cost is not None:
             mine = next((h for h in sa.human if h.config == sa.recommended), None)
@@ -287,9 +289,11 @@ def answer_cards(ledger: LedgerResult) -> list[dict]:
             "cost": money(sa.cost) if sa.cost is not None else "–",
             "interval": _money_range(sa.cost_low, sa.cost_high), "saving": saving, "confidence": sa.confidence,
             "tied_with": sa.tied_with, "tie": sa.tie, "tie_reason": sa.tie_reason, "shares": shares, "human": human,
+            "tied": tied_words(sa.tied) if sa.tied else "", "sources": sources,
+            "saving_from": " and ".join(sa.saving_from), "quality": sa.quality,
             # each threshold's sentence is the ledger's (ledger/answer.py: threshold_model, its interval in it)
             "thresholds": [t.change for t in sa.thresholds if t.value is not None],
-            "no_change": [t.change for t in sa.thresholds if t.value is None],
+            "no_change": [t.change for t in sa.thresholds if t.value is None] + [f"not searched: {n}" for n in sa.not_searched],
             "chart": charts.answer_curve(sa), "chart_note": _curve_note(sa),
         })
     return cards
