@@ -384,8 +384,8 @@ def _tie_reason(out: ScenarioAnswer, case: Case, spread: float) -> str:
     why = (f"{big} is {fixed[big]:.0%} of the cost per task{detail} and the engine's compute {movable:.1%}: no "
            f"configuration is shown to cost more than another by over {MATERIAL:.0%} (95%)")
     if spread > MATERIAL:  # apart at the centre, not beyond the noise: the measurements cannot tell them apart
-        why += (f" (their central costs differ by up to {spread:.0%}, through the measured pass rates and device "
-                "time, but within their noise: more graded items or requests would tell)")
+        why += (f" (their central costs differ by up to {spread:.0%}, through the measured device time, or pass rates "
+                "where quality differs, but within their noise: more requests or graded items would tell)")
     crossing = _matters(out)
     if crossing is not None:
         why += f"; {crossing.change.split(' (now ')[0]}"
