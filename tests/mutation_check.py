@@ -381,6 +381,13 @@ MUTANTS = [
     Mutant("noise-probe-one-round", "the calibration probe trusts its first timed round",
            "src/specledger/bench/calibration.py", "    for _ in range(WARM_ROUNDS):", "    for _ in range(1):",
            ["tests/bench/test_calibration.py"]),
+    Mutant("server-arm-labelled-as-the-engine", "a llama-server arm is labelled with the in-process default (fp32)",
+           "src/specledger/records/config.py", "               config_precision(bc), sampling_label(bc.sampling))",
+           "               precision_label(bc.dtype, bc.quant, bc.group_size, bc.activations), sampling_label(bc.sampling))",
+           ["tests/bench/test_server_precision.py::test_a_llama_server_arm_is_labelled_with_its_files_quantization"]),
+    Mutant("gguf-header-array-skipped-short", "the GGUF header reader skips one element of a numeric array, not all",
+           "src/specledger/engine/registry.py", "f.seek(_SCALAR_BYTES[item] * count, 1)", "f.seek(_SCALAR_BYTES[item], 1)",
+           ["tests/bench/test_server_precision.py::test_the_quantization_is_read_from_the_header_past_the_values_before_it"]),
 ]
 
 

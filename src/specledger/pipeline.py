@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from specledger.records.config import RunConfig, load_run_config, parse_run_config
+from specledger.records.config import RunConfig, config_precision, load_run_config, parse_run_config
 from specledger.records import durable
 from specledger.records.results import REQUESTS_FILE, load_run, write_run
 from specledger.errors import BadInput, SpecLedgerError
@@ -193,7 +193,7 @@ def plan_table(config: RunConfig) -> Table:
             roles.append(f"draft {c.openai.server.draft_model} (the server's)")
         roles += [f"{k}={v}" for k, v in c.params.given().items()]
         t.add_row(c.name + (" [dim](if available)[/dim]" if c.optional else ""), c.strategy,
-                  f"{c.model} {precision_label(c.dtype, c.quant, c.group_size, c.activations)}", ", ".join(roles) or "–",
+                  f"{c.model} {config_precision(c)}", ", ".join(roles) or "–",
                   str(c.max_tokens))
     return t
 

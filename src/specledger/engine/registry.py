@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,3 +124,64 @@ def model_key(name_or_path: str) -> str:
         return str(identify_model(name_or_path).path)
     except ModelNotFound:
         return name_or_path
+
+
+# GGUF metadata value types (gguf.GGUFValueType): the fixed sizes, a string, an array
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+_QUANT_IN_NAME = re.compile(r"[-_.](i?q\d[a-z0-9_]*|f16|bf16|f32)\.gguf$", re.IGNORECASE)  # llama.cpp's suffixes
+
+
+def file_quantization(name_or_path: str) -> str | None:
+    """What a GGUF model is stored as ("Q4_K_M", "Q4_1", "BF16"): its header's general.file_type, else the llama.cpp
+    suffix of its file name (a registry model not fetched yet); None where neither says."""
+    try:
+        path = resolve_model(name_or_path)
+    except ModelNotFound:
+        m = KNOWN_MODELS.get(name_or_path)
+        path = Path(m.filename if m is not None else name_or_path)
+    if path.is_file():
+        from gguf import LlamaFileType
+
+        try:
+            kind = _gguf_file_type(path)
+            if kind is not None:
+                return LlamaFileType(kind).name.removeprefix("MOSTLY_")
+        except (OSError, ValueError, struct.error):  # not a GGUF file, or a type this gguf does not name
+            pass
+    match = _QUANT_IN_NAME.search(path.name)
+    return match.group(1).upper() if match else None
+
+
+def _gguf_file_type(path: Path) -> int | None:
+    """general.file_type from a GGUF header, read key by key up to it (the values before it skipped, not decoded:
+    a vocabulary of 150,000 strings costs a seek each)."""
+    with open(path, "rb") as f:
+        def read(fmt: str) -> tuple:
+            return struct.unpack(fmt, f.read(struct.calcsize(fmt)))
+
+        def skip(kind: int) -> None:
+            if kind in _SCALAR_BYTES:
+                f.seek(_SCALAR_BYTES[kind], 1)
+            elif kind == _STRING:
+                f.seek(read("<Q")[0], 1)
+            elif kind == _ARRAY:
+                item, count = read("<IQ")
+                if item in _SCALAR_BYTES:
+                    f.seek(_SCALAR_BYTES[item] * count, 1)
+                else:
+                    for _ in range(count):
+                        skip(item)
+            else:
+                raise ValueError(f"GGUF value type {kind}")
+
+        magic, version, _, n_kv = read("<4sIQQ")
+        if magic != b"GGUF" or version not in (2, 3):
+            return None
+        for _ in range(n_kv):
+            key = f.read(read("<Q")[0])
+            (kind,) = read("<I")
+            if key == b"general.file_type" and kind in (4, 5):
+                return read("<I" if kind == 4 else "<i")[0]
+            skip(kind)
+    return None

@@ -24,7 +24,7 @@ from specledger.decoding.params import (
 )
 
 from specledger.records.pairing import Arm, baselines, precision_label, sampling_label
-from specledger.engine.registry import TARGET_ALIASES
+from specledger.engine.registry import TARGET_ALIASES, file_quantization
 from specledger.errors import BadInput, describe
 
 if TYPE_CHECKING:
@@ -478,9 +478,24 @@ def _where(backend: str, device: str, openai: OpenAISettings | None) -> str:
     return f"managed:{openai.server.engine()}" if openai.server else openai.base_url
 
 
+def served_precision(openai: OpenAISettings | None, model: str) -> str:
+    """A server arm's precision is what the server runs, not the dtype and quant the in-process engine would load
+    (a server ignores them): the GGUF file's quantization where the run starts a server that reads the file
+    ({model_path}: llama-server's Q4_K_M), else "as served"."""
+    if openai is not None and openai.server is not None and "{model_path}" in openai.server.command:
+        return file_quantization(model) or "as served"
+    return "as served"
+
+
+def config_precision(bc: BenchConfig) -> str:
+    if bc.backend == "openai":
+        return served_precision(bc.openai, bc.model)
+    return precision_label(bc.dtype, bc.quant, bc.group_size, bc.activations)
+
+
 def config_arm(bc: BenchConfig) -> Arm:
     return Arm(bc.name, bc.strategy, bc.backend, _where(bc.backend, bc.device, bc.openai), bc.model,
-               precision_label(bc.dtype, bc.quant, bc.group_size, bc.activations), sampling_label(bc.sampling))
+               config_precision(bc), sampling_label(bc.sampling))
 
 
 def config_baselines(configs: Iterable[BenchConfig]) -> dict[str, str]:
@@ -496,9 +511,10 @@ def result_arm(cr: ConfigResult) -> Arm:
         where = _where(cr.backend, str(spec.get("device", "")), openai)
         sampling = sampling_label(Sampling.model_validate(spec.get("sampling") or {})) if spec else ""
     except (ValidationError, TypeError, ValueError):
-        where, sampling = "", ""
-    return Arm(cr.name, cr.strategy, cr.backend, where, cr.model,
-               precision_label(cr.dtype, cr.quant, cr.group_size, int(spec.get("activations") or 16)), sampling)
+        openai, where, sampling = None, "", ""
+    precision = (served_precision(openai, cr.model) if cr.backend == "openai"
+                 else precision_label(cr.dtype, cr.quant, cr.group_size, int(spec.get("activations") or 16)))
+    return Arm(cr.name, cr.strategy, cr.backend, where, cr.model, precision, sampling)
 
 
 def result_baselines(configs: Iterable[ConfigResult]) -> dict[str, str]:
