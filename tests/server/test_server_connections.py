@@ -5,6 +5,11 @@ answered 503 at once, never left unanswered; a request beside them is answered t
 from __future__ import annotations
 
 import asyncio
+import re
+import socket
+import subprocess
+import sys
+import threading
 import time
 
 import httpx
@@ -127,3 +132,51 @@ def test_the_default_cap_stays_below_the_descriptor_limit(monkeypatch):
     for soft, want in [(256, (256 - RESERVED_FDS) // 2), (1024, 480), (20_000, 1024), (70, 3)]:
         monkeypatch.setattr(resource, "getrlimit", lambda _which, s=soft: (s, s))
         assert default_max_connections() == want and want < soft
+
+
+def test_past_the_descriptor_limit_every_client_is_answered():
+    """A real `specledger serve` allowed 256 open files (its cap by default (256 - 64) / 2 = 96): 400 silent
+    connections, more than it may hold, then clients. Each is answered: 503 while the silent ones fill the cap, 200
+    once they have timed out; the silent ones themselves 503 or 408. Without the cap the accepts fail (EMFILE) and
+    every client waits unanswered."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    proc = subprocess.Popen([sys.executable, "-m", "specledger.cli", "serve", "--port", "0", "--read-timeout", "4",
+                             "--log-level", "warning"], stderr=subprocess.PIPE, text=True, preexec_fn=limit)
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(iter(proc.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    silent: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 300
+        url = None
+        while url is None:  # the line `serve` prints once the model is loaded
+            assert proc.poll() is None and time.monotonic() < deadline, said
+            url = next((m.group(1) for line in list(said) if (m := re.search(r"on (http://127.0.0.1:\d+)/v1", line))),
+                       None)
+            time.sleep(0.05)
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, said
+        port = int(url.rsplit(":", 1)[1])
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(400)]
+        busy = [httpx.post(url + "/v1/completions", json=VICTIM, timeout=10) for _ in range(3)]
+        answers = [s.recv(4096) for s in silent]  # (a 503 at once, or a 408 after the read timeout)
+        served = httpx.post(url + "/v1/completions", json=VICTIM, timeout=60)
+    finally:
+        for s in silent:
+            s.close()
+        proc.terminate()
+        proc.wait(60)
+    assert [r.status_code for r in busy] == [503] * 3 and busy[0].json()["error"]["code"] == "too_many_connections"
+    assert sum(a.startswith(b"HTTP/1.1 408") for a in answers) == 96, [a[:30] for a in answers]
+    assert sum(a.startswith(b"HTTP/1.1 503") for a in answers) == 400 - 96
+    assert served.status_code == 200
+    log = "".join(said)
+    assert "Traceback" not in log and "out of system resource" not in log, log[-3000:]

@@ -33,7 +33,9 @@ log = logging.getLogger("specledger.server")
 READ_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 1024
 RESERVED_FDS = 64  # the process's own files (model, libraries, logs, pipes)
-LINGER_S = 1.0  # a refused connection is read (and dropped) this long, so the client reads its 503 before the close
+LINGER_S = 1.0  # a refused connection is read (and dropped) this long, so the client reads its 503 before the close;
+# at most max_connections of them linger (more are closed once written): admitted and lingering ones together stay
+# within 2 x max_connections, so the default cap leaves the process its descriptors
 
 
 def default_max_connections() -> int:
@@ -89,6 +91,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
                         "most (--max-connections); retry later", "server_overloaded", "too_many_connections",
                         "retry-after: 1\r\n")
     admitted: set[H11Protocol] = set()
+    lingering: set[H11Protocol] = set()
     seen = {"timeouts": 0, "refused": 0}
 
     class GuardedH11Protocol(H11Protocol):
@@ -113,8 +116,11 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
                 log.warning("refused a connection: %d open, the most (--max-connections); %d refused so far",
                             limits.max_connections, seen["refused"])
             self.transport.write(refusal)
-            if self.transport.can_write_eof():
-                self.transport.write_eof()
+            if len(lingering) >= limits.max_connections or not self.transport.can_write_eof():
+                self.transport.close()  # (after the 503 is written)
+                return
+            self.transport.write_eof()
+            lingering.add(self)
             self._timer = self.loop.call_later(LINGER_S, self.transport.close)  # (or at the client's close: uvicorn
             # closes on end of input)
 
@@ -153,6 +159,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             admitted.discard(self)
+            lingering.discard(self)
             self._disarm()
             super().connection_lost(exc)
 
