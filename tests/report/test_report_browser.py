@@ -12,7 +12,6 @@ import copy
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +25,9 @@ from specledger.ledger.price import price_measurements, price_run
 from specledger.report.html import _clean, write_report
 from specledger.report.terminal import money
 from tests.ledger.test_ledger_fixtures import DEFAULT_SPECS, Spec, make_run
+from tests.report.conftest import CHROMIUM
 from tests.report.test_report_parity import compare, random_inputs
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
 REAL_RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "builtin-quick-ar-lookup-eagle"
 DESKTOP, PHONE = (1280, 800), (390, 844)
 
@@ -39,15 +36,6 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary found (scripts/test-setup.sh installs Debian's)"),
 ]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def open_page(browser, path: Path, size: tuple[int, int] = DESKTOP):

@@ -17,7 +17,8 @@ from specledger.ledger.price import price_measurements, price_run
 from specledger.records.results import load_run
 from specledger.report.html import write_report
 from tests.report.demo_run import demo_run
-from tests.report.test_report_browser import CHROMIUM, DESKTOP, PHONE, REAL_RUN, browser, open_page  # noqa: F401
+from tests.report.conftest import CHROMIUM
+from tests.report.test_report_browser import DESKTOP, PHONE, REAL_RUN, open_page
 
 pytestmark = [
     pytest.mark.slow,

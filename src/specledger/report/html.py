@@ -61,22 +61,14 @@ def _shares(s: Mapping[str, float | None]) -> str:
     return " · ".join(f"{100 * (s[k] or 0.0):.0f}" for k in SHARE_NAMES)
 
 
-def _pass_source(r: ConfigCost, borrowed: dict[str, str]) -> str:
-    """Where a row's pass rate comes from: a lossless configuration's is its target's grading, said as borrowed."""
-    src = borrowed.get(r.name)
-    if src and r.pass_rate_source.startswith("measured"):
-        return f"borrowed from {src}: " + r.pass_rate_source.removeprefix("measured").strip() + ", lossless"
-    return r.pass_rate_source
-
-
-def _row(r: ConfigCost, n: int | None, borrowed: dict[str, str]) -> dict:
+def _row(r: ConfigCost, n: int | None) -> dict:
     s = r.cost_shares
     return {
         "name": r.name, "precision": r.precision, "load": r.load, "tok_s": num(r.tok_s, ".1f"),
         "speedup": _speedup(r), "ttft": f"{num(r.ttft_p50, '.2f')} / {num(r.ttft_p95, '.2f')} (n={n or 0})",
         "tau": num(r.tau, ".2f"), "pass_rate": f"{num(r.pass_rate, '.0%')}" + ("" if r.pass_low is None else
                                                       f" [{r.pass_low:.0%}–{r.pass_high:.0%}]")
-        + f" ({_pass_source(r, borrowed)})",
+        + f" ({r.pass_rate_source})",
         "failed": failed_cell(r),
         "per_m": money(r.per_million_tokens), "total": "∞" if r.infinite else money(r.total),
         "total_raw": "inf" if r.infinite else ("" if r.total is None else repr(r.total)),
@@ -314,7 +306,6 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None, out_d
     run = _load(rdir)
     run_id, created, conditions = _conditions(run, rdir)
     odir = Path(out_dir) if out_dir is not None else None
-    borrowed = evidence.sample_sizes(ledger)["borrowed"]
     cheapest = next((r.name for r in ledger.configs if r.verdict == "cheapest"), None)
     recommended = ledger.answer.scenarios[0].recommended if ledger.answer and ledger.answer.scenarios else None
     tornado_config = recommended or cheapest or next((r.name for r in ledger.configs if r.total is not None), None)
@@ -339,7 +330,7 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None, out_d
     env = Environment(loader=FileSystemLoader(str(ASSETS)), autoescape=select_autoescape(["html", "j2"]))
     html = env.get_template("report.html.j2").render(
         title=Path(str(ledger.run_dir)).name or run_id, run_id=run_id, created=created, conditions=conditions,
-        ledger=ledger, rows=[_row(r, ns.get((r.name, r.load)), borrowed) for r in ledger.configs], levels=levels, break_even=break_even,
+        ledger=ledger, rows=[_row(r, ns.get((r.name, r.load))) for r in ledger.configs], levels=levels, break_even=break_even,
         noise=_noise(run), concurrency=_concurrency_table(ledger),
         energy=_energy(ledger), steady=_steady(run),
         scenarios={name: [{"name": r["name"], "load": r.get("load", ""), "total": money(r["total"]) if r["total"] is not None else "–",
@@ -361,7 +352,7 @@ def render_report(ledger: LedgerResult, run_dir: str | Path | None = None, out_d
         facts=evidence.first_screen(ledger, run), files=evidence.run_files(rdir, odir),
         reproduce=evidence.reproduce(ledger, run), versions=evidence.versions(run),
         gates=evidence.gates(run), graded_kinds=evidence.graded_by_kind(run),
-        borrowed=borrowed, retries=attempts_rows(ledger),
+        retries=attempts_rows(ledger),
     )
     source = run.workload.source if run is not None and run.workload is not None else None
     return scrub(html, [rdir.parent, Path(__file__).parents[1], Path.cwd(), Path.home(), evidence.DEFAULT_COSTS.parent,
