@@ -44,3 +44,25 @@ def test_argument_errors_are_one_line_and_exit_2(args, says, tmp_path, monkeypat
     assert exit_.value.code == 2 and "Traceback" not in err
     last = err.strip().splitlines()[-1]  # bench may say which workload it read first
     assert last.startswith("error: ") and says in last, err
+
+
+@pytest.mark.parametrize("name, text, says", [
+    ("deep.yaml", "configs: " + "[" * 50_000 + "]" * 50_000 + "\n", "deep.yaml:1: "),  # libyaml's limit or ours
+    ("deep2.yaml", "configs:\n" + "".join(" " * i + f"k{i}:\n" for i in range(1, 100)) + " " * 100 + "v: 1\n",
+     "deep2.yaml:33: nested more than 32 deep"),
+    ("deep.toml", "a = " + "[" * 50_000 + "]" * 50_000 + "\n", "deep.toml: nested too deep"),
+    ("bomb.yaml", "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")),
+     "bomb.yaml: its aliases (*name) expand to more than 200,000 values"),
+    ("bin.yaml", b"configs:\n\x00\xff\xfe\x01", "bin.yaml: not a text file (run configurations are YAML)"),
+])
+def test_hostile_run_configurations_are_one_line_and_exit_2(name, text, says, tmp_path, monkeypatch, capsys):
+    """Nested 50,000 deep (was a RecursionError), an alias bomb, a binary file (was a UnicodeDecodeError)."""
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    monkeypatch.setattr(sys, "argv", ["specledger", "bench", str(path), "--no-progress"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"error: {tmp_path}/{says}"), err

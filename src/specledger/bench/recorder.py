@@ -30,6 +30,10 @@ from specledger.quality.graders import GradeResult
 from specledger.quality.policy import apply_gates
 
 
+class RunDirUnwritable(BadInput):
+    """A write to the run directory failed mid-run: the run stops, what is on disk stays whole for --resume."""
+
+
 class RunRecorder:
     def __init__(self, cfg: RunConfig, run_dir: Path, *, resume: bool, info: WorkloadInfo, energy_source: Any,
                  energy_available: bool, interleaved: bool, console: Console | None = None):
@@ -40,6 +44,7 @@ class RunRecorder:
         self._t0_perf = time.perf_counter()
         self._t0_wall = time.time()
         self.log: RequestLog | None = None
+        self._unwritable = False  # a write failed (the disk full, the directory read-only)
         if resume:
             self.result = load_run(run_dir)
             repaired = repair_requests(run_dir)  # before anything is appended after a torn record
@@ -88,15 +93,38 @@ class RunRecorder:
             raise BadInput(f"cannot write the run directory {self.run_dir}: {exc.strerror or exc}") from None
 
     def close(self) -> None:
-        if self.log is not None:
-            self.log.sync()
-            self.log.close()
-        self.save()
+        """Flush and write the run's files. After a failed write (a full disk) it tries once more and keeps quiet
+        if that fails too: the first failure is the one said, and what is on disk is whole (durable writes)."""
+        failed = self._unwritable
+        try:
+            if self.log is not None:
+                log, self.log = self.log, None
+                try:
+                    log.sync()
+                finally:
+                    log.close()
+            self.save()
+        except OSError as exc:
+            if not failed:
+                raise self._unwritable_error(exc) from None
+        except RunDirUnwritable:
+            if not failed:
+                raise
 
     def save(self) -> None:
         self.result.updated = now()
-        write_run(self.run_dir, self.result)
-        write_summary(self.run_dir, self.result)
+        try:
+            write_run(self.run_dir, self.result)
+            write_summary(self.run_dir, self.result)
+        except OSError as exc:
+            raise self._unwritable_error(exc) from None
+
+    def _unwritable_error(self, exc: OSError | None) -> "RunDirUnwritable":
+        self._unwritable = True
+        why = f": {exc.strerror or exc}" if exc is not None else ""
+        return RunDirUnwritable(f"cannot write the run directory {self.run_dir}{why}; what was measured before is "
+                                f"kept: make room (or make it writable) and `specledger bench --resume "
+                                f"{self.run_dir}` measures the rest")
 
     def note(self, text: str) -> None:
         if text not in self.result.notes:
@@ -104,11 +132,17 @@ class RunRecorder:
 
     def append(self, record: RequestRecord) -> None:
         assert self.log is not None, "open() the recorder first"
-        self.log.append(record)
+        try:
+            self.log.append(record)  # (a failed write leaves no partial line: the record is measured again)
+        except OSError as exc:
+            raise self._unwritable_error(exc) from None
 
     def sync(self) -> None:
         if self.log is not None:
-            self.log.sync()
+            try:
+                self.log.sync()
+            except OSError as exc:
+                raise self._unwritable_error(exc) from None
 
     # ---- configurations and levels ----
 

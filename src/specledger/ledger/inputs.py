@@ -15,15 +15,12 @@ from typing import Annotated, Any, Iterator, Literal, Union
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
+from specledger import bounded_yaml
 from specledger.errors import BadInput
 
 DEFAULT_COSTS = Path(__file__).with_name("default_costs.yaml")
-MAX_BYTES = 1 << 20  # a cost file is a page of numbers; a thousand tools fit in a tenth of this
-MAX_DEPTH = 32  # mappings and lists inside each other (the schema needs 5)
-MAX_VALUES = 200_000  # values once every alias is expanded ("billion laughs" expands to 10^9)
+WHAT = "cost inputs"
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-# libyaml where installed: the pure-Python reader takes 4 s for 5,000 tools
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class Range(BaseModel):
@@ -257,41 +254,6 @@ def _line_index(root: yaml.Node | None) -> dict[tuple, int]:
     return lines
 
 
-def _compose(text: str, source: str) -> yaml.Node | None:
-    """The file's YAML node graph, refused before composing when it nests deeper than MAX_DEPTH (the composer
-    recurses: 50k deep was a RecursionError) and after, when its aliases expand past MAX_VALUES."""
-    if len(text) > MAX_BYTES:
-        raise BadInput(f"{source}: {len(text):,} characters; cost inputs are at most {MAX_BYTES:,}")
-    try:
-        depth = 0
-        for event in yaml.parse(text, Loader=_Loader):
-            if isinstance(event, yaml.CollectionStartEvent):
-                depth += 1
-                if depth > MAX_DEPTH:
-                    raise BadInput(f"{source}:{event.start_mark.line + 1}: nested more than {MAX_DEPTH} deep; cost "
-                                   "inputs are sections of fields")
-            elif isinstance(event, yaml.CollectionEndEvent):
-                depth -= 1
-        root = yaml.compose(text, Loader=_Loader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise BadInput(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    sizes: dict[int, int] = {}
-
-    def size(node: yaml.Node) -> int:  # the values under a node, each alias counted as what it expands to
-        if id(node) not in sizes:
-            kids = [v for kv in node.value for v in kv] if isinstance(node, yaml.MappingNode) else \
-                node.value if isinstance(node, yaml.SequenceNode) else []
-            sizes[id(node)] = min(1 + sum(size(k) for k in kids), MAX_VALUES + 1)
-        return sizes[id(node)]
-
-    if root is not None and size(root) > MAX_VALUES:
-        raise BadInput(f"{source}: its aliases (*name) expand to more than {MAX_VALUES:,} values; refused "
-                       "unread (a YAML alias bomb?)")
-    return root
-
-
 def _bad(source: str, lines: dict[tuple, int], err: ValidationError, prefix: tuple = ()) -> BadInput:
     e = err.errors()[0]
     loc = tuple(x for x in e["loc"] if x not in ("value", "range") and not str(x).startswith("function-"))
@@ -325,8 +287,8 @@ def _numeric(text: str) -> bool:
 
 
 def parse_inputs(text: str, source: str = "<inputs>") -> CostInputs:
-    root = _compose(text, source)
-    raw = _Loader(text).construct_document(root) if root is not None else None
+    root = bounded_yaml.compose(text, source, WHAT)  # (the schema nests 5 deep; a thousand tools fit in 1 MiB)
+    raw = bounded_yaml.construct(text, root)
     if not isinstance(raw, dict):
         raise BadInput(f"{source}: expected a mapping of sections (hardware, task, acceptance, ...)")
     lines = _line_index(root)
@@ -374,17 +336,7 @@ def load_inputs(path: str | Path | None = None) -> CostInputs:
     p = Path(path) if path is not None else DEFAULT_COSTS
     if not p.is_file():
         raise BadInput(f"{p}: cost inputs file not found (write an example with `specledger cost --init {p}`)")
-    with p.open("rb") as f:
-        data = f.read(MAX_BYTES + 1)
-    try:
-        text = data.decode("utf-8")
-        if "\x00" in text:
-            raise ValueError("a NUL byte")
-    except ValueError:
-        raise BadInput(f"{p}: not a text file (cost inputs are YAML)") from None
-    if len(data) > MAX_BYTES:
-        raise BadInput(f"{p}: larger than {MAX_BYTES:,} bytes; cost inputs are a page of YAML")
-    return parse_inputs(text, str(p))
+    return parse_inputs(bounded_yaml.read_text(p, WHAT), str(p))
 
 
 def example_text() -> str:

@@ -25,6 +25,7 @@ from specledger.decoding.params import (
 
 from specledger.records.pairing import Arm, baselines, precision_label, sampling_label
 from specledger.engine.registry import TARGET_ALIASES, file_quantization
+from specledger import bounded_yaml
 from specledger.errors import BadInput, describe
 
 if TYPE_CHECKING:
@@ -461,12 +462,16 @@ def load_run_config(path: str | Path) -> RunConfig:
     path = Path(path)
     if not path.exists():
         raise BadInput(f"config file {path} does not exist")
-    text, toml = path.read_text(encoding="utf-8"), path.suffix == ".toml"
+    text, toml = bounded_yaml.read_text(path, "run configurations"), path.suffix == ".toml"
+    if not toml:  # bounded: nesting, aliases (50,000 nested brackets were a RecursionError)
+        return parse_run_config(bounded_yaml.load(text, str(path), "run configurations"), source=str(path))
     try:
-        data = tomllib.loads(text) if toml else yaml.safe_load(text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         first = str(exc).strip().splitlines()
-        raise BadInput(f"{path}: not valid {'TOML' if toml else 'YAML'}: {' '.join(first[:1])}") from None
+        raise BadInput(f"{path}: not valid TOML: {' '.join(first[:1])}") from None
+    except RecursionError:
+        raise BadInput(f"{path}: nested too deep to be a run configuration") from None
     return parse_run_config(data, source=str(path))
 
 

@@ -176,25 +176,12 @@ class OpenAIBackend(Backend):
         return r.text
 
     async def gone(self) -> str | None:
-        """A managed server whose process exited, or a replica that refuses connections (a slow answer or an HTTP
-        error is a server still there)."""
+        """A managed server whose process exited, or a replica that refuses connections."""
         if self.server is not None and (rc := self.server.exited()) is not None:
             return f"server {self.config.name!r} exited with status {rc} (log {self.server.log_path}: " \
                    f"{self.server.log_tail()})"
-        if self._client is None:
-            return None
-        for url in self.replicas:
-            for _ in range(2):  # a pooled connection the dead server left: the second try connects afresh
-                try:
-                    await self._client.get(f"{url}/v1/models", timeout=min(5.0, self.s.connect_timeout_s))
-                    break
-                except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                    return f"{url} refuses connections ({type(exc).__name__}: {exc})"
-                except httpx.TransportError:
-                    continue
-                except httpx.HTTPError:
-                    break
-        return None
+        return None if self._client is None else await refusing(self._client, self.replicas,
+                                                                 min(5.0, self.s.connect_timeout_s))
 
     # ---- one request ----
 
@@ -294,6 +281,23 @@ class OpenAIBackend(Backend):
 
     def count_tokens(self, text: str) -> int | None:
         return None if self._tokenizer is None else _count(self._tokenizer, text)
+
+async def refusing(client: httpx.AsyncClient, urls: list[str], timeout: float) -> str | None:
+    """The first of urls that refuses connections, said; None when each answers anything (a slow answer or an HTTP
+    error is a server still there)."""
+    for url in urls:
+        for _ in range(2):  # a pooled connection the dead server left: the second try connects afresh
+            try:
+                await client.get(f"{url}/v1/models", timeout=timeout)
+                break
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                return f"{url} refuses connections ({type(exc).__name__}: {exc})"
+            except httpx.TransportError:
+                continue
+            except httpx.HTTPError:
+                break
+    return None
+
 
 def request_body(config: BenchConfig, model_name: str | None, messages: list[dict[str, str]], max_tokens: int,
                  min_tokens: int | None, tokenizer: Any = None, sampling: Sampling | None = None) -> dict:
