@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from specledger.bench.formats.lines import BadLines, jsonl_records, read_questions_from
+from specledger.bench.formats.lines import BadLines, jsonl_records, read_questions_from, validated
 from specledger.records.question import CodeTask, Question, ReadOptions
 
 INSTRUCTION = ("Please provide a self-contained Python script that solves the following problem in a markdown code "
@@ -34,13 +34,8 @@ class _Record(BaseModel):
 
 
 def parse_record(obj: Any, lineno: int = 0) -> Question:
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    try:
-        rec = _Record.model_validate(obj)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise ValueError(f"field '{'.'.join(str(p) for p in err['loc']) or 'line'}': {err['msg']}") from None
+    """Raises ValueError with a short reason when the record is not a code task."""
+    rec = validated(_Record, obj)
     if "def check" not in rec.test:
         raise ValueError("field 'test': defines no check(candidate)")
     text = rec.instruction or INSTRUCTION.format(prompt=rec.prompt.strip())

@@ -18,8 +18,11 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
+from pydantic import BaseModel, ValidationError
+
+from specledger import errors
 from specledger.errors import BadInput
 
 WARNINGS_SHOWN = 5  # skipped lines printed one by one; the rest are counted
@@ -65,6 +68,19 @@ class BadLines:
     @property
     def total(self) -> int:
         return sum(self.skipped.values())
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(model: type[M], obj: Any, describe: Callable[[ValidationError], str] = errors.describe) -> M:
+    """A record as its pydantic model, else ValueError naming the first problem (readers route it to BadLines)."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        raise ValueError(describe(exc)) from None
 
 
 def _open(path: Path):

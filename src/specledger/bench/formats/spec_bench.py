@@ -22,7 +22,7 @@ from pydantic import (
     ValidationError,
 )
 
-from specledger.bench.formats.lines import BadLines, jsonl_records, read_questions_from
+from specledger.bench.formats.lines import BadLines, jsonl_records, read_questions_from, validated
 from specledger.records.question import KINDS, Question, ReadOptions, Reference, kind_of
 
 _Scalar = StrictStr | StrictInt | StrictFloat
@@ -77,12 +77,7 @@ def parse_reference(value: Any) -> Reference | None:
 
 def parse_record(obj: Any, lineno: int = 0) -> Question:
     """Raises ValueError with a short reason when the record is not a valid question."""
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    try:
-        rec = _Record.model_validate(obj)
-    except ValidationError as exc:
-        raise ValueError(_describe(exc)) from None
+    rec = validated(_Record, obj, _describe)
     qid = str(rec.question_id).strip()
     if not qid:
         raise ValueError("field 'question_id': empty")
