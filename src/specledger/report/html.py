@@ -262,12 +262,17 @@ def answer_cards(ledger: LedgerResult) -> list[dict]:
             if sa.recommended == sa.baseline:
                 saving = f"It is the baseline ({sa.baseline}): nothing to save against it."
             elif sa.saving_per_month is not None:
-                word = "Saves" if sa.saving_per_month >= 0 else "Costs"
                 rng = _money_range(sa.saving_low, sa.saving_high)
-                saving = (f"{word} {money(abs(sa.saving_per_month))} a month against {sa.baseline}"
-                          + (f" (95%: {rng})" if rng else "")
+                amount = (f"{money(abs(sa.saving_per_month))} a month" + (f" (95%: {rng})" if rng else "")
                           + (f", {money(abs(sa.saving_per_task))} per task" if sa.saving_per_task is not None else "")
-                          + (f" at {sa.tasks_per_month:,.0f} tasks a month" if sa.tasks_per_month else "") + ".")
+                          + (f" at {sa.tasks_per_month:,.0f} tasks a month" if sa.tasks_per_month else ""))
+                less = "less" if sa.saving_per_month >= 0 else "more"
+                # a difference the headline does not claim (a tie: within the 1% margin) is not called a saving
+                saving = (f"{'Saves' if less == 'less' else 'Costs'} {amount} against {sa.baseline}." if sa.saving_from
+                          or not sa.sources and not sa.tie else
+                          f"Against {sa.baseline}: {amount} {less}, not claimed as a saving (" + (
+                              f"they cost the same within {MATERIAL:.0%} of the cost per task" if sa.tie else
+                              "no source carries it with evidence") + ").")
         shares = " · ".join(f"{k} {sa.shares[k]:.0%}" for k in SHARE_NAMES if k in sa.shares)
         # the saving by source, each with its 95% interval; the headline names those with evidence (saving_from)
         sources = saving_sources_text(sa.sources) if sa.sources and sa.recommended != sa.baseline else ""

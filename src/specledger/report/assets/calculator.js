@@ -294,8 +294,10 @@
       .sort(function (a, b) { return a.total - b.total; });
     if (!priced.length) return null;
     var best = priced[0], next = priced.length > 1 ? priced[1] : null;
-    var base = rows.filter(function (r) { return r.name === reference && r.status === "" && r.total !== null; })[0] || null;
+    // the baseline as the ledger's answer takes it: priced (comparable, a finite cost), feasible or not
+    var base = rows.filter(function (r) { return r.name === reference && r.comparable && r.total !== null; })[0] || null;
     var out = { recommended: best.name, cost: best.total, load: best.load, baseline: base ? base.name : null,
+      baseline_status: base ? base.status : "",
       baseline_cost: base ? base.total : null, saving_per_task: null, saving_per_month: null,
       tasks_per_month: best.tasks_per_month, next: next ? next.name : null, gap: null, gap_rel: null, within: null };
     if (base) {

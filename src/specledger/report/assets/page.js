@@ -301,10 +301,10 @@
     } else if (a.baseline) {
       var word = a.saving_per_task >= 0 ? "Saves " : "Costs ";
       para(holder, "calc-saving", [word + money(Math.abs(a.saving_per_task)) + " per task against " + a.baseline +
-        " (" + money(a.baseline_cost) + "), " + money(Math.abs(a.saving_per_month)) + " a month at " +
+        " (" + money(a.baseline_cost) + (a.baseline_status ? ", " + a.baseline_status : "") + "), " + money(Math.abs(a.saving_per_month)) + " a month at " +
         calc.pyG(a.tasks_per_month) + " tasks a month."]);
     } else if (data.reference) {
-      para(holder, "calc-saving", ["The baseline " + data.reference + " has no comparable, feasible cost here: no saving against it."]);
+      para(holder, "calc-saving", ["The baseline " + data.reference + " has no comparable cost here: no saving against it."]);
     }
     var rec = rows.filter(function (r) { return r.name === a.recommended; })[0];
     if (rec.breakdown.escalation > 0.999) {
