@@ -158,6 +158,11 @@ def build_config(config_file: Path | None, *, quick: bool, max_tokens: int | Non
             data["workload"] = {"spec": workload["spec"]}
         data.setdefault("workload", {}).update(workload)
         quality = data.get("quality") or {}
+        from specledger.bench.datasets import KNOWN_WORKLOADS
+
+        if workload.get("spec") in KNOWN_WORKLOADS and quality:  # code graded by its tests: the quality that prices
+            data["quality"] = quality = {k: v for k, v in quality.items() if k not in ("limit", "sample")} | \
+                {"spec": workload["spec"]}
         if workload.get("sample") and quality.get("spec") == data["workload"].get("spec"):
             quality["sample"] = workload["sample"]  # graded on the same set (a code recipe): --sample is for both
         if load:

@@ -48,3 +48,11 @@ def test_the_humaneval_recipe_has_the_issues_arms(monkeypatch):
 def test_sample_reaches_the_graded_level():
     run = build_config(RECIPE, quick=False, max_tokens=None, workload={"sample": 40})
     assert run.workload.sample == 40 and run.quality is not None and run.quality.sample == 40
+
+
+def test_compare_on_humaneval_grades_humaneval():
+    """`compare --workload humaneval`: the default matrix's quality level grades HumanEval (its pass rate prices
+    the configurations), not the built-in short answers."""
+    run = build_config(None, quick=True, max_tokens=None, workload={"spec": "humaneval", "sample": 5})
+    assert run.workload.spec == "humaneval" and run.quality is not None
+    assert (run.quality.spec, run.quality.sample, run.quality.limit) == ("humaneval", 5, None)
