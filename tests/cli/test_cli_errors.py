@@ -66,3 +66,40 @@ def test_hostile_run_configurations_are_one_line_and_exit_2(name, text, says, tm
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith(f"error: {tmp_path}/{says}"), err
+
+
+@pytest.mark.parametrize("strategy, role", [("draft", "draft"), ("hier", "intermediate")])
+def test_bench_takes_the_model_flags_its_own_error_suggests(strategy, role, monkeypatch, capsys):
+    """`bench -s draft` says "needs a draft model (e.g. --draft-model target ...)": that suggestion, appended to
+    the same command, is a configuration with that model (bench had no such flag)."""
+    from specledger.bench import runner
+    from specledger.decoding.params import MODEL_PARAMS
+
+    base = ["specledger", "bench", "-s", strategy, "-s", "ar", "--workload", "synthetic:in=4,out=2,n=1",
+            "--no-progress"]
+    monkeypatch.setattr(sys, "argv", base)
+    with pytest.raises(SystemExit):
+        main()
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    example = MODEL_PARAMS[role].example
+    assert f"needs {MODEL_PARAMS[role].what} (e.g. {example};" in said, said
+
+    seen = []
+
+    def captured(cfg, **kw):
+        seen.append(cfg)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_benchmark", captured)
+    monkeypatch.setattr(sys, "argv", base + example.split())
+    with pytest.raises(SystemExit):
+        main()
+    by_name = {c.name: c for c in seen[0].configs}
+    spec = getattr(by_name[strategy], role)
+    assert spec is not None and spec.model == by_name[strategy].model  # 'target': the target's own file
+    assert (spec.quant, spec.dtype) == (("int4", "fp32") if role == "draft" else ("none", "bf16"))
+    assert getattr(by_name["ar"], role) is None  # only the strategies that use the role get it
+    monkeypatch.setattr(sys, "argv", ["specledger", "bench", "-s", "ar", *example.split(), "--no-progress"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 2 and f"does not use {MODEL_PARAMS[role].what}" in capsys.readouterr().err

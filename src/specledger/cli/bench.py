@@ -49,12 +49,29 @@ def _params(items: list[str], strategy: str) -> dict[str, Any]:
     return out
 
 
+def model_roles(**given: tuple[str | None, str | None, str | None]) -> dict[str, dict[str, Any]]:
+    """{role: {model, dtype, quant}} for each role given a model, a precision or a quantization (the model then
+    'target': the target's own file)."""
+    out: dict[str, dict[str, Any]] = {}
+    for role, (model, dtype, quant) in given.items():
+        if model is None and dtype is None and quant is None:
+            continue
+        out[role] = {"model": model or "target"} | ({"dtype": dtype} if dtype else {}) | \
+            ({"quant": quant} if quant else {})
+    return out
+
+
 def build_config(
     config_file: Path | None, *, strategies: list[str], backend: str, model: str | None, dtype: str, quant: str,
     group_size: int, params: list[str], max_tokens: int, temperature: float, seed: int, base_url: str | None,
     api: str, tokenizer: str | None, retries: int | None, timeout: float | None, connect_timeout: float | None,
     overrides: dict[str, Any], api_key_env: str | None = None, server: str | None = None,
+    roles: dict[str, dict[str, Any]] | None = None,
 ) -> RunConfig:
+    """`roles`: a model per role (draft, intermediate: {model, dtype, quant}) for the strategies that use it."""
+    from specledger.decoding.params import PARAMS, unused_role
+
+    roles = roles or {}
     if config_file is not None:
         data = load_run_config(config_file).model_dump(mode="json", exclude_unset=True)
         source = str(config_file)
@@ -67,6 +84,7 @@ def build_config(
                                  "sampling": {"temperature": temperature, "seed": seed}}
             if model:
                 c["model"] = model
+            c.update({role: spec for role, spec in roles.items() if role in PARAMS[s].roles})
             if backend == "openai":
                 o: dict[str, Any] = {"api": api}
                 for k, v in (("base_url", base_url), ("tokenizer", tokenizer), ("retries", retries),
@@ -80,6 +98,9 @@ def build_config(
             configs.append(c)
         data = {"configs": configs, "seed": seed}
         source = "command line"
+        for role in roles:
+            if not any(role in PARAMS[s].roles for s in strategies if s in PARAMS):
+                raise BadInput(unused_role((strategies or ["ar"])[0], role))
     for dotted, value in overrides.items():
         if value is None:
             continue
@@ -126,6 +147,16 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
         quant: str = typer.Option("none", help="none | int8 | int4"),
         group_size: int = typer.Option(32, help="int4 group size"),
+        draft_model: Optional[str] = typer.Option(None, help="draft strategy: the draft model (name/path; 'target' = "
+                                                  "the same file, the default when --draft-quant/--draft-dtype is "
+                                                  "given)"),
+        draft_dtype: Optional[str] = typer.Option(None, help="precision of the draft model: fp32 | bf16 | fp16"),
+        draft_quant: Optional[str] = typer.Option(None, help="quantization of the draft model: none | int8 | int4"),
+        intermediate_model: Optional[str] = typer.Option(None, help="hier strategy: the intermediate model ('target' "
+                                                         "= the same file, the default when --intermediate-quant/"
+                                                         "--intermediate-dtype is given)"),
+        intermediate_dtype: Optional[str] = typer.Option(None, help="precision of the intermediate model"),
+        intermediate_quant: Optional[str] = typer.Option(None, help="quantization of the intermediate model"),
         param: list[str] = typer.Option([], "--param", "-p", help="strategy parameter KEY=VALUE or STRATEGY.KEY=VALUE; e.g. "
                                                    "draft_length=fixed (K drafted every step) | adaptive (planned, "
                                                    "the default)"),
@@ -227,7 +258,10 @@ def register(app: typer.Typer) -> None:
                                quant=quant, group_size=group_size, params=param, max_tokens=max_tokens,
                                temperature=temperature, seed=seed, base_url=base_url, api=api, tokenizer=tokenizer,
                                retries=retries, timeout=timeout, connect_timeout=connect_timeout, overrides=overrides,
-                               api_key_env=api_key_env, server=server)
+                               api_key_env=api_key_env, server=server,
+                               roles=model_roles(draft=(draft_model, draft_dtype, draft_quant),
+                                                 intermediate=(intermediate_model, intermediate_dtype,
+                                                               intermediate_quant)))
             run, path = run_benchmark(cfg, console=Console(stderr=True), show_progress=not no_progress)
         print_run(run, console)
         if run.noise is not None and run.noise.warning:
