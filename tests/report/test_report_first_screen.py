@@ -303,3 +303,14 @@ def test_the_calculator_recomputes_the_answer(browser, demo_report):
     assert "the ledger's verdict holds" in page.inner_text("#calc-answer")
     assert errors == []
     page.close()
+
+
+def test_the_cost_column_is_on_a_phones_screen(browser, demo_report):
+    """The cost table's cost per accepted task starts within a 390 px screen (its table scrolls sideways after it)."""
+    page, errors = open_page(browser, demo_report[0], PHONE)
+    header = page.locator("#cost-table th", has_text="$/accepted task").first.bounding_box()
+    cell = page.locator("#cost-table tbody tr td[data-value]").first.bounding_box()
+    assert header is not None and cell is not None
+    assert header["x"] + header["width"] <= PHONE[0] and cell["x"] + cell["width"] <= PHONE[0], (header, cell)
+    assert errors == []
+    page.close()
