@@ -57,7 +57,7 @@ def main() -> None:
             _, st = head_loss(head, fp32, batch, cfg)
         taus = []
         for k, d, n in SHAPES:
-            s = EagleTree(bf16, head=h, top_k=k, depth=d, total_nodes=n)
+            s = EagleTree(bf16, head=h, top_k=k, depth=d, max_nodes=n)
             rs = [generate(s, ids, SamplingParams(max_tokens=a.new_tokens)) for ids in per_kind]
             taus.append(sum(r.appended for r in rs) / sum(r.steps for r in rs))
         shapes = "  ".join(f"tau(k{k},d{d},n{n}) {t:.2f}" for (k, d, n), t in zip(SHAPES, taus))

@@ -62,10 +62,10 @@ def main() -> None:
     tree = dict(head=args.head, top_k=args.top_k, depth=args.depth)
     runs: dict[str, dict[str, object]] = {}
     for n, lm in lms.items():
-        runs[n] = {"ar": Autoregressive(lm), "eagle auto": EagleTree(lm, total_nodes="auto", **tree),
-                   "eagle 60": EagleTree(lm, total_nodes=60, **tree)}
+        runs[n] = {"ar": Autoregressive(lm), "eagle auto": EagleTree(lm, max_nodes="auto", **tree),
+                   "eagle 60": EagleTree(lm, max_nodes=60, **tree)}
         if lm.dtype == "fp32":
-            runs[n]["eagle auto, fp32 head"] = EagleTree(lm, total_nodes="auto", head_dtype="fp32", **tree)
+            runs[n]["eagle auto, fp32 head"] = EagleTree(lm, max_nodes="auto", head_dtype="fp32", **tree)
         for s in runs[n].values():  # warm-up (first calls allocate; EAGLE auto measures the verification curve)
             generate(s, ids[0][1], SamplingParams(max_tokens=8))
     res = {n: {v: [] for v in runs[n]} for n in names}

@@ -49,7 +49,7 @@ def worker(a: argparse.Namespace) -> None:
     for line in sys.stdin:
         name = line.strip()
         if name not in strategies:
-            params = {"num_tokens": 3} if name == "lookup" else {}
+            params = {"max_nodes": 3} if name == "lookup" else {}
             if a.draft_length and name != "ar" and a.arm != "old":  # (the old loop had no such parameter)
                 params["draft_length"] = a.draft_length
             strategies[name] = make_strategy(name, lm, **params)

@@ -110,7 +110,7 @@ def arm_strategies() -> list[str]:
 def arms_matrix(strategy: str, *, quick: bool = False, model: str = EMBEDDED) -> RunConfig:
     """Three arms side by side on one target (fp32; a hierarchy's W4A16), the protocol production engines show adaptive speculation
     with: no speculation (`ar`), the strategy drafting a fixed K every step (`<strategy>-fixed`, K its
-    num_tokens / total_nodes) and the cost-aware planner (`<strategy>-adaptive`); each arm greedy, so the
+    max_nodes) and the cost-aware planner (`<strategy>-adaptive`); each arm greedy, so the
     lossless gate holds it to `ar`'s outputs and it shares `ar`'s graded pass rate, swept over the concurrency
     levels (where fixed K stops paying and the planner should not)."""
     if strategy not in arm_strategies():

@@ -92,7 +92,7 @@ def test_the_shipped_pair_recipe_validates_and_every_arm_resolves(monkeypatch):
     draft_argv = _argv(by_name["llama-draft"], monkeypatch)
     assert _after(draft_argv, "-md") == f"/models/{DRAFT}.gguf" and _after(draft_argv, "--spec-draft-n-max") == "4"
     # the same draft length on both engines
-    assert by_name["draft-w4"].params.num_tokens == int(_after(draft_argv, "--spec-draft-n-max"))
+    assert by_name["draft-w4"].params.max_nodes == int(_after(draft_argv, "--spec-draft-n-max"))
     # the plan printed before the run names the server's draft model too
     from rich.console import Console
 

@@ -83,7 +83,7 @@ def test_tree_invariants_on_tiny():
     feats = prompt_features(lm, prompt)
     seq = prompt + [4]
     for top_k, depth, total, budget in [(10, 5, 59, 100), (4, 3, 20, 7), (3, 6, 256, 300), (1, 4, 10, 10), (5, 1, 3, 10)]:
-        d = One(head, lm, top_k=top_k, depth=depth, total_nodes=total, max_len=200)
+        d = One(head, lm, top_k=top_k, depth=depth, max_nodes=total, max_len=200)
         d.start(seq, feats)
         tree = d.draft(budget)
         n_cand = top_k + (depth - 1) * top_k * top_k
@@ -107,7 +107,7 @@ def test_best_nodes_are_kept():
     lm = tiny_model(vocab=48)
     head = random_head(lm, 3)
     feats = prompt_features(lm, [3, 4, 5])
-    d = One(head, lm, top_k=4, depth=3, total_nodes=12, max_len=200)
+    d = One(head, lm, top_k=4, depth=3, max_nodes=12, max_len=200)
     d.start([3, 4, 5, 6], feats)
     logp = d.record_logp()
     tree = d.draft(100)
@@ -132,7 +132,7 @@ def test_tree_drafting_equals_each_path_run_alone():
     head = random_head(lm, 5)
     prompt = [4, 9, 2, 7, 7, 1]
     feats = prompt_features(lm, prompt)
-    d = One(head, lm, top_k=3, depth=4, total_nodes=40, max_len=100)
+    d = One(head, lm, top_k=3, depth=4, max_nodes=40, max_len=100)
     d.start(prompt + [3], feats)
     d.d.explore = True
     logp = d.record_logp()
@@ -172,7 +172,7 @@ def test_observe_rollback_matches_fresh_start():
     head = random_head(lm)
     full = [2, 8, 1, 9, 4, 4, 7, 3, 11, 5, 6]
     feats = prompt_features(lm, full)
-    d = One(head, lm, top_k=3, depth=3, total_nodes=15, max_len=100)
+    d = One(head, lm, top_k=3, depth=3, max_nodes=15, max_len=100)
     d.start(full[:5], feats[:4])
     d.draft(20)
     d.observe(full[:9], feats[4:8])  # grow
@@ -181,7 +181,7 @@ def test_observe_rollback_matches_fresh_start():
     d.observe(other, prompt_features(lm, other)[5:8])
     d.observe(full, feats[5:10])  # and back
     got = d.draft(20)
-    fresh = One(head, lm, top_k=3, depth=3, total_nodes=15, max_len=100)
+    fresh = One(head, lm, top_k=3, depth=3, max_nodes=15, max_len=100)
     fresh.start(full, feats[:-1])
     want = fresh.draft(20)
     assert got.tokens == want.tokens and got.parents == want.parents
@@ -197,7 +197,7 @@ def test_greedy_eagle_equals_autoregressive_on_tiny(total):
     made = []
 
     def make():
-        made.append(EagleTree(lm, head=head, top_k=4, depth=3, total_nodes=total))
+        made.append(EagleTree(lm, head=head, top_k=4, depth=3, max_nodes=total))
         return made[-1]
 
     assert_lossless_and_mixed(make, lm, varied_prompts())
@@ -209,8 +209,8 @@ def test_eagle_sampling_runs_and_is_seeded():
     head = random_head(lm)
     sp = SamplingParams(max_tokens=30, temperature=0.8, seed=3, ignore_eos=True)
     # a fixed draft length: adaptive drafts follow timed passes, and each draft takes its own random draws
-    a = generate(EagleTree(lm, head=head, total_nodes=12, draft_length="fixed"), [1, 2, 3], sp)
-    b = generate(EagleTree(lm, head=head, total_nodes=12, draft_length="fixed"), [1, 2, 3], sp)
+    a = generate(EagleTree(lm, head=head, max_nodes=12, draft_length="fixed"), [1, 2, 3], sp)
+    b = generate(EagleTree(lm, head=head, max_nodes=12, draft_length="fixed"), [1, 2, 3], sp)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 30
 
 
@@ -272,7 +272,7 @@ def test_public_eagle_layout(tmp_path, fmt, with_embed, attn_norm):
     assert loaded.cfg.attn_norm == attn_norm
     x, f = torch.tensor([3, 4, 5, 6]), torch.randn(4, 64)
     torch.testing.assert_close(head_rows(head, lm, x, f), head_rows(loaded, lm, x, f))
-    r = generate(EagleTree(lm, head=str(tmp_path / "pub"), total_nodes=10), [1, 2, 3],
+    r = generate(EagleTree(lm, head=str(tmp_path / "pub"), max_nodes=10), [1, 2, 3],
                  SamplingParams(max_tokens=12, ignore_eos=True))
     assert r.token_ids == generate(Autoregressive(lm), [1, 2, 3], SamplingParams(max_tokens=12, ignore_eos=True)).token_ids
 
@@ -296,7 +296,7 @@ def test_bad_heads_and_params(tmp_path):
     with pytest.raises(BadInput):
         load_head(tmp_path / "junk", lm)
     head = random_head(lm)
-    for kw in ({"top_k": 0}, {"depth": 0}, {"total_nodes": 0}, {"total_nodes": 257}, {"total_nodes": "many"}):
+    for kw in ({"top_k": 0}, {"depth": 0}, {"max_nodes": 0}, {"max_nodes": 257}, {"max_nodes": "many"}):
         with pytest.raises(BadInput):
             EagleTree(lm, head=head, **kw)
 
@@ -305,7 +305,7 @@ def test_bad_heads_and_params(tmp_path):
 def test_shipped_head_is_lossless_on_embedded_model(smollm):
     sp = SamplingParams(max_tokens=32)
     # a fixed tree: the adaptive planner sizes it from timed passes, so τ would depend on the machine's load
-    st = EagleTree(smollm, total_nodes=16, draft_length="fixed")
+    st = EagleTree(smollm, max_nodes=16, draft_length="fixed")
     taus = []
     for text in PROMPTS:
         ids = smollm.tokenizer.chat([{"role": "user", "content": text}])
@@ -331,11 +331,11 @@ def test_draft_vocabulary_head(tmp_path, quant):
     loaded = load_head(tmp_path / "h", lm)
     assert loaded.cfg.draft_vocab == vocab.numel() and loaded.draft_vocab.tolist() == vocab.tolist()
     feats = prompt_features(lm, [1, 2, 3])
-    d = One(loaded, lm, top_k=4, depth=3, total_nodes=30, max_len=100)
+    d = One(loaded, lm, top_k=4, depth=3, max_nodes=30, max_len=100)
     d.start([1, 2, 3, 4], feats)
     assert set(d.draft(30).tokens) <= set(vocab.tolist())
     sp = SamplingParams(max_tokens=24, ignore_eos=True)
-    assert generate(EagleTree(lm, head=loaded, total_nodes=20), [5, 6], sp).token_ids == \
+    assert generate(EagleTree(lm, head=loaded, max_nodes=20), [5, 6], sp).token_ids == \
         generate(Autoregressive(lm), [5, 6], sp).token_ids
 
 
@@ -344,7 +344,7 @@ def test_bf16_head_drafting_for_fp32_target_is_lossless(vocab):
     lm = tiny_model()
     torch.manual_seed(0)
     head = EagleHead(HeadConfig.for_target(lm), draft_vocab=vocab).eval().requires_grad_(False)
-    st = EagleTree(lm, head=head, total_nodes=16, head_dtype="bf16")
+    st = EagleTree(lm, head=head, max_nodes=16, head_dtype="bf16")
     assert st.head.dtype == torch.bfloat16 and head.dtype == torch.float32 and st.params()["head_dtype"] == "bfloat16"
     sp = SamplingParams(max_tokens=24, ignore_eos=True)
     assert generate(st, [5, 6, 7], sp).token_ids == generate(Autoregressive(lm), [5, 6, 7], sp).token_ids

@@ -7,6 +7,7 @@ import pytest
 from tests.conftest import tiny_model
 from specledger.decoding import factory
 from specledger.decoding.factory import STRATEGIES, check_params, make_strategy
+from specledger.decoding.params import parse_params
 from specledger.errors import BadInput
 
 
@@ -15,7 +16,7 @@ from specledger.errors import BadInput
                   "in a run configuration: draft: {model: smollm2-135m, quant: int4})"),
     ("hier", {"drafter": "lookup"}, "strategy 'hier' needs an intermediate model (e.g. --intermediate-model target"),
     ("lookup", {"num_tokns": 3}, "strategy 'lookup' has no parameter 'num_tokns'; did you mean num_tokens? "
-                                 "(it accepts: num_tokens, max_ngram, min_ngram, draft_length)"),
+                                 "(it accepts: max_nodes, max_ngram, min_ngram, draft_length)"),
     ("ar", {"depth": 3}, "strategy 'ar' has no parameter 'depth' (it takes no parameters)"),
     ("lookup", {"draft": "target"}, "strategy 'lookup' does not use a draft model (--draft-model is for --strategy draft)"),
     ("eagle", {"intermediate": "target"}, "(--intermediate-model is for --strategy hier)"),
@@ -32,7 +33,7 @@ def test_bad_parameters_say_what_to_give(name, params, needle):
 
 def test_good_parameters_pass_converted():
     assert check_params("eagle", {"top_k": 10.0, "depth": 3, "total_nodes": "auto"}) == {
-        "top_k": 10, "depth": 3, "total_nodes": "auto"}
+        "top_k": 10, "depth": 3, "max_nodes": "auto"}  # (total_nodes: the cap's old name, still read)
     assert check_params("lookup", {}) == {}
     for name in STRATEGIES:  # every strategy's declared types can be checked
         needs = {"draft": {"draft": "target"}, "hier": {"intermediate": "target"}}.get(name, {})
@@ -41,7 +42,7 @@ def test_good_parameters_pass_converted():
 
 def test_a_bug_inside_a_strategy_is_not_a_user_error(monkeypatch):
     class Broken(factory.strategy_class("lookup")):
-        def __init__(self, target, num_tokens: int = 3) -> None:
+        def __init__(self, target, max_nodes: int = 3) -> None:
             raise TypeError("a genuine bug")
 
     monkeypatch.setattr(factory, "strategy_class", lambda name: Broken)
@@ -187,3 +188,25 @@ def test_serve_rejects_bad_batching_flags_before_loading(monkeypatch, flag, mess
     r = CliRunner().invoke(app, ["serve", *flag])
     assert isinstance(r.exception, BadInput), r.output
     assert str(r.exception) == message
+
+
+@pytest.mark.parametrize("name,old,new,value", [
+    ("lookup", "num_tokens", "max_nodes", 6), ("draft", "num_tokens", "max_nodes", 3),
+    ("eagle", "total_nodes", "max_nodes", 12), ("hier", "max_chain", "max_nodes", 7),
+    ("hier", "total_nodes", "inner_max_nodes", 20), ("hier", "lookup_tokens", "inner_max_nodes", 5),
+])
+def test_the_draft_size_cap_has_one_name_and_its_old_ones_still_read(name, old, new, value):
+    """decoding/params.py: the old spelling means the same as the name now, and is written back as given."""
+    by_old, by_new = parse_params(name, {old: value}), parse_params(name, {new: value})
+    assert by_old.arguments() == by_new.arguments() == {new: value}
+    assert by_old.given() == {old: value} and by_new.given() == {new: value}
+    with pytest.raises(BadInput, match=f"parameter {new} is given twice"):
+        check_params(name, {old: value, new: value})
+
+
+def test_an_old_hier_configuration_with_both_inner_caps_keeps_its_drafters():
+    """Before one name a hier configuration could give total_nodes and lookup_tokens; its drafter's one counts."""
+    for drafter, want in (("lookup", 5), ("eagle", 20)):
+        p = parse_params("hier", {"drafter": drafter, "total_nodes": 20, "lookup_tokens": 5})
+        assert p.arguments()["inner_max_nodes"] == want
+    assert make_strategy("lookup", tiny_model(), num_tokens=6).batch_drafter(1).max_nodes == 6

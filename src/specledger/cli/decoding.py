@@ -55,9 +55,9 @@ def generate_cmd(
     activations: int = typer.Option(16, help="16 | 8: bits of an activation inside the int4/int8 products (8 = llama.cpp's W4A8/W8A8: prefill and verification about 1.6x faster on AVX-512 VNNI, a little less agreement with fp32); for every quantized model"),
     device: str = typer.Option("cpu", help="cpu | cuda"),
     strategy: str = typer.Option("ar", help="ar | lookup | draft | eagle | hier"),
-    param: list[str] = typer.Option([], "--param", "-p", help="strategy parameter key=value (repeatable), e.g. -p num_tokens=6; "
-                                                  "-p draft_length=fixed drafts num_tokens (EAGLE: total_nodes) "
-                                                  "every step instead of the adaptive planner's choice"),
+    param: list[str] = typer.Option([], "--param", "-p", help="strategy parameter key=value (repeatable), e.g. -p max_nodes=6; "
+                                                  "-p draft_length=fixed drafts max_nodes (the draft-size cap; old names "
+                                                  "num_tokens, total_nodes, max_chain still read) every step instead of the adaptive planner's choice"),
     draft_model: Optional[str] = typer.Option(None, help="draft strategy: the draft model (name/path; 'target' = the same file, the default when --draft-quant/--draft-dtype is given)"),
     draft_dtype: Optional[str] = typer.Option(None),
     draft_quant: str = typer.Option("none", help="quantization of the draft model"),

@@ -39,7 +39,7 @@ def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
         if role not in params:
             raise BadInput(missing_role(name, role))
     values = parse_params(name, params)
-    return {**values.given(), **{k: v for k, v in params.items() if k in MODEL_PARAMS}}
+    return {**values.arguments(), **{k: v for k, v in params.items() if k in MODEL_PARAMS}}
 
 
 def resolve_model(value: Any, target: LoadedModel) -> LoadedModel | list[LoadedModel]:

@@ -5,7 +5,13 @@ and make_strategy all validate with these models before any model is loaded, so 
 reported as the user's mistake, naming the strategy and the parameter, and a TypeError from inside a
 strategy stays a bug. Model-valued parameters (a draft model, intermediate models) are roles: given by
 flags or beside `params` in a configuration, declared by `roles`. Only the parameters given are passed on
-(`given()`), so each strategy's own defaults apply (tests check the defaults here match them).
+(`arguments()`), so each strategy's own defaults apply (tests check the defaults here match them).
+
+The draft-size cap has one name, `max_nodes`: the most nodes one proposal the target verifies may hold (a chain's
+tokens, a tree's nodes; with draft_length=fixed, what every step drafts). `hier` also caps its inner drafter's
+proposals (`inner_max_nodes`). The names the cap had before (lookup and draft: num_tokens; eagle: total_nodes;
+hier: max_chain, and total_nodes / lookup_tokens for its inner drafter) are still read, from the command line and
+run configurations alike, and a run configuration is written back as it was given (`given()`).
 Torch-free: the harness and the configuration parser import it.
 """
 
@@ -15,7 +21,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from specledger.errors import BadInput
 
@@ -44,19 +50,52 @@ DraftLength = Literal["adaptive", "fixed"]
 DRAFT_LENGTHS: tuple[str, ...] = get_args(DraftLength)
 
 
+def _cap(default: Any, *old: str, name: str = "max_nodes") -> Any:
+    """A draft-size cap under its one name, its old spellings still read (module docstring)."""
+    return Field(default, validation_alias=AliasChoices(name, *old))
+
+
 class StrategyParams(BaseModel):
     """Parameters of one strategy; `strategy` says which (the discriminator; never written out)."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
     roles: ClassVar[tuple[str, ...]] = ()  # model-valued parameters the strategy requires (MODEL_PARAMS)
+    _spelled: dict[str, str] = PrivateAttr(default_factory=dict)  # a field given by an old name -> that name
 
     @classmethod
     def names(cls) -> list[str]:
         return [n for n in cls.model_fields if n != "strategy"]
 
-    def given(self) -> dict[str, Any]:
-        """The parameters set (validated and converted), in declaration order; defaults left to the strategy."""
+    @classmethod
+    def old_names(cls) -> dict[str, str]:
+        """Each old spelling still read -> the parameter's name now."""
+        return {old: n for n, f in cls.model_fields.items() if isinstance(f.validation_alias, AliasChoices)
+                for old in f.validation_alias.choices if old != n and isinstance(old, str)}
+
+    @classmethod
+    def _one_spelling(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """The mapping with one key per parameter (a strategy whose parameter had two old names drops one)."""
+        return data
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_spelling(cls, data: Any, handler: Any) -> Any:
+        if not isinstance(data, dict):
+            return handler(data)
+        data = cls._one_spelling(data)
+        out = handler(data)
+        old = cls.old_names()
+        out._spelled = {old[k]: k for k in data if k in old}
+        return out
+
+    def arguments(self) -> dict[str, Any]:
+        """The parameters set (validated and converted), in declaration order, by their names now: what the
+        strategy is built with; defaults left to it."""
         return {n: getattr(self, n) for n in self.names() if n in self.model_fields_set}
+
+    def given(self) -> dict[str, Any]:
+        """The same, each by the name it was given (an old spelling kept): what a run configuration records."""
+        return {self._spelled.get(n, n): v for n, v in self.arguments().items()}
 
 
 class ArParams(StrategyParams):
@@ -65,7 +104,7 @@ class ArParams(StrategyParams):
 
 class LookupParams(StrategyParams):
     strategy: Literal["lookup"] = Field("lookup", exclude=True)
-    num_tokens: int | None = None  # None: 8
+    max_nodes: int | None = _cap(None, "num_tokens")  # None: 8
     max_ngram: int = 3
     min_ngram: int = 1
     draft_length: DraftLength = "adaptive"
@@ -74,7 +113,7 @@ class LookupParams(StrategyParams):
 class DraftParams(StrategyParams):
     strategy: Literal["draft"] = Field("draft", exclude=True)
     roles: ClassVar[tuple[str, ...]] = ("draft",)
-    num_tokens: int = 4
+    max_nodes: int = _cap(4, "num_tokens")
     draft_length: DraftLength = "adaptive"
     share_prompt_kv: bool = True  # a draft of the target's own weights copies the prompt's cache entries
 
@@ -84,7 +123,7 @@ class EagleParams(StrategyParams):
     head: Any = None  # a directory, an EagleHead, or None: the head shipped for the target
     top_k: int = 10
     depth: int = 3
-    total_nodes: int | str = "auto"
+    max_nodes: int | str = _cap("auto", "total_nodes")
     head_dtype: str | None = None
     draft_length: DraftLength = "adaptive"
 
@@ -96,12 +135,20 @@ class HierParams(StrategyParams):
     head: Any = None
     top_k: int = 10
     depth: int = 3
-    total_nodes: int = 30
+    # the inner drafter's cap (None: 30 for an EAGLE tree, 10 for lookup); both old names were accepted before
+    inner_max_nodes: int | None = _cap(None, "total_nodes", "lookup_tokens", name="inner_max_nodes")
     min_chain: int | list[int] = 6
-    max_chain: int = 10
-    lookup_tokens: int = 10
+    max_nodes: int = _cap(10, "max_chain")
     draft_length: DraftLength = "adaptive"
     share_prompt_kv: bool = True  # an intermediate of its verifier's own weights copies the prompt's cache entries
+
+    @classmethod
+    def _one_spelling(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """Before one name, a configuration could give total_nodes and lookup_tokens, the drafter using one."""
+        if "total_nodes" in data and "lookup_tokens" in data:
+            unused = "lookup_tokens" if data.get("drafter", "eagle") == "eagle" else "total_nodes"
+            data = {k: v for k, v in data.items() if k != unused}
+        return data
 
 
 class OtherParams(StrategyParams):
@@ -152,13 +199,17 @@ def missing_role(name: str, role: str) -> str:
 
 def check_keys(name: str, keys: list[str]) -> None:
     """Every key one the strategy accepts; else say what it does accept (or which strategy uses a model)."""
-    ok = accepted(name)
+    ok, old = accepted(name), params_class(name).old_names()
+    for new in set(old.values()):
+        twice = [k for k in keys if k == new or old.get(k) == new]
+        if len(twice) > 1 and not (new == "inner_max_nodes" and set(twice) == {"total_nodes", "lookup_tokens"}):
+            raise BadInput(f"strategy {name!r} parameter {new} is given twice ({' and '.join(twice)}: one name now)")
     for key in keys:
-        if key in ok:
+        if key in ok or key in old:
             continue
         if key in MODEL_PARAMS:
             raise BadInput(unused_role(name, key))
-        close = difflib.get_close_matches(key, ok, n=1)
+        close = difflib.get_close_matches(key, [*ok, *old], n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
         takes = f"it accepts: {', '.join(ok)}" if ok else "it takes no parameters"
         raise BadInput(f"strategy {name!r} has no parameter {key!r}{hint} ({takes})")

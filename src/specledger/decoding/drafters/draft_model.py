@@ -17,21 +17,21 @@ class DraftModel(Strategy):
     name = "draft"
     level_names = ["draft"]
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel, num_tokens: int = 4,
+    def __init__(self, target: LoadedModel, draft: LoadedModel, max_nodes: int = 4,
                  draft_length: str = "adaptive", share_prompt_kv: bool = True) -> None:
         super().__init__(target, draft_length)
         self.share_prompt_kv = share_prompt_kv
         check_same_tokenizer(target, draft)
-        if not 1 <= num_tokens <= 64:
-            raise BadInput(f"draft num_tokens must be in 1..64 (got {num_tokens})")
-        self.draft_lm, self.k = draft, num_tokens
+        if not 1 <= max_nodes <= 64:
+            raise BadInput(f"draft max_nodes (num_tokens) must be in 1..64 (got {max_nodes})")
+        self.draft_lm, self.k = draft, max_nodes
 
     def params(self) -> dict:
-        return {"num_tokens": self.k, "draft": self.draft_lm.label, "share_prompt_kv": self.share_prompt_kv}
+        return {"max_nodes": self.k, "draft": self.draft_lm.label, "share_prompt_kv": self.share_prompt_kv}
 
     def batch_drafter(self, n_slots: int) -> ModelDrafter:
-        """Chains of k tokens (min_chain = max_chain = k); its prior: its agreement with the target."""
-        return ModelDrafter(self.draft_lm, Drafter(), self.name, min_chain=self.k, max_chain=self.k, n_slots=n_slots,
+        """Chains of k tokens (min_chain = max_nodes = k); its prior: its agreement with the target."""
+        return ModelDrafter(self.draft_lm, Drafter(), self.name, min_chain=self.k, max_nodes=self.k, n_slots=n_slots,
                            max_len=self.target.config.max_seq_len, prior=agreement_prior(self.target, self.draft_lm),
                            params=self.params(),
                            share_prompt_kv=self.share_prompt_kv and same_weights(self.draft_lm, self.target))

@@ -6,7 +6,7 @@ the base's feature f_i with token i+1. The pending last token has no feature yet
 round starts from the head's prediction at the last entry (f of the pending token) and
 grows the tree level by level: the top_k frontier nodes by cumulative log-probability are
 fed through the head together under a tree mask, each proposes its top_k children, and
-finally the best `total_nodes` candidates overall form the tree (parents first).
+finally the best `max_nodes` candidates overall form the tree (parents first).
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ MAX_NODES = 256
 AUTO_MAX_NODES = 63  # "auto" trees: at most this many nodes (64 rows with the pending token)
 
 
-def check_tree_params(top_k: int, depth: int, total_nodes: int) -> None:
+def check_tree_params(top_k: int, depth: int, max_nodes: int) -> None:
     if top_k < 1 or top_k > 64:
         raise BadInput(f"EAGLE top_k must be in 1..64 (got {top_k})")
     if depth < 1 or depth > 32:
         raise BadInput(f"EAGLE depth must be in 1..32 (got {depth})")
-    if total_nodes < 1 or total_nodes > MAX_NODES:
-        raise BadInput(f"EAGLE total_nodes must be in 1..{MAX_NODES} (got {total_nodes})")
+    if max_nodes < 1 or max_nodes > MAX_NODES:
+        raise BadInput(f"EAGLE max_nodes (total_nodes) must be in 1..{MAX_NODES} (got {max_nodes})")
 
 
 @dataclass
@@ -155,15 +155,15 @@ class EagleDrafter(Drafter):
     tree = True
 
     def __init__(
-        self, head: EagleHead, base: LoadedModel, *, top_k: int = 10, depth: int = 5, total_nodes: int = 59,
+        self, head: EagleHead, base: LoadedModel, *, top_k: int = 10, depth: int = 5, max_nodes: int = 59,
         max_len: int, n_slots: int = 1,
     ) -> None:
-        check_tree_params(top_k, depth, total_nodes)
+        check_tree_params(top_k, depth, max_nodes)
         head.check_target(base)
         self.head, self.base, self.model = head, base, base.model
         self.lm_head = pooled_lm_head(head, base)
         self.vocab = head.draft_vocab.tolist() if head.draft_vocab is not None else None
-        self.top_k, self.depth, self.max_nodes = top_k, depth, total_nodes
+        self.top_k, self.depth, self.max_nodes = top_k, depth, max_nodes
         self.max_len = max_len
         self.cache = head.new_slot_cache(n_slots, max_len + depth * top_k, device=base.model.device)
         self.seqs: dict[Hashable, _HeadSeq] = {}
@@ -172,7 +172,7 @@ class EagleDrafter(Drafter):
         self.price = _DraftPrice()  # the planner's (draft_cost)
 
     def params(self) -> dict:
-        return {"top_k": self.top_k, "depth": self.depth, "total_nodes": self.max_nodes}
+        return {"top_k": self.top_k, "depth": self.depth, "max_nodes": self.max_nodes}
 
     # --- following the base's sequence ---------------------------------------------------------
 
@@ -238,7 +238,7 @@ class EagleDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, seqs: list[DraftSeq], budgets: list[int]) -> list[Tree]:
-        """Each sequence's best `min(total_nodes, budget)` nodes, best first (parents before children)."""
+        """Each sequence's best `min(max_nodes, budget)` nodes, best first (parents before children)."""
         t0 = clock(self.model.device)
         states = [self.seqs[s.key] for s in seqs]
         for st in states:
@@ -424,34 +424,34 @@ class EagleTree(Strategy):
         head: str | Path | EagleHead | None = None,
         top_k: int = 10,
         depth: int = 3,
-        total_nodes: int | str = "auto",
+        max_nodes: int | str = "auto",
         head_dtype: str | None = None,
         draft_length: str = "adaptive",
     ) -> None:
         """depth 3 by default: on the CPU targets measured (benchmarks/speculation.py, docs/benchmarks-log.md)
         depths 4-6 added drafting time (~2-3 ms per level) for under 0.1 of tau with the shipped head.
 
-        total_nodes: the most nodes a tree holds ("auto": AUTO_MAX_NODES, the draft_length policy choosing).
+        max_nodes: the most nodes a tree holds ("auto": AUTO_MAX_NODES, the draft_length policy choosing).
         head_dtype: the head's compute dtype. Default: the target's, except bf16 for an fp32 target on
         a CPU with native bf16 (drafts are only proposals: still lossless, and drafting is ~2x cheaper)."""
         super().__init__(target, draft_length)
-        if total_nodes != "auto":
+        if max_nodes != "auto":
             try:
-                total_nodes = int(total_nodes)
+                max_nodes = int(max_nodes)
             except (TypeError, ValueError):
-                raise BadInput(f"EAGLE total_nodes must be an integer or 'auto' (got {total_nodes!r})") from None
-        self.max_nodes = AUTO_MAX_NODES if total_nodes == "auto" else int(total_nodes)
+                raise BadInput(f"EAGLE max_nodes (total_nodes) must be an integer or 'auto' (got {max_nodes!r})") from None
+        self.given_max_nodes = max_nodes
+        self.max_nodes = AUTO_MAX_NODES if max_nodes == "auto" else int(max_nodes)
         check_tree_params(top_k, depth, self.max_nodes)
         dtype = parse_dtype(head_dtype) if head_dtype else default_head_dtype(target)
         self.head, self.head_source = resolve_head(target, head, dtype)
         self.top_k, self.depth = top_k, depth
-        self.total_nodes = total_nodes
 
     def params(self) -> dict:
         return {"head": self.head_source, "head_dtype": str(self.head.dtype).removeprefix("torch."), "top_k": self.top_k,
-                "depth": self.depth, "total_nodes": self.total_nodes}
+                "depth": self.depth, "max_nodes": self.given_max_nodes}
 
     def batch_drafter(self, n_slots: int) -> EagleDrafter:
         """The draft_length policy sizes each sequence's tree per step: the planner, or max_nodes every step."""
-        return EagleDrafter(self.head, self.target, top_k=self.top_k, depth=self.depth, total_nodes=self.max_nodes,
+        return EagleDrafter(self.head, self.target, top_k=self.top_k, depth=self.depth, max_nodes=self.max_nodes,
                             max_len=self.target.config.max_seq_len, n_slots=n_slots)

@@ -61,10 +61,9 @@ class Hierarchy(Strategy):
         head=None,
         top_k: int = 10,
         depth: int = 3,
-        total_nodes: int = 30,
+        inner_max_nodes: int | None = None,
         min_chain: int | list[int] = 6,
-        max_chain: int = 10,
-        lookup_tokens: int = 10,
+        max_nodes: int = 10,
         draft_length: str = "adaptive",
         share_prompt_kv: bool = True,
     ) -> None:
@@ -76,30 +75,32 @@ class Hierarchy(Strategy):
         self.min_chain = list(min_chain) if isinstance(min_chain, (list, tuple)) else [min_chain] * len(self.mids)
         if len(self.min_chain) != len(self.mids) or any(c < 1 for c in self.min_chain):
             raise BadInput(f"min_chain needs one value >= 1 per intermediate level (got {min_chain})")
-        if max_chain < max(self.min_chain):
-            raise BadInput(f"max_chain ({max_chain}) must be >= min_chain ({max(self.min_chain)})")
+        if max_nodes < max(self.min_chain):
+            raise BadInput(f"max_nodes (max_chain) ({max_nodes}) must be >= min_chain ({max(self.min_chain)})")
         if drafter not in ("eagle", "lookup"):
             raise BadInput(f"hier drafter must be 'eagle' or 'lookup' (got {drafter!r})")
-        self.drafter_kind, self.max_chain = drafter, max_chain
-        self.tree_params = {"top_k": top_k, "depth": depth, "total_nodes": total_nodes}
+        self.drafter_kind, self.max_nodes = drafter, max_nodes
+        inner = inner_max_nodes if inner_max_nodes is not None else 30 if drafter == "eagle" else 10
+        self.tree_params = {"top_k": top_k, "depth": depth, "max_nodes": inner}
         if drafter == "eagle":
             from specledger.decoding.drafters.eagle import check_tree_params, resolve_head
 
-            check_tree_params(top_k, depth, total_nodes)
+            check_tree_params(top_k, depth, inner)
             self.head, self.head_source = resolve_head(self.mids[0], head)
         else:
             from specledger.decoding.drafters.lookup import LookupDrafter
 
-            self.lookup = LookupDrafter(lookup_tokens)  # (it keeps no state: one serves every scheduler)
+            self.lookup = LookupDrafter(inner)  # (it keeps no state: one serves every scheduler)
         self.level_names = [drafter] + [f"mid{i}:{m.label}" for i, m in enumerate(self.mids)]
 
     def params(self) -> dict:
         p = {"drafter": self.drafter_kind, "intermediates": [m.label for m in self.mids], "min_chain": self.min_chain,
-             "max_chain": self.max_chain, "share_prompt_kv": self.share_prompt_kv}
+             "max_nodes": self.max_nodes, "share_prompt_kv": self.share_prompt_kv}
         if self.drafter_kind == "eagle":
-            p |= self.tree_params | {"head": self.head_source}
+            p |= {"top_k": self.tree_params["top_k"], "depth": self.tree_params["depth"],
+                  "inner_max_nodes": self.tree_params["max_nodes"], "head": self.head_source}
         else:
-            p["lookup_tokens"] = self.lookup.max_nodes
+            p["inner_max_nodes"] = self.lookup.max_nodes
         return p
 
     def batch_drafter(self, n_slots: int) -> ModelDrafter:
@@ -119,7 +120,7 @@ class Hierarchy(Strategy):
             prior = agreement_prior(self.target, m) if i == top else None
             verifier = self.target if i == top else self.mids[i + 1]
             inner = ModelDrafter(m, inner, self.level_names[i + 1], min_chain=self.min_chain[i],
-                                max_chain=self.max_chain, n_slots=n_slots, max_len=max_len, prior=prior,
+                                max_nodes=self.max_nodes, n_slots=n_slots, max_len=max_len, prior=prior,
                                 params=self.params() if i == top else None,
                                 share_prompt_kv=self.share_prompt_kv and same_weights(m, verifier))
         assert isinstance(inner, ModelDrafter)

@@ -26,19 +26,19 @@ def find_continuation(tokens: list[int], max_ngram: int, min_ngram: int, k: int)
 class LookupDrafter(Drafter):
     """Prompt lookup as a drafter: each sequence's chain is the continuation of its own last n-gram's latest
     earlier occurrence. Keeps no state, and a search in the sequence costs nothing next to a forward pass;
-    num_tokens caps a chain (a planner may draft less of it)."""
+    max_nodes caps a chain (a planner may draft less of it)."""
 
     name = "lookup"
 
-    def __init__(self, num_tokens: int = 8, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, max_nodes: int = 8, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise BadInput(f"lookup n-gram sizes need 1 <= min_ngram <= max_ngram (got {min_ngram}, {max_ngram})")
-        if not 1 <= num_tokens <= 128:
-            raise BadInput(f"lookup num_tokens must be in 1..128 (got {num_tokens})")
-        self.max_nodes, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
+        if not 1 <= max_nodes <= 128:
+            raise BadInput(f"lookup max_nodes (num_tokens) must be in 1..128 (got {max_nodes})")
+        self.max_nodes, self.max_ngram, self.min_ngram = max_nodes, max_ngram, min_ngram
 
     def params(self) -> dict:
-        return {"num_tokens": self.max_nodes, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
+        return {"max_nodes": self.max_nodes, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
 
     def _chain(self, seq: DraftSeq, budget: int) -> list[int]:
         return find_continuation(seq.tokens, self.max_ngram, self.min_ngram, min(self.max_nodes, budget))
@@ -55,12 +55,12 @@ class PromptLookup(Strategy):
     level_names = ["lookup"]
 
     def __init__(
-        self, target: LoadedModel, num_tokens: int | None = None, max_ngram: int = 3, min_ngram: int = 1,
+        self, target: LoadedModel, max_nodes: int | None = None, max_ngram: int = 3, min_ngram: int = 1,
         draft_length: str = "adaptive",
     ) -> None:
-        """num_tokens: the most a chain holds (default 8), a cap: the planner drafts what pays of it, per step."""
+        """max_nodes: the most a chain holds (default 8), a cap: the planner drafts what pays of it, per step."""
         super().__init__(target, draft_length)
-        self.drafter = LookupDrafter(8 if num_tokens is None else num_tokens, max_ngram, min_ngram)
+        self.drafter = LookupDrafter(8 if max_nodes is None else max_nodes, max_ngram, min_ngram)
 
     def params(self) -> dict:
         return self.drafter.params()

@@ -60,13 +60,13 @@ class ModelDrafter(Drafter):
     Over a drafter that proposes nothing (drafter.Drafter as it is), it is a draft model (draft_model.py); no level
     below it is reported."""
 
-    def __init__(self, mid: LoadedModel, inner: Drafter, name: str, *, min_chain: int, max_chain: int,
+    def __init__(self, mid: LoadedModel, inner: Drafter, name: str, *, min_chain: int, max_nodes: int,
                  n_slots: int = 1, max_len: int | None = None, prior: float | None = None,
                  params: dict | None = None, share_prompt_kv: bool = False) -> None:
-        """min_chain, max_chain: checked by the strategy (Hierarchy), which builds it. share_prompt_kv: the model
+        """min_chain, max_nodes (the longest chain): checked by the strategy (Hierarchy), which builds it. share_prompt_kv: the model
         is its verifier's weights at another precision (same_weights), so it takes the prompt from DraftSeq.kv."""
         self.lm, self.inner, self.name, self.share_prompt_kv = mid, inner, name, share_prompt_kv
-        self.min_chain, self.max_nodes, self.prior = min_chain, max_chain, prior
+        self.min_chain, self.max_nodes, self.prior = min_chain, max_nodes, prior
         self._params = params
         self.runner = ModelRunner(mid, n_slots, max_len, prefix_cache=True, keep_features=inner.wants_features)
         self.seqs: dict[Hashable, _Follow] = {}

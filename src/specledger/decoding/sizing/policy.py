@@ -1,7 +1,7 @@
 """How many nodes each decoding sequence of a batch drafts a step: one interface, two policies.
 
-`fixed`: every decoding sequence drafts min(K, room) nodes every step, K the drafter's max_nodes (num_tokens,
-an EAGLE tree's total_nodes): reproducible, nothing measured, what vLLM, SGLang and llama.cpp run.
+`fixed`: every decoding sequence drafts min(K, room) nodes every step, K the drafter's max_nodes (the strategy
+parameter of that name: decoding/params.py): reproducible, nothing measured, what vLLM, SGLang and llama.cpp run.
 `adaptive` (the default): the cost-aware planner (planner.plan_drafts) sizes each draft, zero included,
 from the verification-cost surface, the drafter's own cost and each sequence's running acceptance; every
 estimator it needs lives here, behind it. Speculation (loop/speculation.py) drives either one: the drafter's
