@@ -44,7 +44,7 @@ class InProcessBackend(Backend):
     def _load(self) -> None:
         from specledger.decoding.loop.worker import SchedulerThread
         from specledger.decoding.factory import make_strategy
-        from specledger.decoding.loop.scheduler import Scheduler
+        from specledger.decoding.loop.scheduler import SOLO_PREFILL_CHUNK, Scheduler
         from specledger.engine.loader import load_model
 
         c = self.config
@@ -66,7 +66,8 @@ class InProcessBackend(Backend):
         self.worker = SchedulerThread(Scheduler(self.models["target"], max_batch=c.batch_size,
                                             prefill_chunk=c.prefill_chunk, drafter=drafter,
                                             prefix_cache=c.prefix_cache,
-                                            draft_length=self.strategy.draft_length))
+                                            draft_length=self.strategy.draft_length,
+                                            solo_prefill_chunk=max(c.prefill_chunk, SOLO_PREFILL_CHUNK)))
 
     async def close(self) -> None:
         if self.worker is not None:

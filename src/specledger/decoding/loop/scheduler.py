@@ -180,23 +180,34 @@ class _Live:
             self.finish = "length"
 
 
+# prompt rows a pass takes when one request prefills alone, in `specledger bench` (bench/backends/inprocess.py): 8x the
+# default chunk; a 4k-token prompt in 2 passes instead of 16
+SOLO_PREFILL_CHUNK = 2048
+
+
 class Scheduler:
     """Continuous batching over one target model, autoregressive or with a drafter (module docstring).
 
     drafter: None (autoregressive) or a Drafter (decoding/drafters/base.py) made for max_batch sequences; cost: the
     verification-cost surface to plan drafts with (default: measured for this model on construction, kept
     in the model pool); prefix_cache: reuse cached prompt prefixes across requests (module docstring);
-    draft_length: how each step's drafts are sized, "adaptive" (the planner) or "fixed" (sizing/policy.py).
+    draft_length: how each step's drafts are sized, "adaptive" (the planner) or "fixed" (sizing/policy.py);
+    solo_prefill_chunk: prompt rows per pass when one request is running, still prefilling, and none waits (None:
+    prefill_chunk always). The chunk limit keeps a long prompt from stalling others; alone, it only costs passes: each
+    pass is a fixed cost (a few ms of launches and OpenMP regions per layer), its products run closer to their peak
+    shape with more rows, and a prompt that fits one chunk attends from an empty cache (causal, no mask, one read of
+    its keys). A request arriving meanwhile waits for that one pass.
     """
 
     def __init__(self, lm: LoadedModel, *, max_batch: int = 8, prefill_chunk: int = 256,
                  max_len: int | None = None, drafter: Drafter | None = None,
                  cost: CostSurface | Callable[[int], float] | None = None, prefix_cache: bool = True,
-                 draft_length: str = "adaptive") -> None:
+                 draft_length: str = "adaptive", solo_prefill_chunk: int | None = None) -> None:
         if max_batch < 1:
             raise BadInput(f"max_batch must be >= 1 (got {max_batch})")
         if prefill_chunk < 1:
             raise BadInput(f"prefill_chunk must be >= 1 (got {prefill_chunk})")
+        self.solo_prefill_chunk = max(prefill_chunk, solo_prefill_chunk or 0)
         self.lm = lm
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
@@ -243,6 +254,8 @@ class Scheduler:
     def params(self) -> dict:
         """What a result reports as its strategy's parameters."""
         batch = {"max_batch": self.max_batch, "prefill_chunk": self.prefill_chunk, "prefix_cache": self.prefix_cache}
+        if self.solo_prefill_chunk > self.prefill_chunk:
+            batch["solo_prefill_chunk"] = self.solo_prefill_chunk
         if self.drafter is None:
             return batch
         assert self.spec is not None
@@ -269,7 +282,8 @@ class Scheduler:
         t0 = time.perf_counter()
         items: list[RunItem] = []
         live_in: list[_Live] = []
-        budget = self.prefill_chunk
+        alone = len(self._running) == 1 and self._running[0].prefilling and not self._waiting
+        budget = self.solo_prefill_chunk if alone else self.prefill_chunk
         runs: dict[int, int] = {}
         decoding: list[_Live] = []
         for lv in self._running:
