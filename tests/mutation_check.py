@@ -388,6 +388,20 @@ MUTANTS = [
     Mutant("gguf-header-array-skipped-short", "the GGUF header reader skips one element of a numeric array, not all",
            "src/specledger/engine/registry.py", "f.seek(_SCALAR_BYTES[item] * count, 1)", "f.seek(_SCALAR_BYTES[item], 1)",
            ["tests/bench/test_server_precision.py::test_the_quantization_is_read_from_the_header_past_the_values_before_it"]),
+    # issue 55: one of each idea
+    Mutant("speedup-of-an-unmeasured-rate", "a configuration that measured no tok/s gets a speed-up of 0, not none",
+           "src/specledger/records/pairing.py", "return tok_s / base_tok_s if tok_s and base_tok_s else None",
+           "return tok_s / base_tok_s if base_tok_s else None",
+           ["tests/bench/test_pairing.py::test_a_speedup_needs_both_rates_measured"]),
+    Mutant("cap-old-name-forgotten", "lookup's num_tokens is no longer read as its max_nodes",
+           "src/specledger/decoding/params.py", '    max_nodes: int | None = _cap(None, "num_tokens")  # None: 8',
+           "    max_nodes: int | None = _cap(None)  # None: 8",
+           ["tests/decoding/test_strategy_params.py::test_the_draft_size_cap_has_one_name_and_its_old_ones_still_read"]),
+    Mutant("params-written-under-new-names", "a configuration given an old spelling is written back under the new",
+           "src/specledger/decoding/params.py",
+           "        return {self._spelled.get(n, n): v for n, v in self.arguments().items()}",
+           "        return self.arguments()",
+           ["tests/decoding/test_strategy_params.py::test_the_draft_size_cap_has_one_name_and_its_old_ones_still_read"]),
 ]
 
 
