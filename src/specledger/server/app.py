@@ -216,7 +216,7 @@ class ServerState:
         try:
             req = model.model_validate_json(body)
         except ValidationError as exc:
-            raise validation_error(exc.errors()) from None
+            req = _reparsed(body, model, exc)
         if req.model and req.model != self.name:
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {self.name!r}",
                            param="model", code="model_not_found")
@@ -426,6 +426,23 @@ class ServerState:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(body(), media_type="text/event-stream", headers=headers,
                                  background=BackgroundTask(settle))
+
+
+def _reparsed(body: bytes, model: type[ChatCompletionRequest] | type[CompletionRequest],
+              exc: ValidationError) -> ChatCompletionRequest | CompletionRequest:
+    """A body pydantic's JSON parser refused, read by Python's: it takes lone surrogates ("\\ud800") and NaN, so
+    the field that holds one is named (a field that is not text takes it as it is); else the first error, a 400."""
+    errors = exc.errors()
+    if errors[0].get("type") != "json_invalid":
+        raise validation_error(errors) from None
+    try:
+        obj = json.loads(body)
+    except ValueError:  # (UnicodeDecodeError too: not UTF-8)
+        raise validation_error(errors) from None
+    try:
+        return model.model_validate(obj)
+    except ValidationError as again:
+        raise validation_error(again.errors()) from None
 
 
 def _failure(ev: Failed) -> ApiError:

@@ -77,11 +77,6 @@ def _response(status: str, message: str, type: str, code: str, extra: str = "") 
     return head.encode() + body
 
 
-def _often(n: int) -> bool:
-    """Log the 1st, 2nd, 4th, 8th ... of a kind: a flood of them would otherwise flood the log."""
-    return n & (n - 1) == 0
-
-
 def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
     """uvicorn's HTTP/1.1 protocol with the read timeout and the connection cap (module docstring); one class per
     server: it keeps that server's admitted connections."""
@@ -93,6 +88,16 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
     admitted: set[H11Protocol] = set()
     lingering: set[H11Protocol] = set()
     seen = {"timeouts": 0, "refused": 0}
+
+    def count(kind: str, hook: Callable[[], None] | None, message: str, *args: Any) -> None:
+        """One more of a kind: the server's metric, and a log line for the 1st, 2nd, 4th, 8th ... (a flood of them
+        would otherwise flood the log)."""
+        seen[kind] += 1
+        if hook is not None:
+            hook()
+        n = seen[kind]
+        if n & (n - 1) == 0:
+            log.warning(message + "; %d so far", *args, n)
 
     class GuardedH11Protocol(H11Protocol):
         _timer: asyncio.TimerHandle | None = None
@@ -109,12 +114,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
 
         def _refuse(self) -> None:
             self._refused = True
-            seen["refused"] += 1
-            if limits.on_refused is not None:
-                limits.on_refused()
-            if _often(seen["refused"]):
-                log.warning("refused a connection: %d open, the most (--max-connections); %d refused so far",
-                            limits.max_connections, seen["refused"])
+            count("refused", limits.on_refused, "refused a connection: %d open, the most (--max-connections)",
+                  limits.max_connections)
             self.transport.write(refusal)
             if len(lingering) >= limits.max_connections or not self.transport.can_write_eof():
                 self.transport.close()  # (after the 503 is written)
@@ -137,12 +138,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
             self._timer = None
             if self.transport.is_closing():
                 return
-            seen["timeouts"] += 1
-            if limits.on_timeout is not None:
-                limits.on_timeout()
-            if _often(seen["timeouts"]):
-                log.warning("closed a connection: its request did not arrive within %g s (--read-timeout); %d so far",
-                            limits.read_timeout_s, seen["timeouts"])
+            count("timeouts", limits.on_timeout, "closed a connection: its request did not arrive within %g s "
+                  "(--read-timeout)", limits.read_timeout_s)
             current = self.cycle if self.cycle is not self._before else None
             if current is None or not current.response_started:
                 self.transport.write(timeout_reply)
