@@ -27,6 +27,7 @@ from typing import Callable, Iterable
 
 import psutil
 
+from specledger.engine.config import ModelConfig
 from specledger.engine.pool import Key
 from specledger.errors import BadInput, SpecLedgerError
 from specledger.records.config import BenchConfig
@@ -70,10 +71,14 @@ def gb(n: int) -> str:
 
 
 @lru_cache(maxsize=64)
-def _config(model: str):  # type: ignore[no-untyped-def]
+def _config(model: str) -> ModelConfig | None:
+    """The model's shape from its header; None where it cannot be read here (loading it will say why)."""
     from specledger.engine.loader import read_model_config
 
-    return read_model_config(model)
+    try:
+        return read_model_config(model)
+    except Exception:  # noqa: BLE001 - any unreadable file: counted as nothing, refused later by the loader
+        return None
 
 
 def weights_id(key: Key) -> Key:
@@ -86,9 +91,8 @@ def weights_bytes(key: Key) -> int:
     from specledger.engine.roofline import Precision, model_bytes
 
     model, dtype, quant, group, _device, act = key[:6]
-    try:
-        cfg = _config(model)
-    except SpecLedgerError:
+    cfg = _config(model)
+    if cfg is None:
         return 0
     return model_bytes(cfg, Precision(dtype, quant, group or 32, act)).resident + PER_MODEL
 
@@ -108,9 +112,8 @@ def load_transient(key: Key) -> int:
     """What loading this model holds for a moment beside the model: its fp32 embedding and one fp32 layer."""
     from specledger.engine.roofline import layer_products
 
-    try:
-        cfg = _config(key[0])
-    except SpecLedgerError:
+    cfg = _config(key[0])
+    if cfg is None:
         return 0
     return 4 * (cfg.vocab_size * cfg.hidden_size + sum(o * i for o, i in layer_products(cfg)))
 
@@ -119,9 +122,8 @@ def kv_bytes(key: Key, slots: int, context: int) -> int:
     """A slot cache's bytes for `slots` sequences of `context` tokens (its time axis doubles from 256)."""
     from specledger.engine.roofline import Precision, kv_bytes_per_position, kv_element_bytes
 
-    try:
-        cfg = _config(key[0])
-    except SpecLedgerError:
+    cfg = _config(key[0])
+    if cfg is None:
         return 0
     capacity = 256
     while capacity < min(context, cfg.max_seq_len):
