@@ -13,9 +13,10 @@ import pytest
 import yaml
 
 from specledger.ledger.inputs import example_text, parse_inputs
+from specledger.ledger.measurements import measurements_from_run
 from specledger.ledger.price import price_measurements, price_run
 from specledger.records.results import load_run
-from specledger.report.html import write_report
+from specledger.report.html import _clean, write_report
 from tests.report.demo_run import demo_run
 from tests.report.conftest import CHROMIUM
 from tests.report.test_report_browser import DESKTOP, PHONE, REAL_RUN, open_page
@@ -312,5 +313,61 @@ def test_the_cost_column_is_on_a_phones_screen(browser, demo_report):
     cell = page.locator("#cost-table tbody tr td[data-value]").first.bounding_box()
     assert header is not None and cell is not None
     assert header["x"] + header["width"] <= PHONE[0] and cell["x"] + cell["width"] <= PHONE[0], (header, cell)
+    assert errors == []
+    page.close()
+
+
+def test_the_calculators_saving_by_source_is_the_ledgers(browser, demo_report, tmp_path):
+    """The page splits the saving by source exactly as the ledger does (its central values, ledger/saving_sources.py)
+    for every scenario whose recommendation is not the baseline: on the report's own data, and on a run where quality
+    differs priced on owned hardware (speed, energy and quality each non-zero)."""
+    page, errors = open_page(browser, demo_report[0])
+    own = json.loads(page.locator("#ledger-data").text_content())["calculator"]
+    run_dir = demo_run(tmp_path, passes={"ar-fp32": 30, "ar-w4": 38})
+    doc = yaml.safe_load(example_text())
+    doc["hardware"] = {"kind": "owned", "purchase_price": 30000, "lifetime_years": 4, "utilisation": 0.6,
+                       "power_watts": 700, "energy_price_per_kwh": 0.15, "pue": 1.3}
+    other = price_measurements(measurements_from_run(run_dir), parse_inputs(yaml.safe_dump(doc, sort_keys=False)),
+                               samples=0)
+    cases = [(own, demo_report[1]["answer"]), (_clean(other.calculator | {"reference": other.reference}),
+                                               other.answer.model_dump() if other.answer else {})]
+    nonzero = set()
+    for data, answer in cases:
+        for sa in answer["scenarios"]:
+            if sa["recommended"] == sa["baseline"] or not sa["sources"]:
+                continue
+            split = page.evaluate("""([d, name]) => { const base = d.scenarios ? d.scenarios[name] : d.base;
+                return SpecLedgerCalc.pointAnswer(SpecLedgerCalc.priceAll(d, base, null), d.reference, 0.01); }""",
+                                  [data, sa["scenario"]])
+            assert split["recommended"] == sa["recommended"] and split["baseline"] == sa["baseline"]
+            assert split["saving_per_task"] == pytest.approx(sa["saving_per_task"], rel=1e-9)
+            for s in sa["sources"]:
+                assert split["sources"][s["source"]] == pytest.approx(s["per_task"], rel=1e-9, abs=1e-15), s
+                if abs(s["per_task"]) > 1e-6:
+                    nonzero.add(s["source"])
+    assert nonzero >= {"speed", "energy", "quality"}, nonzero
+    page.select_option("#calc-scenario", "fully-automated")
+    assert "By source (point values, a month): speed $" in page.inner_text("#calc-answer")
+    assert errors == []
+    page.close()
+
+
+def test_a_measured_retry_loop_is_priced_as_the_ledger_prices_it(browser, demo_report):
+    """An operating point with measured attempts and escalation (ledger/attempts.py) is priced by them on the page, as
+    cost_model.task_cost does, instead of the formula from the pass rate."""
+    from dataclasses import asdict
+
+    from specledger.ledger.cost_model import OperatingPoint, task_cost
+    from specledger.ledger.inputs import parse_inputs as parse
+
+    page, errors = open_page(browser, demo_report[0])
+    x = parse(example_text()).base.central()
+    for attempts, escalation in ((None, None), (2.7, 0.1), (1.0, 0.0), (6.0, 1.0)):
+        op = OperatingPoint(device_seconds_per_call=3.0, output_tokens_per_call=100.0, pass_rate=0.4, requests_per_s=0.3,
+                            attempts=attempts, escalation=escalation)
+        want = task_cost(x, op)
+        got = page.evaluate("([x, op]) => SpecLedgerCalc.taskCost(x, op)", [x, asdict(op)])
+        for k in ("attempts", "escalation", "compute", "tools", "labour", "total"):
+            assert got[k] == pytest.approx(float(getattr(want, k)), rel=1e-12), (attempts, k)
     assert errors == []
     page.close()

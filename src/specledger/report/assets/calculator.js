@@ -104,8 +104,9 @@
     var tc = toolCost(task);
     var attempt = task.calls_per_task * perCall + tc;
     var retries = acc.retries;  // an integer: validate() rejects anything else, as the ledger does
-    var attempts = expectedAttempts(q, retries);
-    var esc = escalationProbability(q, retries);
+    // a measured retry loop (ledger/attempts.py) prices its own attempts and escalations instead of the formula
+    var attempts = op.attempts === null || op.attempts === undefined ? expectedAttempts(q, retries) : op.attempts;
+    var esc = op.escalation === null || op.escalation === undefined ? escalationProbability(q, retries) : op.escalation;
     var wagePerMin = acc.wage_per_hour / 60;
     var compute = attempts * task.calls_per_task * perCall;
     var tools = attempts * tc;
@@ -148,7 +149,7 @@
     return v !== null && typeof v === "object" && !Array.isArray(v) && "low" in v && "high" in v;
   }
 
-  function clone(v) { return JSON.parse(JSON.stringify(v)); }
+  function clone(v) { return v === undefined ? undefined : JSON.parse(JSON.stringify(v)); }
 
   // Same semantics as ledger/inputs.py _merge: mappings merge, anything else is replaced whole.
   function merge(base, over) {
@@ -237,6 +238,8 @@
       row.ttft_p95 = pick.op.ttft_p95;
       row.e2e_p95 = pick.op.e2e_p95;
       row.breakdown = b;
+      row.x = x;
+      row.op = pick.op;
       row.total = b.infinite ? null : b.total;
       row.shares = costShares(b);
       row.infinite = b.infinite;
@@ -303,6 +306,7 @@
     if (base) {
       out.saving_per_task = base.total - best.total;
       out.saving_per_month = out.saving_per_task * best.tasks_per_month;
+      if (base !== best && base.x && best.x) out.sources = savingSources(base, best);
     }
     if (next) {
       out.gap = next.total - best.total;
@@ -310,6 +314,21 @@
       out.within = out.gap_rel !== null && out.gap_rel <= material;
     }
     return out;
+  }
+
+  // The saving (base's cost - rec's) split by source, as ledger/saving_sources.py split() does at central values:
+  // rec's pass rate and measured retry loop swapped into base's priced case first (quality), then its device time
+  // and energy per call (speed, and energy: the change in the engine's energy part), the remainder the rest.
+  function savingSources(base, rec) {
+    var xb = base.x, ob = base.op, xr = rec.x, orec = rec.op;
+    var x1 = merge(xb, { acceptance: { pass_rate: xr.acceptance.pass_rate } });
+    var o1 = merge(ob, { pass_rate: orec.pass_rate, attempts: orec.attempts, escalation: orec.escalation });
+    var o2 = merge(o1, { device_seconds_per_call: orec.device_seconds_per_call, requests_per_s: orec.requests_per_s,
+      device_count: orec.device_count, output_tokens_per_call: orec.output_tokens_per_call,
+      energy_j_per_call: orec.energy_j_per_call });
+    var c0 = taskCost(xb, ob), c1 = taskCost(x1, o1), c2 = taskCost(x1, o2), c3 = taskCost(xr, orec);
+    var energy = c1.energy - c2.energy;
+    return { quality: c0.total - c1.total, speed: c1.total - c2.total - energy, energy: energy, rest: c2.total - c3.total };
   }
 
   // Dollars, compactly: cents from $1, three significant figures below, thousands separated up to $1e9, and
@@ -491,7 +510,7 @@
     taskCost: taskCost, objectiveMisses: objectiveMisses, merge: merge, priceAll: priceAll,
     chooseLevel: chooseLevel, withDevices: withDevices, energyPerCall: energyPerCall, costShares: costShares,
     validate: validate, validateAll: validateAll, pyG: pyG, problem: problem, pointAnswer: pointAnswer,
-    money: money, percent: percent, versus: versus
+    money: money, percent: percent, versus: versus, savingSources: savingSources
   };
   if (typeof module !== "undefined" && module.exports) module.exports = api;
   else root.SpecLedgerCalc = api;

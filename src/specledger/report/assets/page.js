@@ -306,6 +306,11 @@
     } else if (data.reference) {
       para(holder, "calc-saving", ["The baseline " + data.reference + " has no comparable cost here: no saving against it."]);
     }
+    if (a.sources && Object.keys(a.sources).every(function (k) { return isFinite(a.sources[k]); })) {
+      para(holder, "calc-sources", ["By source (point values, a month): " + ["speed", "energy", "quality", "rest"].map(
+        function (k) { return k + " " + money(a.sources[k] * a.tasks_per_month); }).join(" · ") +
+        ". The ledger credits a source only where its 95% interval excludes 0 (the answer above)."]);
+    }
     var rec = rows.filter(function (r) { return r.name === a.recommended; })[0];
     if (rec.breakdown.escalation > 0.999) {
       para(holder, "calc-escalation", ["At a pass rate of " + pct(rec.breakdown.pass_rate) + " nearly every task " +
