@@ -66,8 +66,8 @@ class InProcessBackend(Backend):
         self.worker = SchedulerThread(Scheduler(self.models["target"], max_batch=c.batch_size,
                                             prefill_chunk=c.prefill_chunk, drafter=drafter,
                                             prefix_cache=c.prefix_cache,
-                                            draft_length=self.strategy.draft_length,
-                                            solo_prefill_chunk=max(c.prefill_chunk, SOLO_PREFILL_CHUNK)))
+                                            solo_prefill_chunk=max(c.prefill_chunk, SOLO_PREFILL_CHUNK),
+                                            draft_length=self.strategy.draft_length))
 
     async def close(self) -> None:
         if self.worker is not None:
