@@ -175,3 +175,16 @@ def test_a_recommendation_whose_non_inferiority_is_not_shown_says_so():
     auto = price_measurements(ms, load_inputs(None), samples=1000, thresholds=False).answer.scenarios[1]
     assert auto.recommended == "ar-w4" and auto.quality_decision == "not shown" and auto.saving_from == ["speed"]
     assert "ar-w4's quality is not shown to be at most 5 points below ar-fp32's" in auto.headline
+
+
+def test_a_tie_at_the_top_says_how_sure_in_the_headline_s_words():
+    """Fully automated, int4 and int8 cannot be told apart and both beat fp32: 'how sure' names the tie as the
+    headline does, with its interval."""
+    same = set(range(124))
+    ms = [_config("ar-fp32", "fp32", 1.0, same, seed=1), _config("ar-w8", "W8A16", 1.5, same, seed=2, noise=0.3),
+          _config("ar-w4", "W4A16-g32", 1.5, same, seed=3, noise=0.3)]
+    auto = price_measurements(ms, load_inputs(None), samples=1000, thresholds=False).answer.scenarios[1]
+    assert not auto.tie and auto.verdict == "indistinguishable" and len(auto.tied) == 1
+    (t,) = auto.tied
+    words = f"{t.config} cannot be told apart from {auto.recommended} (difference {signed_pct(t.low_pct)}"
+    assert auto.confidence.startswith(f"a tie at the top: {words}") and words.replace(auto.recommended, "it") in auto.headline

@@ -173,8 +173,8 @@ def _confidence(rec: Priced, tie: bool, tested: bool, tied: list[TiedSpan]) -> s
         return (f"a tie: {_tied_words(tied, rec.name)}; none is shown to cost more than the cheapest by over "
                 f"{MATERIAL:.0%}")
     if rec.verdict == "indistinguishable":
-        return (f"a tie at the top: {rec.verdict_detail}; every other configuration costs more by over "
-                f"{MATERIAL:.0%} (95%)")
+        return (f"a tie at the top: {_tied_words(tied, rec.name) if tied else rec.verdict_detail}; every other "
+                f"configuration costs more by over {MATERIAL:.0%} (95%)")
     return f"{rec.verdict}: {rec.verdict_detail}"
 
 
