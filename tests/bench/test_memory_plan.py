@@ -118,6 +118,8 @@ def test_a_run_over_budget_runs_its_groups_one_after_another(tmp_path, monkeypat
     assert {cr.name for cr in result.configs} == {"ar-w4", "ar-w4a8", "ar-bf16", copy}
     run = load_run(tmp_path / "run")
     assert any("2 groups" in n for n in run.notes)
+    drift = next(n for n in run.notes if n.startswith("drift between memory groups"))
+    assert f"{copy} c=1" in drift and "against ar-w4's" in drift and drift.endswith("x)")
     from specledger.records.config import config_baselines
 
     assert config_baselines(runner.cfg.configs)[copy] == "ar-w4"  # the A/A arm between the groups

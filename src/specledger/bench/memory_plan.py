@@ -32,6 +32,7 @@ from specledger.engine.pool import Key
 from specledger.errors import BadInput, SpecLedgerError
 from specledger.records.config import BenchConfig
 from specledger.records.question import Question
+from specledger.records.results import ConfigResult
 
 ENV = "SPECLEDGER_MEMORY_BUDGET"
 GROUP_TAG = "@group"
@@ -273,3 +274,21 @@ def plan(configs: list[BenchConfig], keys_of: KeysOf, questions: list[Question],
             added.append(copy)
     peaks = [group_bytes([costs[c.name] for c in g], base) for g in groups]
     return MemoryPlan(budget_b, source, groups, peaks, added)
+
+
+def drift_text(configs: list[ConfigResult]) -> str | None:
+    """The drift between memory groups, as the anchor's copies measured it: each copy's TPOT p50 over the anchor's at
+    every level both ran (None: no copies in the run)."""
+    by_name = {c.name: c for c in configs}
+    parts = []
+    for c in configs:
+        anchor = by_name.get(c.name.split(GROUP_TAG)[0]) if GROUP_TAG in c.name else None
+        if anchor is None:
+            continue
+        mine = {lr.load: lr.aggregate.tpot.p50 for lr in anchor.loads}
+        for lr in c.loads:
+            a, b = mine.get(lr.load), lr.aggregate.tpot.p50
+            if a and b:
+                parts.append(f"{c.name} {lr.load} {1000 * b:.1f} ms against {anchor.name}'s {1000 * a:.1f} ms "
+                             f"({b / a:.2f}x)")
+    return "drift between memory groups, TPOT p50: " + "; ".join(parts) if parts else None

@@ -26,7 +26,7 @@ from specledger.bench.calibration import assess, take_probe, thread_settings
 from specledger.records.config import QUALITY_LEVEL, BenchConfig, LoadLevel, RunConfig, parse_run_config
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.levels import Level, Levels
-from specledger.bench.memory_plan import plan as plan_memory
+from specledger.bench.memory_plan import drift_text, plan as plan_memory
 from specledger.bench.recorder import RunRecorder
 from specledger.records.results import ConfigResult, Noise, RunResult, load_run, thread_choice_text
 from specledger.bench.shared_models import ReferenceFactory, SharedModels
@@ -115,6 +115,8 @@ class Runner:
                         self.models.scope = group  # only this group's models are held
                     await self._run_configs(group, rng)
                 self._noise_probe("after")
+            if (drift := drift_text(result.configs)) is not None:
+                self.rec.note(drift)
             result.status = "complete"
         except (KeyboardInterrupt, asyncio.CancelledError):
             result.status = "interrupted"
