@@ -57,6 +57,7 @@ def leftover_dirs() -> set[str]:
     "```python\ndef add(a, b):\n    return a + b\n",  # cut at max_tokens inside its fence
     "```bash\npip install nothing\n```\n```python\nfrom operator import add as _a\n\ndef add(a, b):\n    return _a(a, b)\n```",
     fenced("def add(a, b):\n    return a + b\n\nif __name__ == '__main__':\n    print(add(int(input()), 2))"),
+    "```\npython\ndef add(a, b):\n    return a + b\n```",  # the language alone on the line after the fence
 ])
 def test_correct_answers_in_every_shape_pass(answer):
     r = grade_program(answer, TASK, FAST)

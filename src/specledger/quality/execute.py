@@ -72,7 +72,8 @@ class ExecResult:
 
 # --- extraction --------------------------------------------------------------------------------------------
 
-_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+# a fence, its language (on the fence's line, or alone on the next: "```\npython\n", as a small model writes it)
+_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(?:(?i:python3?|py)[ \t]*\n)?(.*?)(?:```|\Z)", re.DOTALL)
 _CODE_START = re.compile(r"^(?:def |async def |class |import |from |@)", re.MULTILINE)
 _NOT_PYTHON = {"bash", "sh", "shell", "console", "text", "json", "yaml", "output", "plaintext"}
 
