@@ -139,3 +139,29 @@ def test_a_difference_the_headline_does_not_claim_is_not_called_a_saving(tmp_pat
         checked += 1
         assert said[1].startswith("Saves") == bool(sa.saving_from), (sa.scenario, sa.saving_from, said[1])
     assert checked == 2 and not ledger.answer.scenarios[0].saving_from  # a tie, priced against the baseline
+
+
+def test_specledger_report_writes_the_ledger_it_links(tmp_path):
+    """`specledger report -o DIR/r.html` writes DIR/ledger.json, the pricing the report shows, and links that one
+    (not a ledger.json of another pricing in the run directory)."""
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from specledger.cli import report as commands
+
+    run_dir = demo_run(tmp_path)
+    (run_dir / "ledger.json").write_text('{"stale": true}', encoding="utf-8")  # another pricing's
+    app = typer.Typer()
+    app.callback()(lambda: None)
+    commands.register(app)
+    out = tmp_path / "out" / "r.html"
+    result = CliRunner().invoke(app, ["report", str(run_dir), "-o", str(out), "--samples", "50"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    written = json.loads((out.parent / "ledger.json").read_text(encoding="utf-8"))
+    assert written["samples"] == 50 and written["answer"]["scenarios"]
+    parser = Links()
+    parser.feed(out.read_text(encoding="utf-8"))
+    hrefs = {Path(h).name: h for h, _ in parser.hrefs if h.endswith(".json")}
+    assert hrefs["ledger.json"] == "ledger.json" and (out.parent / hrefs["run.json"]).resolve() == run_dir / "run.json"

@@ -20,17 +20,24 @@ def register(app: typer.Typer) -> None:
         samples: int = typer.Option(2000, "--samples", min=0, help="Monte Carlo samples"),
         seed: int = typer.Option(0, "--seed"),
     ) -> None:
-        """One HTML file: cost table, calculator, break-even, sensitivity, speed and latency charts."""
+        """One HTML file: cost table, calculator, break-even, sensitivity, speed and latency charts; ledger.json (what
+        it shows, in full) beside it."""
         from rich.console import Console
 
         from specledger.ledger.price import price_run
+        from specledger.records import durable
         from specledger.report.html import write_report
         from specledger.report.terminal import render_cost_table
 
         console = Console()
         with console.status("pricing and drawing the report…"):
             ledger = price_run(run_dir, inputs, samples=samples, seed=seed)
-            path = write_report(run_dir, ledger, out or Path(run_dir) / "report.html")
+            target = out or Path(run_dir) / "report.html"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # the report links the ledger it shows: written first, beside it (in the run directory: replacing the
+            # ledger.json of another pricing, which the new report would contradict)
+            durable.write_text(target.parent / "ledger.json", ledger.model_dump_json(indent=2))
+            path = write_report(run_dir, ledger, target)
         console.print(render_cost_table(ledger))
         console.print(f"report: {path.resolve()}")
 

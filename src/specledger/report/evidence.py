@@ -130,11 +130,12 @@ def first_screen(ledger: LedgerResult, run: RunResult | None) -> dict:
 
 
 def run_files(run_dir: Path, out_dir: Path | None) -> list[dict]:
-    """The run's files that exist, each linked relative to where the report is written."""
+    """The run's files that exist, each linked relative to where the report is written (ledger.json: the one beside
+    the report where there is one, which `specledger report` writes with it)."""
     here = Path(out_dir) if out_dir is not None else Path(run_dir)
     out = []
     for name, what in RUN_FILES:
-        path = Path(run_dir) / name
+        path = here / name if name == "ledger.json" and (here / name).is_file() else Path(run_dir) / name
         if path.is_file():
             rel = os.path.relpath(path.resolve(), here.resolve())
             out.append({"name": name, "href": quote(Path(rel).as_posix()), "what": what,
