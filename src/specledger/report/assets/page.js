@@ -302,7 +302,8 @@
       var word = a.saving_per_task >= 0 ? "Saves " : "Costs ";
       para(holder, "calc-saving", [word + money(Math.abs(a.saving_per_task)) + " per task against " + a.baseline +
         " (" + money(a.baseline_cost) + (a.baseline_status ? ", " + a.baseline_status : "") + "), " + money(Math.abs(a.saving_per_month)) + " a month at " +
-        calc.pyG(a.tasks_per_month) + " tasks a month."]);
+        (a.tasks_per_month < 1e15 ? a.tasks_per_month.toLocaleString("en-US") : calc.pyG(a.tasks_per_month)) +
+        " tasks a month."]);
     } else if (data.reference) {
       para(holder, "calc-saving", ["The baseline " + data.reference + " has no comparable cost here: no saving against it."]);
     }
