@@ -4,7 +4,9 @@ context can hold whatever its tokens is refused before it is tokenized (server/p
 
 from __future__ import annotations
 
+import gc
 import json
+import sys
 import threading
 import time
 
@@ -133,6 +135,7 @@ def test_eight_maximal_bodies_at_once_leave_health_and_a_small_request_quick(srv
     assert len(body) <= MAX_BODY_BYTES and len(body.decode()) < 4 * MAX_PROMPT_CHARS  # legal: within both limits
     assert kind != "970k emoji" or len(json.loads(body)["prompt"]) < MAX_PROMPT_CHARS
     path = "/v1/chat/completions" if kind == "100k messages" else "/v1/completions"
+    switch = sys.getswitchinterval()
     answers: list[httpx.Response] = []
 
     def send() -> None:
@@ -161,3 +164,4 @@ def test_eight_maximal_bodies_at_once_leave_health_and_a_small_request_quick(srv
     # request took 2-6 s (its 2 tokens sharing the cores); parsing on the event loop held both for the whole flood
     assert max(lat) < 1.5 and victim_s < 15.0
     assert tracebacks(records) == []
+    assert gc.isenabled() and sys.getswitchinterval() == switch  # (the server runs in this process) as they were

@@ -39,6 +39,7 @@ import json
 import logging
 import math
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -129,25 +130,33 @@ def validation_error(errors: Any) -> ApiError:
     return ApiError(400, f"{param}: {msg}", param=param, code=code)
 
 
-_gc = {"paused": 0}
-_gc_lock = threading.Lock()
+HEAVY_SWITCH_S = 0.0005  # the interpreter's thread switch interval while a large body is parsed (default 5 ms)
+_heavy: dict[str, float] = {"n": 0, "switch": 0.0}
+_heavy_lock = threading.Lock()
 
 
 @contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off meanwhile: parsing 100k messages makes ~10^6 objects, and the collector's full
-    passes over them held the GIL, so the event loop, for up to 1.6 s (with it off: 50 ms). The parse makes no
-    cycles: reference counting frees it all. Re-entrant across threads (on again when the last one leaves)."""
-    with _gc_lock:
-        _gc["paused"] += 1
-        gc.disable()
+def heavy_parsing() -> Iterator[None]:
+    """While a large body is parsed: the cyclic garbage collector off, and the GIL handed round every 0.5 ms.
+
+    Parsing 100k messages makes ~10^6 objects; the collector's full passes over them held the GIL, so the event
+    loop, for up to 1.6 s (with it off: 50 ms); the parse makes no cycles, reference counting frees it all. And a
+    thread of Python work keeps every other thread (the event loop, the engine between its torch ops) waiting up to
+    the switch interval for each turn. Re-entrant across threads: undone when the last one leaves."""
+    with _heavy_lock:
+        if not _heavy["n"]:
+            _heavy["switch"] = sys.getswitchinterval()
+            gc.disable()
+            sys.setswitchinterval(HEAVY_SWITCH_S)
+        _heavy["n"] += 1
     try:
         yield
     finally:
-        with _gc_lock:
-            _gc["paused"] -= 1
-            if not _gc["paused"]:
+        with _heavy_lock:
+            _heavy["n"] -= 1
+            if not _heavy["n"]:
                 gc.enable()
+                sys.setswitchinterval(_heavy["switch"])
 
 
 class ServerState:
@@ -233,7 +242,7 @@ class ServerState:
 
     def _prepare_heavy(self, body: bytes, model: type[ChatCompletionRequest] | type[CompletionRequest]
                        ) -> tuple[ChatCompletionRequest | CompletionRequest, list[int], str]:
-        with gc_paused():
+        with heavy_parsing():
             return self.prepare(body, model)
 
     def prompt_ids(self, req: ChatCompletionRequest | CompletionRequest) -> tuple[list[int], str]:
