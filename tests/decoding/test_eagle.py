@@ -11,7 +11,7 @@ from tests.conftest import PROMPTS, tiny_model
 from tests.support.varied_model import assert_lossless_and_mixed, prompt_features, varied_model, varied_prompts
 from specledger.decoding.autoregressive import Autoregressive
 from specledger.decoding.drafters.eagle import EagleDrafter, EagleTree
-from specledger.decoding.drafters.eagle_head import EagleHead, HeadConfig, load_head, save_head
+from specledger.decoding.drafters.eagle_head import EagleHead, HeadConfig, load_head, save_head, shipped_head_dir
 from specledger.decoding.loop.generate import generate
 from specledger.decoding.drafters.base import DraftSeq
 from specledger.engine.ragged import Segment
@@ -350,3 +350,9 @@ def test_bf16_head_drafting_for_fp32_target_is_lossless(vocab):
     assert generate(st, [5, 6, 7], sp).token_ids == generate(Autoregressive(lm), [5, 6, 7], sp).token_ids
     with pytest.raises(BadInput):
         EagleTree(lm, head=head, head_dtype="fp8")
+
+
+def test_the_embedded_models_head_is_where_the_package_ships_it():
+    """specledger/data/heads/<model>: moving eagle_head.py a folder down (decoding/drafters/) once pointed this at
+    decoding/data, and every default `eagle` or `hier` on the embedded model said no head is shipped."""
+    assert (shipped_head_dir("smollm2-135m") / "config.json").is_file()

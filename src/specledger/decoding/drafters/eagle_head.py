@@ -288,4 +288,4 @@ def load_head(path: str | Path, target: LoadedModel | None = None, dtype: torch.
 
 def shipped_head_dir(model_name: str) -> Path:
     """Where the package keeps the trained head for an embedded model."""
-    return Path(__file__).resolve().parent.parent / "data" / "heads" / model_name
+    return Path(__file__).resolve().parents[2] / "data" / "heads" / model_name  # specledger/data
