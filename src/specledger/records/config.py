@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Iterable, Literal, Union
 
-import yaml
 from pydantic import (
     AliasChoices, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_serializer,
     field_validator, model_validator,
