@@ -439,13 +439,16 @@ def _source_words(out: ScenarioAnswer, source: str) -> str:
 
 
 def money(v: float | None, digits: int = 3) -> str:
-    """Dollars to `digits` significant figures (cents from $1, whole dollars from $100): the answer and every table
-    write amounts alike."""
+    """Dollars to `digits` significant figures (cents from $1, whole dollars from $100, a power of ten from $1e9 and
+    under $1e-4, never a 300-digit amount): the answer, every table and the page's calculator write amounts alike."""
     if v is None:
         return "–"
     if v == 0:
         return "$0"
     sign, v = ("-" if v < 0 else ""), abs(v)
+    if v >= 1e9 or v < 1e-4:  # a power of ten beyond either end, as the page's calculator writes it
+        mantissa, exponent = f"{v:.2e}".split("e")
+        return f"{sign}${mantissa}e{int(exponent)}"
     if v >= 100:
         return f"{sign}${v:,.0f}"
     return f"{sign}${v:#.{digits}g}" if v < 1 else f"{sign}${v:.2f}"
