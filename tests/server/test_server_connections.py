@@ -25,7 +25,7 @@ from tests.support.server_thread import ServerThread
 MODEL = "smollm2-135m"
 READ_TIMEOUT = 1.5
 PACE = 0.3  # seconds between a slow client's pieces
-VICTIM = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2}
+VICTIM = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
