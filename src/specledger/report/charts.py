@@ -164,7 +164,6 @@ def latency_distributions(ledger: LedgerResult) -> str | None:
                     f"line per configuration ({', '.join(m.name for m in ms)}); dotted line at 95%")
 
 
-
 def ttft_by_input_length(ledger: LedgerResult) -> str | None:
     """Median TTFT at each prompt length, one line per configuration (a long-input sweep: bench --input-tokens)."""
     ms = first_level(ledger.measurements)
@@ -190,6 +189,7 @@ def ttft_by_input_length(ledger: LedgerResult) -> str | None:
     _legend_below(fig, ax, len(lines))
     return svg(fig, "Median time to first token against the prompt's length in tokens, one line per configuration "
                     f"({', '.join(name for name, _, _ in lines)})")
+
 
 def concurrency_sweep(ledger: LedgerResult) -> str | None:
     from specledger.report.terminal import concurrency_sweep as swept_levels

@@ -36,9 +36,9 @@ def chart_sections(first: str) -> list[tuple[str, str, str]]:
         ("tau_by_kind", f"τ by task kind — {first}", "No configuration reported verification steps."),
         ("latency", f"Latency distributions (TTFT, TPOT; dotted line: p95) — {first}; n = requests per line",
          "The run has no per-request latencies."),
-        ("concurrency", "Throughput and speed-up vs concurrency (every measured level)", "The run did not sweep concurrency."),
         ("ttft_length", f"Time to first token vs prompt length — {first}",
          "The run's prompts have one length (`specledger bench --input-tokens 1024,4096,16384` sweeps it)."),
+        ("concurrency", "Throughput and speed-up vs concurrency (every measured level)", "The run did not sweep concurrency."),
         ("verify_curves", "Verification cost of the target: forward time vs tokens verified — one sequence, no "
          "concurrency (a probe describing the target; no decision reads it: the adaptive planner sizes drafts on "
          "its own cost surface, measured on batched passes)",
