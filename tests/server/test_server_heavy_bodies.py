@@ -1,6 +1,6 @@
 """Large legal bodies against `specledger serve` (issue 56): parsed, validated and tokenized off the event loop, one
 large body at a time, so /health stays quick and a small request beside them is answered; a prompt longer than the
-context can hold whatever its tokens is refused before it is tokenized (server/prompt_bound.py)."""
+context can hold whatever its tokens is refused before it is tokenized (engine/prompt_bound.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerFast
 
 from specledger.decoding.factory import make_strategy
 from specledger.server.app import MAX_BODY_BYTES, MAX_PROMPT_CHARS, create_app
-from specledger.server.prompt_bound import FOLD, text_bound
+from specledger.engine.prompt_bound import FOLD, text_bound
 from tests.server.test_server_hostile import error_of, health_meanwhile, server_logs, tracebacks
 from tests.support.server_thread import ServerThread
 

@@ -25,7 +25,7 @@ full (code "queue_full") or the server is shutting down, 500 for an internal err
 keeps serving), 401 for /v1/* without a valid key when the server has API keys (server/auth.py;
 /health stays open, /metrics too unless closed), 413 for a body over max_body_bytes (server/limits.py: refused
 before it is read), 400 "prompt_too_long" for a prompt over max_prompt_chars and "context_length_exceeded" for one
-longer than the context can hold whatever its tokens (server/prompt_bound.py), both refused before it is tokenized.
+longer than the context can hold whatever its tokens (engine/prompt_bound.py), both refused before it is tokenized.
 A body is parsed, validated and tokenized off the event loop, in a worker thread; bodies over LIGHT_BYTES one at a
 time (HEAVY_WORKERS), so eight maximal bodies at once neither stall /health nor hold up a small request. A stream that fails after it started ends with a `data: {"error": ...}`
 event, then `data: [DONE]`; so does one still running when shutdown's time is up (code "shutting_down").
@@ -65,7 +65,7 @@ from specledger.server.batch_engine import EngineWorker, Delta, Done, Draining, 
 from specledger.server.connections import READ_TIMEOUT_S, ConnectionLimits, default_max_connections, guarded_protocol
 from specledger.server.limits import BodyLimitMiddleware
 from specledger.server.metrics import ServerMetrics
-from specledger.server.prompt_bound import text_bound
+from specledger.engine.prompt_bound import text_bound
 from specledger.server.schemas import ApiError, ChatCompletionRequest, CompletionRequest, error_body
 from specledger.server.textstream import TextStream
 
@@ -168,7 +168,7 @@ class ServerState:
                  max_connections: int | None = None) -> None:
         self.lm, self.strategy, self.name = lm, strategy, served_name
         self.max_prompt_chars = max_prompt_chars
-        # the most text the context can hold, or None (a tokenizer that may delete text): server/prompt_bound.py
+        # the most text the context can hold, or None (a tokenizer that may delete text): engine/prompt_bound.py
         self.bound = text_bound(getattr(lm.tokenizer, "hf", None))
         self.heavy = ThreadPoolExecutor(HEAVY_WORKERS, thread_name_prefix="specledger-parse")
         self.open: dict[int, tuple[Job, asyncio.Queue]] = {}  # requests being answered, for shutdown to tell
@@ -334,7 +334,7 @@ class ServerState:
         rid = ("chatcmpl-" if endpoint == CHAT else "cmpl-") + uuid.uuid4().hex
         self.open[id(job)] = (job, events)
         if req.stream:
-            return self._stream(job, events, req, endpoint, rid)
+            return _stream(self, job, events, req, endpoint, rid)
         try:
             return await self._whole(request, job, events, endpoint, rid)
         finally:
@@ -371,70 +371,72 @@ class ServerState:
         self.metrics.request(endpoint, 200)
         return _json(body)
 
-    def _stream(self, job: Job, events: asyncio.Queue, req: Any, endpoint: str, rid: str) -> StreamingResponse:
-        chat = endpoint == CHAT
-        created = int(time.time())
-        with_usage = req.include_usage
-        outcome: dict[str, str | bool] = {"status": "cancelled", "counted": False}
 
-        def chunk(text: str | None, finish: str | None = None) -> dict[str, Any]:
+def _stream(state: ServerState, job: Job, events: asyncio.Queue, req: Any, endpoint: str, rid: str) -> StreamingResponse:
+    """A request's answer as server-sent events, settled once however the stream ends."""
+    chat = endpoint == CHAT
+    created = int(time.time())
+    with_usage = req.include_usage
+    outcome: dict[str, str | bool] = {"status": "cancelled", "counted": False}
+
+    def chunk(text: str | None, finish: str | None = None) -> dict[str, Any]:
+        if chat:
+            delta: dict[str, Any] = {} if text is None else {"content": text}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        c: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                             "created": created, "model": state.name, "choices": [choice]}
+        if with_usage:
+            c["usage"] = None
+        return c
+
+    def settle() -> None:
+        """Once per request, however the stream ended (done, failed, client gone)."""
+        if outcome["counted"]:
+            return
+        outcome["counted"] = True
+        state.open.pop(id(job), None)
+        if outcome["status"] == "cancelled":
+            job.cancel()
+        state.metrics.request(endpoint, outcome["status"])
+
+    async def body() -> AsyncIterator[str]:
+        try:
             if chat:
-                delta: dict[str, Any] = {} if text is None else {"content": text}
-                choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-            else:
-                choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-            c: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                                 "created": created, "model": self.name, "choices": [choice]}
-            if with_usage:
-                c["usage"] = None
-            return c
-
-        def settle() -> None:
-            """Once per request, however the stream ended (done, failed, client gone)."""
-            if outcome["counted"]:
-                return
-            outcome["counted"] = True
-            self.open.pop(id(job), None)
-            if outcome["status"] == "cancelled":
-                job.cancel()
-            self.metrics.request(endpoint, outcome["status"])
-
-        async def body() -> AsyncIterator[str]:
-            try:
-                if chat:
-                    first = chunk("")
-                    first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
-                    yield _sse(first)
-                while True:
-                    ev = await events.get()
-                    if isinstance(ev, Delta):
-                        yield _sse(chunk(ev.text))
-                        continue
-                    if isinstance(ev, Failed):
-                        if ev.status != 499:
-                            outcome["status"] = str(ev.status)
-                            yield _sse(_failure(ev).body())
-                            yield "data: [DONE]\n\n"
-                        return
-                    assert isinstance(ev, Done)
-                    self.served(ev)
-                    if ev.tail:
-                        yield _sse(chunk(ev.tail))
-                    last = chunk(None, ev.result.finish_reason)
-                    if with_usage:
-                        yield _sse(last)
-                        last = {**last, "choices": [], "usage": usage(ev.result)}  # the usage chunk
-                    last["specledger"] = extension(ev.result, ev.queue_s)
-                    outcome["status"] = "200"
-                    yield _sse(last)
-                    yield "data: [DONE]\n\n"
+                first = chunk("")
+                first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+                yield _sse(first)
+            while True:
+                ev = await events.get()
+                if isinstance(ev, Delta):
+                    yield _sse(chunk(ev.text))
+                    continue
+                if isinstance(ev, Failed):
+                    if ev.status != 499:
+                        outcome["status"] = str(ev.status)
+                        yield _sse(_failure(ev).body())
+                        yield "data: [DONE]\n\n"
                     return
-            finally:
-                settle()
+                assert isinstance(ev, Done)
+                state.served(ev)
+                if ev.tail:
+                    yield _sse(chunk(ev.tail))
+                last = chunk(None, ev.result.finish_reason)
+                if with_usage:
+                    yield _sse(last)
+                    last = {**last, "choices": [], "usage": usage(ev.result)}  # the usage chunk
+                last["specledger"] = extension(ev.result, ev.queue_s)
+                outcome["status"] = "200"
+                yield _sse(last)
+                yield "data: [DONE]\n\n"
+                return
+        finally:
+            settle()
 
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(body(), media_type="text/event-stream", headers=headers,
-                                 background=BackgroundTask(settle))
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(body(), media_type="text/event-stream", headers=headers,
+                             background=BackgroundTask(settle))
 
 
 def _reparsed(body: bytes, model: type[ChatCompletionRequest] | type[CompletionRequest],

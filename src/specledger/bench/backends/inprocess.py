@@ -93,9 +93,9 @@ class InProcessBackend(Backend):
 
     def _cannot_fit(self, lm: Any, messages: list[dict[str, str]]) -> str | None:
         """Why a prompt cannot fit the context whatever its tokens (no token covers more text than the vocabulary's
-        longest entry: server/prompt_bound.py), said before it is tokenized (a 50 MB prompt took 145 s and 8.9 GB
+        longest entry: engine/prompt_bound.py), said before it is tokenized (a 50 MB prompt took 145 s and 8.9 GB
         to be refused after); None where it may fit or the tokenizer has no such bound."""
-        from specledger.server.prompt_bound import text_bound
+        from specledger.engine.prompt_bound import text_bound
 
         if not hasattr(self, "_bound"):
             self._bound = text_bound(getattr(lm.tokenizer, "hf", None))
