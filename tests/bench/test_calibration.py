@@ -100,3 +100,14 @@ def test_counters_read_this_machine():
 
     clock, busy, own = cpu_counters()
     assert clock > 0 and busy > 0 and 0 < own <= busy
+
+
+def test_the_untimed_warm_up_is_paid_once_per_process(monkeypatch):
+    """A resumed run (200 of them in the crash test) must not pay a second of products per probe: the first probe
+    of a process warms, the later ones only time rounds until two agree."""
+    seen: list[float] = []
+    monkeypatch.setattr(calibration, "_WARMED", [])
+    monkeypatch.setattr(calibration, "settled_ms", lambda product, repeats, warm_s: (seen.append(warm_s), (1.0, 1.0))[1])
+    probe_ms(size=8, repeats=1)
+    probe_ms(size=8, repeats=1)
+    assert seen == [calibration.WARM_S, 0.0]
