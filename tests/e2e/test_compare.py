@@ -232,4 +232,5 @@ def test_compare_quick_end_to_end(tmp_path):
     # the quality level: 40 graded items per target, each once, 16 in flight
     quality = next(lr for lr in by["ar-fp32"].loads if lr.load == "quality")
     assert quality.concurrency == 16
-    assert next(r for r in ledger["configs"] if r["name"] == "lookup-fp32")["pass_rate_source"].endswith("/40")
+    source = next(r for r in ledger["configs"] if r["name"] == "lookup-fp32")["pass_rate_source"]
+    assert source.startswith("borrowed: ar-fp32's ") and source.endswith("/40 (lossless)"), source

@@ -117,7 +117,10 @@ def at_shared_quality(ms: list[ConfigMeasurement], decisions: dict[str, QualityD
     for m in ms:
         d = decisions.get(m.name)
         if d is not None and d.shared and m.grades:
-            m = m.model_copy(update={"grades": dict(base.grades), "passes": sum(base.grades.values()),
-                                     "graded": len(base.grades) + m.requests_failed, "retry": base.retry})
+            # the reference's grade of each item this configuration answered: an item whose request failed here is
+            # its failure, not also the reference's answer (a failed request counted twice read 6/7 for 5/6)
+            grades = {k: base.grades[k] for k in m.grades if k in base.grades}
+            m = m.model_copy(update={"grades": grades, "passes": sum(grades.values()),
+                                     "graded": len(grades) + m.requests_failed, "retry": base.retry})
         out.append(m)
     return out
