@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from specledger.bench.memory_plan import GROUP_TAG, HEADROOM, arm_cost, group_bytes, plan
+from specledger.bench.memory_plan import GROUP_TAG, HEADROOM, arm_cost, group_bytes, in_flight, plan
 from specledger.bench.runner import Runner
 from specledger.bench.shared_models import SharedModels
 from specledger.engine.pool import ModelPool
@@ -30,9 +30,9 @@ def run_config(arms=ARMS, **kw):
                              **kw})
 
 
-def costs_of(cfg):
+def costs_of(cfg, slots=None):
     shared = SharedModels(cfg, ModelPool())
-    return shared, {bc.name: arm_cost(bc, shared.keys, 64) for bc in cfg.configs}
+    return shared, {bc.name: arm_cost(bc, shared.keys, 64, slots) for bc in cfg.configs}
 
 
 def test_w4a16_and_w4a8_of_one_file_are_counted_once():
@@ -95,7 +95,7 @@ def test_a_run_over_budget_runs_its_groups_one_after_another(tmp_path, monkeypat
 
     cfg = run_config(ARMS[:3], workload={"spec": "synthetic:in=20,out=4,n=2"}, load={"warmup": 0}, calibration=False,
                      verify_curve=False, threads=1, bootstrap=0)
-    _, c = costs_of(cfg)
+    _, c = costs_of(cfg, in_flight(cfg))  # as the runner counts: one request in flight
     monkeypatch.setattr("specledger.bench.memory_plan.process_rss", lambda: 0)
     monkeypatch.setenv("SPECLEDGER_MEMORY_BUDGET", str(group_bytes([c["ar-w4"], c["ar-bf16"]], 0) + 1))
     assert budget()[0] < group_bytes(c.values(), 0)
@@ -160,3 +160,34 @@ def test_the_cli_refuses_a_matrix_over_budget_in_one_line(tmp_path):
     assert r.returncode == 2, r.stderr
     assert lines[-1].startswith("error: memory: arm 'ar-fp32' alone needs") and "SPECLEDGER_MEMORY_BUDGET" in lines[-1]
     assert "Traceback" not in r.stderr
+
+
+def test_the_gates_fp32_reference_is_a_reading_peak_before_the_arms_not_weights_every_group_holds():
+    """The quantization gate's fp32 model is read once before any arm (bench/shared_models.read_references): the plan
+    counts it as a peak of its own, and each group holds only its log-probabilities (the pair recipe predicted
+    24.7 GiB with the 1.5B's fp32 reference held in every group)."""
+    from specledger.bench.memory_plan import logprob_bytes, reading_bytes
+
+    cfg = parse_run_config({"configs": [{"max_tokens": 4, **a} for a in ARMS[:2]]})  # the gate on: W4A16, W4A8
+    shared = SharedModels(cfg, ModelPool())
+    ref = shared.reference_key(cfg.configs[0])
+    assert ref is not None and ref[1:3] == ("fp32", "none") and "reference" not in shared.keys(cfg.configs[0])
+    off = plan(cfg.configs, shared.keys, QUESTIONS, interleaved=True, limit=(10**12, "t"), base=0)
+    on = plan(cfg.configs, shared.keys, QUESTIONS, interleaved=True, limit=(10**12, "t"), base=0,
+              reference_of=shared.reference_key)
+    kept = logprob_bytes(ref)
+    assert 10e6 < kept < reading_bytes(ref) / 4  # 49,152 x ~1,000 x 4 bytes beside 540 MB of fp32 weights
+    assert on.peaks[0] == off.peaks[0] + kept  # a group holds the log-probabilities, not the fp32 weights
+    assert on.reading == kept + int(reading_bytes(ref) * HEADROOM) and on.peak == max(on.reading, on.peaks[0])
+    assert "reading the quantization gate's fp32 reference" in on.text()
+    with pytest.raises(BadInput, match=r"reading the quantization gate's fp32 reference \(for ar-w4, ar-w4a8\) needs .*quantization: false"):
+        plan(cfg.configs, shared.keys, QUESTIONS, interleaved=True, limit=(on.reading - 1, "t"), base=0,
+             reference_of=shared.reference_key)
+
+
+def test_an_arms_kv_caches_are_the_requests_the_run_has_in_flight_not_every_slot_of_its_batch():
+    cfg = run_config(ARMS[:1], load={"concurrency": [1, 4]}, quality={"spec": "builtin-graded", "concurrency": 2})
+    assert in_flight(cfg) == 4 and in_flight(run_config(ARMS[:1], load={"rate": [2.0]})) is None
+    bc = cfg.configs[0]
+    every, four = (arm_cost(bc, SharedModels(cfg, ModelPool()).keys, 1000, n).own for n in (None, 4))
+    assert bc.batch_size == 16 and four * 4 == every

@@ -37,7 +37,7 @@ DATA = ROOT / "tests" / "data"
 STREAM = DATA / "llama_server_draft_simple_stream.txt"  # a streamed /v1/chat/completions, as received
 METRICS = DATA / "llama_server_draft_simple_metrics.txt"  # /metrics after that one request
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
-IN_PROCESS = {"ar-fp32", "ar-bf16", "ar-w4", "ar-w4-twin", "draft-w4", "draft-w4-fixed", "hier-w4", "lookup-w4",
+IN_PROCESS = {"ar-bf16", "ar-w4", "ar-w4-twin", "draft-w4", "draft-w4-fixed", "hier-w4", "lookup-w4",
               "ar-w4a8", "lookup-w4a8"}
 SERVERS = {"llama-ar", "llama-ngram", "llama-draft"}
 
@@ -69,7 +69,7 @@ def test_the_shipped_pair_recipe_validates_and_every_arm_resolves(monkeypatch):
     assert all(c.model == TARGET for c in run.configs)
     # the in-process arms: the precisions and strategies the issue asks for, on registry models
     assert {(c.strategy, c.dtype, c.quant, c.activations) for c in run.configs if c.backend == "inprocess"} == {
-        ("ar", "fp32", "none", 16), ("ar", "bf16", "none", 16), ("ar", "bf16", "int4", 16),
+        ("ar", "bf16", "none", 16), ("ar", "bf16", "int4", 16),
         ("draft", "bf16", "int4", 16), ("hier", "bf16", "int4", 16), ("lookup", "bf16", "int4", 16),
         ("ar", "bf16", "int4", 8), ("lookup", "bf16", "int4", 8)}  # W4A8: llama.cpp's activation precision
     assert config_baselines(run.configs)["lookup-w4a8"] == "ar-w4a8"

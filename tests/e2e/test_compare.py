@@ -93,6 +93,8 @@ def _run(tmp_path, configs, target, *, reference=None, gates=None):
     cfg = parse_run_config({"configs": configs, "workload": {"spec": workload(tmp_path, QUESTIONS)},
                             "load": {"warmup": 0}, "bootstrap": 20, "gates": gates or {}})
     target.tokenizer = CharTokenizer(target.config.vocab_size)
+    if reference is not None:  # the gate reads the quality text with the reference's own tokenizer
+        reference.tokenizer = reference.tokenizer or target.tokenizer
     runner = Runner(cfg, tmp_path / "run", show_progress=False,
                     backend_factory=lambda bc: InProcessBackend(bc, models={"target": target, "intermediate": target}),
                     reference_factory=None if reference is None else (lambda bc: reference))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.conftest import tiny_model
@@ -126,3 +128,33 @@ def test_a_w4a8_arm_after_a_w4a16_arm_of_the_same_file_gets_its_own_model():
     shared.keep(a8, {"target": object()})
     assert shared.for_config(again) == {"target": w4a16}
     assert model_pool_key("m1.gguf", "bf16", "int4", 32, "cpu", 8) != model_pool_key("m1.gguf", "bf16", "int4", 32, "cpu")
+
+
+def test_the_gates_reference_is_read_once_and_released_unless_an_arm_runs_it(monkeypatch):
+    """read_references: one fp32 load per reference, however many quantized arms it checks; its weights leave the pool
+    unless kept (an arm of the first group runs it); the agreement measured from the kept log-probabilities is the one
+    measured from the model itself."""
+    import specledger.engine.loader as loader
+    from specledger.bench.probes import measure_agreement
+
+    class Chars:  # a tokenizer for the 64-token test model: the quality text's characters
+        def encode(self, text):
+            return [ord(c) % 64 for c in text]
+
+    fp32 = dataclasses.replace(tiny_model(), tokenizer=Chars())
+    w4 = tiny_model(dtype="bf16", quant="int4")
+    loads = []
+    monkeypatch.setattr(loader, "load_model", lambda *a, **k: loads.append(k) or fp32)
+    cfg = parse_run_config({"configs": [
+        {"name": "w4", "model": "m1.gguf", "dtype": "bf16", "quant": "int4"},
+        {"name": "w4a8", "model": "m1.gguf", "dtype": "bf16", "quant": "int4", "activations": 8}]})
+    shared = SharedModels(cfg, ModelPool())
+    shared.read_references()
+    ref = shared.reference_key(cfg.configs[0])
+    assert len(loads) == 1 and loads[0]["dtype"] == "fp32" and ref not in shared.pool and ref in shared.references
+    figures = shared.reference_figures(cfg.configs[1])
+    assert len(loads) == 1 and figures is shared.references[ref]
+    assert measure_agreement(figures, w4) == pytest.approx(measure_agreement(fp32, w4))
+    kept = SharedModels(cfg, ModelPool())
+    kept.read_references(keep={ref})
+    assert kept.pool.get(ref) is fp32

@@ -4,10 +4,11 @@ The prediction, per arm: the weights of each model it holds, as engine/roofline.
 layout from the file's header and the precision (no weights read), counted once for every arm that shares them (the
 same file at the same precision: an A/A twin, a draft or intermediate several arms use; W4A16 and W4A8 of the same
 codes, which bench/shared_models.py loads once), with PER_MODEL for its tokenizer and allocator slack and its file
-once (read through a mapping); the fp32 reference of the quantization gate where the arm gets one;
-the KV cache of its slots at the longest conversation the workload can build; a managed server's model files
+once (read through a mapping); the KV cache of its slots at the longest conversation the workload can build; a managed server's model files
 (llama-server maps them). Plus, once, what loading holds for a moment (the widest model's fp32 embedding and one
-fp32 layer) and this process as it is now.
+fp32 layer) and this process as it is now. The quantization gate's fp32 references are read before any arm, one at a
+time (bench/shared_models.read_references): a peak of their own, one reference alone; what is kept of each, its
+log-probabilities over the quality text, is held by every group.
 
 The budget: SPECLEDGER_MEMORY_BUDGET (bytes, or with K/M/G: "8G") where given, else the memory available now plus this
 process's own. An interleaved run whose arms do not fit together runs them in groups that do: interleaving (and
@@ -30,7 +31,7 @@ import psutil
 from specledger.engine.config import ModelConfig
 from specledger.engine.pool import Key
 from specledger.errors import BadInput, SpecLedgerError
-from specledger.records.config import BenchConfig
+from specledger.records.config import BenchConfig, RunConfig
 from specledger.records.question import Question
 from specledger.records.results import ConfigResult
 
@@ -45,6 +46,7 @@ PER_MODEL = 64 * 2**20
 HEADROOM = 1.2
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 KeysOf = Callable[[BenchConfig], dict[str, Key]]  # role -> the pool key of the model it uses (SharedModels.keys)
+ReferenceOf = Callable[[BenchConfig], "Key | None"]  # the gate's fp32 reference of an arm (SharedModels.reference_key)
 
 
 def parse_bytes(text: str) -> int:
@@ -119,6 +121,23 @@ def load_transient(key: Key) -> int:
     return 4 * (cfg.vocab_size * cfg.hidden_size + sum(o * i for o, i in layer_products(cfg)))
 
 
+def logprob_bytes(key: Key) -> int:
+    """What the run keeps of a reference: its fp32 log-probabilities over the quality text (about 3 characters a
+    token, at most probes.AGREEMENT_TOKENS)."""
+    from specledger.bench.probes import AGREEMENT_TOKENS
+    from specledger.data import quality_text
+
+    cfg = _config(key[0])
+    if cfg is None:
+        return 0
+    return 4 * cfg.vocab_size * min(AGREEMENT_TOKENS, cfg.max_seq_len, len(quality_text()) // 3)
+
+
+def reading_bytes(key: Key) -> int:
+    """Reading a reference: its weights, its file, loading's transient arrays and its logits."""
+    return weights_bytes(key) + file_bytes(key[0]) + load_transient(key) + logprob_bytes(key)
+
+
 def kv_bytes(key: Key, slots: int, context: int) -> int:
     """A slot cache's bytes for `slots` sequences of `context` tokens (its time axis doubles from 256)."""
     from specledger.engine.roofline import Precision, kv_bytes_per_position, kv_element_bytes
@@ -171,12 +190,23 @@ class ArmCost:
         return sum(self.weights.values()) + sum(self.files.values()) + self.own + self.transient
 
 
-def arm_cost(bc: BenchConfig, keys_of: KeysOf, context: int) -> ArmCost:
+def in_flight(cfg: RunConfig) -> int | None:
+    """The most requests a run has in flight at once: its closed-loop levels and its quality pass (None: an open-loop
+    rate or a trace replay, unbounded)."""
+    if cfg.load.rate or cfg.load.replay:
+        return None
+    return max([*(cfg.load.concurrency or [1]), cfg.quality.concurrency if cfg.quality is not None else 1])
+
+
+def arm_cost(bc: BenchConfig, keys_of: KeysOf, context: int, in_flight: int | None = None) -> ArmCost:
+    """`in_flight`: the most requests the run ever has in flight (None: unbounded, an open-loop load); an arm's KV
+    cache holds that many slots at most, not every slot of its batch."""
     if bc.backend != "inprocess":
         return ArmCost(bc.name, {}, {}, _server_bytes(bc), 0)
     keys = keys_of(bc)
     weights = {weights_id(k): weights_bytes(k) for k in keys.values()}
-    kv = sum(kv_bytes(k, bc.batch_size, context + 64) for role, k in keys.items() if role != "reference")
+    slots = bc.batch_size if in_flight is None else min(bc.batch_size, in_flight)
+    kv = sum(kv_bytes(k, slots, context + 64) for k in keys.values())
     files = {k[0]: file_bytes(k[0]) for k in keys.values()}
     return ArmCost(bc.name, weights, files, kv, max((load_transient(k) for k in keys.values()), default=0))
 
@@ -201,9 +231,16 @@ class MemoryPlan:
     peaks: list[int]  # the predicted peak of each group
     added: list[BenchConfig] = field(default_factory=list)  # the anchor's copies, one per group after the first
     lean: bool = False  # one arm at a time, and the models of later arms do not fit beside it: none is kept for them
+    reading: int = 0  # the predicted peak of reading the gate's fp32 references, before any arm (0: none)
+
+    @property
+    def peak(self) -> int:
+        return max([*self.peaks, self.reading])
 
     def text(self) -> str:
-        head = f"memory: predicted peak {gb(max(self.peaks))} of {gb(self.budget)} ({self.source})"
+        head = f"memory: predicted peak {gb(self.peak)} of {gb(self.budget)} ({self.source})"
+        if self.reading:
+            head += f"; reading the quantization gate's fp32 reference {gb(self.reading)}, before the arms"
         if len(self.groups) == 1:
             return head
         parts = [f"{i + 1}: {', '.join(c.name for c in g)} ({gb(p)})" for i, (g, p) in
@@ -221,16 +258,26 @@ def _anchor(configs: list[BenchConfig], costs: dict[str, ArmCost]) -> BenchConfi
 
 
 def plan(configs: list[BenchConfig], keys_of: KeysOf, questions: list[Question], *, interleaved: bool,
-         limit: tuple[int, str] | None = None, base: int | None = None) -> MemoryPlan:
+         limit: tuple[int, str] | None = None, base: int | None = None,
+         reference_of: ReferenceOf | None = None, in_flight: int | None = None) -> MemoryPlan:
     """The run's groups (interleaved: as few as fit; otherwise one arm at a time) with their predicted peaks; raises
     BadInput naming the arm and the bytes where one does not fit alone. `configs` may hold the copies an earlier
     plan of this run added (a resumed run): they are placed again, not added twice."""
     budget_b, source = limit or budget()
     base = process_rss() if base is None else base
+    refs = {r for c in configs if reference_of is not None and (r := reference_of(c)) is not None}
+    kept = sum(logprob_bytes(r) for r in refs)
+    reading = max((base + kept + int(reading_bytes(r) * HEADROOM) for r in refs), default=0)
+    if reading > budget_b:
+        names = ", ".join(c.name for c in configs if reference_of is not None and reference_of(c) is not None)
+        raise BadInput(f"memory: reading the quantization gate's fp32 reference (for {names}) needs {gb(reading)}, more "
+                       f"than the {gb(budget_b)} this run may use ({source}); turn the gate off (gates: "
+                       f"{{quantization: false}}) or set {ENV}")
+    base += kept
     own = [c for c in configs if GROUP_TAG not in c.name]
     copies = {c.name: c for c in configs if GROUP_TAG in c.name}
     context = context_tokens(questions, max((c.max_tokens for c in configs), default=0))
-    costs = {c.name: arm_cost(c, keys_of, context) for c in configs}
+    costs = {c.name: arm_cost(c, keys_of, context, in_flight) for c in configs}
     for c in own:
         if group_bytes([costs[c.name]], base) > budget_b:
             raise BadInput(f"memory: arm {c.name!r} alone needs {gb(group_bytes([costs[c.name]], base))} "
@@ -240,9 +287,10 @@ def plan(configs: list[BenchConfig], keys_of: KeysOf, questions: list[Question],
     together = group_bytes(costs.values(), base)
     if not interleaved:  # one arm at a time; lean: none kept for a later arm (it is loaded again)
         return MemoryPlan(budget_b, source, [[c] for c in configs],
-                          [group_bytes([costs[c.name]], base) for c in configs], lean=together > budget_b)
+                          [group_bytes([costs[c.name]], base) for c in configs], lean=together > budget_b,
+                          reading=reading)
     if together <= budget_b or len(own) == 1:
-        return MemoryPlan(budget_b, source, [list(configs)], [together])
+        return MemoryPlan(budget_b, source, [list(configs)], [together], reading=reading)
     anchor = _anchor(own, costs)
     lead = [anchor] if anchor is not None else []
     rest: list[list[BenchConfig]] = []  # each group's arms besides the anchor
@@ -273,7 +321,7 @@ def plan(configs: list[BenchConfig], keys_of: KeysOf, questions: list[Question],
         if name not in copies:
             added.append(copy)
     peaks = [group_bytes([costs[c.name] for c in g], base) for g in groups]
-    return MemoryPlan(budget_b, source, groups, peaks, added)
+    return MemoryPlan(budget_b, source, groups, peaks, added, reading=reading)
 
 
 def drift_text(configs: list[ConfigResult]) -> str | None:

@@ -12,11 +12,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from specledger.records.config import BenchConfig
 
 UNQUANTIZED = ("fp32", "none")  # (dtype, quant) of the reference the quantization gate compares with
+AGREEMENT_TOKENS = 1024  # of the quality text, teacher-forced
 
 
 def measure_verify_curve(lm: Any) -> list[dict[str, float]]:
@@ -33,14 +35,43 @@ def needs_agreement(bc: BenchConfig) -> bool:
     return bc.backend == "inprocess" and (bc.dtype, bc.quant) != UNQUANTIZED
 
 
-def measure_agreement(reference: Any, candidate: Any, text: str | None = None, max_tokens: int = 1024) -> dict:
-    """Teacher-forced figures of `candidate` vs `reference` over a fixed text (the package's quality text)."""
-    from specledger.data import quality_text
-    from specledger.quality.agreement import teacher_forced_agreement
+@dataclass
+class ReferenceLogprobs:
+    """The fp32 reference's teacher-forced log-probabilities over the quality text: all the quantization gate needs
+    of it, so its weights are read once before a run loads its arms and released (the 1.5B at fp32 is 6.2 GB)."""
 
-    tok = candidate.tokenizer or reference.tokenizer
-    ids = tok.encode(text if text is not None else quality_text())[:max_tokens]
-    a = teacher_forced_agreement(reference, candidate, ids)
+    label: str
+    ids: list[int]
+    logprobs: Any  # torch.Tensor (len(ids), vocab), fp32 on the CPU
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.logprobs.numel() * self.logprobs.element_size())
+
+
+def agreement_ids(lm: Any, text: str | None = None, max_tokens: int = AGREEMENT_TOKENS) -> list[int]:
+    from specledger.data import quality_text
+
+    ids = lm.tokenizer.encode(text if text is not None else quality_text())[:max_tokens]
+    return ids[: lm.config.max_seq_len]
+
+
+def reference_logprobs(reference: Any, text: str | None = None, max_tokens: int = AGREEMENT_TOKENS
+                       ) -> ReferenceLogprobs:
+    from specledger.quality.agreement import logprobs
+
+    ids = agreement_ids(reference, text, max_tokens)
+    return ReferenceLogprobs(getattr(reference, "label", reference.name), ids, logprobs(reference, ids))
+
+
+def measure_agreement(reference: Any, candidate: Any, text: str | None = None,
+                      max_tokens: int = AGREEMENT_TOKENS) -> dict:
+    """Teacher-forced figures of `candidate` vs `reference` (a model, or its ReferenceLogprobs) over a fixed text
+    (the package's quality text)."""
+    from specledger.quality.agreement import agreement_of, logprobs
+
+    ref = reference if isinstance(reference, ReferenceLogprobs) else reference_logprobs(reference, text, max_tokens)
+    ids = ref.ids[: candidate.config.max_seq_len]
+    a = agreement_of(ref.logprobs[: len(ids)], logprobs(candidate, ids), ids)
     a.mean_kl = max(0.0, a.mean_kl)  # identical distributions can round to -1e-15
-    return {"reference": getattr(reference, "label", reference.name), "candidate": getattr(candidate, "label", ""),
-            **a.as_dict()}
+    return {"reference": ref.label, "candidate": getattr(candidate, "label", ""), **a.as_dict()}

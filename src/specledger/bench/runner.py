@@ -26,7 +26,7 @@ from specledger.bench.calibration import assess, take_probe, thread_settings
 from specledger.records.config import QUALITY_LEVEL, BenchConfig, LoadLevel, RunConfig, parse_run_config
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.levels import Level, Levels
-from specledger.bench.memory_plan import drift_text, plan as plan_memory
+from specledger.bench.memory_plan import drift_text, in_flight, plan as plan_memory
 from specledger.bench.recorder import RunRecorder
 from specledger.records.results import ConfigResult, Noise, RunResult, load_run, thread_choice_text
 from specledger.bench.shared_models import ReferenceFactory, SharedModels
@@ -76,7 +76,8 @@ class Runner:
         self.interleaving = cfg.interleave and len(cfg.configs) > 1
         # before anything is loaded: the predicted peak, and the groups of arms that fit (or one line refusing)
         self.memory = plan_memory(cfg.configs, self.models.keys, self.questions + self.quality_questions,
-                                  interleaved=self.interleaving)
+                                  interleaved=self.interleaving, reference_of=self.models.reference_key,
+                                  in_flight=in_flight(cfg))
         if self.memory.added:  # the anchor's copies: arms of the run, recorded (and resumed) as any other
             self.cfg = cfg = cfg.model_copy(update={"configs": [*cfg.configs, *self.memory.added]})
             self.models.cfg, self.models.scope = cfg, cfg.configs
@@ -94,6 +95,7 @@ class Runner:
 
     # ---- entry points ----
 
+
     def run(self) -> RunResult:
         return asyncio.run(self.run_async())
 
@@ -102,6 +104,7 @@ class Runner:
         self.rec.open()
         try:
             with self.progress:
+                self._read_references()
                 self._choose_threads()
                 self._noise_probe("before")
                 rng = random.Random(cfg.seed)
@@ -130,6 +133,24 @@ class Runner:
             self.rec.close()
             self.models.release()
         return result
+
+    def _read_references(self) -> None:
+        """The quantization gate's fp32 references, read before the arms (bench/shared_models.read_references)."""
+        if self.backend_factory is not None and self.models.reference_factory is None:
+            return
+        first = {k for bc in self.memory.groups[0] if bc.backend == "inprocess" for k in self.models.keys(bc).values()}
+        wanted = {k for bc in self.cfg.configs if (k := self.models.reference_key(bc)) is not None}
+        if not wanted:
+            return
+        from specledger.engine import threads
+
+        task = self.progress.add_task("quantization gate: the fp32 reference, read once", total=None)
+        try:
+            threads.run(self.models.read_references, first)
+        except ImportError:  # no torch: an HTTP-only install
+            return
+        finally:
+            self.progress.remove_task(task)
 
     def _choose_threads(self) -> None:
         """torch's thread count for the run, before any backend starts its workers (bench/threads.py): as

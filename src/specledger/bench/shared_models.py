@@ -9,16 +9,17 @@ cache: it is kept here for the run's later configurations, never across runs.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 from rich.progress import Progress
 
 from specledger.bench.backends.base import Backend
 from specledger.records.config import BenchConfig, RunConfig
-from specledger.bench.probes import UNQUANTIZED, measure_agreement, needs_agreement
+from specledger.bench.probes import UNQUANTIZED, ReferenceLogprobs, measure_agreement, needs_agreement, reference_logprobs
 from specledger.records.results import ConfigResult, CurvePoint
 from specledger.engine import threads
 from specledger.engine.pool import Key, ModelPool, model_pool_key
+from specledger.errors import SpecLedgerError
 
 ReferenceFactory = Callable[[BenchConfig], Any]  # the unquantized model a quantized target is compared with
 
@@ -34,20 +35,45 @@ class SharedModels:
         self.scope: list[BenchConfig] = cfg.configs
         self.curves: dict[Key, list[dict]] = {}  # target -> verification-cost curve
         self.agreements: dict[Key, dict] = {}  # target -> agreement with the fp32 model
+        self.references: dict[Key, ReferenceLogprobs] = {}  # the fp32 model -> what the gate needs of it
 
     def keys(self, bc: BenchConfig) -> dict[str, Key]:
-        """Role -> the weights it uses (model, dtype, quant, group size, device); "reference": the fp32
-        model the quantization gate compares the target with."""
-        keys = {role: model_pool_key(spec.model, spec.dtype, spec.quant, spec.group_size, bc.device, spec.activations)
+        """Role -> the weights it holds while it runs (model, dtype, quant, group size, device, activations)."""
+        return {role: model_pool_key(spec.model, spec.dtype, spec.quant, spec.group_size, bc.device, spec.activations)
                 for role, spec in (("target", bc.target), ("draft", bc.draft), ("intermediate", bc.intermediate))
                 if spec is not None}
+
+    def reference_key(self, bc: BenchConfig) -> Key | None:
+        """The fp32 model the quantization gate compares bc's target with (None: bc is not checked)."""
         if self.cfg.gates.quantization and needs_agreement(bc):
-            keys["reference"] = model_pool_key(bc.model, *UNQUANTIZED, bc.group_size, bc.device)
-        return keys
+            return model_pool_key(bc.model, *UNQUANTIZED, bc.group_size, bc.device)
+        return None
+
+    def read_references(self, keep: Collection[Key] = ()) -> None:
+        """Before any arm is loaded: each fp32 reference read once for its teacher-forced log-probabilities, then
+        released unless `keep` holds it (an arm of the first group runs it), so the run's peak is one fp32 model
+        alone, not one beside every arm (bench/memory_plan.py counts it so)."""
+        for bc in self.cfg.configs:
+            try:
+                self.reference_figures(bc, keep)
+            except SpecLedgerError:
+                if not bc.optional:  # an optional arm that cannot start is skipped with its note later
+                    raise
+
+    def reference_figures(self, bc: BenchConfig, keep: Collection[Key] = ()) -> ReferenceLogprobs | None:
+        """What the quantization gate needs of bc's reference: read once a run, its weights released after."""
+        key = self.reference_key(bc)
+        if key is None:
+            return None
+        if key not in self.references:
+            self.references[key] = reference_logprobs(self.reference(bc))
+            if key not in keep:
+                self._drop({key} & self.mine)
+        return self.references[key]
 
     def for_config(self, bc: BenchConfig) -> dict[str, Any]:
         """The loaded models bc can use, by role; first everything no configuration from bc on needs goes."""
-        held = {role: self._get(k) for role, k in self.keys(bc).items() if role != "reference"}  # (twins first)
+        held = {role: self._get(k) for role, k in self.keys(bc).items()}  # (twins first)
         later = self.scope[self.scope.index(bc):] if bc in self.scope else [bc]
         self._drop(self.mine - {k for c in later if c.backend == "inprocess" for k in self.keys(c).values()})
         return {role: lm for role, lm in held.items() if lm is not None}
@@ -79,7 +105,8 @@ class SharedModels:
         configurations that use it."""
         from specledger.engine.loader import load_model
 
-        key = self.keys(bc)[role]
+        key = self.reference_key(bc) if role == "reference" else self.keys(bc)[role]
+        assert key is not None
         self.mine.add(key)
         return self._get(key) or self.pool.load(key, lambda: load_model(bc.model, device=bc.device, **precision))
 
@@ -114,7 +141,7 @@ class SharedModels:
                 if curve:
                     self.curves[key] = await backend.verify_curve() or []
                 if agree:
-                    ref = await asyncio.wrap_future(threads.future(self.reference, bc))
+                    ref = await asyncio.wrap_future(threads.future(self.reference_figures, bc))
                     self.agreements[key] = await asyncio.wrap_future(threads.future(measure_agreement, ref, lm))
             finally:
                 progress.remove_task(task)
