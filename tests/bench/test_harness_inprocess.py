@@ -205,3 +205,34 @@ def test_a_crash_is_recorded_as_failed_naming_the_exception(tmp_path):
                backend_factory=lambda bc: Crashing(bc, models={"target": lm})).run()
     run = load_run(tmp_path / "run")
     assert run.status == "failed" and run.notes[-1] == "crashed: RuntimeError: boom"
+
+
+def test_an_in_process_arm_holds_kv_slots_for_the_requests_in_flight_only(tmp_path, monkeypatch):
+    """A run never has more requests in flight than its largest closed-loop level or quality pass: its in-process
+    arms' caches hold that many slots, not max_batch (every slot grows to the longest sequence: the memory plan counts
+    the slots in flight, and the caches must match it)."""
+    import specledger.bench.runner as runner_mod
+
+    lm = tiny_model(seed=3)
+    lm.tokenizer = CharTokenizer(lm.config.vocab_size)
+    made: list[InProcessBackend] = []
+
+    def make(bc, **kw):
+        made.append(InProcessBackend(bc, meter=kw.get("meter"), models={"target": lm}, in_flight=kw.get("in_flight")))
+        return made[-1]
+
+    monkeypatch.setattr(runner_mod, "make_backend", make)
+    wl = workload(tmp_path, [{"question_id": i, "category": "qa", "turns": ["abc abc abc"]} for i in range(3)])
+    cfg = parse_run_config({"configs": [{"name": "lookup", "strategy": "lookup", "max_tokens": 6}],
+                            "workload": {"spec": wl}, "load": {"concurrency": [1, 2], "warmup": 0},
+                            "bootstrap": 0, "calibration": False, "threads": 1})
+    slots: list[int] = []
+    real_start = InProcessBackend.start
+
+    async def start(self):
+        await real_start(self)
+        slots.append(self.worker.scheduler.runner.cache.n_slots)
+
+    monkeypatch.setattr(InProcessBackend, "start", start)
+    Runner(cfg, tmp_path / "run", show_progress=False).run()
+    assert cfg.configs[0].batch_size == 16 and slots == [2] and made[0].slots == 2

@@ -253,9 +253,11 @@ def test_sampled_drafting_in_a_batch_is_reproducible_per_seed(name):
     sp = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=7)
 
     def run(ps):
-        sched = Scheduler(lm, max_batch=3, drafter=strategy(name, lm).batch_drafter(3), cost=FLAT)
-        assert sched.spec is not None
-        sched.spec.policy.evidence = 1e9
+        # the fixed policy: the adaptive planner's draft sizes follow measured step times (a busy host drafts other
+        # sizes in the two runs, and the seed's draws land on other tokens: this test failed under load)
+        sched = Scheduler(lm, max_batch=3, drafter=strategy(name, lm).batch_drafter(3), cost=FLAT,
+                          draft_length="fixed")
+        assert sched.spec is not None and sched.spec.policy.name == "fixed"
         ids = [sched.add(p, sp) for p in ps]
         got = {r.request_id: r for r in run_all(sched)}
         return [got[i] for i in ids]

@@ -210,7 +210,7 @@ class Runner:
         if self.backend_factory is not None:
             return self.backend_factory(bc)
         if bc.backend == "inprocess":
-            return make_backend(bc, meter=self.meter, models=self.models.for_config(bc))
+            return make_backend(bc, meter=self.meter, models=self.models.for_config(bc), in_flight=in_flight(self.cfg))
         return make_backend(bc, log_dir=self.rec.run_dir)  # a server the configuration names is started there
 
     async def _start(self, bc: BenchConfig, cr: ConfigResult) -> Backend | None:

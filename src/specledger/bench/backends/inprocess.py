@@ -28,9 +28,14 @@ from specledger.errors import SpecLedgerError
 class InProcessBackend(Backend):
     serial = True
 
-    def __init__(self, config: BenchConfig, *, meter: EnergyMeter | None = None, models: dict | None = None):
-        """`models` may hold already loaded models by role ("target", "draft", "intermediate")."""
+    def __init__(self, config: BenchConfig, *, meter: EnergyMeter | None = None, models: dict | None = None,
+                 in_flight: int | None = None):
+        """`models` may hold already loaded models by role ("target", "draft", "intermediate"); `in_flight`: the most
+        requests the run ever sends at once (bench/memory_plan.in_flight), the slots its KV caches hold (every slot
+        grows to the longest sequence: 16 of them at 16k tokens on the 1.5B were 7 GB; a batch never exceeds the
+        requests in flight, so fewer slots change no schedule)."""
         super().__init__(config)
+        self.slots = config.batch_size if in_flight is None else max(1, min(config.batch_size, in_flight))
         self.meter = meter
         self.models: dict[str, Any] = dict(models or {})
         self.strategy: Any = None
@@ -57,13 +62,13 @@ class InProcessBackend(Backend):
             raise SpecLedgerError(f"configuration {c.name!r}: model {c.model!r} has no tokenizer")
         try:
             self.strategy = make_strategy(c.strategy, target=self.models["target"], **roles, **c.params.given())
-            drafter = self.strategy.batch_drafter(c.batch_size)
+            drafter = self.strategy.batch_drafter(self.slots)
         except SpecLedgerError as exc:
             raise SpecLedgerError(f"configuration {c.name!r}: {exc}") from None
         except ImportError as exc:  # a strategy whose module is not in this build
             raise SpecLedgerError(f"configuration {c.name!r}: strategy {c.strategy!r} is not available "
                                   f"in this build ({exc})") from None
-        self.worker = SchedulerThread(Scheduler(self.models["target"], max_batch=c.batch_size,
+        self.worker = SchedulerThread(Scheduler(self.models["target"], max_batch=self.slots,
                                             prefill_chunk=c.prefill_chunk, drafter=drafter,
                                             prefix_cache=c.prefix_cache,
                                             solo_prefill_chunk=max(c.prefill_chunk, SOLO_PREFILL_CHUNK),
