@@ -118,3 +118,47 @@ def test_managed_server_killed_mid_run_is_started_again_by_resume(tmp_path):
     assert "exited with status" in err or "refuses connections" in err
     _check_stopped(run_dir, 3)
     _check_resumed(_bench(["--resume", str(run_dir)]), run_dir)
+
+
+def test_a_server_being_torn_down_is_asked_again_until_it_refuses():
+    """Between SIGKILL and the end of its process a server's listening socket still takes connections and drops them:
+    no answer either way. The probe asks again until the server answers or refuses (it failed the killed-server test
+    on a loaded host when it gave up after two such drops and called the server alive)."""
+    import asyncio
+    import socket
+
+    import httpx
+
+    from specledger.bench.backends.openai_http import refusing
+
+    async def main() -> str | None:
+        drops = 0
+
+        async def drop(reader, writer):  # accept, read the request, close without a byte: a transport error
+            nonlocal drops
+            drops += 1
+            await reader.read(100)
+            writer.close()
+
+        server = await asyncio.start_server(drop, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+
+        async def die_later():
+            while drops < 4:  # four dropped connections, then the socket is gone
+                await asyncio.sleep(0.01)
+            server.close()
+            await server.wait_closed()
+
+        killer = asyncio.create_task(die_later())
+        async with httpx.AsyncClient() as client:
+            said = await refusing(client, [f"http://127.0.0.1:{port}"], timeout=5.0)
+        if not killer.done():  # it answered before the socket went: called alive
+            killer.cancel()
+            server.close()
+            return said
+        with socket.socket() as s:  # the port refuses now
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+        return said
+
+    said = asyncio.run(main())
+    assert said is not None and "refuses connections" in said

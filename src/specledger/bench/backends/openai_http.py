@@ -286,14 +286,20 @@ async def refusing(client: httpx.AsyncClient, urls: list[str], timeout: float) -
     """The first of urls that refuses connections, said; None when each answers anything (a slow answer or an HTTP
     error is a server still there)."""
     for url in urls:
-        for _ in range(2):  # a pooled connection the dead server left: the second try connects afresh
+        # a transport error is no answer either way: a pooled connection the dead server left, or a server being torn
+        # down (SIGKILLed on a loaded host, its listening socket still took the connection): asked again until it
+        # answers (there) or refuses (gone), for `timeout` seconds at most
+        deadline = time.monotonic() + timeout
+        while True:
             try:
                 await client.get(f"{url}/v1/models", timeout=timeout)
                 break
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 return f"{url} refuses connections ({type(exc).__name__}: {exc})"
             except httpx.TransportError:
-                continue
+                if time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
             except httpx.HTTPError:
                 break
     return None
