@@ -44,10 +44,6 @@ class ReferenceLogprobs:
     ids: list[int]
     logprobs: Any  # torch.Tensor (len(ids), vocab), fp32 on the CPU
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.logprobs.numel() * self.logprobs.element_size())
-
 
 def agreement_ids(lm: Any, text: str | None = None, max_tokens: int = AGREEMENT_TOKENS) -> list[int]:
     from specledger.data import quality_text

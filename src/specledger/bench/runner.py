@@ -95,7 +95,6 @@ class Runner:
 
     # ---- entry points ----
 
-
     def run(self) -> RunResult:
         return asyncio.run(self.run_async())
 
@@ -138,10 +137,9 @@ class Runner:
         """The quantization gate's fp32 references, read before the arms (bench/shared_models.read_references)."""
         if self.backend_factory is not None and self.models.reference_factory is None:
             return
-        first = {k for bc in self.memory.groups[0] if bc.backend == "inprocess" for k in self.models.keys(bc).values()}
-        wanted = {k for bc in self.cfg.configs if (k := self.models.reference_key(bc)) is not None}
-        if not wanted:
+        if not any(self.models.reference_key(bc) is not None for bc in self.cfg.configs):
             return
+        first = {k for bc in self.memory.groups[0] if bc.backend == "inprocess" for k in self.models.keys(bc).values()}
         from specledger.engine import threads
 
         task = self.progress.add_task("quantization gate: the fp32 reference, read once", total=None)
