@@ -156,6 +156,7 @@ def build_config(config_file: Path | None, *, quick: bool, max_tokens: int | Non
         data = config.model_dump(mode="json", exclude_unset=True)
         if workload.get("spec"):  # a new workload: the default matrix's selection was for the built-in set
             data["workload"] = {"spec": workload["spec"]}
+        own_sample = data.get("workload", {}).get("sample")  # the timed set's own size, before --sample
         data.setdefault("workload", {}).update(workload)
         quality = data.get("quality") or {}
         from specledger.bench.datasets import KNOWN_WORKLOADS
@@ -164,7 +165,10 @@ def build_config(config_file: Path | None, *, quick: bool, max_tokens: int | Non
             data["quality"] = quality = {k: v for k, v in quality.items() if k not in ("limit", "sample")} | \
                 {"spec": workload["spec"]}
         if workload.get("sample") and quality.get("spec") == data["workload"].get("spec"):
-            quality["sample"] = workload["sample"]  # graded on the same set (a code recipe): --sample is for both
+            # graded on the same set (a code recipe): --sample N is the graded items; the timed levels keep a
+            # smaller set of their own (the recipe's 8), or take N
+            quality["sample"] = workload["sample"]
+            data["workload"]["sample"] = min(workload["sample"], own_sample or workload["sample"])
         if load:
             data["load"] = {k: v for k, v in data.get("load", {}).items()
                             if k not in ("concurrency", "rate", "replay")} | load

@@ -11,6 +11,7 @@ import pytest
 
 from specledger.bench import datasets
 from specledger.bench.backends.base import Backend, Completion
+from specledger.bench.formats.code import RESPONSE_PREFIX
 from specledger.bench.runner import Runner
 from specledger.bench.workload import open_workload
 from specledger.engine.fetch import FetchError
@@ -20,7 +21,7 @@ from specledger.ledger.inputs import load_inputs
 from specledger.ledger.measurements import measurements_from_run
 from specledger.ledger.price import price_run
 from specledger.records.config import parse_run_config
-from specledger.records.results import read_requests
+from specledger.records.results import load_run, read_requests
 from specledger.report.attempts import attempts_rows
 from specledger.report.html import write_report
 
@@ -45,6 +46,14 @@ def test_code_records_are_detected_read_and_graded_by_their_tests(tmp_path):
         q = w.questions[2]
         assert q.kind == "code" and q.code is not None and q.code.entry_point == "f2"
         assert "```" in q.turns[0] and q.code.prompt in q.turns[0]  # the default instruction wraps the prompt
+        assert q.prefill == RESPONSE_PREFIX  # and the answer is begun for the model, as EvalPlus does,
+        assert q.stop == ("\n```",)  # and ends where its code block closes
+    own = [{**TASKS[0], "instruction": "Write f0."},
+           {**TASKS[1], "instruction": "Write f1.", "response_prefix": "```python\n"}, {**TASKS[2], "response_prefix": ""}]
+    got = open_workload(str(write_tasks(tmp_path / "own.jsonl", own))).questions
+    # a record's own turn has no start unless it gives one; an empty start asks for none
+    assert [(q.turns[0][:9], q.prefill, q.stop) for q in got] == [
+        ("Write f0.", None, ()), ("Write f1.", "```python\n", ("\n```",)), (got[2].turns[0][:9], None, ())]
 
 
 def test_a_bad_code_record_is_one_line(tmp_path):
@@ -105,7 +114,9 @@ class CoderBackend(Backend):
         i = int(prompt.split("def f", 1)[1].split("(", 1)[0])
         right = sp.temperature > 0 and sp.seed % 2 == 1 and i % 3 != 0  # tasks 0 and 3 are never solved
         body = f"x + {i}" if right else "x - 1"
-        text = f"```python\ndef f{i}(x):\n    return {body}\n```"
+        # a prefilled answer (a trailing assistant message) is continued: its block is already open
+        opened = messages[-1]["role"] == "assistant" and messages[-1]["content"].endswith("```python\n")
+        text = ("" if opened else "```python\n") + f"def f{i}(x):\n    return {body}\n```"
         start = time.perf_counter()
         return Completion(ok=True, start=start, end=start + 0.01 * (2 if sp.temperature else 1), text=text,
                           first_token=start + 0.001, chunks=[(start + 0.001, 10)], output_tokens=10, prompt_tokens=30)
@@ -128,8 +139,13 @@ def test_a_measured_retry_loop_is_recorded_and_priced(tmp_path):
     assert [r.task_attempts[-1].passed for r in recs] == [False, True, True, False, True, True]
     assert recs[1].task_attempts[1].seed == 11 + 1000 + 2 and recs[1].task_attempts[1].temperature == 0.7
     assert recs[1].task_attempts[1].device_s == pytest.approx(0.02)
-    feedback = sent[1][0]  # the second request: item 0's attempt 2
-    assert [m["role"] for m in feedback] == ["user", "assistant", "user"] and "assert candidate(1)" in feedback[2]["content"]
+    first, feedback = sent[0][0], sent[1][0]  # item 0's attempts 1 and 2
+    # EvalPlus's form: every attempt's answer is begun for the model, and the failed answer is sent back whole
+    assert [m["role"] for m in first] == ["user", "assistant"] and first[1]["content"] == RESPONSE_PREFIX
+    assert [m["role"] for m in feedback] == ["user", "assistant", "user", "assistant"]
+    assert feedback[1]["content"] == RESPONSE_PREFIX + "def f0(x):\n    return x - 1\n```"
+    assert "assert candidate(1)" in feedback[2]["content"] and feedback[3]["content"] == RESPONSE_PREFIX
+    assert sent[0][1].stop == sent[1][1].stop == ["\n```"]  # each answer ends where its code block closes
     (m,) = measurements_from_run(tmp_path / "run")
     assert m.retry is not None and m.retry.pass_at == pytest.approx([0, 4 / 6, 4 / 6]) and m.retry.escalated == 2
     assert m.retry.used == {2: 4}
@@ -157,3 +173,35 @@ def test_without_a_retry_loop_the_formula_prices_and_says_so(tmp_path):
     ledger = price_run(tmp_path / "run", load_inputs(None), samples=0)
     row = ledger.config("ar")
     assert row.pass_rate == pytest.approx(4 / 6) and row.attempts_source == FORMULA and not attempts_rows(ledger)
+
+
+def test_an_arm_dropped_on_resume_is_gone_from_the_run_and_its_price_but_its_records_stay(tmp_path):
+    """`bench --resume RUN --drop ARM`: a run cut short for time goes on, and is priced, without an arm; nothing it
+    measured is deleted; a name that is no arm, every arm, or an arm whose lossless twin borrows its grading is
+    refused in one line."""
+    from specledger.bench.runner import drop_arms
+
+    tasks = str(write_tasks(tmp_path / "t.jsonl"))
+    cfg = parse_run_config({
+        "configs": [{"name": "ar", "max_tokens": 64}, {"name": "ar-b", "max_tokens": 64},
+                    {"name": "lookup", "strategy": "lookup", "max_tokens": 64}],
+        "workload": {"spec": tasks}, "quality": {"spec": tasks}, "load": {"concurrency": [1], "warmup": 0},
+        "bootstrap": 0, "verify_curve": False, "calibration": False,
+    })
+    run_dir = tmp_path / "run"
+    Runner(cfg, run_dir, show_progress=False, backend_factory=lambda bc: CoderBackend(bc, [])).run()
+    before = read_requests(run_dir)
+    run = load_run(run_dir)
+    for names, why in ((["nope"], "not an arm of"), (["ar", "ar-b", "lookup"], "every arm"),
+                       (["ar"], "lookup take their pass rate from an arm being dropped")):
+        with pytest.raises(BadInput, match=why):
+            drop_arms(run_dir, run, names)
+    assert [c.name for c in load_run(run_dir).configs] == ["ar", "ar-b", "lookup"]  # a refusal changes nothing
+    drop_arms(run_dir, load_run(run_dir), ["ar-b"])
+    after = load_run(run_dir)
+    assert [c.name for c in after.configs] == ["ar", "lookup"]
+    assert [c["name"] for c in after.conditions.config["configs"]] == ["ar", "lookup"]
+    assert any("dropped ar-b" in n for n in after.notes)
+    assert read_requests(run_dir) == before  # every record kept
+    assert [m.name for m in measurements_from_run(run_dir)] == ["ar", "lookup"]
+    assert [c.name for c in price_run(run_dir, load_inputs(None), samples=0).configs] == ["ar", "lookup"]

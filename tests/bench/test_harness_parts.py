@@ -130,3 +130,21 @@ def test_response_levels():
     assert [(lv.name, lv.proposed, lv.accepted) for lv in levels] == [("draft", 16, 11)] and steps is None
     assert response_levels({"timings": {"predicted_n": 3}})[0] == []
     assert response_levels({}) == ([], None, None, {})
+
+
+def test_a_prefill_the_server_repeats_is_not_the_models_answer():
+    """llama-server streams a trailing assistant message back before its continuation (vLLM does not): the echo is
+    dropped, even split across chunks, and the first token is the first of the model's own words."""
+    from specledger.bench.backends.sse import Stream
+
+    def stream(echo, pieces):
+        st = Stream(echo)
+        for t, p in enumerate(pieces, 1):
+            st.take({"choices": [{"delta": {"content": p}}]}, float(t), chat=True)
+        return st.text(), st.first
+
+    start = "Here is the code:\n```python\n"
+    assert stream(start, ["Here is the", " code:\n```python\n", "def f", "():"]) == ("def f():", 3.0)
+    assert stream(start, [start + "def f", "():"]) == ("def f():", 1.0)
+    assert stream(start, ["def f", "():"]) == ("def f():", 1.0)  # not repeated: the answer is kept whole
+    assert stream("", ["Here is", " it"]) == ("Here is it", 1.0)

@@ -101,6 +101,19 @@ def test_health_names_the_served_precision_with_int8_activations():
         lm, lm.tokenizer.chat([{"role": "user", "content": "Name a colour."}]), max_tokens=8).text
 
 
+def test_a_trailing_assistant_message_is_continued(server, client, smollm):
+    """A prefill (EvalPlus's response prefix; llama-server and vLLM do the same): the prompt ends inside the
+    assistant's turn, with its words, not after an end of turn, and the answer is the continuation only."""
+    start = "The three colours are"
+    sent = [*CHAT, {"role": "assistant", "content": start}]
+    ids, fresh = smollm.tokenizer.chat(sent), smollm.tokenizer.chat(CHAT)
+    said = smollm.tokenizer.encode_text(start)
+    assert ids[-len(said):] == said and ids[:len(fresh)] == fresh and len(ids) == len(fresh) + len(said)
+    expected = in_process(smollm, ids, max_tokens=8)
+    r = client.chat.completions.create(model=MODEL, messages=sent, max_tokens=8, temperature=0)
+    assert r.choices[0].message.content == expected.text and r.usage.prompt_tokens == len(ids)
+
+
 def test_chat_greedy_equals_in_process_and_metrics_move(server, client, smollm):
     expected = in_process(smollm, smollm.tokenizer.chat(CHAT), max_tokens=12)
     before = scrape(server.url)

@@ -26,7 +26,7 @@ from specledger.bench.steady import ConditionSampler, SteadyStateCheck
 from specledger.bench.synthetic import fit_prompt
 from specledger.bench.telemetry import telemetry_delta
 from specledger.records.question import Question
-from specledger.bench.retry import grade_answer, retries
+from specledger.bench.retry import answer_sampling, grade_answer, retries
 from specledger.errors import SpecLedgerError
 
 # failures at the connection (not an HTTP answer): after one, the backend is asked whether its server is still there
@@ -203,8 +203,10 @@ class Levels:
             max_tokens = q.max_tokens or bc.max_tokens
             if level is None and self.cfg.load.warmup_max_tokens:  # a warm-up conversation
                 max_tokens = min(max_tokens, self.cfg.load.warmup_max_tokens)
-            c = await backend.complete(list(messages), max_tokens=max_tokens,
-                                       min_tokens=min(q.min_tokens, max_tokens) if q.min_tokens else None)
+            last = turn == len(q.turns)
+            c = await backend.complete(q.sent(messages) if last else list(messages), max_tokens=max_tokens,
+                                       min_tokens=min(q.min_tokens, max_tokens) if q.min_tokens else None,
+                                       sampling=answer_sampling(bc.sampling, q) if last and q.stop else None)
             if not c.ok and c.error_kind in CONNECTION_FAILURES and (why := await backend.gone()):
                 # not a measurement of the configuration: unrecorded, so a resume measures it (once)
                 where = f"{bc.name} {level.load.label}" if level is not None else f"{bc.name} warm-up"
@@ -213,8 +215,8 @@ class Levels:
                                  f"{self.rec.run_dir}` measures the rest")
             tokens += c.output_tokens if c.ok else 0
             if level is not None:
-                graded = await grade_answer(q, answers + [c.text], self.cfg.workload.grader) \
-                    if c.ok and turn == len(q.turns) else None
+                graded = await grade_answer(q, answers + [q.answer(c.text)], self.cfg.workload.grader) \
+                    if c.ok and last else None
                 rec = self.rec.record(bc, q, c, item=item, turn=turn, arrival=arrival, level=level.load,
                                       grade=graded)
                 policy = self.cfg.retry

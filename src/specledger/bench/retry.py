@@ -36,6 +36,11 @@ def attempt(k: int, c: Completion, g: GradeResult | None, sampling: Sampling) ->
                    output_tokens=c.output_tokens if c.ok else 0, temperature=sampling.temperature, seed=sampling.seed)
 
 
+def answer_sampling(base: Sampling, q: Question) -> Sampling:
+    """The sampling of the last turn's answer: the configuration's, with the question's own stop strings added."""
+    return base.model_copy(update={"stop": [*base.stop, *q.stop]}) if q.stop else base
+
+
 def retry_sampling(base: Sampling, policy: RetrySettings, item: int, k: int) -> Sampling:
     return base.model_copy(update={"temperature": policy.temperature, "top_p": policy.top_p,
                                    "seed": policy.seed + 1000 * max(item, 0) + k})
@@ -50,14 +55,14 @@ async def retries(backend: Backend, base: Sampling, policy: RetrySettings, q: Qu
     for k in range(2, policy.attempts + 1):
         if out[-1].passed:
             break
-        sampling = retry_sampling(base, policy, item, k)
+        sampling = retry_sampling(answer_sampling(base, q), policy, item, k)
         sent = list(messages)
         if policy.feedback:
-            sent += [{"role": "assistant", "content": last_text},
+            sent += [{"role": "assistant", "content": q.answer(last_text)},
                      {"role": "user", "content": FEEDBACK.format(message=last_grade.detail or last_grade.outcome
                                                                  or "failed")}]
-        c = await backend.complete(sent, max_tokens=max_tokens, sampling=sampling)
-        g = await grade_answer(q, answers + [c.text], grader) if c.ok else None
+        c = await backend.complete(q.sent(sent), max_tokens=max_tokens, sampling=sampling)
+        g = await grade_answer(q, answers + [q.answer(c.text)], grader) if c.ok else None
         out.append(attempt(k, c, g, sampling))
         if c.ok and g is not None:
             last_text, last_grade = c.text, g

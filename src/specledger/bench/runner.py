@@ -289,10 +289,39 @@ def run_benchmark(config: RunConfig, *, run_dir: str | Path | None = None, conso
     return result, path
 
 
-def resume_benchmark(run_dir: str | Path, *, console: Console | None = None,
-                     show_progress: bool = True) -> tuple[RunResult, Path]:
-    """Continue an interrupted run with the configuration it recorded."""
+def resume_benchmark(run_dir: str | Path, *, console: Console | None = None, show_progress: bool = True,
+                     drop: list[str] | None = None) -> tuple[RunResult, Path]:
+    """Continue an interrupted run with the configuration it recorded, less the arms in `drop` (drop_arms)."""
     run = load_run(run_dir)
+    if drop:
+        run = drop_arms(Path(run_dir), run, drop)
     config = parse_run_config(run.conditions.config, source=f"{run_dir}/run.json")
     result = Runner(config, run_dir, resume=True, console=console, show_progress=show_progress).run()
     return result, Path(run_dir)
+
+
+def drop_arms(run_dir: Path, run: RunResult, names: list[str]) -> RunResult:
+    """The run without these arms, written back before it goes on: a run cut short for time finishes, and is
+    priced, without them. Their records stay in requests.jsonl (nothing measured is deleted) and are no longer
+    read: the ledger and the report read the arms run.json names. An arm that borrows its grading from a dropped
+    one (lossless speculation on that target) must go too."""
+    arms = [c.get("name") for c in run.conditions.config.get("configs", [])]
+    unknown = [n for n in names if n not in arms]
+    if unknown:
+        raise BadInput(f"--drop {', '.join(unknown)}: not an arm of {run_dir} (its arms: {', '.join(map(str, arms))})")
+    kept = [c for c in run.conditions.config["configs"] if c.get("name") not in names]
+    if not kept:
+        raise BadInput(f"--drop names every arm of {run_dir}: nothing would be left to run")
+    whole = parse_run_config(run.conditions.config, source=f"{run_dir}/run.json")
+    orphans = [bc.name for bc in whole.configs if bc.name not in names and whole.quality_source(bc) in names]
+    if orphans:
+        raise BadInput(f"{', '.join(orphans)} take their pass rate from an arm being dropped: --drop them too")
+    from specledger.records.results import read_requests, write_run, write_summary
+
+    left = sum(r.config in names for r in read_requests(run_dir))
+    run.conditions.config = {**run.conditions.config, "configs": kept}
+    run.configs = [c for c in run.configs if c.name not in names]
+    run.notes.append(f"dropped {', '.join(names)} on resume ({left} of their records stay in requests.jsonl, unread)")
+    write_run(run_dir, run)
+    write_summary(run_dir, run)
+    return run

@@ -210,6 +210,9 @@ def register(app: typer.Typer) -> None:
         run_id: Optional[str] = typer.Option(None, help="name of the run directory"),
         bootstrap: Optional[int] = typer.Option(None, help="bootstrap resamples for CIs"),
         resume: Optional[Path] = typer.Option(None, help="continue the interrupted run in this directory"),
+        drop: list[str] = typer.Option([], "--drop", metavar="ARM",
+                                       help="with --resume: go on without this arm (repeatable); its records stay "
+                                            "in requests.jsonl, unread, and the run is priced without it"),
         no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
         repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="passes over the workload per load level"),
         interleave: Optional[bool] = typer.Option(None, "--interleave/--no-interleave",
@@ -231,8 +234,11 @@ def register(app: typer.Typer) -> None:
         from specledger.bench.tables import print_run
 
         console = Console()
+        if drop and resume is None:
+            raise BadInput("--drop goes with --resume: it drops an arm from a run being resumed")
         if resume is not None:
-            run, path = resume_benchmark(resume, console=Console(stderr=True), show_progress=not no_progress)
+            run, path = resume_benchmark(resume, console=Console(stderr=True), show_progress=not no_progress,
+                                         drop=drop)
         else:
             slo = {k: v for k, v in (("ttft_s", slo_ttft), ("tpot_s", slo_tpot), ("e2e_s", slo_e2e)) if v is not None}
             if input_tokens is not None:

@@ -57,8 +57,12 @@ class Tokenizer:
         return self.hf.decode(ids, skip_special_tokens=True)
 
     def chat_text(self, messages: list[dict]) -> str:
+        """The conversation's text, ending where the assistant speaks next; a trailing assistant message is the
+        start of its answer, given (a prefill, as llama-server and vLLM's continue_final_message), and is continued."""
         if not getattr(self.hf, "chat_template", None):
             raise BadInput("this model has no chat template; use raw prompts (--raw)")
+        if messages and messages[-1].get("role") == "assistant":
+            return self.hf.apply_chat_template(messages, tokenize=False, continue_final_message=True)
         return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def chat(self, messages: list[dict], check: Callable[[str], None] | None = None) -> list[int]:

@@ -75,6 +75,18 @@ class Question:
     # filler turn is trimmed by the tokens the backend's template adds (synthetic.fit_prompt)
     prompt_tokens: int | None = None
     code: CodeTask | None = None  # kind "code": graded by running code.tests against the answer's code
+    # the start of the last turn's answer, given: sent as a trailing assistant message, which the model continues
+    # (a prefill, as evalplus's response prefix); the answer graded is this text and the model's continuation
+    prefill: str | None = None
+    stop: tuple[str, ...] = ()  # where the last turn's answer ends, besides the configuration's own stop strings
+
+    def answer(self, text: str) -> str:
+        """The last turn's whole answer: the prefill (when given) and what the model wrote after it."""
+        return (self.prefill or "") + text
+
+    def sent(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+        """The messages sent for the last turn: those given, and the prefill as the assistant's first words."""
+        return [*messages, {"role": "assistant", "content": self.prefill}] if self.prefill else list(messages)
 
 
 @dataclass(frozen=True)

@@ -197,9 +197,10 @@ class OpenAIBackend(Backend):
         attempts = 0
         transport: list[str] = []  # connections that failed before any response byte: sent again, fresh
         fresh = False
+        echo = messages[-1]["content"] if self.s.api == "chat" and messages[-1]["role"] == "assistant" else ""
         while True:
             attempts += 1
-            state = Stream()
+            state = Stream(echo)
             try:
                 async with asyncio.timeout(self.s.timeout_s):
                     await self._stream(path, body, state, fresh=fresh, replica=replica)

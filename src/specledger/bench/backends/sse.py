@@ -28,9 +28,12 @@ _NO_RESPONSE = "Server disconnected without sending a response"  # httpcore: EOF
 class Stream:
     """Accumulates a stream: content pieces with arrival times, usage, finish reason, extensions."""
 
-    __slots__ = ("pieces", "first", "usage", "finish_reason", "extension", "done", "headers")
+    __slots__ = ("pieces", "first", "usage", "finish_reason", "extension", "done", "headers", "echo")
 
-    def __init__(self) -> None:
+    def __init__(self, echo: str = "") -> None:
+        # a prefill (a trailing assistant message) that the server may repeat at the start of its answer:
+        # llama-server does, specledger and vLLM (continue_final_message) do not; not the model's words, so not kept
+        self.echo = echo
         self.pieces: list[tuple[float, str]] = []
         self.first: float | None = None
         self.usage: dict | None = None
@@ -68,6 +71,9 @@ class Stream:
     def take(self, chunk: dict, t: float, *, chat: bool) -> None:
         for choice in chunk.get("choices") or ():
             piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+            if piece and self.echo:
+                k = min(len(piece), len(self.echo))
+                piece, self.echo = (piece[k:], self.echo[k:]) if piece[:k] == self.echo[:k] else (piece, "")
             if piece:
                 if self.first is None:
                     self.first = t

@@ -2,9 +2,14 @@
 
 `prompt` is the code a solution continues (imports, the signature, the docstring); `test` defines
 `check(candidate)`; `entry_point` names the function passed to it. Optional: `instruction` (the chat turn sent
-instead of the default one below, which asks for a self-contained script in a fenced block, the form the
-Qwen2.5-Coder report's instruct figures use), `max_tokens`, `category` (default "code"). `canonical_solution`
-and other fields are ignored. Every record is kind "code", graded by running its tests (quality/execute.py).
+instead of the default one below), `response_prefix` (the start of the answer, given: the model continues it),
+`max_tokens`, `category` (default "code"). `canonical_solution` and other fields are ignored. Every record is kind
+"code", graded by running its tests (quality/execute.py).
+
+The default turn and answer start are EvalPlus's chat form, the protocol of the Qwen2.5-Coder report's instruct
+figures: the user asks for a self-contained script in a markdown block, and the assistant's answer is begun for it
+up to the opening of a Python block, so the answer is the code, ended where the block closes. A record with its own
+`instruction` gets no start unless it gives one.
 """
 
 from __future__ import annotations
@@ -20,6 +25,11 @@ from specledger.records.question import CodeTask, Question, ReadOptions
 
 INSTRUCTION = ("Please provide a self-contained Python script that solves the following problem in a markdown code "
                "block:\n```\n{prompt}\n```\n")
+# A start that leaves a code block open ends where the block closes (EvalPlus stops there too): what follows it
+# is prose and example runs, tokens that cost time and are never graded.
+CLOSE = "\n```"
+RESPONSE_PREFIX = ("Below is a Python script with a self-contained function that solves the problem and passes "
+                   "corresponding tests:\n```python\n")
 
 
 class _Record(BaseModel):
@@ -29,6 +39,7 @@ class _Record(BaseModel):
     test: StrictStr = Field(min_length=1)
     entry_point: StrictStr = Field(pattern=r"^[A-Za-z_]\w*$")
     instruction: StrictStr | None = None
+    response_prefix: StrictStr | None = None
     max_tokens: StrictInt | None = Field(None, ge=1)
     category: StrictStr | None = None
 
@@ -39,8 +50,10 @@ def parse_record(obj: Any, lineno: int = 0) -> Question:
     if "def check" not in rec.test:
         raise ValueError("field 'test': defines no check(candidate)")
     text = rec.instruction or INSTRUCTION.format(prompt=rec.prompt.strip())
+    start = rec.response_prefix if rec.response_prefix is not None else None if rec.instruction else RESPONSE_PREFIX
     return Question(question_id=str(rec.task_id), category=rec.category or "code", kind="code", turns=(text,),
-                    max_tokens=rec.max_tokens, code=CodeTask(rec.prompt, rec.test, rec.entry_point))
+                    max_tokens=rec.max_tokens, code=CodeTask(rec.prompt, rec.test, rec.entry_point),
+                    prefill=start or None, stop=(CLOSE,) if start and start.count("```") % 2 else ())
 
 
 def read(path: Path, bad: BadLines, opts: ReadOptions | None = None) -> Iterator[Question]:
