@@ -12,6 +12,7 @@ from specledger.quality.execute import (
     SLOT_UID_BASE,
     Limits,
     _isolation,
+    definitions,
     extract_code,
     extract_program,
     grade_many,
@@ -58,10 +59,22 @@ def leftover_dirs() -> set[str]:
     "```bash\npip install nothing\n```\n```python\nfrom operator import add as _a\n\ndef add(a, b):\n    return _a(a, b)\n```",
     fenced("def add(a, b):\n    return a + b\n\nif __name__ == '__main__':\n    print(add(int(input()), 2))"),
     "```\npython\ndef add(a, b):\n    return a + b\n```",  # the language alone on the line after the fence
+    # the model's own demo after its definition is not run (EvalPlus's sanitizer): its wrong expectation, a print,
+    # a call; a constant the function reads, a decorator and an import stay
+    fenced("def add(a, b):\n    return a + b\n\nassert add(0.1, 0.2) == 0.3\nprint(add(2, 2))\nadd(None, 1)"),
+    fenced("import functools\nBASE = {'zero': 0}\n\n@functools.lru_cache\ndef add(a, b):\n    return a + b + BASE['zero']"
+           "\n\nfor x in range(3):\n    print(add(x, x))"),
 ])
 def test_correct_answers_in_every_shape_pass(answer):
     r = grade_program(answer, TASK, FAST)
     assert (r.outcome, r.message) == ("passed", "passed")
+
+
+def test_only_definitions_and_what_they_read_are_run():
+    program = "import os\nN = 3\nJUNK = 4\n\n@staticmethod\ndef f():\n    return N\n\nprint(f())\nassert f() == 4\n"
+    assert definitions(program) == "import os\nN = 3\n@staticmethod\ndef f():\n    return N\n"
+    assert definitions("def f(:\n  pass\nprint(1)") == "def f(:\n  pass\nprint(1)"  # its syntax error is the grade
+    assert definitions("def f():\n    return 1\n") == "def f():\n    return 1\n"  # nothing to drop: as written
 
 
 def test_extraction_prefers_the_block_defining_the_entry_point():

@@ -4,7 +4,8 @@ The answer's code is extracted (`extract_program`): a fenced block (```python ..
 of an answer cut at max_tokens included), a chat answer's code without fences, or a completion that continues
 the prompt (an indented function body). A block that defines the entry point is run after the prompt (the
 prompt's imports and helpers stay defined; the answer's definition wins); anything else is taken to continue
-the prompt.
+the prompt. Of that program, the imports, functions, classes and the module-level names they read are run; the
+model's own top-level demo (prints, asserts of what it expects) is not, as in EvalPlus's sanitizer.
 
 `run_tests` runs the program and the tests in a separate process (the sandbox):
 - its own temporary directory (the working directory, deleted afterwards), stdin closed, stdout and stderr
@@ -24,6 +25,7 @@ Not a security boundary against code written to escape: it contains accidents an
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
 import queue
@@ -98,14 +100,47 @@ def extract_code(answer: str, entry_point: str) -> str | None:
     return answer  # a completion continuing the prompt
 
 
+_DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def definitions(program: str) -> str:
+    """The program's imports, functions and classes, and the module-level names they read; its other top-level
+    statements (the model's own demo: prints, asserts of what it expects, calls) dropped, as EvalPlus's
+    sanitizer does: an answer whose function is right but whose own example assert is wrong passes, as graded
+    there. A program that does not parse is returned as it is (its syntax error is the grade)."""
+    try:
+        tree = ast.parse(program)
+    except (SyntaxError, ValueError):
+        return program
+    used = {n.id for top in tree.body if isinstance(top, _DEFINITIONS) for n in ast.walk(top)
+            if isinstance(n, ast.Name)}
+
+    def kept(top: ast.stmt) -> bool:
+        if isinstance(top, _DEFINITIONS):
+            return True
+        if isinstance(top, (ast.Assign, ast.AnnAssign)):  # a constant or a table a definition reads
+            targets = top.targets if isinstance(top, ast.Assign) else [top.target]
+            return any(isinstance(n, ast.Name) and n.id in used for t in targets for n in ast.walk(t))
+        return False
+
+    keep = [top for top in tree.body if kept(top)]
+    if len(keep) == len(tree.body):
+        return program
+    lines = program.splitlines()
+    spans = [(min([top.lineno] + [d.lineno for d in getattr(top, "decorator_list", [])]),
+              top.end_lineno or top.lineno) for top in keep]
+    return "\n".join("\n".join(lines[a - 1 : b]) for a, b in spans) + "\n"
+
+
 def extract_program(answer: str, task: CodeTask) -> str | None:
-    """The program to test: the prompt and the answer's code (see the module docstring); None: no code."""
+    """The program to test: the prompt and the answer's code (see the module docstring), its top-level demo
+    statements dropped (`definitions`); None: no code."""
     code = extract_code(answer, task.entry_point)
     if code is None:
         return None
     if _defines(code, task.entry_point) or not code[:1].isspace():
-        return f"{task.prompt.rstrip()}\n\n\n{code}"
-    return task.prompt + code  # a body continuing the prompt's signature and docstring
+        return definitions(f"{task.prompt.rstrip()}\n\n\n{code}")
+    return definitions(task.prompt + code)  # a body continuing the prompt's signature and docstring
 
 
 # --- the child process -------------------------------------------------------------------------------------
