@@ -5,12 +5,14 @@ model's own top-level demo no longer run, as EvalPlus's sanitizer does), the ans
 again exactly. Only first attempts: requests.jsonl keeps each answer's text, not the text of its retries (their
 outcomes stay as the run graded them), so a measured retry loop is not regraded.
 
-    python benchmarks/regrade_code.py RUN_DIR [--workload humaneval] [--load quality] [--no-prefill]
+    python benchmarks/regrade_code.py RUN_DIR [--workload humaneval] [--load quality] [--no-prefill] [--against ARM]
 
 --no-prefill: the run asked without an answer start (a run before EvalPlus's form was the default): each answer is
 graded as its text alone.
 
-Prints, per arm, pass@1 as recorded and as graded now, and the paired change (items that flip either way).
+Prints, per arm, pass@1 as recorded and as graded now, and the paired change (items that flip either way); with
+--against, each arm's paired difference from that arm as graded now (the ledger's exact interval and decision,
+ledger/same_quality.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def main() -> int:
     ap.add_argument("--workload", default="humaneval", help="the code workload the run asked (its prompts' starts)")
     ap.add_argument("--load", default="quality", help="the level whose records are graded again")
     ap.add_argument("--no-prefill", action="store_true", help="the run's prompts began no answer: grade the text alone")
+    ap.add_argument("--against", help="an arm: every other arm's paired difference from it, graded now")
     ap.add_argument("--json", type=Path, help="write the new grades here (question id -> outcome, per arm)")
     args = ap.parse_args()
     questions = {q.question_id: q for q in open_workload(args.workload).questions}
@@ -65,6 +68,16 @@ def main() -> int:
         t.add_row(arm, str(n), f"{before}/{n} = {before / n:.1%}", f"{after}/{n} = {after / n:.1%}",
                   f"{sum(x[2] and not x[1] for x in xs)} / {sum(x[1] and not x[2] for x in xs)}")
     Console().print(t)
+    if args.against:
+        from specledger.ledger.same_quality import decide
+
+        if args.against not in arms:
+            raise SpecLedgerError(f"--against {args.against}: no graded answers of that arm (arms: {', '.join(arms)})")
+        ref = {q: float(now) for q, _, now, _ in arms[args.against]}
+        for arm, xs in arms.items():
+            if arm != args.against:
+                print(f"{arm} against {args.against}: "
+                      f"{decide(args.against, ref, arm, {q: float(now) for q, _, now, _ in xs}).note}")
     if args.json:
         args.json.write_text(json.dumps({a: {q: o for q, _, _, o in xs} for a, xs in arms.items()}, indent=1))
     return 0
