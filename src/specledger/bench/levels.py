@@ -204,9 +204,9 @@ class Levels:
             if level is None and self.cfg.load.warmup_max_tokens:  # a warm-up conversation
                 max_tokens = min(max_tokens, self.cfg.load.warmup_max_tokens)
             last = turn == len(q.turns)
+            own = {"sampling": answer_sampling(bc.sampling, q)} if last and q.stop else {}  # the answer's stops
             c = await backend.complete(q.sent(messages) if last else list(messages), max_tokens=max_tokens,
-                                       min_tokens=min(q.min_tokens, max_tokens) if q.min_tokens else None,
-                                       sampling=answer_sampling(bc.sampling, q) if last and q.stop else None)
+                                       min_tokens=min(q.min_tokens, max_tokens) if q.min_tokens else None, **own)
             if not c.ok and c.error_kind in CONNECTION_FAILURES and (why := await backend.gone()):
                 # not a measurement of the configuration: unrecorded, so a resume measures it (once)
                 where = f"{bc.name} {level.load.label}" if level is not None else f"{bc.name} warm-up"
