@@ -11,7 +11,7 @@ import pytest
 
 from specledger.bench import datasets
 from specledger.bench.backends.base import Backend, Completion
-from specledger.bench.formats.code import RESPONSE_PREFIX
+from specledger.bench.formats.code import DEMO, RESPONSE_PREFIX
 from specledger.bench.runner import Runner
 from specledger.bench.workload import open_workload
 from specledger.engine.fetch import FetchError
@@ -47,13 +47,14 @@ def test_code_records_are_detected_read_and_graded_by_their_tests(tmp_path):
         assert q.kind == "code" and q.code is not None and q.code.entry_point == "f2"
         assert "```" in q.turns[0] and q.code.prompt in q.turns[0]  # the default instruction wraps the prompt
         assert q.prefill == RESPONSE_PREFIX  # and the answer is begun for the model, as EvalPlus does,
-        assert q.stop == ("\n```",)  # and ends where its code block closes
+        # and ends where its code block closes, or where its own top-level demo begins (never graded)
+        assert q.stop == ("\n```", "\nassert ", "\nprint(", "\nif __name__")
     own = [{**TASKS[0], "instruction": "Write f0."},
            {**TASKS[1], "instruction": "Write f1.", "response_prefix": "```python\n"}, {**TASKS[2], "response_prefix": ""}]
     got = open_workload(str(write_tasks(tmp_path / "own.jsonl", own))).questions
     # a record's own turn has no start unless it gives one; an empty start asks for none
     assert [(q.turns[0][:9], q.prefill, q.stop) for q in got] == [
-        ("Write f0.", None, ()), ("Write f1.", "```python\n", ("\n```",)), (got[2].turns[0][:9], None, ())]
+        ("Write f0.", None, ()), ("Write f1.", "```python\n", ("\n```", *DEMO)), (got[2].turns[0][:9], None, ())]
 
 
 def test_a_bad_code_record_is_one_line(tmp_path):
@@ -145,7 +146,7 @@ def test_a_measured_retry_loop_is_recorded_and_priced(tmp_path):
     assert [m["role"] for m in feedback] == ["user", "assistant", "user", "assistant"]
     assert feedback[1]["content"] == RESPONSE_PREFIX + "def f0(x):\n    return x - 1\n```"
     assert "assert candidate(1)" in feedback[2]["content"] and feedback[3]["content"] == RESPONSE_PREFIX
-    assert sent[0][1].stop == sent[1][1].stop == ["\n```"]  # each answer ends where its code block closes
+    assert sent[0][1].stop == sent[1][1].stop == ["\n```", *DEMO]  # each answer ends where its code block closes
     (m,) = measurements_from_run(tmp_path / "run")
     assert m.retry is not None and m.retry.pass_at == pytest.approx([0, 4 / 6, 4 / 6]) and m.retry.escalated == 2
     assert m.retry.used == {2: 4}

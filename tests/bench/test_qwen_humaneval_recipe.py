@@ -46,12 +46,12 @@ def test_the_humaneval_recipe_has_the_issues_arms(monkeypatch):
 
 
 def test_sample_reaches_the_graded_level():
-    """--sample N grades N problems; the timed levels keep the recipe's own 8 (a quick run stays quick), or
+    """--sample N grades N problems; the timed levels keep the recipe's own 4 (a quick run stays quick), or
     fewer when N is smaller."""
     run = build_config(RECIPE, quick=False, max_tokens=None, workload={"sample": 40})
-    assert run.workload.sample == 8 and run.quality is not None and run.quality.sample == 40
-    run = build_config(RECIPE, quick=False, max_tokens=None, workload={"sample": 5})
-    assert run.workload.sample == 5 and run.quality is not None and run.quality.sample == 5
+    assert run.workload.sample == 4 and run.quality is not None and run.quality.sample == 40
+    run = build_config(RECIPE, quick=False, max_tokens=None, workload={"sample": 3})
+    assert run.workload.sample == 3 and run.quality is not None and run.quality.sample == 3
 
 
 def test_compare_on_humaneval_grades_humaneval():

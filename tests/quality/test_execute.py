@@ -56,6 +56,7 @@ def leftover_dirs() -> set[str]:
     "    return a + b\n",  # a completion continuing the prompt
     "Sure. The function:\ndef add(a, b):\n    return a + b\n",  # a chat answer without fences
     "```python\ndef add(a, b):\n    return a + b\n",  # cut at max_tokens inside its fence
+    "```python\ndef add(a, b):\n    return a + b\n\nprint(add(1, [2, 3",  # cut inside its own demo
     "```bash\npip install nothing\n```\n```python\nfrom operator import add as _a\n\ndef add(a, b):\n    return _a(a, b)\n```",
     fenced("def add(a, b):\n    return a + b\n\nif __name__ == '__main__':\n    print(add(int(input()), 2))"),
     "```\npython\ndef add(a, b):\n    return a + b\n```",  # the language alone on the line after the fence
@@ -75,6 +76,11 @@ def test_only_definitions_and_what_they_read_are_run():
     assert definitions(program) == "import os\nN = 3\n@staticmethod\ndef f():\n    return N\n"
     assert definitions("def f(:\n  pass\nprint(1)") == "def f(:\n  pass\nprint(1)"  # its syntax error is the grade
     assert definitions("def f():\n    return 1\n") == "def f():\n    return 1\n"  # nothing to drop: as written
+    # a demo cut mid-line at max_tokens: the definitions before it are graded (EvalPlus keeps the longest valid
+    # code); a cut that would drop a definition keeps the syntax error
+    assert definitions("def f():\n    return 1\n\nprint(f([1, 2,\n") == "def f():\n    return 1\n"
+    assert definitions("def f():\n    return 1\nprint(f(\ndef g():\n    return 2\n").endswith("return 2\n")
+    assert definitions("x = (\ny = 2\n") == "x = (\ny = 2\n"  # nothing defined before the error: as written
 
 
 def test_extraction_prefers_the_block_defining_the_entry_point():

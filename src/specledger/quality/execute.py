@@ -103,15 +103,40 @@ def extract_code(answer: str, entry_point: str) -> str | None:
 _DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
+_TOP_DEFINITION = re.compile(r"(?:async\s+def|def|class)\s|@")
+
+
+def _parsable_head(program: str) -> tuple[str, ast.Module] | None:
+    """The longest head of whole lines that parses and defines something, with its tree, where the lines cut off
+    begin no top-level definition (only a demo's tail is cut: a broken function keeps its syntax error)."""
+    lines = program.splitlines()
+    for end in range(len(lines) - 1, 0, -1):
+        if _TOP_DEFINITION.match(lines[end]):
+            return None
+        head = "\n".join(lines[:end]).rstrip() + "\n"
+        try:
+            tree = ast.parse(head)
+        except (SyntaxError, ValueError):
+            continue
+        return (head, tree) if any(isinstance(top, _DEFINITIONS) for top in tree.body) else None
+    return None
+
+
 def definitions(program: str) -> str:
     """The program's imports, functions and classes, and the module-level names they read; its other top-level
     statements (the model's own demo: prints, asserts of what it expects, calls) dropped, as EvalPlus's
     sanitizer does: an answer whose function is right but whose own example assert is wrong passes, as graded
-    there. A program that does not parse is returned as it is (its syntax error is the grade)."""
+    there. A program that does not parse is cut to its longest head of whole lines that does when only its
+    top-level demo is cut (EvalPlus's sanitizer keeps the longest valid code): an answer whose demo ran into
+    max_tokens mid-line keeps the functions written before it. Else it is returned as it is (its syntax error is
+    the grade)."""
     try:
         tree = ast.parse(program)
     except (SyntaxError, ValueError):
-        return program
+        head = _parsable_head(program)
+        if head is None:
+            return program
+        program, tree = head
     used = {n.id for top in tree.body if isinstance(top, _DEFINITIONS) for n in ast.walk(top)
             if isinstance(n, ast.Name)}
 
