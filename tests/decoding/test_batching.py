@@ -298,6 +298,53 @@ def test_prompts_sharing_only_a_template_keep_each_others_entries(lm):
     assert cached == [0, 0, 0] + [len(p) - 1 for p in prompts]
 
 
+def test_prompts_outnumbering_the_slots_come_back_from_host_memory(lm):
+    """Four prompts in turn through two slots, then again (a benchmark's second load level re-asking its first's
+    prompts): each slot's entries are parked in host memory before a new prompt overwrites them, and come back
+    instead of a prefill; the tokens are those each prompt gets alone. Without room to park (park_bytes 0), or
+    with room for one, fewer come back."""
+    g = torch.Generator().manual_seed(13)
+    ps = [torch.randint(0, BATCHING_VOCAB, (30,), generator=g).tolist() for _ in range(4)]
+    sp = SamplingParams(max_tokens=6)
+
+    def rounds(park_bytes: int | None, again: list[list[int]]) -> tuple[list[int], int]:
+        s = Scheduler(lm, max_batch=2, prefill_chunk=64)
+        if park_bytes is not None:
+            s.runner.park_bytes = park_bytes
+        cached = []
+        for p in ps + again:
+            s.add(p, sp)
+            (r,) = run_all(s)
+            assert r.token_ids == alone(lm, p, sp).token_ids, (park_bytes, r.finish_reason, r.error)
+            cached.append(r.cached_tokens)
+        return cached, s.runner.restored
+
+    assert rounds(None, ps) == ([0] * 4 + [29] * 4, 4)
+    assert rounds(0, ps) == ([0] * 8, 0)
+    k = ModelRunner(lm, 1).cache.k
+    one = 50 * k[:, 0, :, :1].numel() * k.element_size() * 2  # room for one prompt's 35 entries, not two
+    # ps[0] was parked first and dropped when ps[1] was parked: ps[1] comes back, ps[0] is prefilled again
+    assert rounds(one, [ps[1], ps[0]]) == ([0] * 4 + [29, 0], 1)
+
+
+def test_a_parked_prefix_serves_like_a_fresh_prefill_features_included(lm):
+    runner, fresh = ModelRunner(lm, 1, prefix_cache=True, keep_features=True), ModelRunner(lm, 1)
+    a, other = prompts(2)[1], prompts(7)[6]
+    for p in (a, other):  # `other` takes the only slot: a's entries are parked
+        seq = runner.open(p)
+        runner.forward([RunItem(seq)])
+        runner.close(seq)
+    b = a[:35] + [1, 2, 3]
+    seq = runner.open(b)
+    assert seq.reused == 35 and runner.restored == 1
+    got = runner.forward([RunItem(seq)], all_logits=True)[0]
+    f = fresh.open(b)
+    want = fresh.forward([RunItem(f)], all_logits=True)[0]
+    assert got.logits is not None and want.logits is not None and want.hidden is not None
+    torch.testing.assert_close(got.logits, want.logits[35:], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(runner.features(seq), want.hidden, rtol=1e-4, atol=1e-4)
+
+
 def test_prefix_cache_entries_serve_like_a_fresh_prefill(lm):
     runner, fresh = ModelRunner(lm, 1, prefix_cache=True), ModelRunner(lm, 1)
     a = prompts(2)[1]

@@ -5,7 +5,8 @@ layout from the file's header and the precision (no weights read), counted once 
 same file at the same precision: an A/A twin, a draft or intermediate several arms use; W4A16 and W4A8 of the same
 codes, which bench/shared_models.py loads once), with PER_MODEL for its tokenizer and allocator slack and its file
 once (read through a mapping); the KV cache of its slots (as many as the run has requests in flight) at the longest
-conversation the workload can build; a managed server's model files (llama-server maps them). Plus, once, what loading holds for a moment (the widest model's fp32 embedding and one
+conversation the workload can build, and the host memory each model's runner may fill with parked prompts
+(decoding/loop/runner.py PARK_BYTES, where the prefix cache is on); a managed server's model files (llama-server maps them). Plus, once, what loading holds for a moment (the widest model's fp32 embedding and one
 fp32 layer) and this process as it is now. The quantization gate's fp32 references are read before any arm, one at a
 time (bench/shared_models.read_references): a peak of their own, one reference alone; what is kept of each, its
 log-probabilities over the quality text, is held by every group.
@@ -207,6 +208,10 @@ def arm_cost(bc: BenchConfig, keys_of: KeysOf, context: int, in_flight: int | No
     weights = {weights_id(k): weights_bytes(k) for k in keys.values()}
     slots = bc.batch_size if in_flight is None else min(bc.batch_size, in_flight)
     kv = sum(kv_bytes(k, slots, context + 64) for k in keys.values())
+    if bc.prefix_cache:  # each model's runner parks evicted prompts in host memory, up to PARK_BYTES
+        from specledger.decoding.loop.runner import PARK_BYTES
+
+        kv += PARK_BYTES * len(keys)
     files = {k[0]: file_bytes(k[0]) for k in keys.values()}
     return ArmCost(bc.name, weights, files, kv, max((load_transient(k) for k in keys.values()), default=0))
 

@@ -8,7 +8,12 @@ Prefix cache (optional, like llama-server's cache_prompt and vLLM's prefix cachi
 sequence's slot keeps its entries, and a new sequence takes the free slot whose kept tokens share
 the longest prefix with its own, so the next turn of a conversation (or the same prompt again)
 prefills only what is new. A slot whose kept tokens share nothing is taken least recently
-freed first, so the freshest conversations stay cached longest. One `forward` carries, for every sequence
+freed first, so the freshest conversations stay cached longest. A slot's kept entries that a new sequence is about
+to overwrite are parked first, copied to host memory (`park_bytes` at most, least recently parked dropped first,
+like llama-server's --cache-ram), and a later prompt sharing more of its prefix with a parked copy than with any free
+slot has it copied back instead of prefilled: the slots bound the requests in flight, not the prompts remembered
+(S26: the pair recipe's c=4 level re-asked its c=1 prompts, 8 prompts through 4 slots, and prefilled every one).
+One `forward` carries, for every sequence
 in it, its uncached run (one pending token when decoding, a chunk of the prompt when
 prefilling) and optionally a draft tree (a chain is a tree; an empty tree is a plain
 decode step), so a verification pass holds every sequence's drafted rows at once and each
@@ -21,6 +26,7 @@ cache still has its whole prompt's features (`features`) although only its new t
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +46,28 @@ class Sequence:
 
 
 SIMILAR = 0.5  # a kept prefix this share of the prompt takes its slot (llama-server's --slot-prompt-similarity)
+PARK_BYTES = 128 << 20  # host memory for parked prefixes, per runner (the 1.5B: ~4,700 tokens; the 0.5B ~11,000)
+PARK_MIN = 16  # kept prefixes shorter than this are not parked (a chat template's shared head)
+
+
+@dataclass
+class Parked:
+    """A slot's kept entries copied to host memory: its tokens, their keys and values (layers, kv heads, n, head
+    dim) and, where the runner keeps them, their features."""
+
+    tokens: list[int]
+    k: torch.Tensor
+    v: torch.Tensor
+    features: torch.Tensor | None
+
+    @property
+    def nbytes(self) -> int:
+        ts = [self.k, self.v] + ([self.features] if self.features is not None else [])
+        return sum(t.numel() * t.element_size() for t in ts)
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=t.dtype, device="cpu").copy_(t)
 
 
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:
@@ -91,7 +119,7 @@ def tree_rows(start: int, n_run: int, tree: Tree, device) -> tuple[torch.Tensor,
 
 class ModelRunner:
     def __init__(self, lm: LoadedModel, n_slots: int, max_len: int | None = None, *,
-                 prefix_cache: bool = False, keep_features: bool = False) -> None:
+                 prefix_cache: bool = False, keep_features: bool = False, park_bytes: int = PARK_BYTES) -> None:
         self.lm = lm
         self.model = lm.model
         self.max_len = min(max_len or lm.config.max_seq_len, lm.config.max_seq_len)
@@ -102,6 +130,10 @@ class ModelRunner:
         self._closes = 0
         self.keep_features = keep_features
         self._feats: dict[int, torch.Tensor] = {}  # slot -> (capacity, H) features of its cached entries
+        self.park_bytes = park_bytes if prefix_cache else 0
+        self._parked: OrderedDict[int, Parked] = OrderedDict()  # least recently parked first
+        self._parked_ids = 0
+        self.restored = 0  # prompts whose prefix came back from a parked copy (a count, for tests and stats)
         self.device = lm.model.device  # (read several times a step: the module's property costs ~3 us a read)
 
     def open(self, tokens: list[int]) -> Sequence:
@@ -109,9 +141,57 @@ class ModelRunner:
         if len(tokens) > self.max_len:
             raise BadInput(f"prompt of {len(tokens)} tokens exceeds the context of {self.max_len} tokens")
         slot, keep = self._reusable(tokens) if self.prefix_cache else (None, 0)
+        best = self._best_parked(tokens, keep)
+        parked = None if best is None else self._parked.pop(best)  # before parking the slot may drop it
+        if slot is not None and self.park_bytes:
+            self._park(slot, keep)
         slot = self.cache.alloc(slot, keep)
         self._kept.pop(slot, None)
+        if parked is not None:
+            keep = self._restore(slot, tokens, parked)
         return Sequence(slot, list(tokens), keep)
+
+    def _park(self, slot: int, keep: int) -> None:
+        """Copy the free slot's kept entries to host memory before a sequence reusing only `keep` of them
+        overwrites the rest."""
+        kept = self._kept.get(slot, [])
+        n = len(kept)
+        if n <= keep or n < PARK_MIN:
+            return
+        k, v = self.cache.k[:, slot, :, :n], self.cache.v[:, slot, :, :n]
+        feats = self._feats.get(slot) if self.keep_features else None
+        if self.keep_features and (feats is None or feats.shape[0] < n):
+            return
+        p = Parked(list(kept), _host_copy(k), _host_copy(v), None if feats is None else _host_copy(feats[:n]))
+        if p.nbytes > self.park_bytes:
+            return
+        self._parked[self._parked_ids] = p
+        self._parked_ids += 1
+        total = sum(x.nbytes for x in self._parked.values())
+        while total > self.park_bytes:
+            total -= self._parked.popitem(last=False)[1].nbytes
+
+    def _best_parked(self, tokens: list[int], keep: int) -> int | None:
+        """The parked copy sharing the longest prefix with `tokens`, where it is longer than `keep` (what a free
+        slot gives) and covers SIMILAR of the prompt."""
+        if not self._parked:
+            return None
+        limit = len(tokens) - 1
+        lcp = {i: common_prefix(p.tokens, tokens, limit) for i, p in self._parked.items()}
+        best = max(lcp, key=lambda i: (lcp[i], i))
+        return best if lcp[best] > keep and lcp[best] >= SIMILAR * len(tokens) else None
+
+    def _restore(self, slot: int, tokens: list[int], p: Parked) -> int:
+        """Copy a parked prefix back into the slot just opened; returns how many entries it holds now."""
+        n = common_prefix(p.tokens, tokens, len(tokens) - 1)
+        self.cache.reserve(n)
+        self.cache.k[:, slot, :, :n].copy_(p.k[:, :, :n])
+        self.cache.v[:, slot, :, :n].copy_(p.v[:, :, :n])
+        self.cache.lengths[slot] = n
+        if p.features is not None:
+            self._store(slot, 0, p.features[:n].to(self.device))
+        self.restored += 1
+        return n
 
     def _reusable(self, tokens: list[int]) -> tuple[int | None, int]:
         """The free slot to open `tokens` in and how many of its kept entries they reuse: the longest common
