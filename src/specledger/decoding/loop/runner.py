@@ -26,7 +26,6 @@ cache still has its whole prompt's features (`features`) although only its new t
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -131,8 +130,7 @@ class ModelRunner:
         self.keep_features = keep_features
         self._feats: dict[int, torch.Tensor] = {}  # slot -> (capacity, H) features of its cached entries
         self.park_bytes = park_bytes if prefix_cache else 0
-        self._parked: OrderedDict[int, Parked] = OrderedDict()  # least recently parked first
-        self._parked_ids = 0
+        self._parked: list[Parked] = []  # least recently parked first
         self.restored = 0  # prompts whose prefix came back from a parked copy (a count, for tests and stats)
         self.device = lm.model.device  # (read several times a step: the module's property costs ~3 us a read)
 
@@ -141,14 +139,15 @@ class ModelRunner:
         if len(tokens) > self.max_len:
             raise BadInput(f"prompt of {len(tokens)} tokens exceeds the context of {self.max_len} tokens")
         slot, keep = self._reusable(tokens) if self.prefix_cache else (None, 0)
-        best = self._best_parked(tokens, keep)
+        best, shared = self._best_parked(tokens, keep)
         parked = None if best is None else self._parked.pop(best)  # before parking the slot may drop it
         if slot is not None and self.park_bytes:
             self._park(slot, keep)
         slot = self.cache.alloc(slot, keep)
         self._kept.pop(slot, None)
         if parked is not None:
-            keep = self._restore(slot, tokens, parked)
+            self._restore(slot, parked, shared)
+            keep = shared
         return Sequence(slot, list(tokens), keep)
 
     def _park(self, slot: int, keep: int) -> None:
@@ -165,25 +164,22 @@ class ModelRunner:
         p = Parked(list(kept), _host_copy(k), _host_copy(v), None if feats is None else _host_copy(feats[:n]))
         if p.nbytes > self.park_bytes:
             return
-        self._parked[self._parked_ids] = p
-        self._parked_ids += 1
-        total = sum(x.nbytes for x in self._parked.values())
+        self._parked.append(p)
+        total = sum(x.nbytes for x in self._parked)
         while total > self.park_bytes:
-            total -= self._parked.popitem(last=False)[1].nbytes
+            total -= self._parked.pop(0).nbytes
 
-    def _best_parked(self, tokens: list[int], keep: int) -> int | None:
-        """The parked copy sharing the longest prefix with `tokens`, where it is longer than `keep` (what a free
-        slot gives) and covers SIMILAR of the prompt."""
+    def _best_parked(self, tokens: list[int], keep: int) -> tuple[int | None, int]:
+        """The parked copy sharing the longest prefix with `tokens` (its index, the prefix's length), where it is
+        longer than `keep` (what a free slot gives) and covers SIMILAR of the prompt; the latest parked on a tie."""
         if not self._parked:
-            return None
-        limit = len(tokens) - 1
-        lcp = {i: common_prefix(p.tokens, tokens, limit) for i, p in self._parked.items()}
-        best = max(lcp, key=lambda i: (lcp[i], i))
-        return best if lcp[best] > keep and lcp[best] >= SIMILAR * len(tokens) else None
+            return None, 0
+        lcp = [common_prefix(p.tokens, tokens, len(tokens) - 1) for p in self._parked]
+        best = max(range(len(lcp)), key=lambda i: (lcp[i], i))
+        return (best, lcp[best]) if lcp[best] > keep and lcp[best] >= SIMILAR * len(tokens) else (None, 0)
 
-    def _restore(self, slot: int, tokens: list[int], p: Parked) -> int:
-        """Copy a parked prefix back into the slot just opened; returns how many entries it holds now."""
-        n = common_prefix(p.tokens, tokens, len(tokens) - 1)
+    def _restore(self, slot: int, p: Parked, n: int) -> None:
+        """Copy the first `n` entries of a parked prefix back into the slot just opened."""
         self.cache.reserve(n)
         self.cache.k[:, slot, :, :n].copy_(p.k[:, :, :n])
         self.cache.v[:, slot, :, :n].copy_(p.v[:, :, :n])
@@ -191,7 +187,6 @@ class ModelRunner:
         if p.features is not None:
             self._store(slot, 0, p.features[:n].to(self.device))
         self.restored += 1
-        return n
 
     def _reusable(self, tokens: list[int]) -> tuple[int | None, int]:
         """The free slot to open `tokens` in and how many of its kept entries they reuse: the longest common
