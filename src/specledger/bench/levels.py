@@ -21,7 +21,7 @@ from specledger.records.config import QUALITY_LEVEL, BenchConfig, LoadLevel, Run
 from specledger.bench.energy import EnergyMeter
 from specledger.bench.load import closed_loop, open_loop, replay
 from specledger.bench.recorder import RunRecorder
-from specledger.records.results import RequestRecord, now
+from specledger.records.results import LoadResult, RequestRecord, now
 from specledger.bench.steady import ConditionSampler, SteadyStateCheck
 from specledger.bench.synthetic import fit_prompt
 from specledger.bench.telemetry import telemetry_delta
@@ -105,8 +105,20 @@ class Levels:
             # a server shared by several configurations mixes their counters: no per-configuration delta
             if single and (bc.openai is None or servers.count(_server_of(bc)) == 1):
                 lr.telemetry, lr.telemetry_levels = telemetry_delta(before[bc.name], after[bc.name])
-            self.rec.finish_level(bc, lr)
+            self.finish(bc, lr)
         self.progress.update(self._task, completed=total)
+
+    def finish(self, bc: BenchConfig, lr: LoadResult) -> None:
+        """A level's results written; without a progress bar (--no-progress) one line says so, so a long run
+        is not silent for an hour."""
+        self.rec.finish_level(bc, lr)
+        if self.progress.disable:
+            a = lr.aggregate
+            speed = f", {a.output_tok_s:.1f} tok/s" if a.output_tok_s else ""
+            graded = f", passed {a.passed}/{a.graded}" if a.graded else ""
+            self.progress.console.print(f"{bc.name} {lr.load}: done, {a.requests_ok} requests ok"
+                                        f"{f', {a.requests_failed} failed' if a.requests_failed else ''}, "
+                                        f"{a.output_tokens:,} tokens{speed}{graded}")
 
     async def warmup(self, backend: Backend, bc: BenchConfig) -> None:
         n = min(self.cfg.load.warmup, len(self.questions))
@@ -181,7 +193,7 @@ class Levels:
             if not steady.reached:
                 self.rec.note(f"{bc.name} {lv.label}: throughput was not steady when the level ended "
                               f"({len(steady.windows)} window(s) of {steady.window}): its figures are a burst's")
-        self.rec.finish_level(bc, lr)
+        self.finish(bc, lr)
         self.progress.update(self._task, completed=total)
 
     # ---- one conversation ----
