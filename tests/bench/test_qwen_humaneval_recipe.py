@@ -27,7 +27,8 @@ def test_the_humaneval_recipe_has_the_issues_arms(monkeypatch):
     # every answer graded by its tests: HumanEval on the quality level (all 164), a measured retry loop
     assert run.quality is not None and run.quality.spec == "humaneval" and run.quality.sample is None
     assert run.workload.spec == "humaneval" and run.retry is not None and run.retry.attempts == 3
-    assert run.retry.feedback and run.retry.temperature > 0
+    # retries ask afresh: with its failed answer in context the model writes it again (README, S27-S28)
+    assert not run.retry.feedback and run.retry.temperature > 0
     # lossless speculation is graded as its target (the same tokens): it shares ar-1.5b-w4's quality level
     for name in ("draft-1.5b-w4", "lookup-1.5b-w4"):
         assert config_baselines(run.configs)[name] == "ar-1.5b-w4" and run.quality_source(by_name[name]) == "ar-1.5b-w4"
