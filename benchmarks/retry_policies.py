@@ -67,7 +67,11 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     bc = next((c for c in cfg.configs if c.name == args.arm), None)
     if bc is None:
         raise SpecLedgerError(f"no arm {args.arm!r} in {args.config}")
+    if not (args.failed_from / "requests.jsonl").is_file():
+        raise SpecLedgerError(f"{args.failed_from} holds no requests.jsonl: give a run directory")
     failed = failed_tasks(args.failed_from, args.arm)
+    if not failed:
+        raise SpecLedgerError(f"{args.arm} failed no graded task at its first attempt in {args.failed_from}")
     qs = [q for q in load_workload(args.workload) if q.question_id in failed]
     print(f"{len(qs)} tasks {args.arm} failed at its first attempt in {args.failed_from}", flush=True)
     policy = RetrySettings(attempts=2, temperature=args.temperature, top_p=args.top_p, seed=0)
