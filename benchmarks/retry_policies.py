@@ -12,8 +12,10 @@ at its first attempt, first greedily again (the failed answer the feedback polic
     python benchmarks/retry_policies.py examples/qwen-coder-humaneval.yaml --arm ar-1.5b-w4 --failed-from RUN_DIR \
         [--policies fresh,feedback-chat] [--concurrency 16]
 
-Prints, per policy, tasks rescued, the retries that failed the same way as the first answer, output tokens and
-service seconds (end - start of each request, batched with the others: compare them between policies only).
+Prints first which policy rescued most and whether the paired exact McNemar test on the same tasks shows it
+(ledger/paired.py), then, per policy, tasks rescued, the retries that failed the same way as the first answer,
+output tokens and service seconds (end - start of each request, batched with the others: compare them between
+policies only).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -29,40 +30,36 @@ from rich.console import Console
 from rich.table import Table
 
 from specledger.bench.backends.make import make_backend
-from specledger.bench.retry import FEEDBACK, answer_sampling, grade_answer, retry_sampling
+from specledger.bench.retry import answer_sampling, feedback_turns, grade_answer, retry_sampling
 from specledger.bench.workload import load_workload
 from specledger.errors import SpecLedgerError
-from specledger.records.config import RetrySettings, load_run_config
+from specledger.ledger.paired import mcnemar
+from specledger.quality.graders import GradeResult
+from specledger.records.config import QUALITY_LEVEL, RetrySettings, load_run_config
 from specledger.records.question import Question
+from specledger.records.results import read_requests
 
 POLICIES = ("fresh", "feedback", "feedback-chat")
 
 
 def failed_tasks(run_dir: Path, arm: str) -> set[str]:
     """The question ids the arm failed at its first graded attempt, from the run's quality level."""
-    out = set()
-    with open(run_dir / "requests.jsonl") as f:
-        for line in f:
-            r = json.loads(line)
-            if r.get("config") == arm and r.get("load") == "quality" and r.get("task_attempts") \
-                    and not r["task_attempts"][0]["passed"]:
-                out.add(r["question_id"])
-    return out
+    return {r.question_id for r in read_requests(run_dir)
+            if r.config == arm and r.load == QUALITY_LEVEL and r.task_attempts and not r.task_attempts[0].passed}
 
 
 def retry_turns(policy: str, q: Question, messages: list[dict[str, str]], failed: str,
-                detail: str) -> tuple[list[dict[str, str]], Question]:
+                grade: GradeResult) -> tuple[list[dict[str, str]], Question]:
     """What the retry sends, and the question as it grades the retry (a free chat answer: no answer start)."""
     if policy == "fresh":
         return q.sent(messages), q
-    turns = [*messages, {"role": "assistant", "content": q.answer(failed)},
-             {"role": "user", "content": FEEDBACK.format(message=detail)}]
+    turns = feedback_turns(q, messages, failed, grade)
     if policy == "feedback":
         return q.sent(turns), q
     return turns, dataclasses.replace(q, prefill=None, stop=())
 
 
-async def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+async def run(args: argparse.Namespace) -> dict[str, dict]:
     cfg = load_run_config(args.config)
     bc = next((c for c in cfg.configs if c.name == args.arm), None)
     if bc is None:
@@ -78,7 +75,7 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     backend = make_backend(bc, in_flight=args.concurrency)
     await backend.start()
     gate = asyncio.Semaphore(args.concurrency)
-    stats = {p: dict(rescued=0, same=0, tokens=0, service_s=0.0) for p in args.policies}
+    stats: dict[str, dict] = {p: dict(rescued=0, same=0, tokens=0, service_s=0.0, grades={}) for p in args.policies}
 
     async def task(i: int, q: Question) -> None:
         async with gate:
@@ -88,12 +85,13 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                                            sampling=answer_sampling(bc.sampling, q))
             g = await grade_answer(q, [q.answer(first.text)], None)
             for p in args.policies:
-                sent, graded_as = retry_turns(p, q, messages, first.text, g.detail or g.outcome or "failed")
+                sent, graded_as = retry_turns(p, q, messages, first.text, g)
                 sampling = retry_sampling(answer_sampling(bc.sampling, graded_as), policy, i, 2)
                 c = await backend.complete(sent, max_tokens=bc.max_tokens, sampling=sampling)
                 r = await grade_answer(graded_as, [graded_as.answer(c.text)], None)
                 s = stats[p]
                 s["rescued"] += int(bool(r.passed))
+                s["grades"][q.question_id] = float(bool(r.passed))
                 s["same"] += int(not r.passed and r.detail == g.detail)
                 s["tokens"] += c.output_tokens or 0
                 s["service_s"] += c.end - c.start
@@ -126,6 +124,13 @@ def main() -> int:
     except SpecLedgerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    best = max(stats, key=lambda p: stats[p]["rescued"])
+    tests = [mcnemar(best, stats[best]["grades"], p, s["grades"]) for p, s in stats.items() if p != best]
+    Console().print(f"[bold]asked {best}, one retry rescued most: {stats[best]['rescued']} of "
+                    f"{stats[best]['tasks']} tasks[/bold]"
+                    + "".join(f"; against {t.config_b} {t.a_only} vs {t.b_only} tasks rescued by one only, exact "
+                              f"McNemar p={t.p_value:.2g}" + (" (shown)" if t.p_value < 0.05 else " (not shown)")
+                              for t in tests))
     t = Table(title=f"one retry of each failed task, {args.arm}, temperature {args.temperature}")
     for col in ("policy", "rescued", "failed as before", "output tokens", "service s"):
         t.add_column(col)

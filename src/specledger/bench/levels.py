@@ -114,11 +114,10 @@ class Levels:
         self.rec.finish_level(bc, lr)
         if self.progress.disable:
             a = lr.aggregate
-            speed = f", {a.output_tok_s:.1f} tok/s" if a.output_tok_s else ""
-            graded = f", passed {a.passed}/{a.graded}" if a.graded else ""
-            self.progress.console.print(f"{bc.name} {lr.load}: done, {a.requests_ok} requests ok"
-                                        f"{f', {a.requests_failed} failed' if a.requests_failed else ''}, "
-                                        f"{a.output_tokens:,} tokens{speed}{graded}")
+            said = [f"{a.requests_ok} requests ok"] + ([f"{a.requests_failed} failed"] if a.requests_failed else []) \
+                + [f"{a.output_tokens:,} tokens"] + ([f"{a.output_tok_s:.1f} tok/s"] if a.output_tok_s else []) \
+                + ([f"passed {a.passed}/{a.graded}"] if a.graded else [])
+            self.progress.console.print(f"{bc.name} {lr.load}: done, {', '.join(said)}")
 
     async def warmup(self, backend: Backend, bc: BenchConfig) -> None:
         n = min(self.cfg.load.warmup, len(self.questions))

@@ -46,6 +46,13 @@ def retry_sampling(base: Sampling, policy: RetrySettings, item: int, k: int) -> 
                                    "seed": policy.seed + 1000 * max(item, 0) + k})
 
 
+def feedback_turns(q: Question, messages: list[dict[str, str]], failed: str,
+                   grade: GradeResult) -> list[dict[str, str]]:
+    """`messages` followed by the failed answer and the grader's message asking for a fix (`feedback`)."""
+    return [*messages, {"role": "assistant", "content": q.answer(failed)},
+            {"role": "user", "content": FEEDBACK.format(message=grade.detail or grade.outcome or "failed")}]
+
+
 async def retries(backend: Backend, base: Sampling, policy: RetrySettings, q: Question, *,
                   messages: list[dict[str, str]], answers: list[str], first: Completion, first_grade: GradeResult,
                   item: int, max_tokens: int, grader: str | None) -> list[Attempt]:
@@ -56,11 +63,7 @@ async def retries(backend: Backend, base: Sampling, policy: RetrySettings, q: Qu
         if out[-1].passed:
             break
         sampling = retry_sampling(answer_sampling(base, q), policy, item, k)
-        sent = list(messages)
-        if policy.feedback:
-            sent += [{"role": "assistant", "content": q.answer(last_text)},
-                     {"role": "user", "content": FEEDBACK.format(message=last_grade.detail or last_grade.outcome
-                                                                 or "failed")}]
+        sent = feedback_turns(q, messages, last_text, last_grade) if policy.feedback else list(messages)
         c = await backend.complete(q.sent(sent), max_tokens=max_tokens, sampling=sampling)
         g = await grade_answer(q, answers + [q.answer(c.text)], grader) if c.ok else None
         out.append(attempt(k, c, g, sampling))
