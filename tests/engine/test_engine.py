@@ -33,12 +33,14 @@ def test_chunked_forward_matches_full_and_rollback():
 
 @pytest.mark.parametrize("start", [0, 7])
 @pytest.mark.parametrize("bf16_path", [False, True])
-def test_causal_attention_sees_the_cache_and_the_run_up_to_itself(start, bf16_path):
-    """A prompt's chunk (more than LONG_RUN rows) after `start` cached entries, in either of its paths (fp32 over
-    the fp32 cache, or bf16 where the CPU computes in bf16), against softmax attention written out."""
+@pytest.mark.parametrize("n", [cpu_ops.LONG_RUN + 4, cpu_ops.SPLIT_RUN])
+def test_causal_attention_sees_the_cache_and_the_run_up_to_itself(start, bf16_path, n):
+    """A prompt's chunk (more than LONG_RUN rows; from SPLIT_RUN on, after a cache, split in two calls merged by
+    log-sum-exp) after `start` cached entries, in either of its paths (fp32 over the fp32 cache, or bf16 where the
+    CPU computes in bf16), against softmax attention written out."""
     ops = replace(cpu_ops.resolve("cpu"), bf16_attention=bf16_path)
     torch.manual_seed(3)
-    h, kv, d, n = 6, 2, 16, cpu_ops.LONG_RUN + 4
+    h, kv, d = 6, 2, 16
     q = torch.randn(1, h, n, d).bfloat16()
     keys, values = (torch.randn(1, kv, start + n, d).bfloat16().float() for _ in range(2))  # as a bf16 model's cache
     y = ops.causal_attention(q, keys, values, start, torch.bfloat16)

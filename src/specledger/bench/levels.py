@@ -108,15 +108,23 @@ class Levels:
             self.finish(bc, lr)
         self.progress.update(self._task, completed=total)
 
-    def finish(self, bc: BenchConfig, lr: LoadResult) -> None:
+    def finish(self, bc: BenchConfig, lr: LoadResult, records: list[RequestRecord] | None = None,
+               elapsed_s: float | None = None) -> None:
         """A level's results written; without a progress bar (--no-progress) one line says so, so a long run
-        is not silent for an hour."""
+        is not silent for an hour. A level's aggregate counts each item's first answer (the records); its retries
+        run after (a graded level's tail), so the line adds them and the level's own wall time where it has them."""
         self.rec.finish_level(bc, lr)
         if self.progress.disable:
             a = lr.aggregate
             said = [f"{a.requests_ok} requests ok"] + ([f"{a.requests_failed} failed"] if a.requests_failed else []) \
                 + [f"{a.output_tokens:,} tokens"] + ([f"{a.output_tok_s:.1f} tok/s"] if a.output_tok_s else []) \
                 + ([f"passed {a.passed}/{a.graded}"] if a.graded else [])
+            retried = [r for r in records or [] if len(r.task_attempts) > 1]
+            if retried:
+                tokens = sum(x.output_tokens for r in records or [] for x in r.task_attempts or [])
+                said.append(f"{sum(len(r.task_attempts) - 1 for r in retried)} retries: {tokens:,} tokens in all")
+            if elapsed_s is not None:
+                said.append(f"{elapsed_s / 60:.1f} min")
             self.progress.console.print(f"{bc.name} {lr.load}: done, {', '.join(said)}")
 
     async def warmup(self, backend: Backend, bc: BenchConfig) -> None:
@@ -170,7 +178,7 @@ class Levels:
                           "more in flight means a queue (see queue_s; TTFT counts from arrival)")
         before = await backend.scrape_metrics()
         e0 = self.meter.read()
-        started = now()
+        started, t_start = now(), time.perf_counter()
         if check is not None:
             steady = SteadyStateCheck(check.window, check.tolerance, check.span, time.perf_counter(), energy_start=e0)
         with ConditionSampler(t0=steady.start) if steady is not None else contextlib.nullcontext() as sampler:
@@ -192,7 +200,7 @@ class Levels:
             if not steady.reached:
                 self.rec.note(f"{bc.name} {lv.label}: throughput was not steady when the level ended "
                               f"({len(steady.windows)} window(s) of {steady.window}): its figures are a burst's")
-        self.finish(bc, lr)
+        self.finish(bc, lr, level.records, time.perf_counter() - t_start)
         self.progress.update(self._task, completed=total)
 
     # ---- one conversation ----

@@ -45,6 +45,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_dtyp
 
 LONG_RUN = 16  # new rows above which a causal run (a prompt's chunk) may attend in bf16 (Ops.causal_attention)
 _KERNEL_CACHE = (torch.float32, torch.bfloat16)  # the cache dtypes the fused attention reads
+# rows from which a causal run after cached entries attends split (cached_then_causal) rather than masked: the split's
+# two calls and its copies of grouped heads cost more than the mask below (Qwen 1.5B shapes, one layer, bf16, S29:
+# 256 rows after 256 1.19x slower split, 1,024 after 1,024 0.92x, 2,048 after 2,048 0.78x)
+SPLIT_RUN = 1024
 
 
 def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -55,6 +59,25 @@ def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
         keys, values = keys.float(), values.float()
     return F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=mask,
                                           enable_gqa=q.shape[1] != keys.shape[1])
+
+
+def cached_then_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    """causal attention of n rows q (B, H, n, D) after `start` cached entries of keys / values (B, KV, start + n, D)
+    without a mask: the cached part attended in full and the new part causally, each by the CPU's flash kernel, the two
+    merged by their log-sum-exps; fp32 (B, H, n, D).
+
+    With a boolean mask the kernel visits every block and reads the mask; split, it skips the blocks above the
+    diagonal and reads none (benchmarks/prompt_attention.py --long, S29, Qwen 1.5B shapes: a 2,048-row chunk's layer
+    0.73-0.82x the masked call's time after 2,048 cached tokens, 0.89-0.91x after 14,336). The halves are rounded to
+    the kernel's dtype before the merge: one rounding more than the masked call (the chunk's top-1 tokens unchanged)."""
+    rep = q.shape[1] // keys.shape[1]
+    if rep > 1:  # the kernel takes no grouped heads
+        keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    old, old_lse = flash(q, keys[:, :, :start], values[:, :, :start], 0.0, False)
+    new, new_lse = flash(q, keys[:, :, start:], values[:, :, start:], 0.0, True)
+    share = torch.sigmoid(old_lse.float() - new_lse.float())[..., None]  # the cached part's share of each row's mass
+    return torch.lerp(new.float(), old.float(), share)
 
 
 def causal_mask(start: int, n: int, device) -> torch.Tensor:
@@ -133,8 +156,9 @@ class Ops:
         A bf16 model's cache entries are bf16 values (in an fp32 or a bf16 cache: kv_dtype), so on a CPU a long run
         (a prompt's chunk) attends on them in bf16 where the CPU has bf16 arithmetic, and a short one in fp32: the
         inputs are the same numbers, only the softmax weights are rounded, and fp32's flash attention is 2.4x slower
-        at 256 rows (823 vs 346 us a layer, measured). A run from an empty cache needs no mask at all; mask: the
-        causal mask if the caller has it already."""
+        at 256 rows (823 vs 346 us a layer, measured). A run from an empty cache needs no mask at all, nor does
+        a long run on a CPU after cached entries (cached_then_causal); mask: the causal mask if the caller has it
+        already (for the other runs)."""
         n = q.shape[2]
         if self.cpu:
             bf16 = n > LONG_RUN and compute == torch.bfloat16 and self.bf16_attention
@@ -145,6 +169,8 @@ class Ops:
         q = q.to(keys.dtype)
         if start == 0:
             y = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=gqa)
+        elif self.cpu and n >= SPLIT_RUN and keys.dtype in _KERNEL_CACHE:
+            y = cached_then_causal(q, keys, values, start)
         else:
             mask = causal_mask(start, n, q.device) if mask is None else mask
             y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
