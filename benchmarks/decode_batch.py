@@ -46,7 +46,7 @@ def load_arms(model: str, names: list[str]) -> dict[str, LoadedModel]:
 
 def time_arm(lm: LoadedModel, sizes: list[int], aa: int | None, ctx: int, rounds: int,
              rng: random.Random) -> dict[str, list[float]]:
-    m, top = lm.model, max(sizes)
+    m, top = lm.model, max([*sizes, aa or 1])
     cache = new_slot_cache(m, top, ctx + 8)
     slots = [cache.alloc() for _ in range(top)]
     gen = torch.Generator().manual_seed(0)
@@ -93,19 +93,15 @@ def main() -> None:
     arms = load_arms(args.model, names)
     table = Table(title=f"one decode pass of B sequences, {args.model}, {args.context}-token caches, "
                         f"{args.threads} thread(s), median of {args.rounds} — {machine()}, {now()}")
+    labels = [str(b) for b in sizes] + ([f"{args.aa} (A/A)"] if args.aa else [])
     table.add_column("arm")
-    for label in [str(b) for b in sizes] + ([f"{args.aa} (A/A)"] if args.aa else []):
+    for label in labels:
         table.add_column(f"B={label}", justify="right")
     with torch.inference_mode():
         for name, lm in arms.items():
             times = time_arm(lm, sizes, args.aa or None, args.context, args.rounds, rng)
-            row = []
-            for label, ts in times.items():
-                b = int(label.split()[0])
-                med = statistics.median(ts)
-                row.append((label, f"{med * 1e3:.0f} ms\n{b / med:.0f} tok/s"))
-            order = {c.header.split("=", 1)[1]: i for i, c in enumerate(table.columns[1:])}  # type: ignore[union-attr]
-            table.add_row(name, *(cell for _, cell in sorted(row, key=lambda r: order[r[0]])))
+            med = {label: statistics.median(ts) for label, ts in times.items()}
+            table.add_row(name, *(f"{med[x] * 1e3:.0f} ms\n{int(x.split()[0]) / med[x]:.0f} tok/s" for x in labels))
     Console(width=200).print(table)
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -159,7 +158,7 @@ def long_chunks(a: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="bf16,int4", help="comma list of bf16, int4")
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=None, help="default 15, with --long 3")
     ap.add_argument("--concurrency", default="", help="closed-loop AR levels to run too (e.g. 1,8)")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=32)
@@ -172,9 +171,10 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     if a.long:
-        a.rounds = a.rounds if "--rounds" in sys.argv else 3
+        a.rounds = a.rounds or 3
         long_chunks(a)
         return
+    a.rounds = a.rounds or 15
     console.print(f"{now()}  {machine()}  (bf16 attention on this host: {cpu_ops.resolve('cpu').bf16_attention})")
     ref = load_model("smollm2-135m", quant="none", dtype="fp32")
     ids = ref.tokenizer.encode(" ".join(long_prompts(8)))[:1024]
