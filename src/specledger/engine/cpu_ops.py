@@ -62,7 +62,7 @@ def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
 
 def cached_then_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-    """causal attention of n rows q (B, H, n, D) after `start` cached entries of keys / values (B, KV, start + n, D)
+    """Causal attention of n rows q (B, H, n, D) after `start` cached entries of keys / values (B, KV, start + n, D)
     without a mask: the cached part attended in full and the new part causally, each by the CPU's flash kernel, the two
     merged by their log-sum-exps; fp32 (B, H, n, D).
 
