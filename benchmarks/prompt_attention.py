@@ -87,21 +87,14 @@ def pass_cases(lm: LoadedModel) -> dict[str, Callable[[], float]]:
     return {"256 rows, empty cache": fresh, "256 rows after 256": after, "8 decode + 256 rows": beside}
 
 
-SPLIT = cpu_ops.cached_then_causal
 LONG_PATHS = ("masked", "masked A/A", "split")
-
-
-def masked(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-    """The call before S29: SDPA with the causal mask over the cache and the chunk."""
-    mask = cpu_ops.causal_mask(start, q.shape[2], q.device)
-    return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                                            enable_gqa=q.shape[1] != keys.shape[1])
+SPLIT_RUN = cpu_ops.SPLIT_RUN
 
 
 def use_path(path: str) -> None:
-    """Ops.causal_attention reads both per call: the split (or the masked call in its place), at any chunk size."""
-    cpu_ops.cached_then_causal = SPLIT if path == "split" else masked
-    cpu_ops.SPLIT_RUN = cpu_ops.LONG_RUN + 1
+    """Ops.causal_attention reads SPLIT_RUN per call: the split at any chunk size, or the masked call (before S29)
+    at every size."""
+    cpu_ops.SPLIT_RUN = cpu_ops.LONG_RUN + 1 if path == "split" else 1 << 30
 
 
 def long_chunks(a: argparse.Namespace) -> None:
@@ -130,23 +123,27 @@ def long_chunks(a: argparse.Namespace) -> None:
     ops = m.ops
     with torch.inference_mode():
         ragged_hidden(m, ids[:n], torch.arange(n), [ragged.Segment(slot, n)], cache)
+
+        def chunk() -> tuple[torch.Tensor, float]:
+            """The second chunk's hidden states and seconds, the cache back to the first chunk after."""
+            t = time.perf_counter()
+            h = ragged_hidden(m, ids[n:], torch.arange(n, 2 * n), [ragged.Segment(slot, n)], cache)
+            dt = time.perf_counter() - t
+            cache.rollback(slot, n)
+            return h, dt
+
         use_path("masked")  # the reference: the chunk attending in fp32 (the CPU's path without bf16 arithmetic)
         m.use_ops(replace(ops, bf16_attention=False))
-        top["fp32"] = m.logits(ragged_hidden(m, ids[n:], torch.arange(n, 2 * n), [ragged.Segment(slot, n)],
-                                             cache)).argmax(-1)
-        cache.rollback(slot, n)
+        top["fp32"] = m.logits(chunk()[0]).argmax(-1)
         m.use_ops(ops)
         for rnd in range(a.rounds + 1):
             for path in random.Random(100 + rnd).sample(LONG_PATHS, 3):
                 use_path(path)
-                t = time.perf_counter()
-                h = ragged_hidden(m, ids[n:], torch.arange(n, 2 * n), [ragged.Segment(slot, n)], cache)
-                dt = time.perf_counter() - t
-                cache.rollback(slot, n)
+                h, dt = chunk()
                 top.setdefault(path, m.logits(h).argmax(-1))
                 if rnd:
                     times.setdefault((whole, path), []).append(dt)
-    use_path("split")
+    cpu_ops.SPLIT_RUN = SPLIT_RUN
     console.print(ab_table(f"a long prompt's later chunk: masked vs split ({a.rounds} rounds, medians) — "
                            f"{machine()}, {now()}", [*cases, whole], times, *LONG_PATHS, []))
     same = {p: (top[p] == top["fp32"]).float().mean().item() for p in ("masked", "split")}

@@ -119,9 +119,10 @@ class Levels:
             said = [f"{a.requests_ok} requests ok"] + ([f"{a.requests_failed} failed"] if a.requests_failed else []) \
                 + [f"{a.output_tokens:,} tokens"] + ([f"{a.output_tok_s:.1f} tok/s"] if a.output_tok_s else []) \
                 + ([f"passed {a.passed}/{a.graded}"] if a.graded else [])
-            retried = [r for r in records or [] if len(r.task_attempts) > 1]
+            records = records or []
+            retried = [r for r in records if len(r.task_attempts) > 1]
             if retried:
-                tokens = sum(x.output_tokens for r in records or [] for x in r.task_attempts or [])
+                tokens = sum(x.output_tokens for r in records for x in r.task_attempts)
                 said.append(f"{sum(len(r.task_attempts) - 1 for r in retried)} retries: {tokens:,} tokens in all")
             if elapsed_s is not None:
                 said.append(f"{elapsed_s / 60:.1f} min")
