@@ -6,6 +6,12 @@ only the layers' and the LM head's Linear modules are run on the same weights wi
 The difference is everything else: norms, RoPE, attention, casts and per-op overhead.
 
     python benchmarks/decode_step.py [--configs fp32,bf16,int8,int4] [--context 300] [--ref HEAD~3] [--threads 1]
+    python benchmarks/decode_step.py --model qwen2.5-coder-1.5b --configs int4 --context 512,4096,16384 \
+        --ref HEAD~1 --twin --threads 2 --rounds 3      # decode after a long prompt: attention's share
+
+Several contexts are measured on one load. A cache longer than --prefill-max tokens is filled with random
+keys and values instead of a prefill (a step's time does not depend on what the cache holds; a 16k prefill of
+the 1.5B takes minutes). --twin runs this tree a second time in every round: an A/A pair beside the ref.
 
 A quantized config may name the kernel it runs on: int4@torch / int8@torch (PyTorch's packed kernels, the
 engine's own kernel disabled), int4@avx2 (the engine's kernel forced onto its AVX2 path), int4@vnni (AVX-512 VNNI
@@ -42,21 +48,28 @@ def split_config(config: str) -> tuple[str, dict[str, str]]:
     return base, KERNELS[kernel]
 
 
-def measure(config: str, context: int, reps: int = 5, inner: int = 20) -> dict:
-    """Median ms of a whole decode step and of its Linear products alone (this process's specledger)."""
+def _median_ms(fn, reps: int, inner: int) -> float:
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        ts.append((time.perf_counter() - t0) / inner * 1000)
+    return sorted(ts)[len(ts) // 2]
+
+
+def measure(model: str, config: str, contexts: list[int], prefill_max: int, reps: int = 5) -> dict[int, dict]:
+    """Per context: median ms of a whole decode step and of its Linear products alone (this process's specledger)."""
     from specledger.engine.loader import load_model
 
     quant, dtype = CONFIGS[split_config(config)[0]]
-    m = load_model("smollm2-135m", quant=quant, dtype=dtype, activations=8 if config.endswith("@a8") else 16).model
-    cache = m.new_cache(context + 8)
+    m = load_model(model, quant=quant, dtype=dtype, activations=8 if config.endswith("@a8") else 16).model
     linears = [mod for blk in m.layers for mod in (blk.attention.wqkv, blk.attention.wo, blk.feed_forward.w13,
                                                    blk.feed_forward.w2)] + [m.output]
     xs = [torch.randn(1, 1, mod.in_features, dtype=m.dtype) for mod in linears]
     tok = torch.tensor([[1]])
-
-    def step() -> None:
-        cache.rollback(0, context)
-        m.logits(m.hidden(tok, cache))
 
     def products() -> None:
         for mod, x in zip(linears, xs):
@@ -64,26 +77,36 @@ def measure(config: str, context: int, reps: int = 5, inner: int = 20) -> dict:
 
     out = {}
     with torch.inference_mode():
-        m.hidden(torch.randint(0, 1000, (1, context)), cache)
-        for name, fn in (("step_ms", step), ("linears_ms", products)):
-            for _ in range(3):
-                fn()
-            ts = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                for _ in range(inner):
-                    fn()
-                ts.append((time.perf_counter() - t0) / inner * 1000)
-            out[name] = sorted(ts)[len(ts) // 2]
+        linears_ms = _median_ms(products, reps, 20)
+        for context in contexts:
+            cache = m.new_cache(context + 8)
+            if context <= prefill_max:
+                m.hidden(torch.randint(0, 1000, (1, context)), cache)
+            else:  # random entries of a typical size in place of a prefill
+                cache.reserve(context + 8)
+                cache.k.normal_(0, 2)
+                cache.v.normal_(0, 0.5)
+                cache.lengths[0] = context
+
+            def step(cache=cache, context=context) -> None:
+                cache.rollback(0, context)
+                m.logits(m.hidden(tok, cache))
+
+            out[context] = {"step_ms": _median_ms(step, reps, max(2, min(20, 20_000 // context))),
+                            "linears_ms": linears_ms}
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m", help="a registry name or a model path")
     ap.add_argument("--configs", default="fp32,bf16,int8,int4")
-    ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--context", default="300", help="cached tokens before the step; several: 512,4096,16384")
+    ap.add_argument("--prefill-max", type=int, default=2048,
+                    help="longer caches are filled with random entries instead of a prefill")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--ref", default=None, help="git revision whose engine runs alongside")
+    ap.add_argument("--twin", action="store_true", help="run this tree twice in every round (an A/A pair)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -91,20 +114,28 @@ def main() -> None:
     configs = a.configs.split(",")
     for c in configs:
         split_config(c)
+    try:
+        contexts = [int(x) for x in a.context.split(",")]
+    except ValueError:
+        sys.exit(f"--context {a.context!r}: expected token counts such as 300 or 512,4096")
+    if not contexts or min(contexts) < 1:
+        sys.exit(f"--context {a.context!r}: every count must be at least 1")
     if a.child:  # one measurement, as JSON, for the parent
-        print(json.dumps(measure(configs[0], a.context)))
+        print(json.dumps(measure(a.model, configs[0], contexts, a.prefill_max)))
         return
 
-    def run(config: str, src: str) -> dict:
+    def run(config: str, src: str) -> dict[int, dict]:
         env = dict(os.environ, PYTHONPATH=src, **split_config(config)[1])
-        cmd = [sys.executable, __file__, "--child", "--configs", config, "--context", str(a.context),
-               "--threads", str(a.threads)]
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-        return json.loads(res.stdout.strip().splitlines()[-1])
+        cmd = [sys.executable, __file__, "--child", "--model", a.model, "--configs", config, "--context", a.context,
+               "--prefill-max", str(a.prefill_max), "--threads", str(a.threads)]
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if res.returncode != 0:
+            sys.exit(f"{config} under {src} failed:\n{res.stderr.strip()[-2000:]}")
+        return {int(k): v for k, v in json.loads(res.stdout.strip().splitlines()[-1]).items()}
 
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
     with tempfile.TemporaryDirectory() as tmp:
-        trees = {"this tree": here}
+        trees = {"this tree": here} | ({"this tree (A/A)": here} if a.twin else {})
         if a.ref:
             wt = os.path.join(tmp, "ref")
             subprocess.run(["git", "worktree", "add", "--detach", wt, a.ref], check=True, capture_output=True)
@@ -118,13 +149,18 @@ def main() -> None:
         finally:
             if a.ref:
                 subprocess.run(["git", "worktree", "remove", "--force", wt], capture_output=True)
-    print(f"decode step on a {a.context}-token cache, smollm2-135m, {a.threads} thread(s); best of {a.rounds} rounds")
-    print(f"{'config':10} {'tree':24} {'step ms':>8} {'linears ms':>11} {'rest ms':>8} {'tok/s bound':>12}")
+    print(f"decode step on a cache of {a.context} tokens, {a.model}, {a.threads} thread(s); best of {a.rounds} rounds, "
+          f"trees alternating")
+    print(f"{'config':10} {'context':>8} {'tree':24} {'step ms':>8} {'linears ms':>11} {'rest ms':>8} {'tok/s':>7} "
+          f"{'/ first':>8}")
     for c in configs:
-        for t in trees:
-            r = min(res[(c, t)], key=lambda x: x["step_ms"])
-            print(f"{c:10} {t:24} {r['step_ms']:8.1f} {r['linears_ms']:11.1f} {r['step_ms'] - r['linears_ms']:8.1f} "
-                  f"{1000 / r['step_ms']:12.1f}")
+        for n in contexts:
+            first = None
+            for t in trees:
+                r = min((x[n] for x in res[(c, t)]), key=lambda x: x["step_ms"])
+                first = first or r["step_ms"]
+                print(f"{c:10} {n:8} {t:24} {r['step_ms']:8.1f} {r['linears_ms']:11.1f} "
+                      f"{r['step_ms'] - r['linears_ms']:8.1f} {1000 / r['step_ms']:7.1f} {r['step_ms'] / first:8.3f}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tests.conftest import KERNEL_PATHS, tiny_model
+from tests.conftest import KERNEL_PATHS, tiny_config, tiny_model
 from tests.support.varied_model import untied_tiny_model
 from specledger.engine import cpu_ops, qkernel
 from specledger.engine.model import rope_tables
@@ -311,27 +311,30 @@ def test_fused_ops_equal_the_pytorch_expressions():
         torch.testing.assert_close(FUSED.apply_rope(xr, c, sn), torch.addcmul(xr * c, xr.roll(8, -1), sn))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_new_token_attention_equals_rope_cache_write_and_attention(dtype):
+@pytest.mark.parametrize("dtype,cache", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                         (torch.bfloat16, torch.bfloat16)])
+@pytest.mark.parametrize("b,start", [(2, 9), (1, 9), (1, 300), (3, 300)])
+def test_new_token_attention_equals_rope_cache_write_and_attention(dtype, cache, b, start):
     """attend_new_token: one call for what the model otherwise does in ~25 ops (RoPE on q and k, both written
-    into the cache at `start`, attention of q over [0, start])."""
+    into the cache at `start`, attention of q over [0, start]). From 256 cached positions (fused.cpp's
+    SPLIT_HEADS_FROM) each KV head of a sequence is a task of its own; 300 also spans several key blocks."""
     torch.manual_seed(8)
-    b, h, kv, d, start, cap = 2, 6, 2, 16, 9, 20
+    h, kv, d, cap = 6, 2, 16, start + 11
     qkv = torch.randn(b, 1, (h + 2 * kv) * d).to(dtype)
-    kc, vc = torch.randn(b, kv, cap, d), torch.randn(b, kv, cap, d)
-    cos_t, sin_t = rope_tables(tiny_model().config)
-    c, sn = rope_at(cos_t, sin_t, torch.tensor([[start], [start]]), dtype)
-    k_ref, v_ref = kc.clone(), vc.clone()
+    kc, vc = torch.randn(b, kv, cap, d).to(cache), torch.randn(b, kv, cap, d).to(cache)
+    cos_t, sin_t = rope_tables(replace(tiny_config(), max_seq_len=512))
+    c, sn = rope_at(cos_t, sin_t, torch.full((b, 1), start), dtype)
+    k_ref, v_ref = kc.float(), vc.float()
     y = FUSED.attend_new_token(qkv, c, sn, kc, vc, start, h, dtype)
     assert y is not None and y.shape == (b, 1, h * d) and y.dtype == dtype
     x = qkv.float()
     qk = torch.addcmul(x[..., : (h + kv) * d].view(b, 1, h + kv, d) * c.float(),
                        x[..., : (h + kv) * d].view(b, 1, h + kv, d).roll(d // 2, -1), sn.float())
-    k_ref[:, :, start] = qk[:, 0, h:]
-    v_ref[:, :, start] = x[..., (h + kv) * d :].view(b, kv, d)
+    k_ref[:, :, start] = qk[:, 0, h:].to(cache).float()
+    v_ref[:, :, start] = x[..., (h + kv) * d :].view(b, kv, d).to(cache).float()
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(kc, k_ref, atol=tol, rtol=tol)
-    torch.testing.assert_close(vc, v_ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(kc.float(), k_ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(vc.float(), v_ref, atol=tol, rtol=tol)
     q = qk[:, :, :h].transpose(1, 2)  # (B, H, 1, D)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k_ref[:, :, : start + 1], v_ref[:, :, : start + 1],
                                                            enable_gqa=True)

@@ -14,6 +14,7 @@
 
 #include "simd.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -127,11 +128,12 @@ SL_AVX2 inline __m256 hsum8x8(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// out[c] (c < NC vectors of 8) = sum over s of p[s] * v[s][c]; the cache KT is fp32 or bf16 (read as fp32)
+// out[c] (c < NC vectors of 8) += sum over s of p[s] * v[s][c]; the cache KT is fp32 or bf16 (read as fp32). Called
+// once per block of keys: the sums carried in `out` between blocks add in the same order as one pass would.
 template <int NC, typename KT>
 SL_AVX2 inline void weighted_sum(const float* p, const KT* v, int64_t s_stride, int64_t len, float* out) {
   __m256 acc[NC];
-  for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
+  for (int c = 0; c < NC; ++c) acc[c] = _mm256_loadu_ps(out + 8 * c);
   for (int64_t s = 0; s < len; ++s) {
     const __m256 w = _mm256_set1_ps(p[s]);
     for (int c = 0; c < NC; ++c) acc[c] = _mm256_fmadd_ps(w, load8<KT>(v + s * s_stride + 8 * c), acc[c]);
@@ -139,29 +141,40 @@ SL_AVX2 inline void weighted_sum(const float* p, const KT* v, int64_t s_stride, 
   for (int c = 0; c < NC; ++c) _mm256_storeu_ps(out + 8 * c, acc[c]);
 }
 
+// Keys per block: every query head of a group reads a block's K (then V) rows while they are in L1 (32 rows of
+// 128 bf16 = 8 KB), so a long cache is read from memory once per group, not once per query head (Qwen2.5 1.5B: 6).
+constexpr int64_t KEY_BLOCK = 32;
+
 // allow: nullptr, or len flags (1 = may attend): a draft tree's row sees the cache and its own ancestors only.
 template <typename KT>
 SL_AVX2 void attend_group(const float* q, int64_t qs_h, int64_t nh, const KT* k, const KT* v, int64_t s_stride,
                           int64_t len, int64_t d, float* scores, float* out, const uint8_t* allow = nullptr) {
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
-  for (int64_t h = 0; h < nh; ++h) {
-    const float* qh = q + h * qs_h;
-    float* sc = scores + h * len;
-    int64_t s = 0;
-    for (; s + 8 <= len; s += 8) {  // eight keys at a time: no horizontal sum per key
-      __m256 a[8];
-      for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
-      for (int64_t i = 0; i < d; i += 8) {
-        const __m256 qv = _mm256_loadu_ps(qh + i);
-        for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qv, load8<KT>(k + (s + j) * s_stride + i), a[j]);
+  for (int64_t s0 = 0; s0 < len; s0 += KEY_BLOCK) {
+    const int64_t s1 = std::min(len, s0 + KEY_BLOCK);
+    for (int64_t h = 0; h < nh; ++h) {
+      const float* qh = q + h * qs_h;
+      float* sc = scores + h * len;
+      int64_t s = s0;
+      for (; s + 8 <= s1; s += 8) {  // eight keys at a time: no horizontal sum per key
+        __m256 a[8];
+        for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < d; i += 8) {
+          const __m256 qv = _mm256_loadu_ps(qh + i);
+          for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qv, load8<KT>(k + (s + j) * s_stride + i), a[j]);
+        }
+        _mm256_storeu_ps(sc + s, _mm256_mul_ps(hsum8x8(a), _mm256_set1_ps(scale)));
       }
-      _mm256_storeu_ps(sc + s, _mm256_mul_ps(hsum8x8(a), _mm256_set1_ps(scale)));
+      for (; s < s1; ++s) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), load8<KT>(k + s * s_stride + i), acc);
+        sc[s] = hsum(acc) * scale;
+      }
     }
-    for (; s < len; ++s) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), load8<KT>(k + s * s_stride + i), acc);
-      sc[s] = hsum(acc) * scale;
-    }
+  }
+  for (int64_t h = 0; h < nh; ++h) {
+    float* sc = scores + h * len;
+    int64_t s;
     if (allow)
       for (s = 0; s < len; ++s)
         if (!allow[s]) sc[s] = -INFINITY;  // (exp8 clamps: e^-87, nothing beside the row's largest e^0)
@@ -182,10 +195,18 @@ SL_AVX2 void attend_group(const float* q, int64_t qs_h, int64_t nh, const KT* k,
     }
     const float inv = 1.f / sum;
     for (s = 0; s < len; ++s) sc[s] *= inv;
-    float* oh = out + h * d;
-    int64_t c = 0;
-    for (; c + 64 <= d; c += 64) weighted_sum<8, KT>(sc, v + c, s_stride, len, oh + c);
-    for (; c < d; c += 8) weighted_sum<1, KT>(sc, v + c, s_stride, len, oh + c);
+    std::fill(out + h * d, out + (h + 1) * d, 0.f);
+  }
+  for (int64_t s0 = 0; s0 < len; s0 += KEY_BLOCK) {
+    const int64_t n = std::min(len, s0 + KEY_BLOCK) - s0;
+    const KT* vb = v + s0 * s_stride;
+    for (int64_t h = 0; h < nh; ++h) {
+      const float* p = scores + h * len + s0;
+      float* oh = out + h * d;
+      int64_t c = 0;
+      for (; c + 64 <= d; c += 64) weighted_sum<8, KT>(p, vb + c, s_stride, n, oh + c);
+      for (; c < d; c += 8) weighted_sum<1, KT>(p, vb + c, s_stride, n, oh + c);
+    }
   }
 }
 
@@ -311,42 +332,49 @@ SL_AVX2 void copy_into(const T* x, int64_t d, KT* o) {
   for (int64_t j = 0; j < d; j += 8) store8<KT>(o + j, load8<T>(x + j));
 }
 
-// The cache KT is fp32 or bf16; a bf16 cache holds k rounded to bf16 after RoPE (as the op-by-op path stores it).
+// One KV head j of one sequence: RoPE on its g = h / kv query heads and its k, k and v into the cache, those query
+// heads' attention over [0, start]. The cache KT is fp32 or bf16; a bf16 cache holds k rounded to bf16 after RoPE
+// (as the op-by-op path stores it).
 template <typename T, typename O, typename KT>
-SL_AVX2 void new_token_seq(const T* qkv, const T* c, const T* sn, int64_t h, int64_t kv, int64_t d, KT* kc, KT* vc,
-                           int64_t hstride, int64_t sstride, int64_t start, float* qbuf, float* scores, float* obuf,
-                           O* y) {
-  for (int64_t i = 0; i < h; ++i) rope_into<T>(qkv + i * d, c, sn, d, qbuf + i * d);
-  for (int64_t j = 0; j < kv; ++j) {
-    if constexpr (std::is_same_v<KT, float>) {
-      rope_into<T>(qkv + (h + j) * d, c, sn, d, kc + j * hstride + start * sstride);
-    } else {  // through obuf (free until attention writes it)
-      rope_into<T>(qkv + (h + j) * d, c, sn, d, obuf);
-      copy_into<float, KT>(obuf, d, kc + j * hstride + start * sstride);
-    }
-    copy_into<T, KT>(qkv + (h + kv + j) * d, d, vc + j * hstride + start * sstride);
-  }
+SL_AVX2 void new_token_group(const T* qkv, const T* c, const T* sn, int64_t h, int64_t kv, int64_t j, int64_t d, KT* kc,
+                             KT* vc, int64_t hstride, int64_t sstride, int64_t start, float* qbuf, float* scores,
+                             float* obuf, O* y) {
   const int64_t g = h / kv;
-  for (int64_t j = 0; j < kv; ++j)
-    attend_group<KT>(qbuf + j * g * d, d, g, kc + j * hstride, vc + j * hstride, sstride, start + 1, d, scores,
-                     obuf + j * g * d);
+  for (int64_t i = 0; i < g; ++i) rope_into<T>(qkv + (j * g + i) * d, c, sn, d, qbuf + i * d);
+  KT* kj = kc + j * hstride;
+  KT* vj = vc + j * hstride;
+  if constexpr (std::is_same_v<KT, float>) {
+    rope_into<T>(qkv + (h + j) * d, c, sn, d, kj + start * sstride);
+  } else {  // through obuf (free until attention writes it)
+    rope_into<T>(qkv + (h + j) * d, c, sn, d, obuf);
+    copy_into<float, KT>(obuf, d, kj + start * sstride);
+  }
+  copy_into<T, KT>(qkv + (h + kv + j) * d, d, vj + start * sstride);
+  attend_group<KT>(qbuf, d, g, kj, vj, sstride, start + 1, d, scores, obuf);
+  y += j * g * d;
   int64_t i = 0;
-  for (; i + 8 <= h * d; i += 8) store8<O>(y + i, _mm256_loadu_ps(obuf + i));
-  for (; i < h * d; ++i) st<O>(y + i, obuf[i]);
+  for (; i + 8 <= g * d; i += 8) store8<O>(y + i, _mm256_loadu_ps(obuf + i));
+  for (; i < g * d; ++i) st<O>(y + i, obuf[i]);
 }
+
+// Cached positions from which one sequence's KV heads attend on threads of their own (a long context: the cache
+// read dominates); below, a sequence is one task, as a thread's start-up costs more than its share of the reads.
+constexpr int64_t SPLIT_HEADS_FROM = 256;
 
 template <typename T, typename O, typename KT>
 void new_token_all(const at::Tensor& qkv, const at::Tensor& c, const at::Tensor& sn, at::Tensor& kc, at::Tensor& vc,
                    int64_t start, int64_t h, at::Tensor& y) {
-  const int64_t b = qkv.size(0), kv = kc.size(1), d = kc.size(3), width = qkv.size(2);
+  const int64_t b = qkv.size(0), kv = kc.size(1), d = kc.size(3), width = qkv.size(2), g = h / kv;
   const int64_t cb = c.size(0) == 1 ? 0 : c.stride(0);
-  at::parallel_for(0, b, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> qbuf(h * d), obuf(h * d), scores((h / kv) * (start + 1));
-    for (int64_t i = b0; i < b1; ++i)
-      new_token_seq<T, O, KT>(qkv.const_data_ptr<T>() + i * width, c.const_data_ptr<T>() + i * cb,
-                          sn.const_data_ptr<T>() + i * cb, h, kv, d, kc.data_ptr<KT>() + i * kc.stride(0),
-                          vc.data_ptr<KT>() + i * vc.stride(0), kc.stride(1), kc.stride(2), start, qbuf.data(),
-                          scores.data(), obuf.data(), y.data_ptr<O>() + i * h * d);
+  at::parallel_for(0, b * kv, start >= SPLIT_HEADS_FROM ? 1 : kv, [&](int64_t i0, int64_t i1) {
+    std::vector<float> qbuf(g * d), obuf(g * d), scores(g * (start + 1));
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t bi = i / kv;
+      new_token_group<T, O, KT>(qkv.const_data_ptr<T>() + bi * width, c.const_data_ptr<T>() + bi * cb,
+                                sn.const_data_ptr<T>() + bi * cb, h, kv, i % kv, d, kc.data_ptr<KT>() + bi * kc.stride(0),
+                                vc.data_ptr<KT>() + bi * vc.stride(0), kc.stride(1), kc.stride(2), start, qbuf.data(),
+                                scores.data(), obuf.data(), y.data_ptr<O>() + bi * h * d);
+    }
   });
 }
 
