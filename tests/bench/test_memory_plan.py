@@ -193,3 +193,36 @@ def test_an_arms_kv_caches_are_the_requests_the_run_has_in_flight_not_every_slot
     every, four = (arm_cost(bc, SharedModels(cfg, ModelPool()).keys, 1000, n).own for n in (None, 4))
     # the slots' caches scale with the requests in flight; the prompts parked in host memory are capped apart
     assert bc.batch_size == 16 and (four - PARK_BYTES) * 4 == every - PARK_BYTES
+
+
+PROSE = ("The committee met on Tuesday to review the quarterly budget, the hiring plan and the schedule for the new "
+         "office. ") * 11  # ~1,250 characters: ~420 tokens at 3 characters a token, ~250 in SmolLM2's
+
+
+def test_the_plan_counts_prompts_in_the_models_own_tokens():
+    """A slot cache grows by doubling: the plan must reach the capacity the prompt really needs, not the one 3
+    characters a token would give (HumanEval's longest prompt: 531 such 'tokens', 463 of Qwen's)."""
+    from specledger.bench.memory_plan import PAST_AR, _tokenizer, context_tokens, kv_bytes, prompt_tokens
+
+    tok = _tokenizer("smollm2-135m")
+    assert tok is not None
+    qs = [Question("prose", "qa", "qa", (PROSE,)),
+          Question("sys", "qa", "qa", ("Summarise it.", PROSE), system="You are terse."),
+          Question("pre", "code", "code", ("Write a function that adds two numbers.",), prefill="```python\n")]
+    for q in qs:  # as the backend sends the last turn: earlier answers empty here (counted as max_tokens apart)
+        msgs = [{"role": "system", "content": q.system}] if q.system else []
+        for i, t in enumerate(q.turns):
+            msgs += [{"role": "user", "content": t}] + ([{"role": "assistant", "content": ""}]
+                                                        if i < len(q.turns) - 1 else [])
+        assert abs(prompt_tokens([q], tok)[0] - len(tok.chat(q.sent(msgs)))) <= PAST_AR, q.question_id
+    one = [qs[0]]
+    exact, by_chars = context_tokens(one, 200, tok), context_tokens(one, 200)
+    assert exact + PAST_AR <= 512 < by_chars + PAST_AR  # the two land on different capacities
+    cfg = run_config(ARMS[:1])
+    keys = SharedModels(cfg, ModelPool()).keys
+    p = plan(cfg.configs, keys, [q.__class__(**{**q.__dict__, "max_tokens": 200}) for q in one], interleaved=True,
+             limit=(10**12, "t"), base=0, in_flight=1)
+    (key,) = keys(cfg.configs[0]).values()
+    want = arm_cost(cfg.configs[0], keys, exact, 1)
+    parked = PARK_BYTES if cfg.configs[0].prefix_cache else 0
+    assert want.own - parked == kv_bytes(key, 1, 512) and p.peaks == [group_bytes([want], 0)]

@@ -5,7 +5,7 @@ layout from the file's header and the precision (no weights read), counted once 
 same file at the same precision: an A/A twin, a draft or intermediate several arms use; W4A16 and W4A8 of the same
 codes, which bench/shared_models.py loads once), with PER_MODEL for its tokenizer and allocator slack and its file
 once (read through a mapping); the KV cache of its slots (as many as the run has requests in flight) at the longest
-conversation the workload can build, and the host memory each model's runner may fill with parked prompts
+conversation the workload can build (counted with the model's tokenizer), and the host memory each model's runner may fill with parked prompts
 (decoding/loop/runner.py PARK_BYTES, where the prefix cache is on); a managed server's model files (llama-server maps them). Plus, once, what loading holds for a moment (the widest model's fp32 embedding and one
 fp32 layer) and this process as it is now. The quantization gate's fp32 references are read before any arm, one at a
 time (bench/shared_models.read_references): a peak of their own, one reference alone; what is kept of each, its
@@ -30,6 +30,7 @@ from typing import Callable, Iterable
 import psutil
 
 from specledger.engine.config import ModelConfig
+from specledger.engine.tokenizer import Tokenizer
 from specledger.engine.pool import Key
 from specledger.errors import BadInput, SpecLedgerError
 from specledger.records.config import BenchConfig, RunConfig
@@ -45,6 +46,10 @@ PER_MODEL = 64 * 2**20
 # group peaked at 1.99 GiB against 1.84 GiB counted; in two groups (ar-w4 + ar-fp32 the larger) at 1.50 GiB against
 # 1.42 GiB predicted with a headroom of 1.1 (EPYC-512, busy, 2026-12-06)
 HEADROOM = 1.2
+# positions a slot may hold past its prompt and answer: a few where the prompt's count (prompt_tokens) and the
+# template's own tokenization differ by a merge; where a step verifies drafts, a draft tree's nodes past the answer's
+# last token (a chain is capped at what is left of the answer's budget, a tree's width is not)
+PAST_AR, PAST_SPECULATION = 8, 64
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 KeysOf = Callable[[BenchConfig], dict[str, Key]]  # role -> the pool key of the model it uses (SharedModels.keys)
 ReferenceOf = Callable[[BenchConfig], "Key | None"]  # the gate's fp32 reference of an arm (SharedModels.reference_key)
@@ -153,14 +158,61 @@ def kv_bytes(key: Key, slots: int, context: int) -> int:
     return slots * min(capacity, cfg.max_seq_len) * kv_bytes_per_position(cfg, element)
 
 
-def context_tokens(questions: Iterable[Question], max_tokens: int) -> int:
-    """The longest conversation a workload can build: its prompts (about 3 characters a token where the count is not
-    given: an over-estimate for English) and every turn's answer."""
-    longest = 0
-    for q in questions:
-        prompt = q.prompt_tokens or (sum(map(len, q.turns)) + len(q.system or "")) // 3
-        longest = max(longest, prompt + len(q.turns) * (q.max_tokens or max_tokens))
-    return longest
+@lru_cache(maxsize=16)
+def _tokenizer(model: str) -> Tokenizer | None:
+    """The model's tokenizer, read without its weights; None where it cannot be read here."""
+    from specledger.engine.registry import resolve_model
+
+    try:
+        path = resolve_model(model)
+        return Tokenizer.from_dir(path, set()) if path.is_dir() else Tokenizer.from_gguf(path, set())
+    except Exception:  # noqa: BLE001 - any unreadable tokenizer: the character estimate instead
+        return None
+
+
+def _template_tokens(tok: Tokenizer, q: Question) -> int:
+    """What the chat template adds to a conversation of q's shape (its turns, system message and prefill, with
+    empty texts): role markers, a default system prompt. Raw prompts (no template): the special tokens alone."""
+    turns: list[dict[str, str]] = []
+    for i in range(len(q.turns)):  # each turn but the last is answered (its answer counted apart: max_tokens)
+        turns += [{"role": "user", "content": ""}] + ([{"role": "assistant", "content": ""}]
+                                                      if i < len(q.turns) - 1 else [])
+    system = [{"role": "system", "content": ""}] if q.system is not None else []
+    shape = system + turns + ([{"role": "assistant", "content": ""}] if q.prefill is not None else [])
+    try:
+        return len(tok.chat(shape))
+    except Exception:  # noqa: BLE001 - no chat template (the model takes raw prompts), or one that refuses the shape
+        return len(tok.encode(""))
+
+
+def prompt_tokens(questions: list[Question], tok: Tokenizer | None) -> list[int]:
+    """Each question's prompt in the model's tokens: its texts (turns, system message, prefill) counted apart, plus
+    what the template adds to a conversation of its shape (a few tokens more or less than the template's own
+    tokenization, where words merge across a boundary: arm_cost's slack covers them). Without the tokenizer, 3
+    characters a token (an over-estimate for English prose and code). A count the workload gives is kept."""
+    texts = [[*q.turns, q.system or "", q.prefill or ""] for q in questions]
+    if tok is None:
+        return [q.prompt_tokens or sum(map(len, t)) // 3 for q, t in zip(questions, texts)]
+    flat = [x for t in texts for x in t]
+    ids = tok.hf(flat, add_special_tokens=False)["input_ids"] if flat else []
+    overhead: dict[tuple[int, bool, bool], int] = {}
+    counts, i = [], 0
+    for q, t in zip(questions, texts):
+        shape = (len(q.turns), q.system is not None, q.prefill is not None)
+        if shape not in overhead:
+            overhead[shape] = _template_tokens(tok, q)
+        counts.append(q.prompt_tokens or sum(len(x) for x in ids[i:i + len(t)]) + overhead[shape])
+        i += len(t)
+    return counts
+
+
+def context_tokens(questions: Iterable[Question], max_tokens: int, tok: Tokenizer | None = None) -> int:
+    """The longest conversation a workload can build in the model's tokens: its prompt (prompt_tokens) and every
+    turn's answer."""
+    questions = list(questions)
+    return max((n + len(q.turns) * (q.max_tokens or max_tokens) for q, n in zip(questions, prompt_tokens(questions,
+                                                                                                          tok))),
+               default=0)
 
 
 def _server_bytes(bc: BenchConfig) -> int:
@@ -207,7 +259,7 @@ def arm_cost(bc: BenchConfig, keys_of: KeysOf, context: int, in_flight: int | No
     keys = keys_of(bc)
     weights = {weights_id(k): weights_bytes(k) for k in keys.values()}
     slots = bc.batch_size if in_flight is None else min(bc.batch_size, in_flight)
-    kv = sum(kv_bytes(k, slots, context + 64) for k in keys.values())
+    kv = sum(kv_bytes(k, slots, context + (PAST_AR if bc.strategy == "ar" else PAST_SPECULATION)) for k in keys.values())
     if bc.prefix_cache:  # each model's runner parks evicted prompts in host memory, up to PARK_BYTES
         from specledger.decoding.loop.runner import PARK_BYTES
 
@@ -281,8 +333,11 @@ def plan(configs: list[BenchConfig], keys_of: KeysOf, questions: list[Question],
     base += kept
     own = [c for c in configs if GROUP_TAG not in c.name]
     copies = {c.name: c for c in configs if GROUP_TAG in c.name}
-    context = context_tokens(questions, max((c.max_tokens for c in configs), default=0))
-    costs = {c.name: arm_cost(c, keys_of, context, in_flight) for c in configs}
+    max_tokens = max((c.max_tokens for c in configs), default=0)
+    models = {k[0] for c in configs if c.backend == "inprocess" for k in keys_of(c).values()}
+    context = {m: context_tokens(questions, max_tokens, _tokenizer(m)) for m in sorted(models)}
+    costs = {c.name: arm_cost(c, keys_of, max((context[k[0]] for k in keys_of(c).values()), default=0)
+                              if c.backend == "inprocess" else 0, in_flight) for c in configs}
     for c in own:
         if group_bytes([costs[c.name]], base) > budget_b:
             raise BadInput(f"memory: arm {c.name!r} alone needs {gb(group_bytes([costs[c.name]], base))} "
