@@ -5,8 +5,9 @@ layout from the file's header and the precision (no weights read), counted once 
 same file at the same precision: an A/A twin, a draft or intermediate several arms use; W4A16 and W4A8 of the same
 codes, which bench/shared_models.py loads once), with PER_MODEL for its tokenizer and allocator slack and its file
 once (read through a mapping); the KV cache of its slots (as many as the run has requests in flight) at the longest
-conversation the workload can build (counted with the model's tokenizer), and the host memory each model's runner may fill with parked prompts
-(decoding/loop/runner.py PARK_BYTES, where the prefix cache is on); a managed server's model files (llama-server maps them). Plus, once, what loading holds for a moment (the widest model's fp32 embedding and one
+conversation the workload can build (counted with the model's tokenizer), and the host memory each model's runner may
+fill with parked prompts (decoding/loop/runner.py PARK_BYTES, where the prefix cache is on); a managed server's model
+files (llama-server maps them). Plus, once, what loading holds for a moment (the widest model's fp32 embedding and one
 fp32 layer) and this process as it is now. The quantization gate's fp32 references are read before any arm, one at a
 time (bench/shared_models.read_references): a peak of their own, one reference alone; what is kept of each, its
 log-probabilities over the quality text, is held by every group.
