@@ -18,8 +18,8 @@ engine's own kernel disabled), int4@avx2 (the engine's kernel forced onto its AV
 without AMX), int4@a8 (one int8
 digit per activation, llama.cpp's precision); plain int4 / int8 take the engine's default.
 
-With --ref, each measurement also runs in a subprocess importing `specledger` from a worktree of
-that revision (created under a temporary directory and removed afterwards).
+With --ref, each measurement also runs in a subprocess importing `specledger` from a worktree of each
+revision named (created under a temporary directory and removed afterwards).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def main() -> None:
     ap.add_argument("--prefill-max", type=int, default=2048,
                     help="longer caches are filled with random entries instead of a prefill")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--ref", default=None, help="git revision whose engine runs alongside")
+    ap.add_argument("--ref", default=None, help="git revisions whose engines run alongside (comma-separated)")
     ap.add_argument("--twin", action="store_true", help="run this tree twice in every round (an A/A pair)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -136,10 +136,12 @@ def main() -> None:
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"this tree": here} | ({"this tree (A/A)": here} if a.twin else {})
-        if a.ref:
-            wt = os.path.join(tmp, "ref")
-            subprocess.run(["git", "worktree", "add", "--detach", wt, a.ref], check=True, capture_output=True)
-            trees[f"ref {a.ref}"] = os.path.join(wt, "src")
+        worktrees = []
+        for i, ref in enumerate(a.ref.split(",") if a.ref else []):
+            wt = os.path.join(tmp, f"ref{i}")
+            subprocess.run(["git", "worktree", "add", "--detach", wt, ref], check=True, capture_output=True)
+            worktrees.append(wt)
+            trees[f"ref {ref}"] = os.path.join(wt, "src")
         try:
             res = {(c, t): [] for c in configs for t in trees}
             for _ in range(a.rounds):
@@ -147,7 +149,7 @@ def main() -> None:
                     for t, src in trees.items():
                         res[(c, t)].append(run(c, src))
         finally:
-            if a.ref:
+            for wt in worktrees:
                 subprocess.run(["git", "worktree", "remove", "--force", wt], capture_output=True)
     print(f"decode step on a cache of {a.context} tokens, {a.model}, {a.threads} thread(s); best of {a.rounds} rounds, "
           f"trees alternating")

@@ -144,33 +144,67 @@ SL_AVX2 inline void weighted_sum(const float* p, const KT* v, int64_t s_stride, 
 // Keys per block: every query head of a group reads a block's K (then V) rows while they are in L1 (32 rows of
 // 128 bf16 = 8 KB), so a long cache is read from memory once per group, not once per query head (Qwen2.5 1.5B: 6).
 constexpr int64_t KEY_BLOCK = 32;
+// A bf16 cache's block is converted to fp32 once for all the group's query heads (each would convert it again),
+// for head sizes up to this (a 32 KB buffer on the stack).
+constexpr int64_t STAGE_D = 256;
+
+template <typename KT>
+SL_AVX2 const float* staged(const KT* x, int64_t stride, int64_t n, int64_t d, float* buf) {
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < d; j += 8) _mm256_storeu_ps(buf + r * d + j, load8<KT>(x + r * stride + j));
+  return buf;
+}
+
+// scores[h * len + s0 + i] for the block's n keys (rows of kb, ks apart) and each of the nh query heads
+template <typename ET>
+SL_AVX2 void block_scores(const float* q, int64_t qs_h, int64_t nh, const ET* kb, int64_t ks, int64_t s0, int64_t n,
+                          int64_t d, float* scores, int64_t len) {
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  for (int64_t h = 0; h < nh; ++h) {
+    const float* qh = q + h * qs_h;
+    float* sc = scores + h * len + s0;
+    int64_t s = 0;
+    for (; s + 8 <= n; s += 8) {  // eight keys at a time: no horizontal sum per key
+      __m256 a[8];
+      for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < d; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(qh + i);
+        for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qv, load8<ET>(kb + (s + j) * ks + i), a[j]);
+      }
+      _mm256_storeu_ps(sc + s, _mm256_mul_ps(hsum8x8(a), _mm256_set1_ps(scale)));
+    }
+    for (; s < n; ++s) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), load8<ET>(kb + s * ks + i), acc);
+      sc[s] = hsum(acc) * scale;
+    }
+  }
+}
+
+// out[h] += the block's n value rows (vb, vs apart) weighted by each head's probabilities
+template <typename ET>
+SL_AVX2 void block_values(const float* scores, int64_t len, int64_t nh, const ET* vb, int64_t vs, int64_t s0, int64_t n,
+                          int64_t d, float* out) {
+  for (int64_t h = 0; h < nh; ++h) {
+    const float* p = scores + h * len + s0;
+    float* oh = out + h * d;
+    int64_t c = 0;
+    for (; c + 64 <= d; c += 64) weighted_sum<8, ET>(p, vb + c, vs, n, oh + c);
+    for (; c < d; c += 8) weighted_sum<1, ET>(p, vb + c, vs, n, oh + c);
+  }
+}
 
 // allow: nullptr, or len flags (1 = may attend): a draft tree's row sees the cache and its own ancestors only.
 template <typename KT>
 SL_AVX2 void attend_group(const float* q, int64_t qs_h, int64_t nh, const KT* k, const KT* v, int64_t s_stride,
                           int64_t len, int64_t d, float* scores, float* out, const uint8_t* allow = nullptr) {
-  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  constexpr bool convert = !std::is_same_v<KT, float>;
+  alignas(64) float buf[convert ? KEY_BLOCK * STAGE_D : 1];
+  const bool stage = convert && nh > 1 && d <= STAGE_D;
   for (int64_t s0 = 0; s0 < len; s0 += KEY_BLOCK) {
-    const int64_t s1 = std::min(len, s0 + KEY_BLOCK);
-    for (int64_t h = 0; h < nh; ++h) {
-      const float* qh = q + h * qs_h;
-      float* sc = scores + h * len;
-      int64_t s = s0;
-      for (; s + 8 <= s1; s += 8) {  // eight keys at a time: no horizontal sum per key
-        __m256 a[8];
-        for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < d; i += 8) {
-          const __m256 qv = _mm256_loadu_ps(qh + i);
-          for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qv, load8<KT>(k + (s + j) * s_stride + i), a[j]);
-        }
-        _mm256_storeu_ps(sc + s, _mm256_mul_ps(hsum8x8(a), _mm256_set1_ps(scale)));
-      }
-      for (; s < s1; ++s) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), load8<KT>(k + s * s_stride + i), acc);
-        sc[s] = hsum(acc) * scale;
-      }
-    }
+    const int64_t n = std::min(len, s0 + KEY_BLOCK) - s0;
+    if (stage) block_scores<float>(q, qs_h, nh, staged(k + s0 * s_stride, s_stride, n, d, buf), d, s0, n, d, scores, len);
+    else block_scores<KT>(q, qs_h, nh, k + s0 * s_stride, s_stride, s0, n, d, scores, len);
   }
   for (int64_t h = 0; h < nh; ++h) {
     float* sc = scores + h * len;
@@ -199,14 +233,8 @@ SL_AVX2 void attend_group(const float* q, int64_t qs_h, int64_t nh, const KT* k,
   }
   for (int64_t s0 = 0; s0 < len; s0 += KEY_BLOCK) {
     const int64_t n = std::min(len, s0 + KEY_BLOCK) - s0;
-    const KT* vb = v + s0 * s_stride;
-    for (int64_t h = 0; h < nh; ++h) {
-      const float* p = scores + h * len + s0;
-      float* oh = out + h * d;
-      int64_t c = 0;
-      for (; c + 64 <= d; c += 64) weighted_sum<8, KT>(p, vb + c, s_stride, n, oh + c);
-      for (; c < d; c += 8) weighted_sum<1, KT>(p, vb + c, s_stride, n, oh + c);
-    }
+    if (stage) block_values<float>(scores, len, nh, staged(v + s0 * s_stride, s_stride, n, d, buf), d, s0, n, d, out);
+    else block_values<KT>(scores, len, nh, v + s0 * s_stride, s_stride, s0, n, d, out);
   }
 }
 
